@@ -1,0 +1,2 @@
+//! The `dana` command.
+fn main() {}

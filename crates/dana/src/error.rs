@@ -1,0 +1,238 @@
+//! dana's error type: one enum callers can match on, each variant carrying
+//! enough context (device, offset, page) to say what went wrong where.
+//!
+//! The library never panics on bad input or on an I/O error; it returns one
+//! of these. Panics are reserved for broken internal invariants.
+
+use std::path::PathBuf;
+
+/// What kind of I/O operation a request or an error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// Read `len` bytes at `offset`.
+    Read,
+    /// Write `len` bytes at `offset`.
+    Write,
+    /// Make every completed write on the device durable (fdatasync).
+    Flush,
+}
+
+impl std::fmt::Display for OpKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OpKind::Read => "read",
+            OpKind::Write => "write",
+            OpKind::Flush => "flush",
+        })
+    }
+}
+
+/// Every error dana returns. Fields name the device, offset, page or
+/// path involved.
+#[allow(missing_docs)]
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Opening, creating or sizing a file or block device failed.
+    #[error("cannot {action} {path}: {source}")]
+    Open {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// An I/O request failed on a device.
+    #[error("{op} of {len} bytes at offset {offset} on device {device} failed: {source}")]
+    Io {
+        op: OpKind,
+        device: usize,
+        offset: u64,
+        len: usize,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A read or write returned fewer bytes than asked for.
+    #[error("short {op} on device {device} at offset {offset}: {done} of {len} bytes")]
+    ShortIo {
+        op: OpKind,
+        device: usize,
+        offset: u64,
+        len: usize,
+        done: usize,
+    },
+
+    /// An offset, length or buffer address does not meet the device's
+    /// direct-I/O alignment.
+    #[error("misaligned {what}: {value} is not a multiple of {align} (device {device})")]
+    Misaligned {
+        what: &'static str,
+        value: u64,
+        align: u64,
+        device: usize,
+    },
+
+    /// A request reaches past the end of its device.
+    #[error("{op} at offset {offset} of {len} bytes is beyond the end of device {device} ({size} bytes)")]
+    OutOfRange {
+        op: OpKind,
+        device: usize,
+        offset: u64,
+        len: usize,
+        size: u64,
+    },
+
+    /// Setting up or driving an I/O backend failed (io_uring setup,
+    /// registration, submission).
+    #[error("I/O backend {backend}: {what}: {source}")]
+    Backend {
+        backend: &'static str,
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A feature was asked for that this device or kernel cannot give.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+
+    /// Data read from storage failed validation (checksum, magic, layout).
+    #[error("corrupt page {page}: {what}")]
+    Corrupt { page: u64, what: String },
+
+    /// A caller passed a value dana cannot accept.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// A key or value is larger than the tree accepts.
+    #[error("{what} of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge {
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
+
+    /// The database has no free page left on its devices.
+    #[error("out of space: {0}")]
+    OutOfSpace(String),
+
+    /// An earlier failed write or sync made the database refuse further
+    /// writes (the failure is never silently retried).
+    #[error("database is poisoned by an earlier failure: {0}")]
+    Poisoned(String),
+
+    /// The engine is shutting down or has shut down.
+    #[error("the engine is shut down")]
+    Shutdown,
+}
+
+/// dana's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The error for an I/O request that failed with `errno`.
+    pub fn io(op: OpKind, device: usize, offset: u64, len: usize, errno: i32) -> Error {
+        Error::Io {
+            op,
+            device,
+            offset,
+            len,
+            source: std::io::Error::from_raw_os_error(errno),
+        }
+    }
+
+    /// A copy of this error for a second waiter on the same failure
+    /// (std::io::Error is not Clone; the kind and message are kept).
+    pub fn duplicate(&self) -> Error {
+        fn dup(e: &std::io::Error) -> std::io::Error {
+            match e.raw_os_error() {
+                Some(code) => std::io::Error::from_raw_os_error(code),
+                None => std::io::Error::new(e.kind(), e.to_string()),
+            }
+        }
+        match self {
+            Error::Open {
+                action,
+                path,
+                source,
+            } => Error::Open {
+                action,
+                path: path.clone(),
+                source: dup(source),
+            },
+            Error::Io {
+                op,
+                device,
+                offset,
+                len,
+                source,
+            } => Error::Io {
+                op: *op,
+                device: *device,
+                offset: *offset,
+                len: *len,
+                source: dup(source),
+            },
+            Error::ShortIo {
+                op,
+                device,
+                offset,
+                len,
+                done,
+            } => Error::ShortIo {
+                op: *op,
+                device: *device,
+                offset: *offset,
+                len: *len,
+                done: *done,
+            },
+            Error::Misaligned {
+                what,
+                value,
+                align,
+                device,
+            } => Error::Misaligned {
+                what,
+                value: *value,
+                align: *align,
+                device: *device,
+            },
+            Error::OutOfRange {
+                op,
+                device,
+                offset,
+                len,
+                size,
+            } => Error::OutOfRange {
+                op: *op,
+                device: *device,
+                offset: *offset,
+                len: *len,
+                size: *size,
+            },
+            Error::Backend {
+                backend,
+                what,
+                source,
+            } => Error::Backend {
+                backend,
+                what: what.clone(),
+                source: dup(source),
+            },
+            Error::Unsupported(s) => Error::Unsupported(s.clone()),
+            Error::Corrupt { page, what } => Error::Corrupt {
+                page: *page,
+                what: what.clone(),
+            },
+            Error::InvalidArgument(s) => Error::InvalidArgument(s.clone()),
+            Error::TooLarge { what, len, max } => Error::TooLarge {
+                what,
+                len: *len,
+                max: *max,
+            },
+            Error::OutOfSpace(s) => Error::OutOfSpace(s.clone()),
+            Error::Poisoned(s) => Error::Poisoned(s.clone()),
+            Error::Shutdown => Error::Shutdown,
+        }
+    }
+}

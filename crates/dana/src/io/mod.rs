@@ -1,0 +1,451 @@
+//! The I/O layer: devices, arrays, and per-worker queues to every device.
+//!
+//! Owns: opening files and block devices with `O_DIRECT`, the page ->
+//! (device, offset) mapping of an array, and the queues that move requests
+//! to a device and completions back. Every backend (io_uring, blocking
+//! syscalls, the simulated device) implements [`IoQueue`].
+//!
+//! Invariants:
+//! - A request's buffer stays alive until its completion has been reaped:
+//!   the queue holds the [`IoBuf`] (and through it the memory) while the
+//!   kernel or the simulator may touch it, and hands it back in the
+//!   [`Completion`]. Dropping a queue with requests in flight waits for them.
+//! - Offsets, lengths and buffer addresses are checked against the device's
+//!   direct-I/O alignment before a request is queued: a misaligned request
+//!   is rejected with [`Error::Misaligned`], never passed to the kernel.
+//! - One queue belongs to one worker and one device (all-to-all): no lock
+//!   on the I/O path.
+//!
+//! Never: retries a failed request, or reports a completion for a request
+//! that was not pushed.
+
+pub mod aligned;
+pub mod array;
+pub mod blocking;
+pub mod device;
+pub mod uring;
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use aligned::AlignedBuf;
+pub use array::{Array, Backend, Target};
+pub use device::Device;
+
+use crate::{Error, OpKind, Result};
+
+/// What keeps the memory of an [`IoBuf`] alive.
+enum Keep {
+    Owned(AlignedBuf),
+    /// Held only to keep the region alive while the request is in flight.
+    Shared(#[allow(dead_code)] Arc<AlignedBuf>),
+}
+
+/// The memory one request reads into or writes from.
+///
+/// Either an owned [`AlignedBuf`] (handed back in the completion for reuse)
+/// or a range of a shared region such as the buffer pool's frames, kept
+/// alive by an `Arc` until the completion is reaped.
+pub struct IoBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    keep: Keep,
+}
+
+// SAFETY: the memory is owned (AlignedBuf is Send) or kept alive by an Arc of
+// a Send + Sync allocation; the pointer is only dereferenced by the queue
+// that owns the IoBuf.
+unsafe impl Send for IoBuf {}
+
+impl IoBuf {
+    /// A request buffer that owns its memory.
+    pub fn owned(buf: AlignedBuf) -> IoBuf {
+        let ptr = NonNull::new(buf.raw()).expect("AlignedBuf pointer is never null");
+        let len = buf.len();
+        IoBuf {
+            ptr,
+            len,
+            keep: Keep::Owned(buf),
+        }
+    }
+
+    /// A request buffer over `len` bytes at `offset` of a shared region.
+    ///
+    /// # Safety
+    /// Until the completion of the request that carries this buffer has been
+    /// reaped, nobody else may write these bytes (for a read request: nobody
+    /// may read or write them). The buffer manager guarantees this with the
+    /// page state of the frame.
+    pub unsafe fn shared(region: Arc<AlignedBuf>, offset: usize, len: usize) -> Result<IoBuf> {
+        let end = offset.checked_add(len);
+        if len == 0 || end.is_none_or(|e| e > region.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "range {offset}+{len} outside a region of {} bytes",
+                region.len()
+            )));
+        }
+        // SAFETY: offset + len <= region.len(), so the pointer stays inside
+        // the allocation.
+        let ptr = unsafe { NonNull::new_unchecked(region.raw().add(offset)) };
+        Ok(IoBuf {
+            ptr,
+            len,
+            keep: Keep::Shared(region),
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Start address (for alignment checks and for the kernel).
+    pub fn addr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The owned buffer, if this request buffer owns its memory.
+    pub fn as_owned(&self) -> Option<&AlignedBuf> {
+        match &self.keep {
+            Keep::Owned(b) => Some(b),
+            Keep::Shared(_) => None,
+        }
+    }
+
+    /// The owned buffer, for filling before a write.
+    pub fn as_owned_mut(&mut self) -> Option<&mut AlignedBuf> {
+        match &mut self.keep {
+            Keep::Owned(b) => Some(b),
+            Keep::Shared(_) => None,
+        }
+    }
+
+    /// Gives the owned buffer back (None for a shared region).
+    pub fn into_owned(self) -> Option<AlignedBuf> {
+        match self.keep {
+            Keep::Owned(b) => Some(b),
+            Keep::Shared(_) => None,
+        }
+    }
+
+    /// The bytes of the buffer.
+    ///
+    /// # Safety
+    /// For a shared region, nobody may be writing these bytes concurrently.
+    pub unsafe fn bytes(&self) -> &[u8] {
+        // SAFETY: ptr..ptr+len lies inside the live allocation kept by
+        // `keep`; the caller rules out concurrent writers.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes of the buffer, for writing.
+    ///
+    /// # Safety
+    /// For a shared region, nobody else may access these bytes concurrently.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn bytes_mut(&self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, and the caller guarantees exclusivity.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::fmt::Debug for IoBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoBuf")
+            .field("addr", &self.ptr)
+            .field("len", &self.len)
+            .field("owned", &matches!(self.keep, Keep::Owned(_)))
+            .finish()
+    }
+}
+
+/// One I/O request on one device.
+#[derive(Debug)]
+pub struct Request {
+    /// Chosen by the requester; comes back in the completion.
+    pub tag: u64,
+    /// Read, write or flush.
+    pub op: OpKind,
+    /// Byte offset on the device (ignored for flush).
+    pub offset: u64,
+    /// The memory to read into or write from (`None` for flush).
+    pub buf: Option<IoBuf>,
+}
+
+impl Request {
+    /// Read `buf.len()` bytes at `offset` into `buf`.
+    pub fn read(tag: u64, offset: u64, buf: IoBuf) -> Request {
+        Request {
+            tag,
+            op: OpKind::Read,
+            offset,
+            buf: Some(buf),
+        }
+    }
+
+    /// Write `buf` at `offset`.
+    pub fn write(tag: u64, offset: u64, buf: IoBuf) -> Request {
+        Request {
+            tag,
+            op: OpKind::Write,
+            offset,
+            buf: Some(buf),
+        }
+    }
+
+    /// Make every write completed before this request durable.
+    pub fn flush(tag: u64) -> Request {
+        Request {
+            tag,
+            op: OpKind::Flush,
+            offset: 0,
+            buf: None,
+        }
+    }
+
+    /// Bytes transferred by this request (0 for flush).
+    pub fn len(&self) -> usize {
+        self.buf.as_ref().map_or(0, IoBuf::len)
+    }
+
+    /// True for a flush.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The outcome of one request.
+#[derive(Debug)]
+pub struct Completion {
+    /// The request's tag.
+    pub tag: u64,
+    /// The request's operation.
+    pub op: OpKind,
+    /// The request's offset.
+    pub offset: u64,
+    /// The request's buffer, handed back.
+    pub buf: Option<IoBuf>,
+    /// Bytes transferred, or the error (naming device and offset). A short
+    /// read or write is reported as [`Error::ShortIo`].
+    pub result: Result<usize>,
+}
+
+/// A request the queue would not take, with the reason; the caller gets its
+/// request (and buffer) back.
+#[derive(Debug)]
+pub struct Rejected {
+    /// Why the request was not queued.
+    pub error: Error,
+    /// The request, untouched.
+    pub request: Request,
+}
+
+/// A submission/completion queue from one worker to one device.
+pub trait IoQueue: Send {
+    /// Index of the device in its array.
+    fn device(&self) -> usize;
+
+    /// Name of the backend ("uring", "blocking", "sim", ...).
+    fn backend(&self) -> &'static str;
+
+    /// Most requests that may be queued or in flight at once.
+    fn capacity(&self) -> usize;
+
+    /// Queues a request (not yet submitted to the device). Fails, handing
+    /// the request back, when it is misaligned, out of range, or the queue
+    /// is full.
+    fn push(&mut self, req: Request) -> std::result::Result<(), Rejected>;
+
+    /// Submits every queued request to the device in one batch. Returns how
+    /// many were submitted.
+    fn submit(&mut self) -> Result<usize>;
+
+    /// Moves finished requests into `out` without blocking. Returns how many.
+    fn reap(&mut self, out: &mut Vec<Completion>) -> usize;
+
+    /// Submits what is queued and blocks until at least `min` completions
+    /// can be reaped or `timeout` passes.
+    fn wait(&mut self, min: usize, timeout: Option<Duration>) -> Result<()>;
+
+    /// Requests pushed but not yet submitted.
+    fn queued(&self) -> usize;
+
+    /// Requests submitted whose completions have not been reaped.
+    fn in_flight(&self) -> usize;
+
+    /// Asks the queue to signal `eventfd` when a completion arrives while
+    /// notifications are enabled, so that a worker can sleep on one fd for
+    /// all of its queues. Backends that complete synchronously ignore it.
+    fn attach_eventfd(&mut self, _eventfd: std::os::fd::RawFd) -> Result<()> {
+        Ok(())
+    }
+
+    /// Turns eventfd notification on (before the worker sleeps) or off
+    /// (while it is busy, to spare the kernel the signal).
+    fn set_notify(&mut self, _on: bool) {}
+
+    /// How long until a completion is certain to be ready, for backends that
+    /// know (the simulator's clock, a synchronous backend); `Some(ZERO)`
+    /// when one is ready now; `None` when only the eventfd can tell.
+    fn ready_in(&self) -> Option<Duration>;
+
+    /// Registers a long-lived region (the buffer pool's frames) with the
+    /// kernel, so that requests into it skip per-request page pinning.
+    /// Returns false when the backend has no use for it.
+    fn register_memory(&mut self, _region: &Arc<AlignedBuf>) -> Result<bool> {
+        Ok(false)
+    }
+}
+
+/// Direct-I/O alignment rules of one device, checked before queueing.
+#[derive(Debug, Clone, Copy)]
+pub struct Alignment {
+    /// Device index (for errors).
+    pub device: usize,
+    /// Offsets and lengths must be multiples of this.
+    pub io: u64,
+    /// Buffer addresses must be multiples of this.
+    pub mem: u64,
+    /// Device size in bytes.
+    pub size: u64,
+}
+
+impl Alignment {
+    /// Checks a request against the rules.
+    pub fn check(&self, req: &Request) -> Result<()> {
+        let Some(buf) = &req.buf else {
+            return match req.op {
+                OpKind::Flush => Ok(()),
+                op => Err(Error::InvalidArgument(format!("{op} request without a buffer"))),
+            };
+        };
+        if req.op == OpKind::Flush {
+            return Err(Error::InvalidArgument("flush request with a buffer".into()));
+        }
+        let len = buf.len() as u64;
+        let misaligned = |what, value| Error::Misaligned {
+            what,
+            value,
+            align: self.io,
+            device: self.device,
+        };
+        if req.offset % self.io != 0 {
+            return Err(misaligned("offset", req.offset));
+        }
+        if len % self.io != 0 {
+            return Err(misaligned("length", len));
+        }
+        let addr = buf.addr() as u64;
+        if addr % self.mem != 0 {
+            return Err(Error::Misaligned {
+                what: "buffer address",
+                value: addr,
+                align: self.mem,
+                device: self.device,
+            });
+        }
+        if req.offset.checked_add(len).is_none_or(|end| end > self.size) {
+            return Err(Error::OutOfRange {
+                op: req.op,
+                device: self.device,
+                offset: req.offset,
+                len: buf.len(),
+                size: self.size,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Turns a syscall-style result (bytes or -errno) into a completion result.
+pub(crate) fn completion_result(
+    op: OpKind,
+    device: usize,
+    offset: u64,
+    len: usize,
+    res: i64,
+) -> Result<usize> {
+    if res < 0 {
+        return Err(Error::io(op, device, offset, len, (-res) as i32));
+    }
+    let done = res as usize;
+    if op != OpKind::Flush && done != len {
+        return Err(Error::ShortIo {
+            op,
+            device,
+            offset,
+            len,
+            done,
+        });
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules() -> Alignment {
+        Alignment {
+            device: 3,
+            io: 4096,
+            mem: 4096,
+            size: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn alignment_errors_name_what_is_wrong() {
+        let buf = IoBuf::owned(AlignedBuf::new(4096, 4096).unwrap());
+        let err = rules().check(&Request::read(0, 100, buf)).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::Misaligned {
+                what: "offset",
+                device: 3,
+                ..
+            }
+        ));
+
+        let buf = IoBuf::owned(AlignedBuf::new(1000, 4096).unwrap());
+        let err = rules().check(&Request::read(0, 0, buf)).unwrap_err();
+        assert!(matches!(err, Error::Misaligned { what: "length", .. }));
+
+        let region = Arc::new(AlignedBuf::new(3 * 4096, 4096).unwrap());
+        // SAFETY: the region is used by nothing else in this test.
+        let buf = unsafe { IoBuf::shared(region, 512, 4096) }.unwrap();
+        let err = rules().check(&Request::write(0, 0, buf)).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::Misaligned {
+                what: "buffer address",
+                ..
+            }
+        ));
+
+        let buf = IoBuf::owned(AlignedBuf::new(8192, 4096).unwrap());
+        let err = rules().check(&Request::read(0, (1 << 20) - 4096, buf)).unwrap_err();
+        assert!(matches!(err, Error::OutOfRange { .. }));
+    }
+
+    #[test]
+    fn shared_range_is_bounds_checked() {
+        let region = Arc::new(AlignedBuf::new(4096, 4096).unwrap());
+        // SAFETY: the range is never used for I/O.
+        assert!(unsafe { IoBuf::shared(region, 4096, 1) }.is_err());
+    }
+
+    #[test]
+    fn short_io_is_an_error() {
+        let r = completion_result(OpKind::Read, 1, 4096, 4096, 512);
+        assert!(matches!(r, Err(Error::ShortIo { done: 512, .. })));
+        let r = completion_result(OpKind::Write, 1, 4096, 4096, -5);
+        assert!(matches!(r, Err(Error::Io { device: 1, .. })));
+    }
+}
