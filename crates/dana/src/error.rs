@@ -121,6 +121,11 @@ pub enum Error {
     #[error("database is poisoned by an earlier failure: {0}")]
     Poisoned(String),
 
+    /// The operation needs I/O, and the calling thread is not one of the
+    /// engine's workers (run it inside a task).
+    #[error("the operation needs I/O and must run on a worker (inside a task)")]
+    WouldBlock,
+
     /// The engine is shutting down or has shut down.
     #[error("the engine is shut down")]
     Shutdown,
@@ -232,6 +237,7 @@ impl Error {
             },
             Error::OutOfSpace(s) => Error::OutOfSpace(s.clone()),
             Error::Poisoned(s) => Error::Poisoned(s.clone()),
+            Error::WouldBlock => Error::WouldBlock,
             Error::Shutdown => Error::Shutdown,
         }
     }

@@ -10,8 +10,12 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[allow(unsafe_code)]
+pub mod buffer;
 pub mod error;
 #[allow(unsafe_code)]
 pub mod io;
+pub mod sched;
+pub mod stats;
 
 pub use error::{Error, OpKind, Result};

@@ -1,0 +1,295 @@
+//! The meta page (page 0) and persistent page allocation.
+//!
+//! Owns: the meta page's layout and the free-page list. Pages are handed
+//! out from the free list first (freed pages, chained through their first
+//! body word), then from the high-water mark `next_unused`. All changes go
+//! through the buffer pool like any page change, so they reach storage by
+//! write-back and flush (and, with the log, become recoverable).
+//!
+//! Meta page layout (after the 32-byte page header):
+//!
+//! | bytes    | field                                        |
+//! |----------|----------------------------------------------|
+//! | 32..40   | magic `DANAMETA`                             |
+//! | 40..44   | format version (1)                           |
+//! | 44..48   | page size                                    |
+//! | 48..52   | array width (devices)                        |
+//! | 56..64   | next never-used page id                      |
+//! | 64..72   | head of the free list (0: empty)             |
+//! | 72..80   | pages in the free list                       |
+//! | 128..384 | 32 root slots (u64 page ids) for upper layers|
+//!
+//! Never: hands out page 0, or a page beyond the array.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::page::{self, PageType, PAGE_HEADER_SIZE};
+use super::page_table::{EVICTED, EXCLUSIVE};
+use super::{BufferPool, PageMut};
+use crate::{Error, Result};
+
+const MAGIC: &[u8; 8] = b"DANAMETA";
+const FORMAT_VERSION: u32 = 1;
+const OFF_MAGIC: usize = 32;
+const OFF_VERSION: usize = 40;
+const OFF_PAGE_SIZE: usize = 44;
+const OFF_WIDTH: usize = 48;
+const OFF_NEXT: usize = 56;
+const OFF_FREE_HEAD: usize = 64;
+const OFF_FREE_COUNT: usize = 72;
+const OFF_ROOTS: usize = 128;
+/// Number of root slots in the meta page.
+pub const ROOT_SLOTS: usize = 32;
+/// Where a freed page stores the next free page id.
+const OFF_FREE_NEXT: usize = PAGE_HEADER_SIZE;
+
+/// The meta page id.
+pub const META_PAGE: u64 = 0;
+
+/// In-memory allocation state.
+#[derive(Default)]
+pub(crate) struct AllocState {
+    ready: AtomicBool,
+}
+
+/// How much of the array is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpaceInfo {
+    /// Pages the array holds.
+    pub total_pages: u64,
+    /// The first page id never handed out.
+    pub next_unused: u64,
+    /// Pages in the free list.
+    pub free_pages: u64,
+}
+
+fn get_u64(p: &[u8], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&p[at..at + 8]);
+    u64::from_le_bytes(b)
+}
+
+fn put_u64(p: &mut [u8], at: usize, v: u64) {
+    p[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+fn get_u32(p: &[u8], at: usize) -> u32 {
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&p[at..at + 4]);
+    u32::from_le_bytes(b)
+}
+
+impl BufferPool {
+    /// Makes a brand-new page resident without reading it: zeroed, with a
+    /// header, exclusively latched and dirty.
+    async fn create_page(&self, pid: u64, t: PageType) -> Result<PageMut<'_>> {
+        self.check_pid(pid)?;
+        let f = loop {
+            if let Some(f) = self.take_frame() {
+                break f;
+            }
+            self.wait_for_frame().await;
+        };
+        if !self.table.try_transition(pid, EVICTED, EXCLUSIVE) {
+            self.return_frames(&[f]);
+            return Err(Error::Corrupt {
+                page: pid,
+                what: "a page handed out as never used is resident".into(),
+            });
+        }
+        self.frames[f as usize].pid.store(pid, Ordering::Release);
+        self.table.set_frame(pid, f);
+        let mut g = PageMut {
+            pool: self,
+            pid,
+            frame: f,
+        };
+        page::init_page(&mut g, pid, t);
+        Ok(g)
+    }
+
+    /// Formats a new database: writes a fresh meta page (page 0).
+    pub async fn format(&self) -> Result<()> {
+        let mut m = self.create_page(META_PAGE, PageType::Meta).await?;
+        m[OFF_MAGIC..OFF_MAGIC + 8].copy_from_slice(MAGIC);
+        m[OFF_VERSION..OFF_VERSION + 4].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        m[OFF_PAGE_SIZE..OFF_PAGE_SIZE + 4].copy_from_slice(&(self.page_size as u32).to_le_bytes());
+        m[OFF_WIDTH..OFF_WIDTH + 4].copy_from_slice(&(self.array.width() as u32).to_le_bytes());
+        put_u64(&mut m, OFF_NEXT, 1);
+        drop(m);
+        self.alloc.ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Opens an existing database: reads and checks the meta page.
+    pub async fn open_meta(&self) -> Result<SpaceInfo> {
+        let m = self.fix_shared(META_PAGE).await?;
+        let bad = |what: String| Error::Corrupt {
+            page: META_PAGE,
+            what,
+        };
+        if page::page_type(&m) != Some(PageType::Meta) || &m[OFF_MAGIC..OFF_MAGIC + 8] != MAGIC {
+            return Err(bad("not a dana meta page (bad magic)".into()));
+        }
+        let version = get_u32(&m, OFF_VERSION);
+        if version != FORMAT_VERSION {
+            return Err(bad(format!(
+                "format version {version}, this build reads {FORMAT_VERSION}"
+            )));
+        }
+        let ps = get_u32(&m, OFF_PAGE_SIZE) as usize;
+        if ps != self.page_size {
+            return Err(Error::InvalidArgument(format!(
+                "database has page size {ps}, opened with {}",
+                self.page_size
+            )));
+        }
+        let width = get_u32(&m, OFF_WIDTH) as usize;
+        if width != self.array.width() {
+            return Err(Error::InvalidArgument(format!(
+                "database spans {width} devices, opened with {}",
+                self.array.width()
+            )));
+        }
+        let info = space_of(&m, self.array.pages());
+        if info.next_unused > info.total_pages || info.next_unused == 0 {
+            return Err(bad(format!(
+                "next unused page {} out of range",
+                info.next_unused
+            )));
+        }
+        drop(m);
+        self.alloc.ready.store(true, Ordering::Release);
+        Ok(info)
+    }
+
+    fn check_ready(&self) -> Result<()> {
+        if !self.alloc.ready.load(Ordering::Acquire) {
+            return Err(Error::InvalidArgument(
+                "format() or open_meta() must run before pages are allocated".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Allocates a page of type `t`: zeroed, with a header, exclusively
+    /// latched and dirty.
+    pub async fn allocate(&self, t: PageType) -> Result<PageMut<'_>> {
+        self.check_ready()?;
+        let mut m = self.fix_exclusive(META_PAGE).await?;
+        let head = get_u64(&m, OFF_FREE_HEAD);
+        if head != 0 {
+            let mut p = self.fix_exclusive(head).await?;
+            if page::page_type(&p) != Some(PageType::Free) {
+                return Err(Error::Corrupt {
+                    page: head,
+                    what: "page in the free list is not marked free".into(),
+                });
+            }
+            let next = get_u64(&p, OFF_FREE_NEXT);
+            put_u64(&mut m, OFF_FREE_HEAD, next);
+            let count = get_u64(&m, OFF_FREE_COUNT);
+            put_u64(&mut m, OFF_FREE_COUNT, count.saturating_sub(1));
+            drop(m);
+            page::init_page(&mut p, head, t);
+            return Ok(p);
+        }
+        let pid = get_u64(&m, OFF_NEXT);
+        if pid >= self.array.pages() {
+            return Err(Error::OutOfSpace(format!(
+                "all {} pages of the array are in use",
+                self.array.pages()
+            )));
+        }
+        put_u64(&mut m, OFF_NEXT, pid + 1);
+        drop(m);
+        self.create_page(pid, t).await
+    }
+
+    /// Returns a page to the free list.
+    pub async fn free_page(&self, mut page: PageMut<'_>) -> Result<()> {
+        self.check_ready()?;
+        let pid = page.pid();
+        if pid == META_PAGE {
+            return Err(Error::InvalidArgument(
+                "the meta page cannot be freed".into(),
+            ));
+        }
+        let mut m = self.fix_exclusive(META_PAGE).await?;
+        let head = get_u64(&m, OFF_FREE_HEAD);
+        page::init_page(&mut page, pid, PageType::Free);
+        put_u64(&mut page, OFF_FREE_NEXT, head);
+        drop(page);
+        put_u64(&mut m, OFF_FREE_HEAD, pid);
+        let count = get_u64(&m, OFF_FREE_COUNT);
+        put_u64(&mut m, OFF_FREE_COUNT, count + 1);
+        Ok(())
+    }
+
+    /// The page id stored in root slot `slot` (0 if unset).
+    pub async fn root(&self, slot: usize) -> Result<u64> {
+        check_slot(slot)?;
+        let m = self.fix_shared(META_PAGE).await?;
+        Ok(get_u64(&m, OFF_ROOTS + 8 * slot))
+    }
+
+    /// Stores a page id in root slot `slot`.
+    pub async fn set_root(&self, slot: usize, pid: u64) -> Result<()> {
+        check_slot(slot)?;
+        let mut m = self.fix_exclusive(META_PAGE).await?;
+        put_u64(&mut m, OFF_ROOTS + 8 * slot, pid);
+        Ok(())
+    }
+
+    /// How much of the array is used.
+    pub async fn space(&self) -> Result<SpaceInfo> {
+        let m = self.fix_shared(META_PAGE).await?;
+        Ok(space_of(&m, self.array.pages()))
+    }
+
+    /// The free list, head first (for `dana check`). Stops with an error
+    /// at a cycle or a page that is not free.
+    pub async fn free_list(&self) -> Result<Vec<u64>> {
+        let info = self.space().await?;
+        let mut out = Vec::new();
+        let mut next = self
+            .fix_shared(META_PAGE)
+            .await
+            .map(|m| get_u64(&m, OFF_FREE_HEAD))?;
+        while next != 0 {
+            if out.len() as u64 > info.free_pages || next >= info.next_unused {
+                return Err(Error::Corrupt {
+                    page: next,
+                    what: "free list is longer than its count or points past the used pages".into(),
+                });
+            }
+            out.push(next);
+            let p = self.fix_shared(next).await?;
+            if page::page_type(&p) != Some(PageType::Free) {
+                return Err(Error::Corrupt {
+                    page: next,
+                    what: "page in the free list is not marked free".into(),
+                });
+            }
+            next = get_u64(&p, OFF_FREE_NEXT);
+        }
+        Ok(out)
+    }
+}
+
+fn space_of(m: &[u8], total_pages: u64) -> SpaceInfo {
+    SpaceInfo {
+        total_pages,
+        next_unused: get_u64(m, OFF_NEXT),
+        free_pages: get_u64(m, OFF_FREE_COUNT),
+    }
+}
+
+fn check_slot(slot: usize) -> Result<()> {
+    if slot >= ROOT_SLOTS {
+        return Err(Error::InvalidArgument(format!(
+            "root slot {slot} out of range (0..{ROOT_SLOTS})"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,886 @@
+//! The buffer manager: pages of an array served from a DRAM pool much
+//! smaller than the data.
+//!
+//! Owns: the frame memory (one aligned allocation, registered with the
+//! kernel), the per-frame metadata, the page table ([`page_table`]: state
+//! word + frame index per page id), the reads in flight ([`inflight`]),
+//! the free-frame list, clock eviction and write-back, and the meta page
+//! with persistent page allocation ([`alloc`]).
+//!
+//! A page is fixed from inside a task with [`BufferPool::fix_shared`],
+//! [`BufferPool::fix_exclusive`] or [`BufferPool::fix_optimistic`]. A miss
+//! takes a free frame, moves the page EVICTED -> LOADING, queues a read on
+//! the current worker's queue for the page's device and awaits it; other
+//! tasks faulting the same page await the same read. The worker that reaps
+//! the read verifies checksum and page id, publishes the frame and wakes
+//! the waiters. Eviction (second chance over frames, in batches) runs as a
+//! system task in every worker loop when free frames fall below a low
+//! watermark: clean victims are freed at once; dirty ones are written back
+//! asynchronously under a shared latch and become clean candidates once the
+//! write completed (freed on a later pass if nobody touched them).
+//!
+//! Invariants:
+//! - A frame holds at most one page; `frames[f].pid == p` and
+//!   `table.frame(p) == f` while `p` is resident.
+//! - Frame bytes are written only under an exclusive latch or while the
+//!   page is LOADING (by the kernel); write-back seals the checksum under
+//!   the exclusive latch and then downgrades to shared for the write.
+//! - A dirty page is never evicted before its write completed.
+//!
+//! Never: returns a page whose checksum or page id did not verify, blocks a
+//! thread, or retries a failed write silently (a failed write poisons the
+//! pool: [`Error::Poisoned`] for every later write-back and flush).
+
+pub mod alloc;
+pub mod inflight;
+pub mod page;
+mod page_table;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use crate::io::{AlignedBuf, Array, Completion, IoBuf, Request};
+use crate::sched::{self, IoHandler, IoTiming};
+use crate::stats::{Histogram, HistogramSnapshot};
+use crate::{Error, Result};
+use inflight::{InFlight, IoWait};
+use page_table::{
+    lock_of, version_of, PageTable, EVICTED, EXCLUSIVE, LOADING, MAX_SHARED, UNLOCKED,
+};
+
+pub use page::{PageType, PAGE_HEADER_SIZE};
+
+const NO_PAGE: u64 = u64::MAX;
+const TAG_KIND_SHIFT: u32 = 62;
+const TAG_READ: u64 = 0;
+const TAG_WRITE: u64 = 1;
+const TAG_FLUSH: u64 = 2;
+const TAG_ID_MASK: u64 = (1 << TAG_KIND_SHIFT) - 1;
+
+/// Buffer pool settings.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Number of page frames (pool bytes = frames x page size).
+    pub frames: usize,
+    /// Dirty pages one eviction batch may start writing.
+    pub max_writes_per_batch: usize,
+}
+
+impl PoolConfig {
+    /// A pool of `frames` frames.
+    pub fn with_frames(frames: usize) -> PoolConfig {
+        PoolConfig {
+            frames,
+            max_writes_per_batch: 64,
+        }
+    }
+}
+
+struct FrameMeta {
+    pid: AtomicU64,
+    referenced: AtomicBool,
+    dirty: AtomicBool,
+    writing: AtomicBool,
+}
+
+/// Counters of the buffer pool.
+#[derive(Default)]
+pub struct PoolStats {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    reads: AtomicU64,
+    writes: AtomicU64,
+    evictions: AtomicU64,
+    writebacks: AtomicU64,
+    read_errors: AtomicU64,
+    write_errors: AtomicU64,
+    frame_waits: AtomicU64,
+    /// Submit -> reap of page reads: time in the kernel and the device.
+    device_read: Histogram,
+    /// Reap -> the faulting task runs again: time waiting to be resumed.
+    resume: Histogram,
+    /// Fault -> the faulting task has its page: the whole miss.
+    miss: Histogram,
+}
+
+/// A copy of the pool's counters.
+#[derive(Debug, Clone, Default)]
+pub struct PoolStatsSnapshot {
+    /// Fixes served from memory.
+    pub hits: u64,
+    /// Fixes that started a read.
+    pub misses: u64,
+    /// Page reads completed.
+    pub reads: u64,
+    /// Page writes completed.
+    pub writes: u64,
+    /// Pages evicted.
+    pub evictions: u64,
+    /// Dirty pages written back by eviction or flush.
+    pub writebacks: u64,
+    /// Reads that failed (I/O error or verification).
+    pub read_errors: u64,
+    /// Writes that failed.
+    pub write_errors: u64,
+    /// Times a task waited for a free frame.
+    pub frame_waits: u64,
+    /// Free frames now.
+    pub free_frames: usize,
+    /// Submit -> reap of page reads (kernel + device).
+    pub device_read: HistogramSnapshot,
+    /// Reap -> task resumed.
+    pub resume: HistogramSnapshot,
+    /// Whole miss, fault -> page available.
+    pub miss: HistogramSnapshot,
+}
+
+/// The buffer pool.
+pub struct BufferPool {
+    array: Array,
+    page_size: usize,
+    memory: Arc<AlignedBuf>,
+    frames: Box<[FrameMeta]>,
+    table: PageTable,
+    inflight: InFlight,
+    free: Mutex<Vec<u32>>,
+    free_count: AtomicUsize,
+    frame_waiters: Mutex<Vec<Waker>>,
+    has_frame_waiters: AtomicBool,
+    clock: AtomicUsize,
+    low_water: usize,
+    high_water: usize,
+    max_writes_per_batch: usize,
+    waits: Mutex<std::collections::HashMap<u64, Arc<IoWait>>>,
+    next_wait: AtomicU64,
+    stats: PoolStats,
+    poison: Mutex<Option<String>>,
+    poisoned: AtomicBool,
+    alloc: alloc::AllocState,
+}
+
+/// How a page is latched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Shared,
+    Exclusive,
+}
+
+impl BufferPool {
+    /// A pool of `config.frames` frames over `array`. No I/O happens until
+    /// pages are fixed from inside the workers' tasks.
+    pub fn new(array: Array, config: &PoolConfig) -> Result<Arc<BufferPool>> {
+        if config.frames < 4 {
+            return Err(Error::InvalidArgument(format!(
+                "a buffer pool needs at least 4 frames, not {}",
+                config.frames
+            )));
+        }
+        if config.frames > u32::MAX as usize / 2 {
+            return Err(Error::InvalidArgument("too many frames".into()));
+        }
+        let page_size = array.page_size() as usize;
+        let bytes = config
+            .frames
+            .checked_mul(page_size)
+            .ok_or_else(|| Error::InvalidArgument("pool size overflows".into()))?;
+        let memory = Arc::new(AlignedBuf::new(bytes, page_size.max(4096))?);
+        let frames = (0..config.frames)
+            .map(|_| FrameMeta {
+                pid: AtomicU64::new(NO_PAGE),
+                referenced: AtomicBool::new(false),
+                dirty: AtomicBool::new(false),
+                writing: AtomicBool::new(false),
+            })
+            .collect();
+        let table = PageTable::new(array.pages())?;
+        let low_water = (config.frames / 32).clamp(2, 4096);
+        let high_water = (low_water * 2).min(config.frames / 2).max(low_water + 1);
+        Ok(Arc::new(BufferPool {
+            page_size,
+            memory,
+            frames,
+            table,
+            inflight: InFlight::new(),
+            free: Mutex::new((0..config.frames as u32).rev().collect()),
+            free_count: AtomicUsize::new(config.frames),
+            frame_waiters: Mutex::new(Vec::new()),
+            has_frame_waiters: AtomicBool::new(false),
+            clock: AtomicUsize::new(0),
+            low_water,
+            high_water,
+            max_writes_per_batch: config.max_writes_per_batch.max(1),
+            waits: Mutex::new(Default::default()),
+            next_wait: AtomicU64::new(0),
+            stats: PoolStats::default(),
+            poison: Mutex::new(None),
+            poisoned: AtomicBool::new(false),
+            alloc: alloc::AllocState::default(),
+            array,
+        }))
+    }
+
+    /// The frame memory (to register with the I/O queues).
+    pub fn memory(&self) -> &Arc<AlignedBuf> {
+        &self.memory
+    }
+
+    /// The array the pages live on.
+    pub fn array(&self) -> &Array {
+        &self.array
+    }
+
+    /// Page size in bytes.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Number of frames.
+    pub fn frames(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// A copy of the counters.
+    pub fn stats(&self) -> PoolStatsSnapshot {
+        let s = &self.stats;
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        PoolStatsSnapshot {
+            hits: l(&s.hits),
+            misses: l(&s.misses),
+            reads: l(&s.reads),
+            writes: l(&s.writes),
+            evictions: l(&s.evictions),
+            writebacks: l(&s.writebacks),
+            read_errors: l(&s.read_errors),
+            write_errors: l(&s.write_errors),
+            frame_waits: l(&s.frame_waits),
+            free_frames: self.free_count.load(Ordering::Relaxed),
+            device_read: s.device_read.snapshot(),
+            resume: s.resume.snapshot(),
+            miss: s.miss.snapshot(),
+        }
+    }
+
+    /// The error that poisoned the pool, if any.
+    pub fn poisoned(&self) -> Option<Error> {
+        if !self.poisoned.load(Ordering::Acquire) {
+            return None;
+        }
+        let p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
+        p.as_ref().map(|m| Error::Poisoned(m.clone()))
+    }
+
+    fn poison_with(&self, e: &Error) {
+        let mut p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
+        if p.is_none() {
+            *p = Some(e.to_string());
+        }
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    fn check_pid(&self, pid: u64) -> Result<()> {
+        if pid >= self.table.len() {
+            return Err(Error::InvalidArgument(format!(
+                "page {pid} is beyond the end of the array ({} pages)",
+                self.table.len()
+            )));
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn frame_ptr(&self, f: u32) -> *mut u8 {
+        debug_assert!((f as usize) < self.frames.len());
+        // SAFETY: f < frames, so the offset lies inside the allocation.
+        unsafe { self.memory.raw().add(f as usize * self.page_size) }
+    }
+
+    /// The bytes of frame `f`.
+    ///
+    /// # Safety
+    /// The caller holds a latch on the page in `f` (shared: no writer) or
+    /// owns the frame (LOADING, free).
+    #[inline]
+    unsafe fn frame_bytes(&self, f: u32) -> &[u8] {
+        // SAFETY: the frame is page_size bytes inside the live allocation;
+        // the caller rules out concurrent writers.
+        unsafe { std::slice::from_raw_parts(self.frame_ptr(f), self.page_size) }
+    }
+
+    /// The bytes of frame `f`, for writing.
+    ///
+    /// # Safety
+    /// The caller holds the exclusive latch on the page in `f`, or owns the
+    /// frame.
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn frame_bytes_mut(&self, f: u32) -> &mut [u8] {
+        // SAFETY: as frame_bytes, and the caller guarantees exclusivity.
+        unsafe { std::slice::from_raw_parts_mut(self.frame_ptr(f), self.page_size) }
+    }
+
+    // ---- free frames --------------------------------------------------
+
+    fn take_frame(&self) -> Option<u32> {
+        if self.free_count.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let f = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        if f.is_some() {
+            self.free_count.fetch_sub(1, Ordering::AcqRel);
+        }
+        f
+    }
+
+    fn return_frames(&self, fs: &[u32]) {
+        if fs.is_empty() {
+            return;
+        }
+        for &f in fs {
+            debug_assert_eq!(self.frames[f as usize].pid.load(Ordering::Relaxed), NO_PAGE);
+        }
+        self.free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(fs);
+        self.free_count.fetch_add(fs.len(), Ordering::AcqRel);
+        if self.has_frame_waiters.swap(false, Ordering::AcqRel) {
+            let waiters =
+                std::mem::take(&mut *self.frame_waiters.lock().unwrap_or_else(|e| e.into_inner()));
+            for w in waiters {
+                w.wake();
+            }
+        }
+    }
+
+    fn wait_for_frame(&self) -> FrameWait<'_> {
+        self.stats.frame_waits.fetch_add(1, Ordering::Relaxed);
+        FrameWait {
+            pool: self,
+            registered: false,
+        }
+    }
+
+    // ---- fixing pages -------------------------------------------------
+
+    /// Fixes page `pid` with a shared latch (many readers).
+    pub async fn fix_shared(&self, pid: u64) -> Result<PageRef<'_>> {
+        let frame = self.fix(pid, Mode::Shared).await?;
+        Ok(PageRef {
+            pool: self,
+            pid,
+            frame,
+        })
+    }
+
+    /// Fixes page `pid` with the exclusive latch (one writer).
+    pub async fn fix_exclusive(&self, pid: u64) -> Result<PageMut<'_>> {
+        let frame = self.fix(pid, Mode::Exclusive).await?;
+        Ok(PageMut {
+            pool: self,
+            pid,
+            frame,
+        })
+    }
+
+    /// Makes page `pid` resident and returns an optimistic handle: reads
+    /// take no latch and must be validated afterwards.
+    pub async fn fix_optimistic(&self, pid: u64) -> Result<PageOptimistic<'_>> {
+        loop {
+            let s = self.table.state(pid).load(Ordering::Acquire);
+            let l = lock_of(s);
+            if (UNLOCKED..=MAX_SHARED).contains(&l) {
+                let frame = self.table.frame(pid);
+                self.frames[frame as usize]
+                    .referenced
+                    .store(true, Ordering::Relaxed);
+                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(PageOptimistic {
+                    pool: self,
+                    pid,
+                    frame,
+                    version: version_of(s),
+                });
+            }
+            if l == EXCLUSIVE {
+                sched::yield_now().await;
+                continue;
+            }
+            // Not resident: fault it in with a shared latch and drop it.
+            drop(self.fix_shared(pid).await?);
+        }
+    }
+
+    async fn fix(&self, pid: u64, mode: Mode) -> Result<u32> {
+        self.check_pid(pid)?;
+        let mut missed = false;
+        loop {
+            let latched = match mode {
+                Mode::Shared => self.table.try_lock_shared(pid),
+                Mode::Exclusive => self.table.try_lock_exclusive(pid),
+            };
+            if latched {
+                let f = self.table.frame(pid);
+                debug_assert_eq!(self.frames[f as usize].pid.load(Ordering::Relaxed), pid);
+                self.frames[f as usize]
+                    .referenced
+                    .store(true, Ordering::Relaxed);
+                if !missed {
+                    self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                }
+                return Ok(f);
+            }
+            let s = self.table.state(pid).load(Ordering::Acquire);
+            match lock_of(s) {
+                EVICTED => {
+                    missed = true;
+                    self.load(pid).await?;
+                }
+                LOADING => {
+                    missed = true;
+                    match self.inflight.get(pid) {
+                        Some(w) => w.wait().await.0?,
+                        None => sched::yield_now().await,
+                    }
+                }
+                _ => sched::yield_now().await,
+            }
+        }
+    }
+
+    /// Reads page `pid` into a free frame (or waits for whoever does).
+    async fn load(&self, pid: u64) -> Result<()> {
+        let Some(f) = self.take_frame() else {
+            self.wait_for_frame().await;
+            return Ok(());
+        };
+        if !self.table.try_transition(pid, EVICTED, LOADING) {
+            self.return_frames(&[f]);
+            return Ok(());
+        }
+        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let wait = self.inflight.insert(pid);
+        self.frames[f as usize].pid.store(pid, Ordering::Release);
+        let (device, offset) = self.array.locate(pid);
+        // SAFETY: frame f came off the free list and its page is LOADING:
+        // nobody else reads or writes these bytes until the completion.
+        let buf = unsafe {
+            IoBuf::shared(
+                self.memory.clone(),
+                f as usize * self.page_size,
+                self.page_size,
+            )
+        }?;
+        let tag = TAG_READ << TAG_KIND_SHIFT | f as u64;
+        if sched::enqueue(device, Request::read(tag, offset, buf)).is_err() {
+            self.inflight.remove(pid);
+            self.frames[f as usize]
+                .pid
+                .store(NO_PAGE, Ordering::Release);
+            self.table.set_lock(pid, EVICTED);
+            self.return_frames(&[f]);
+            let e = Error::WouldBlock;
+            wait.complete(Err(e.duplicate()), Instant::now());
+            return Err(e);
+        }
+        let (result, reaped) = wait.wait().await;
+        let now = Instant::now();
+        self.stats.miss.record(now - started);
+        if let Some(r) = reaped {
+            self.stats.resume.record(now.saturating_duration_since(r));
+        }
+        result
+    }
+
+    // ---- write-back and eviction ----------------------------------------
+
+    /// Starts writing frame `f` (page `pid`, latched exclusively by the
+    /// caller): seals the checksum, downgrades to shared, queues the write.
+    fn start_writeback(&self, f: u32, pid: u64) {
+        let meta = &self.frames[f as usize];
+        meta.writing.store(true, Ordering::Release);
+        meta.dirty.store(false, Ordering::Release);
+        // SAFETY: the caller holds the exclusive latch on pid, whose frame
+        // is f.
+        page::seal(unsafe { self.frame_bytes_mut(f) });
+        // Downgrade: EXCLUSIVE -> SHARED(1), same version (content is
+        // unchanged but for the checksum).
+        self.table.set_lock(pid, UNLOCKED + 1);
+        let (device, offset) = self.array.locate(pid);
+        // SAFETY: the shared latch held until the write completes keeps
+        // writers out of the frame; readers only read.
+        let buf = unsafe {
+            IoBuf::shared(
+                self.memory.clone(),
+                f as usize * self.page_size,
+                self.page_size,
+            )
+        };
+        let tag = TAG_WRITE << TAG_KIND_SHIFT | f as u64;
+        let queued = buf.and_then(|b| {
+            sched::enqueue(device, Request::write(tag, offset, b)).map_err(|_| Error::WouldBlock)
+        });
+        if let Err(e) = queued {
+            meta.dirty.store(true, Ordering::Release);
+            meta.writing.store(false, Ordering::Release);
+            self.table.unlock_shared(pid);
+            debug_assert!(false, "write-back outside a worker: {e}");
+        }
+    }
+
+    /// One batch of second-chance eviction. Returns true if it freed a
+    /// frame or started a write.
+    fn evict_batch(&self) -> bool {
+        let free = self.free_count.load(Ordering::Acquire);
+        let waiters = self.has_frame_waiters.load(Ordering::Acquire);
+        if free >= self.low_water && !waiters {
+            return false;
+        }
+        let want = self.high_water.saturating_sub(free).max(1);
+        let n = self.frames.len();
+        let budget = (want * 4 + 64).min(2 * n);
+        let mut freed = Vec::new();
+        let mut writes = 0;
+        for _ in 0..budget {
+            if freed.len() >= want {
+                break;
+            }
+            let f = (self.clock.fetch_add(1, Ordering::Relaxed) % n) as u32;
+            let meta = &self.frames[f as usize];
+            let pid = meta.pid.load(Ordering::Acquire);
+            if pid == NO_PAGE || meta.writing.load(Ordering::Acquire) {
+                continue;
+            }
+            if meta.referenced.swap(false, Ordering::Relaxed) {
+                continue;
+            }
+            if lock_of(self.table.state(pid).load(Ordering::Acquire)) != UNLOCKED {
+                continue;
+            }
+            let dirty = meta.dirty.load(Ordering::Acquire);
+            if dirty && writes >= self.max_writes_per_batch {
+                continue;
+            }
+            if !self.table.try_lock_exclusive(pid) {
+                continue;
+            }
+            // Holding the exclusive latch: re-check that pid is still in f.
+            if self.table.frame(pid) != f || meta.pid.load(Ordering::Acquire) != pid {
+                self.table.unlock_exclusive(pid);
+                continue;
+            }
+            if meta.dirty.load(Ordering::Acquire) {
+                if self.poisoned.load(Ordering::Acquire) {
+                    // Never write after a failed write; keep the page.
+                    self.table.unlock_exclusive(pid);
+                    continue;
+                }
+                self.start_writeback(f, pid);
+                self.stats.writebacks.fetch_add(1, Ordering::Relaxed);
+                writes += 1;
+            } else {
+                meta.pid.store(NO_PAGE, Ordering::Release);
+                self.table.mark_evicted(pid);
+                self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+                freed.push(f);
+            }
+        }
+        self.return_frames(&freed);
+        !freed.is_empty() || writes > 0
+    }
+
+    /// Writes back every dirty page and makes the writes durable (one
+    /// fdatasync per device). Must run inside a task.
+    pub async fn flush_all(&self) -> Result<()> {
+        if let Some(e) = self.poisoned() {
+            return Err(e);
+        }
+        let mut started = Vec::new();
+        for f in 0..self.frames.len() as u32 {
+            let meta = &self.frames[f as usize];
+            loop {
+                let pid = meta.pid.load(Ordering::Acquire);
+                if pid == NO_PAGE || !meta.dirty.load(Ordering::Acquire) {
+                    break;
+                }
+                if meta.writing.load(Ordering::Acquire) || !self.table.try_lock_exclusive(pid) {
+                    sched::yield_now().await;
+                    continue;
+                }
+                if self.table.frame(pid) != f || !meta.dirty.load(Ordering::Acquire) {
+                    self.table.unlock_exclusive(pid);
+                    break;
+                }
+                self.start_writeback(f, pid);
+                self.stats.writebacks.fetch_add(1, Ordering::Relaxed);
+                started.push(f);
+                break;
+            }
+        }
+        // Wait for this flush's writes (and any eviction write-backs).
+        for f in started {
+            while self.frames[f as usize].writing.load(Ordering::Acquire) {
+                sched::yield_now().await;
+            }
+        }
+        if let Some(e) = self.poisoned() {
+            return Err(e);
+        }
+        self.sync_devices().await
+    }
+
+    /// One fdatasync per device, awaited.
+    pub async fn sync_devices(&self) -> Result<()> {
+        let mut waits = Vec::new();
+        for d in 0..self.array.width() {
+            let id = self.next_wait.fetch_add(1, Ordering::Relaxed) & TAG_ID_MASK;
+            let w = Arc::new(IoWait::default());
+            self.waits
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id, w.clone());
+            let tag = TAG_FLUSH << TAG_KIND_SHIFT | id;
+            if sched::enqueue(d, Request::flush(tag)).is_err() {
+                self.waits
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
+                return Err(Error::WouldBlock);
+            }
+            waits.push(w);
+        }
+        let mut first_err = None;
+        for w in waits {
+            if let Err(e) = w.wait().await.0 {
+                self.poison_with(&e);
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn complete_read(&self, f: u32, c: Completion, t: IoTiming) {
+        self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .device_read
+            .record(t.reaped.saturating_duration_since(t.submitted));
+        let meta = &self.frames[f as usize];
+        let pid = meta.pid.load(Ordering::Acquire);
+        debug_assert_eq!(
+            lock_of(self.table.state(pid).load(Ordering::Relaxed)),
+            LOADING
+        );
+        // SAFETY: the page is LOADING and its read has completed: this
+        // worker is the only one touching frame f.
+        let result = c
+            .result
+            .and_then(|_| page::verify(unsafe { self.frame_bytes(f) }, pid));
+        match &result {
+            Ok(()) => {
+                meta.dirty.store(false, Ordering::Relaxed);
+                meta.referenced.store(true, Ordering::Relaxed);
+                self.table.set_frame(pid, f);
+                self.table.set_lock(pid, UNLOCKED);
+            }
+            Err(_) => {
+                self.stats.read_errors.fetch_add(1, Ordering::Relaxed);
+                meta.pid.store(NO_PAGE, Ordering::Release);
+                self.table.set_lock(pid, EVICTED);
+                self.return_frames(&[f]);
+            }
+        }
+        if let Some(w) = self.inflight.remove(pid) {
+            w.complete(result, t.reaped);
+        }
+    }
+
+    fn complete_write(&self, f: u32, c: Completion) {
+        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        let meta = &self.frames[f as usize];
+        let pid = meta.pid.load(Ordering::Acquire);
+        if let Err(e) = c.result {
+            self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+            meta.dirty.store(true, Ordering::Release);
+            self.poison_with(&e);
+        }
+        meta.writing.store(false, Ordering::Release);
+        self.table.unlock_shared(pid);
+    }
+}
+
+impl IoHandler for BufferPool {
+    fn complete(&self, c: Completion, t: IoTiming) {
+        let id = c.tag & TAG_ID_MASK;
+        match c.tag >> TAG_KIND_SHIFT {
+            TAG_READ => self.complete_read(id as u32, c, t),
+            TAG_WRITE => self.complete_write(id as u32, c),
+            _ => {
+                let w = self
+                    .waits
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
+                if let Some(w) = w {
+                    w.complete(c.result.map(|_| ()), t.reaped);
+                }
+            }
+        }
+    }
+
+    fn maintain(&self) -> bool {
+        self.evict_batch()
+    }
+}
+
+/// Resolves once a frame was freed (or is free already).
+struct FrameWait<'a> {
+    pool: &'a BufferPool,
+    registered: bool,
+}
+
+impl Future for FrameWait<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.registered || self.pool.free_count.load(Ordering::Acquire) > 0 {
+            return Poll::Ready(());
+        }
+        self.pool
+            .frame_waiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(cx.waker().clone());
+        self.pool.has_frame_waiters.store(true, Ordering::Release);
+        self.registered = true;
+        // A frame freed between the check and the registration would not
+        // wake us: look again.
+        if self.pool.free_count.load(Ordering::Acquire) > 0 {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+}
+
+/// A page fixed with a shared latch. Derefs to the page's bytes.
+pub struct PageRef<'a> {
+    pool: &'a BufferPool,
+    pid: u64,
+    frame: u32,
+}
+
+impl PageRef<'_> {
+    /// The page id.
+    pub fn pid(&self) -> u64 {
+        self.pid
+    }
+}
+
+impl std::ops::Deref for PageRef<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the shared latch on pid (whose frame is self.frame) keeps
+        // writers out while this guard lives.
+        unsafe { self.pool.frame_bytes(self.frame) }
+    }
+}
+
+impl Drop for PageRef<'_> {
+    fn drop(&mut self) {
+        self.pool.table.unlock_shared(self.pid);
+    }
+}
+
+/// A page fixed with the exclusive latch. Derefs to the page's bytes;
+/// mutable access marks the page dirty.
+pub struct PageMut<'a> {
+    pool: &'a BufferPool,
+    pid: u64,
+    frame: u32,
+}
+
+impl PageMut<'_> {
+    /// The page id.
+    pub fn pid(&self) -> u64 {
+        self.pid
+    }
+
+    /// Sets the page LSN (marks the page dirty).
+    pub fn set_lsn(&mut self, lsn: u64) {
+        page::set_page_lsn(self, lsn);
+    }
+}
+
+impl std::ops::Deref for PageMut<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the exclusive latch is held while this guard lives.
+        unsafe { self.pool.frame_bytes(self.frame) }
+    }
+}
+
+impl std::ops::DerefMut for PageMut<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.pool.frames[self.frame as usize]
+            .dirty
+            .store(true, Ordering::Release);
+        // SAFETY: the exclusive latch is held and &mut self makes this the
+        // only reference handed out by the guard.
+        unsafe { self.pool.frame_bytes_mut(self.frame) }
+    }
+}
+
+impl Drop for PageMut<'_> {
+    fn drop(&mut self) {
+        self.pool.table.unlock_exclusive(self.pid);
+    }
+}
+
+/// A resident page read without a latch. Copy what you need with
+/// [`PageOptimistic::read`], then [`PageOptimistic::validate`]: if it
+/// fails, a writer or eviction intervened and the copy must be discarded.
+pub struct PageOptimistic<'a> {
+    pool: &'a BufferPool,
+    pid: u64,
+    frame: u32,
+    version: u64,
+}
+
+impl PageOptimistic<'_> {
+    /// The page id.
+    pub fn pid(&self) -> u64 {
+        self.pid
+    }
+
+    /// Copies `out.len()` bytes at `offset` of the page (volatile reads,
+    /// since a writer may race; the copy is meaningful only if `validate`
+    /// succeeds afterwards). Out-of-range requests copy nothing and return
+    /// false.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> bool {
+        if offset
+            .checked_add(out.len())
+            .is_none_or(|e| e > self.pool.page_size)
+        {
+            return false;
+        }
+        let base = self.pool.frame_ptr(self.frame);
+        for (i, b) in out.iter_mut().enumerate() {
+            // SAFETY: offset + i < page_size, inside the frame; the frame
+            // memory lives as long as the pool. A concurrent writer makes
+            // the value meaningless, which validate() detects; volatile
+            // keeps the compiler from assuming the bytes are stable.
+            *b = unsafe { std::ptr::read_volatile(base.add(offset + i)) };
+        }
+        true
+    }
+
+    /// True if no writer or eviction touched the page since the fix.
+    pub fn validate(&self) -> bool {
+        std::sync::atomic::fence(Ordering::Acquire);
+        let s = self.pool.table.state(self.pid).load(Ordering::Acquire);
+        version_of(s) == self.version && (UNLOCKED..=MAX_SHARED).contains(&lock_of(s))
+    }
+}

@@ -1,0 +1,288 @@
+//! The buffer manager under a tiny pool: pages many times the frames,
+//! many concurrent tasks on 2 workers, eviction, write-back, reopen,
+//! corruption detection.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use dana::buffer::{BufferPool, PageType, PoolConfig, PAGE_HEADER_SIZE};
+use dana::io::device::DeviceOptions;
+use dana::io::{Array, Backend, Device, Target};
+use dana::sched::{Runtime, RuntimeConfig};
+use dana::Error;
+
+const PAGE: u64 = 4096;
+
+fn open_array(dir: &Path, devices: usize, pages_per_device: u64) -> Array {
+    let targets = (0..devices)
+        .map(|i| {
+            let opts = DeviceOptions {
+                create_size: Some(pages_per_device * PAGE),
+                ..Default::default()
+            };
+            let dev = Device::open(dir.join(format!("dev{i}")), i, opts).unwrap();
+            Target::File(Arc::new(dev))
+        })
+        .collect();
+    Array::new(targets, PAGE).unwrap()
+}
+
+fn start(array: Array, frames: usize, workers: usize) -> (Arc<BufferPool>, Runtime) {
+    let pool = BufferPool::new(array.clone(), &PoolConfig::with_frames(frames)).unwrap();
+    let config = RuntimeConfig {
+        workers,
+        queue_depth: 64,
+        device_budget: 32,
+        ..Default::default()
+    };
+    let rt = Runtime::start(
+        &config,
+        &array,
+        &Backend::default(),
+        pool.clone(),
+        Some(pool.memory()),
+    )
+    .unwrap();
+    (pool, rt)
+}
+
+fn counter_of(page: &[u8]) -> (u64, u64) {
+    let at = PAGE_HEADER_SIZE;
+    let id = u64::from_le_bytes(page[at..at + 8].try_into().unwrap());
+    let n = u64::from_le_bytes(page[at + 8..at + 16].try_into().unwrap());
+    (id, n)
+}
+
+/// Allocates `n` pages, each holding its own id and a zero counter.
+fn fill(pool: &Arc<BufferPool>, rt: &Runtime, n: u64) -> Vec<u64> {
+    let p = pool.clone();
+    rt.block_on(async move {
+        p.format().await?;
+        let mut pids = Vec::new();
+        for _ in 0..n {
+            let mut g = p.allocate(PageType::Raw).await?;
+            let pid = g.pid();
+            let at = PAGE_HEADER_SIZE;
+            g[at..at + 8].copy_from_slice(&pid.to_le_bytes());
+            pids.push(pid);
+        }
+        p.flush_all().await?;
+        Ok::<_, Error>(pids)
+    })
+    .unwrap()
+    .unwrap()
+}
+
+#[test]
+fn many_tasks_update_pages_through_a_tiny_pool() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let pages = 2000;
+    let array = open_array(dir.path(), 2, pages);
+    let (pool, rt) = start(array.clone(), 48, 2);
+    let pids = Arc::new(fill(&pool, &rt, pages - 1));
+    let expected: Arc<Vec<AtomicU64>> = Arc::new((0..pages).map(|_| AtomicU64::new(0)).collect());
+
+    let tasks = 300;
+    let (tx, rx) = std::sync::mpsc::channel();
+    for t in 0..tasks {
+        let (pool, pids, expected, tx) = (pool.clone(), pids.clone(), expected.clone(), tx.clone());
+        rt.spawn(async move {
+            let mut x = 0x9E37_79B9u64.wrapping_mul(t + 1);
+            let res: Result<(), Error> = async {
+                for _ in 0..40 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let pid = pids[(x % pids.len() as u64) as usize];
+                    if x % 3 == 0 {
+                        let g = pool.fix_shared(pid).await?;
+                        let (id, n) = counter_of(&g);
+                        assert_eq!(id, pid, "page {pid} holds another page's data");
+                        // Increments are counted after they are written, so
+                        // the page may be ahead of the count, never behind.
+                        assert!(n >= expected[pid as usize].load(Ordering::SeqCst));
+                    } else {
+                        let mut g = pool.fix_exclusive(pid).await?;
+                        let (id, n) = counter_of(&g);
+                        assert_eq!(id, pid);
+                        let at = PAGE_HEADER_SIZE + 8;
+                        g[at..at + 8].copy_from_slice(&(n + 1).to_le_bytes());
+                        expected[pid as usize].fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                Ok(())
+            }
+            .await;
+            tx.send(res).unwrap();
+        })
+        .unwrap();
+    }
+    drop(tx);
+    for r in rx.iter() {
+        r.unwrap();
+    }
+    assert_eq!(rt.worker_stats(0).panics.load(Ordering::Relaxed), 0);
+    assert_eq!(rt.worker_stats(1).panics.load(Ordering::Relaxed), 0);
+    let stats = pool.stats();
+    assert!(stats.evictions > 1000, "a tiny pool must evict: {stats:?}");
+    assert!(
+        stats.writebacks > 100,
+        "dirty pages are written back: {stats:?}"
+    );
+    assert_eq!(stats.read_errors + stats.write_errors, 0);
+
+    let p = pool.clone();
+    rt.block_on(async move { p.flush_all().await })
+        .unwrap()
+        .unwrap();
+    rt.shutdown();
+    drop(pool);
+
+    // Reopen with a fresh pool: every increment survived.
+    let (pool, rt) = start(array, 32, 2);
+    let p = pool.clone();
+    let (pids2, exp2) = (pids.clone(), expected.clone());
+    rt.block_on(async move {
+        p.open_meta().await?;
+        for &pid in pids2.iter() {
+            let g = p.fix_shared(pid).await?;
+            let (id, n) = counter_of(&g);
+            assert_eq!(id, pid);
+            assert_eq!(n, exp2[pid as usize].load(Ordering::SeqCst), "page {pid}");
+        }
+        Ok::<_, Error>(())
+    })
+    .unwrap()
+    .unwrap();
+}
+
+#[test]
+fn a_page_faulted_by_100_tasks_is_read_once() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let array = open_array(dir.path(), 1, 256);
+    let (pool, rt) = start(array.clone(), 64, 2);
+    fill(&pool, &rt, 200);
+    rt.shutdown();
+    drop(pool);
+
+    let (pool, rt) = start(array, 64, 2);
+    let p = pool.clone();
+    rt.block_on(async move { p.open_meta().await })
+        .unwrap()
+        .unwrap();
+    let before = pool.stats().reads;
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..100 {
+        let (p, tx) = (pool.clone(), tx.clone());
+        rt.spawn(async move {
+            let r = p.fix_shared(150).await.map(|g| counter_of(&g).0);
+            tx.send(r).unwrap();
+        })
+        .unwrap();
+    }
+    drop(tx);
+    for r in rx.iter() {
+        assert_eq!(r.unwrap(), 150);
+    }
+    assert_eq!(pool.stats().reads - before, 1, "one read for 100 faults");
+}
+
+#[test]
+fn a_corrupted_page_is_reported_with_its_id() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let array = open_array(dir.path(), 1, 128);
+    let (pool, rt) = start(array.clone(), 16, 1);
+    fill(&pool, &rt, 100);
+    rt.shutdown();
+    drop(pool);
+
+    // Flip one byte of page 77 on disk.
+    let (_, offset) = array.locate(77);
+    let path = dir.path().join("dev0");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[offset as usize + 1000] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+
+    let (pool, rt) = start(array, 16, 1);
+    let p = pool.clone();
+    let res = rt
+        .block_on(async move {
+            p.open_meta().await?;
+            p.fix_shared(76).await.map(|_| ())?;
+            p.fix_shared(77).await.map(|_| ())
+        })
+        .unwrap();
+    match res {
+        Err(Error::Corrupt { page: 77, .. }) => {}
+        other => panic!("expected corruption of page 77, got {other:?}"),
+    }
+    // The engine stays usable after the error.
+    let p = pool.clone();
+    rt.block_on(async move { p.fix_shared(78).await.map(|g| counter_of(&g).0) })
+        .unwrap()
+        .map(|id| assert_eq!(id, 78))
+        .unwrap();
+}
+
+#[test]
+fn freed_pages_are_reused_and_survive_reopen() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let array = open_array(dir.path(), 1, 64);
+    let (pool, rt) = start(array.clone(), 8, 1);
+    fill(&pool, &rt, 10);
+    let p = pool.clone();
+    let freed = rt
+        .block_on(async move {
+            for pid in [3u64, 5, 7] {
+                let g = p.fix_exclusive(pid).await?;
+                p.free_page(g).await?;
+            }
+            let again = p.allocate(PageType::Raw).await?.pid();
+            p.set_root(0, 42).await?;
+            p.flush_all().await?;
+            Ok::<_, Error>(again)
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(freed, 7, "the most recently freed page is reused first");
+    rt.shutdown();
+    drop(pool);
+
+    let (pool, rt) = start(array, 8, 1);
+    let p = pool.clone();
+    let (space, list, root) = rt
+        .block_on(async move {
+            let s = p.open_meta().await?;
+            Ok::<_, Error>((s, p.free_list().await?, p.root(0).await?))
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(list, vec![5, 3]);
+    assert_eq!(space.free_pages, 2);
+    assert_eq!(space.next_unused, 11);
+    assert_eq!(root, 42);
+}
+
+#[test]
+fn faults_outside_a_worker_say_so() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let array = open_array(dir.path(), 1, 16);
+    let pool = BufferPool::new(array, &PoolConfig::with_frames(8)).unwrap();
+    // A future polled on a plain thread cannot do I/O.
+    let fut = pool.fix_shared(3);
+    let r = futures_lite_block_on(fut);
+    assert!(matches!(r, Err(Error::WouldBlock)));
+}
+
+/// Polls a future to completion on this thread (no runtime).
+fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+}
