@@ -4,12 +4,19 @@
 //! - [`io`]: devices opened with `O_DIRECT`, arrays striped by page, and
 //!   per-worker, per-device queues over io_uring, blocking syscalls or a
 //!   simulated device with fault injection.
+//! - [`sched`]: worker threads running user tasks (futures) that yield on
+//!   a page miss, with I/O submission, eviction and completion handling as
+//!   system tasks in the same loop.
+//! - [`buffer`]: the buffer pool: page table with latches, frames, reads in
+//!   flight, clock eviction, write-back, page allocation.
+//! - [`btree`]: B+tree nodes and trees on buffer-pool pages.
 //!
 //! `unsafe` is denied here and allowed only in the modules that own raw
 //! memory handed to the kernel (`io`) and frame memory (`buffer`).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod btree;
 #[allow(unsafe_code)]
 pub mod buffer;
 pub mod error;

@@ -99,6 +99,7 @@ pub struct PoolStats {
     read_errors: AtomicU64,
     write_errors: AtomicU64,
     frame_waits: AtomicU64,
+    prefetches: AtomicU64,
     /// Submit -> reap of page reads: time in the kernel and the device.
     device_read: Histogram,
     /// Reap -> the faulting task runs again: time waiting to be resumed.
@@ -128,6 +129,8 @@ pub struct PoolStatsSnapshot {
     pub write_errors: u64,
     /// Times a task waited for a free frame.
     pub frame_waits: u64,
+    /// Reads started ahead of need by scans.
+    pub prefetches: u64,
     /// Free frames now.
     pub free_frames: usize,
     /// Submit -> reap of page reads (kernel + device).
@@ -257,6 +260,7 @@ impl BufferPool {
             read_errors: l(&s.read_errors),
             write_errors: l(&s.write_errors),
             frame_waits: l(&s.frame_waits),
+            prefetches: l(&s.prefetches),
             free_frames: self.free_count.load(Ordering::Relaxed),
             device_read: s.device_read.snapshot(),
             resume: s.resume.snapshot(),
@@ -457,12 +461,27 @@ impl BufferPool {
             self.wait_for_frame().await;
             return Ok(());
         };
+        let started = Instant::now();
+        let Some(wait) = self.start_read(pid, f)? else {
+            return Ok(());
+        };
+        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+        let (result, reaped) = wait.wait().await;
+        let now = Instant::now();
+        self.stats.miss.record(now - started);
+        if let Some(r) = reaped {
+            self.stats.resume.record(now.saturating_duration_since(r));
+        }
+        result
+    }
+
+    /// Starts reading page `pid` into free frame `f`. Returns None (and
+    /// gives the frame back) when another task got there first.
+    fn start_read(&self, pid: u64, f: u32) -> Result<Option<Arc<IoWait>>> {
         if !self.table.try_transition(pid, EVICTED, LOADING) {
             self.return_frames(&[f]);
-            return Ok(());
+            return Ok(None);
         }
-        self.stats.misses.fetch_add(1, Ordering::Relaxed);
-        let started = Instant::now();
         let wait = self.inflight.insert(pid);
         self.frames[f as usize].pid.store(pid, Ordering::Release);
         let (device, offset) = self.array.locate(pid);
@@ -474,26 +493,42 @@ impl BufferPool {
                 f as usize * self.page_size,
                 self.page_size,
             )
-        }?;
+        };
         let tag = TAG_READ << TAG_KIND_SHIFT | f as u64;
-        if sched::enqueue(device, Request::read(tag, offset, buf)).is_err() {
+        let queued = buf.and_then(|b| {
+            sched::enqueue(device, Request::read(tag, offset, b)).map_err(|_| Error::WouldBlock)
+        });
+        if let Err(e) = queued {
             self.inflight.remove(pid);
-            self.frames[f as usize]
-                .pid
-                .store(NO_PAGE, Ordering::Release);
+            self.frames[f as usize].pid.store(NO_PAGE, Ordering::Release);
             self.table.set_lock(pid, EVICTED);
             self.return_frames(&[f]);
-            let e = Error::WouldBlock;
             wait.complete(Err(e.duplicate()), Instant::now());
             return Err(e);
         }
-        let (result, reaped) = wait.wait().await;
-        let now = Instant::now();
-        self.stats.miss.record(now - started);
-        if let Some(r) = reaped {
-            self.stats.resume.record(now.saturating_duration_since(r));
+        Ok(Some(wait))
+    }
+
+    /// Starts reading page `pid` if it is neither resident nor being read
+    /// and a frame is free, without waiting (scans read ahead with it).
+    /// Returns true if a read was started.
+    pub fn prefetch(&self, pid: u64) -> bool {
+        if pid >= self.table.len()
+            || lock_of(self.table.state(pid).load(Ordering::Acquire)) != EVICTED
+            || self.free_count.load(Ordering::Acquire) <= self.low_water
+        {
+            return false;
         }
-        result
+        let Some(f) = self.take_frame() else {
+            return false;
+        };
+        match self.start_read(pid, f) {
+            Ok(Some(_)) => {
+                self.stats.prefetches.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        }
     }
 
     // ---- write-back and eviction ----------------------------------------
@@ -875,6 +910,22 @@ impl PageOptimistic<'_> {
             *b = unsafe { std::ptr::read_volatile(base.add(offset + i)) };
         }
         true
+    }
+
+    /// Runs `f` over the page's bytes without a latch and returns its
+    /// result if no writer or eviction intervened (`None` otherwise: the
+    /// caller restarts). `f` may see bytes change under it and must not
+    /// trust what it reads: every decoder it uses bounds-checks, and its
+    /// result is thrown away unless the version validates afterwards.
+    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        // SAFETY: the frame is page_size bytes inside the pool's live
+        // allocation. A writer may modify the bytes concurrently (this is
+        // the optimistic, seqlock-style read of the design); the slice is
+        // only read, never outlives this call, and its result is discarded
+        // unless validate() proves no writer or eviction intervened.
+        let bytes = unsafe { std::slice::from_raw_parts(self.pool.frame_ptr(self.frame), self.pool.page_size) };
+        let r = f(bytes);
+        self.validate().then_some(r)
     }
 
     /// True if no writer or eviction touched the page since the fix.
