@@ -104,6 +104,14 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// `insert` of a key that is already present.
+    #[error("key already exists")]
+    KeyExists,
+
+    /// A named tree does not exist.
+    #[error("no tree named {0:?}")]
+    NoSuchTree(String),
+
     /// A key or value is larger than the tree accepts.
     #[error("{what} of {len} bytes exceeds the limit of {max} bytes")]
     TooLarge {
@@ -238,6 +246,8 @@ impl Error {
             Error::OutOfSpace(s) => Error::OutOfSpace(s.clone()),
             Error::Poisoned(s) => Error::Poisoned(s.clone()),
             Error::WouldBlock => Error::WouldBlock,
+            Error::KeyExists => Error::KeyExists,
+            Error::NoSuchTree(s) => Error::NoSuchTree(s.clone()),
             Error::Shutdown => Error::Shutdown,
         }
     }

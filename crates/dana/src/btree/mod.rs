@@ -1,11 +1,13 @@
 //! The B+tree (see `docs/ARCHITECTURE.md`, section B+tree).
 //!
-//! Today this holds only the node format ([`node`]): a pure module that
-//! reads and writes one B+tree node inside a page's bytes. The tree itself
-//! (optimistic lock coupling, splits through the buffer manager) builds on
-//! it.
+//! - [`node`]: the node format, a pure module that reads and writes one
+//!   B+tree node inside a page's bytes (no I/O, no latches).
+//! - [`tree`]: the tree on buffer-pool pages: optimistic lock coupling,
+//!   splits, merges, cursors.
 //!
-//! This module never uses `unsafe`, never does I/O and never latches: it
-//! sees byte slices only.
+//! This module never uses `unsafe`.
 
 pub mod node;
+pub mod tree;
+
+pub use tree::{BTree, Cursor};

@@ -1,0 +1,719 @@
+//! A B+tree on buffer-pool pages.
+//!
+//! Owns: the algorithms over nodes: descent with optimistic lock coupling,
+//! leaf latching, insert / put / update / delete, splits and merges, and
+//! range cursors. The node byte format is [`super::node`]'s.
+//!
+//! Concurrency: a descent reads inner nodes optimistically (no latch: read,
+//! then validate the version; after fixing a child, validate the parent,
+//! else restart from the root). The leaf is then latched shared (reads) or
+//! exclusive (writes) and the parent validated once more, so the leaf is
+//! the right one. A full leaf is split pessimistically: the operation
+//! releases its leaf, latches parent and node exclusively (splitting the
+//! parent first if it has no room for the separator), splits, and restarts.
+//! The root never moves: a root split moves its contents into two new
+//! children, so the catalogue never changes on a split.
+//!
+//! Never: holds a latch while waiting for another latch in the reverse
+//! order (parent before child, left before right, always); trusts node
+//! bytes it read optimistically before validating them.
+
+use std::ops::Bound;
+use std::sync::Arc;
+
+use super::node::{self, Node, NodeMut};
+use crate::buffer::{page, BufferPool, PageMut, PageOptimistic, PageRef, PageType};
+use crate::sched;
+use crate::{Error, Result};
+
+/// Restarts of one descent before it is reported as a problem.
+const MAX_RESTARTS: usize = 100_000;
+/// Leaves a cursor reads ahead.
+const READ_AHEAD: usize = 8;
+/// A leaf below this fill factor after a delete is merged with its right
+/// sibling if the two fit in one page.
+const MERGE_BELOW: f64 = 0.25;
+
+/// A B+tree whose root lives at a fixed page id.
+#[derive(Clone)]
+pub struct BTree {
+    pool: Arc<BufferPool>,
+    root: u64,
+}
+
+/// What an optimistic look at an inner node found.
+enum Step {
+    Leaf,
+    Child(u64),
+    NotCovered,
+    Corrupt(String),
+}
+
+fn corrupt(pid: u64) -> impl FnOnce(node::Corrupt) -> Error {
+    move |c| c.into_error(pid)
+}
+
+fn look(bytes: &[u8], key: &[u8]) -> Step {
+    match Node::new(bytes) {
+        Ok(n) if !n.covers(key) => Step::NotCovered,
+        Ok(n) if n.is_leaf() => Step::Leaf,
+        Ok(n) => Step::Child(n.child_for(key)),
+        Err(e) => Step::Corrupt(e.to_string()),
+    }
+}
+
+/// The key just above `k` (for moving to the next leaf).
+fn successor(k: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(k.len() + 1);
+    v.extend_from_slice(k);
+    v.push(0);
+    v
+}
+
+impl BTree {
+    /// Creates an empty tree (one leaf, which is its root forever).
+    pub async fn create(pool: &Arc<BufferPool>) -> Result<BTree> {
+        let mut root = pool.allocate(PageType::Leaf).await?;
+        node::init(&mut root, true, None, None, 0);
+        let pid = root.pid();
+        drop(root);
+        Ok(BTree {
+            pool: pool.clone(),
+            root: pid,
+        })
+    }
+
+    /// The tree whose root is page `root`.
+    pub fn open(pool: &Arc<BufferPool>, root: u64) -> BTree {
+        BTree {
+            pool: pool.clone(),
+            root,
+        }
+    }
+
+    /// The root page id.
+    pub fn root(&self) -> u64 {
+        self.root
+    }
+
+    /// The buffer pool.
+    pub fn pool(&self) -> &Arc<BufferPool> {
+        &self.pool
+    }
+
+    /// Longest key accepted.
+    pub fn max_key_len(&self) -> usize {
+        node::max_key_len(self.pool.page_size())
+    }
+
+    /// Longest value accepted.
+    pub fn max_value_len(&self) -> usize {
+        node::max_payload_len(self.pool.page_size())
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<()> {
+        let max = self.max_key_len();
+        if key.len() > max {
+            return Err(Error::TooLarge {
+                what: "key",
+                len: key.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_value(&self, value: &[u8]) -> Result<()> {
+        let max = self.max_value_len();
+        if value.len() > max {
+            return Err(Error::TooLarge {
+                what: "value",
+                len: value.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    // ---- descent --------------------------------------------------------
+
+    /// Descends to the leaf covering `key` and returns its page id and the
+    /// optimistic handle of its parent (None when the root is the leaf).
+    /// Also reports up to `READ_AHEAD` page ids of the leaf's right
+    /// siblings under the same parent when `ahead` is given.
+    async fn find_leaf(
+        &self,
+        key: &[u8],
+        mut ahead: Option<&mut Vec<u64>>,
+    ) -> Result<(u64, Option<PageOptimistic<'_>>)> {
+        let mut restarts = 0;
+        #[allow(clippy::never_loop)]
+        'restart: loop {
+            restarts += 1;
+            if restarts > MAX_RESTARTS {
+                return Err(Error::Corrupt {
+                    page: self.root,
+                    what: "descent keeps restarting: no node covers the key".into(),
+                });
+            }
+            if restarts > 1 {
+                sched::yield_now().await;
+            }
+            let mut parent: Option<PageOptimistic<'_>> = None;
+            let mut pid = self.root;
+            let mut cur = self.pool.fix_optimistic(pid).await?;
+            loop {
+                let Some(step) = cur.with_bytes(|b| look(b, key)) else {
+                    continue 'restart;
+                };
+                match step {
+                    Step::Leaf => {
+                        if let Some(p) = &parent {
+                            if !p.validate() {
+                                continue 'restart;
+                            }
+                        }
+                        return Ok((pid, parent));
+                    }
+                    Step::Child(child) => {
+                        if let Some(out) = ahead.as_deref_mut() {
+                            out.clear();
+                            let next = cur.with_bytes(|b| siblings_after(b, key, READ_AHEAD));
+                            if let Some(n) = next {
+                                out.extend(n);
+                            }
+                        }
+                        let next = self.pool.fix_optimistic(child).await?;
+                        if !cur.validate() {
+                            continue 'restart;
+                        }
+                        parent = Some(cur);
+                        cur = next;
+                        pid = child;
+                    }
+                    Step::NotCovered => continue 'restart,
+                    Step::Corrupt(what) => {
+                        // A merge may have freed this node after we read
+                        // its id: only a still-valid parent makes it real.
+                        if parent.as_ref().is_some_and(|p| !p.validate()) {
+                            continue 'restart;
+                        }
+                        return Err(Error::Corrupt { page: pid, what });
+                    }
+                }
+            }
+        }
+    }
+
+    /// The leaf covering `key`, latched shared.
+    async fn leaf_shared(&self, key: &[u8], mut ahead: Option<&mut Vec<u64>>) -> Result<PageRef<'_>> {
+        loop {
+            let (pid, parent) = self.find_leaf(key, ahead.as_deref_mut()).await?;
+            let g = self.pool.fix_shared(pid).await?;
+            if parent.as_ref().is_none_or(|p| p.validate()) {
+                let n = Node::new(&g).map_err(corrupt(pid))?;
+                if n.is_leaf() && n.covers(key) {
+                    return Ok(g);
+                }
+            }
+        }
+    }
+
+    /// The leaf covering `key`, latched exclusively.
+    async fn leaf_exclusive(&self, key: &[u8]) -> Result<PageMut<'_>> {
+        loop {
+            let (pid, parent) = self.find_leaf(key, None).await?;
+            let g = self.pool.fix_exclusive(pid).await?;
+            if parent.as_ref().is_none_or(|p| p.validate()) {
+                let n = Node::new(&g).map_err(corrupt(pid))?;
+                if n.is_leaf() && n.covers(key) {
+                    return Ok(g);
+                }
+            }
+        }
+    }
+
+    // ---- reads ----------------------------------------------------------
+
+    /// The value of `key`, if present.
+    pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.get_with(key, |v| v.to_vec()).await
+    }
+
+    /// Applies `f` to the value of `key` (no copy), if present.
+    pub async fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
+        self.check_key(key)?;
+        let g = self.leaf_shared(key, None).await?;
+        let n = Node::new(&g).map_err(corrupt(g.pid()))?;
+        Ok(n.get(key).map(f))
+    }
+
+    // ---- writes ---------------------------------------------------------
+
+    /// Inserts `key` -> `value`; fails with [`Error::KeyExists`] if the key
+    /// is present.
+    pub async fn insert(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.write(key, value, WriteMode::Insert).await.map(|_| ())
+    }
+
+    /// Inserts or replaces `key` -> `value`. Returns true if it replaced.
+    pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<bool> {
+        self.write(key, value, WriteMode::Put).await
+    }
+
+    async fn write(&self, key: &[u8], value: &[u8], mode: WriteMode) -> Result<bool> {
+        self.check_key(key)?;
+        self.check_value(value)?;
+        loop {
+            let mut leaf = self.leaf_exclusive(key).await?;
+            let pid = leaf.pid();
+            let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
+            let present = n.as_node().lower_bound(key).1;
+            let res = match (present, mode) {
+                (true, WriteMode::Insert) => return Err(Error::KeyExists),
+                (true, WriteMode::Put) => n.update(key, value).map(|_| true),
+                (false, _) => n.insert(key, value).map(|_| false),
+            };
+            match res {
+                Ok(replaced) => return Ok(replaced),
+                Err(node::Full) => {
+                    drop(leaf);
+                    self.split(pid, key).await?;
+                }
+            }
+        }
+    }
+
+    /// Replaces the value of `key` with `f(old)` atomically (the leaf stays
+    /// latched exclusively in between). Returns false if `key` is absent.
+    pub async fn update(&self, key: &[u8], mut f: impl FnMut(&[u8]) -> Vec<u8>) -> Result<bool> {
+        self.check_key(key)?;
+        loop {
+            let mut leaf = self.leaf_exclusive(key).await?;
+            let pid = leaf.pid();
+            let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
+            let (i, found) = n.as_node().lower_bound(key);
+            if !found {
+                return Ok(false);
+            }
+            let new = f(n.as_node().payload_at(i));
+            self.check_value(&new)?;
+            match n.update_at(i, &new) {
+                Ok(()) => return Ok(true),
+                Err(node::Full) => {
+                    drop(leaf);
+                    self.split(pid, key).await?;
+                }
+            }
+        }
+    }
+
+    /// Removes `key`. Returns true if it was present.
+    pub async fn delete(&self, key: &[u8]) -> Result<bool> {
+        self.check_key(key)?;
+        let mut leaf = self.leaf_exclusive(key).await?;
+        let pid = leaf.pid();
+        let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
+        if !n.remove(key) {
+            return Ok(false);
+        }
+        let underfull = n.as_node().fill_factor() < MERGE_BELOW;
+        drop(leaf);
+        if underfull && pid != self.root {
+            self.try_merge(pid, key).await?;
+        }
+        Ok(true)
+    }
+
+    // ---- structure changes ------------------------------------------------
+
+    /// The parent of `target` on the path to `key`, or None if `target` is
+    /// the root or no longer on that path.
+    async fn find_parent(&self, target: u64, key: &[u8]) -> Result<Option<u64>> {
+        if target == self.root {
+            return Ok(None);
+        }
+        'restart: for _ in 0..MAX_RESTARTS {
+            let mut pid = self.root;
+            let mut cur = self.pool.fix_optimistic(pid).await?;
+            loop {
+                let Some(step) = cur.with_bytes(|b| look(b, key)) else {
+                    sched::yield_now().await;
+                    continue 'restart;
+                };
+                match step {
+                    Step::Child(c) if c == target => return Ok(Some(pid)),
+                    Step::Child(c) => {
+                        let next = self.pool.fix_optimistic(c).await?;
+                        if !cur.validate() {
+                            continue 'restart;
+                        }
+                        cur = next;
+                        pid = c;
+                    }
+                    Step::Leaf | Step::NotCovered => return Ok(None),
+                    Step::Corrupt(what) => return Err(Error::Corrupt { page: pid, what }),
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Splits node `pid` (which covers `key`), splitting ancestors first
+    /// when they have no room for the separator. The caller restarts its
+    /// operation afterwards (and splits again if the node is still full).
+    async fn split(&self, pid: u64, key: &[u8]) -> Result<()> {
+        match self.try_split(pid, key).await? {
+            SplitOutcome::Done => Ok(()),
+            SplitOutcome::Retry => {
+                sched::yield_now().await;
+                Ok(())
+            }
+            SplitOutcome::ParentFull(parent) => Box::pin(self.split(parent, key)).await,
+        }
+    }
+
+    async fn try_split(&self, pid: u64, key: &[u8]) -> Result<SplitOutcome> {
+        if pid == self.root {
+            return self.split_root().await.map(|_| SplitOutcome::Done);
+        }
+        let Some(parent_pid) = self.find_parent(pid, key).await? else {
+            return Ok(SplitOutcome::Retry);
+        };
+        let ps = self.pool.page_size();
+        let mut parent = self.pool.fix_exclusive(parent_pid).await?;
+        let mut child = self.pool.fix_exclusive(pid).await?;
+        {
+            let p = Node::new(&parent).map_err(corrupt(parent_pid))?;
+            if p.is_leaf() || !p.covers(key) || p.child_for(key) != pid {
+                return Ok(SplitOutcome::Retry);
+            }
+            let c = Node::new(&child).map_err(corrupt(pid))?;
+            if c.len() < 2 {
+                // Nothing to split (a single huge entry cannot be the
+                // problem: sizes are limited so two always fit).
+                return Ok(SplitOutcome::Retry);
+            }
+        }
+        let mut left = vec![0u8; ps];
+        let mut right_tmp = vec![0u8; ps];
+        let sep = node::split(&child, &mut left, &mut right_tmp).map_err(|e| Error::Corrupt {
+            page: pid,
+            what: format!("split failed: {e}"),
+        })?;
+        {
+            let p = Node::new(&parent).map_err(corrupt(parent_pid))?;
+            if p.free_space_after_compaction() < p.space_needed(sep.len(), node::CHILD_ID_SIZE) {
+                drop(child);
+                drop(parent);
+                return Ok(SplitOutcome::ParentFull(parent_pid));
+            }
+        }
+        let kind = page::page_type(&child).unwrap_or(PageType::Leaf);
+        let mut right = self.pool.allocate(kind).await?;
+        let right_pid = right.pid();
+        right[page::PAGE_HEADER_SIZE..].copy_from_slice(&right_tmp[page::PAGE_HEADER_SIZE..]);
+        child[page::PAGE_HEADER_SIZE..].copy_from_slice(&left[page::PAGE_HEADER_SIZE..]);
+        let mut p = NodeMut::new(&mut parent).map_err(corrupt(parent_pid))?;
+        let (i, _) = p.as_node().lower_bound(key);
+        if i < p.as_node().len() {
+            p.set_child_at(i, right_pid);
+        } else {
+            p.set_upper_child(right_pid);
+        }
+        p.insert_separator(&sep, pid).map_err(|_| Error::Corrupt {
+            page: parent_pid,
+            what: "separator did not fit after the room check".into(),
+        })?;
+        Ok(SplitOutcome::Done)
+    }
+
+    /// Splits the root in place: its contents move to two new children.
+    async fn split_root(&self) -> Result<()> {
+        let ps = self.pool.page_size();
+        let mut root = self.pool.fix_exclusive(self.root).await?;
+        let (is_leaf, len) = {
+            let n = Node::new(&root).map_err(corrupt(self.root))?;
+            (n.is_leaf(), n.len())
+        };
+        if len < 2 {
+            return Ok(());
+        }
+        let kind = if is_leaf { PageType::Leaf } else { PageType::Inner };
+        let mut left_tmp = vec![0u8; ps];
+        let mut right_tmp = vec![0u8; ps];
+        let sep = node::split(&root, &mut left_tmp, &mut right_tmp).map_err(|e| Error::Corrupt {
+            page: self.root,
+            what: format!("root split failed: {e}"),
+        })?;
+        let mut left = self.pool.allocate(kind).await?;
+        let mut right = self.pool.allocate(kind).await?;
+        left[page::PAGE_HEADER_SIZE..].copy_from_slice(&left_tmp[page::PAGE_HEADER_SIZE..]);
+        right[page::PAGE_HEADER_SIZE..].copy_from_slice(&right_tmp[page::PAGE_HEADER_SIZE..]);
+        page::set_page_type(&mut root, PageType::Inner);
+        let mut r = node::init(&mut root, false, None, None, right.pid());
+        r.insert_separator(&sep, left.pid()).map_err(|_| Error::Corrupt {
+            page: self.root,
+            what: "a fresh root cannot hold one separator".into(),
+        })?;
+        Ok(())
+    }
+
+    /// Merges leaf `pid` (covering `key`) into its right sibling if both
+    /// fit one page. Best effort: gives up quietly when the structure
+    /// changed or the pair does not fit.
+    async fn try_merge(&self, pid: u64, key: &[u8]) -> Result<()> {
+        let Some(parent_pid) = self.find_parent(pid, key).await? else {
+            return Ok(());
+        };
+        let mut parent = self.pool.fix_exclusive(parent_pid).await?;
+        let (i, right_pid) = {
+            let p = Node::new(&parent).map_err(corrupt(parent_pid))?;
+            let (i, _) = p.lower_bound(key);
+            if p.is_leaf() || i >= p.len() || p.child_at(i) != pid {
+                // pid is the upper child (no right sibling here) or moved.
+                return Ok(());
+            }
+            let right = if i + 1 < p.len() {
+                p.child_at(i + 1)
+            } else {
+                p.upper_child()
+            };
+            (i, right)
+        };
+        let left = self.pool.fix_exclusive(pid).await?;
+        let mut right = self.pool.fix_exclusive(right_pid).await?;
+        let ps = self.pool.page_size();
+        let mut merged = vec![0u8; ps];
+        if node::merge(&left, &right, &mut merged).is_err() {
+            return Ok(());
+        }
+        right[page::PAGE_HEADER_SIZE..].copy_from_slice(&merged[page::PAGE_HEADER_SIZE..]);
+        drop(right);
+        let mut p = NodeMut::new(&mut parent).map_err(corrupt(parent_pid))?;
+        p.remove_at(i);
+        drop(parent);
+        self.pool.free_page(left).await
+    }
+
+    // ---- scans ------------------------------------------------------------
+
+    /// A cursor over `[lower, upper]` (each bound inclusive, exclusive or
+    /// open), moving forward or backward.
+    pub fn cursor(&self, lower: Bound<&[u8]>, upper: Bound<&[u8]>, forward: bool) -> Cursor {
+        Cursor {
+            tree: self.clone(),
+            lower: own(lower),
+            upper: own(upper),
+            forward,
+            next_key: None,
+            buffered: Vec::new(),
+            pos: 0,
+            done: false,
+        }
+    }
+
+    /// Number of keys in `[lower, upper]`.
+    pub async fn count(&self, lower: Bound<&[u8]>, upper: Bound<&[u8]>) -> Result<u64> {
+        let mut c = self.cursor(lower, upper, true);
+        let mut n = 0;
+        while c.advance_leaf().await? {
+            n += c.buffered.len() as u64;
+            c.pos = c.buffered.len();
+        }
+        Ok(n)
+    }
+
+    /// Visits every page of the tree (for check and drop): calls `f` with
+    /// each page id and its bytes, parents before children.
+    pub async fn walk(&self, mut f: impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
+        let mut stack = vec![self.root];
+        while let Some(pid) = stack.pop() {
+            let g = self.pool.fix_shared(pid).await?;
+            f(pid, &g)?;
+            let n = Node::new(&g).map_err(corrupt(pid))?;
+            if !n.is_leaf() {
+                stack.push(n.upper_child());
+                for i in (0..n.len()).rev() {
+                    stack.push(n.child_at(i));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees every page of the tree, root included. The tree must not be
+    /// used afterwards.
+    pub async fn destroy(self) -> Result<()> {
+        let mut pages = Vec::new();
+        self.walk(|pid, _| {
+            pages.push(pid);
+            Ok(())
+        })
+        .await?;
+        for pid in pages {
+            let g = self.pool.fix_exclusive(pid).await?;
+            self.pool.free_page(g).await?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum WriteMode {
+    Insert,
+    Put,
+}
+
+enum SplitOutcome {
+    Done,
+    Retry,
+    ParentFull(u64),
+}
+
+/// Page ids of the children after the one covering `key` in inner node
+/// `bytes` (for read-ahead).
+fn siblings_after(bytes: &[u8], key: &[u8], max: usize) -> Vec<u64> {
+    let Ok(n) = Node::new(bytes) else {
+        return Vec::new();
+    };
+    let (i, _) = n.lower_bound(key);
+    let mut out = Vec::new();
+    let mut j = i + 1;
+    while out.len() < max && j <= n.len() {
+        out.push(if j < n.len() { n.child_at(j) } else { n.upper_child() });
+        j += 1;
+    }
+    out
+}
+
+fn own(b: Bound<&[u8]>) -> Bound<Vec<u8>> {
+    match b {
+        Bound::Included(k) => Bound::Included(k.to_vec()),
+        Bound::Excluded(k) => Bound::Excluded(k.to_vec()),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+fn above_lower(k: &[u8], lower: &Bound<Vec<u8>>) -> bool {
+    match lower {
+        Bound::Included(l) => k >= l.as_slice(),
+        Bound::Excluded(l) => k > l.as_slice(),
+        Bound::Unbounded => true,
+    }
+}
+
+/// True if keys above fence `u` can still be in range.
+fn continues_above(u: &[u8], upper: &Bound<Vec<u8>>) -> bool {
+    match upper {
+        Bound::Included(b) | Bound::Excluded(b) => b.as_slice() > u,
+        Bound::Unbounded => true,
+    }
+}
+
+/// True if keys at or below fence `l` can still be in range.
+fn continues_below(l: &[u8], lower: &Bound<Vec<u8>>) -> bool {
+    match lower {
+        Bound::Included(b) => b.as_slice() <= l,
+        Bound::Excluded(b) => b.as_slice() < l,
+        Bound::Unbounded => true,
+    }
+}
+
+fn below_upper(k: &[u8], upper: &Bound<Vec<u8>>) -> bool {
+    match upper {
+        Bound::Included(u) => k <= u.as_slice(),
+        Bound::Excluded(u) => k < u.as_slice(),
+        Bound::Unbounded => true,
+    }
+}
+
+/// A range cursor. It copies one leaf's matching entries at a time (no
+/// latch is held between calls) and moves to the next leaf by descending
+/// again with the leaf's fence key; the next leaves under the same parent
+/// are read ahead asynchronously.
+pub struct Cursor {
+    tree: BTree,
+    lower: Bound<Vec<u8>>,
+    upper: Bound<Vec<u8>>,
+    forward: bool,
+    /// The key whose leaf comes next (None: start at the bound).
+    next_key: Option<Vec<u8>>,
+    buffered: Vec<(Vec<u8>, Vec<u8>)>,
+    pos: usize,
+    done: bool,
+}
+
+impl Cursor {
+    /// The next entry, or None at the end of the range.
+    pub async fn next(&mut self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        loop {
+            if self.pos < self.buffered.len() {
+                let e = std::mem::take(&mut self.buffered[self.pos]);
+                self.pos += 1;
+                return Ok(Some(e));
+            }
+            if !self.advance_leaf().await? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Loads the matching entries of the next leaf. False at the end.
+    async fn advance_leaf(&mut self) -> Result<bool> {
+        loop {
+            if self.done {
+                return Ok(false);
+            }
+            let start: Vec<u8> = match (&self.next_key, self.forward) {
+                (Some(k), _) => k.clone(),
+                (None, true) => match &self.lower {
+                    Bound::Included(k) | Bound::Excluded(k) => k.clone(),
+                    Bound::Unbounded => Vec::new(),
+                },
+                (None, false) => match &self.upper {
+                    Bound::Included(k) | Bound::Excluded(k) => k.clone(),
+                    // The largest possible key: one longer than allowed,
+                    // all 0xff, sorts above every stored key.
+                    Bound::Unbounded => vec![0xff; self.tree.max_key_len() + 1],
+                },
+            };
+            let mut ahead = Vec::new();
+            let g = self.tree.leaf_shared(&start, Some(&mut ahead)).await?;
+            let n = Node::new(&g).map_err(corrupt(g.pid()))?;
+            self.buffered.clear();
+            self.pos = 0;
+            let mut key = Vec::new();
+            for i in 0..n.len() {
+                n.key_at(i, &mut key);
+                if above_lower(&key, &self.lower) && below_upper(&key, &self.upper) {
+                    self.buffered.push((key.clone(), n.payload_at(i).to_vec()));
+                }
+            }
+            if !self.forward {
+                self.buffered.reverse();
+            }
+            // Where the next leaf starts, and whether the range goes on.
+            if self.forward {
+                match n.upper_fence() {
+                    Some(u) if continues_above(u, &self.upper) => self.next_key = Some(successor(u)),
+                    _ => self.done = true,
+                }
+            } else {
+                match n.lower_fence() {
+                    Some(l) if continues_below(l, &self.lower) => self.next_key = Some(l.to_vec()),
+                    _ => self.done = true,
+                }
+            }
+            drop(g);
+            if self.forward {
+                for pid in ahead {
+                    self.tree.pool.prefetch(pid);
+                }
+            }
+            if !self.buffered.is_empty() {
+                return Ok(true);
+            }
+        }
+    }
+}
