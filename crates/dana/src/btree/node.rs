@@ -71,6 +71,13 @@
 //!   built by this module.
 //! - Panic when full: inserts return [`Full`] and the tree splits.
 //!
+//! # Costs
+//! Lookups, inserts, removes and in-place updates do not allocate.
+//! [`NodeMut::compact`] copies the region into a temporary `Vec`; split and
+//! merge allocate the separator and a few small vectors. Fences are stored
+//! in full (the prefix is their common start), so a node spends at most
+//! two keys on them.
+//!
 //! # Size limits
 //! [`max_key_len`] and [`max_payload_len`] are chosen so that a node with
 //! both fences at the maximum key length still holds two entries of
