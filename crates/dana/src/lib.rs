@@ -19,10 +19,12 @@
 pub mod btree;
 #[allow(unsafe_code)]
 pub mod buffer;
+pub mod db;
 pub mod error;
 #[allow(unsafe_code)]
 pub mod io;
 pub mod sched;
 pub mod stats;
 
+pub use db::{Db, Options, Tree};
 pub use error::{Error, OpKind, Result};
