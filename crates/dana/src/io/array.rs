@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use super::blocking::BlockingQueue;
 use super::device::Device;
+use super::sim::SimDisk;
 use super::uring::{UringOptions, UringQueue};
 use super::{Alignment, IoQueue};
 use crate::{Error, Result};
@@ -18,6 +19,8 @@ use crate::{Error, Result};
 pub enum Target {
     /// A file or block device.
     File(Arc<Device>),
+    /// A simulated device (any [`Backend`] opens a simulator queue on it).
+    Sim(Arc<SimDisk>),
 }
 
 impl Target {
@@ -25,6 +28,7 @@ impl Target {
     pub fn size(&self) -> u64 {
         match self {
             Target::File(d) => d.size(),
+            Target::Sim(d) => d.size(),
         }
     }
 
@@ -32,6 +36,7 @@ impl Target {
     pub fn alignment(&self) -> Alignment {
         match self {
             Target::File(d) => d.alignment(),
+            Target::Sim(d) => d.alignment(),
         }
     }
 }
@@ -145,13 +150,14 @@ impl Array {
     }
 }
 
-/// Opens a queue on one target.
+/// Opens a queue on one target. A simulated target ignores `backend`.
 pub fn open_queue(target: &Target, backend: &Backend, depth: u32) -> Result<Box<dyn IoQueue>> {
     match (target, backend) {
         (Target::File(d), Backend::Uring(o)) => {
             Ok(Box::new(UringQueue::new(d.clone(), depth, *o)?))
         }
         (Target::File(d), Backend::Blocking) => Ok(Box::new(BlockingQueue::new(d.clone(), depth))),
+        (Target::Sim(d), _) => Ok(Box::new(d.queue(depth))),
     }
 }
 

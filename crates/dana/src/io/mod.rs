@@ -24,6 +24,7 @@ pub mod array;
 pub mod blocking;
 pub mod device;
 pub mod eventfd;
+pub mod sim;
 pub mod uring;
 
 use std::ptr::NonNull;
@@ -34,6 +35,10 @@ pub use aligned::AlignedBuf;
 pub use array::{Array, Backend, Target};
 pub use device::Device;
 pub use eventfd::EventFd;
+pub use sim::{
+    Clock, CutWrite, Fault, FaultEffect, Latency, PowerCutPolicy, PowerCutReport, SectorFate,
+    SimConfig, SimDisk, SimQueue, SimStats, Trigger, WriteFate,
+};
 
 use crate::{Error, OpKind, Result};
 

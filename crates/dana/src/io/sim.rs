@@ -1,0 +1,1708 @@
+//! The simulated device: memory-backed, with a latency and IOPS model, a
+//! deterministic mode, fault injection and power cuts.
+//!
+//! Owns: a [`SimDisk`] (one simulated device, shared through an `Arc` by
+//! the queues of every worker) holding a sparse *durable* image and a
+//! *volatile* layer of writes that completed but are not yet covered by a
+//! completed flush; the state of every [`SimQueue`] opened on it (requests
+//! queued and in flight); the injected faults; the device's counters.
+//!
+//! Model:
+//! - A write's data is captured (copied from its buffer) when it
+//!   **completes**, that is when its queue hands out the completion. Reads
+//!   see the durable image overlaid by the volatile writes in completion
+//!   order. Unwritten areas read as zeros.
+//! - A flush, when it completes, makes durable every write that had
+//!   completed before the flush was **submitted** (what `fdatasync`
+//!   promises); a write completing while the flush is in flight stays
+//!   volatile.
+//! - A power cut ([`SimDisk::power_cut`]) decides, per a seeded RNG, the
+//!   fate of every write that is not durable (completed but unflushed, or
+//!   still queued or in flight in any queue): kept, dropped, or torn at
+//!   512-byte granularity (each sector new, old, or garbage). The disk is
+//!   then off: every queue opened before fails all its pending and further
+//!   requests with `EIO`, forever. [`SimDisk::power_on`] makes the disk
+//!   usable again for queues opened afterwards.
+//! - Clock: in real-time mode a request is ready `latency` after it starts
+//!   service, and starts no sooner than the IOPS limit allows (a token
+//!   bucket shared by all queues of the device). In deterministic mode there
+//!   is no wall clock: each `reap` completes a seeded-random subset (at least
+//!   one) of the requests in flight, in a seeded-random order, so the same
+//!   seed and the same calls give the same interleaving.
+//!
+//! Invariants:
+//! - Requests are checked with [`Alignment::check`] at push, as on the real
+//!   backends; a request never touches bytes outside the device.
+//! - A request's [`IoBuf`] is held in the disk's state from `push` until its
+//!   completion is handed out (or the queue is dropped), so every access to
+//!   its memory happens while it is alive.
+//! - A chunk is in the `dirty` map exactly while some volatile write touches
+//!   it, and then holds the current (durable + volatile) content.
+//!
+//! Never: panics on an injected fault or a power cut (they surface as `Err`
+//! in a [`Completion`]); sleeps in deterministic mode; lets a queue opened
+//! before a power cut touch the data after it.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+use super::{Alignment, Completion, IoQueue, Rejected, Request};
+use crate::{Error, OpKind, Result};
+
+/// Granularity of tearing and of read corruption.
+const SECTOR: usize = 512;
+/// Granularity of the sparse images.
+const CHUNK: usize = 4096;
+
+type Chunk = Box<[u8; CHUNK]>;
+
+fn zero_chunk() -> Chunk {
+    Box::new([0u8; CHUNK])
+}
+
+/// Calls `f(chunk index, offset in chunk, range in the data)` for each
+/// chunk that `[offset, offset + len)` touches.
+fn for_each_chunk(offset: u64, len: usize, mut f: impl FnMut(u64, usize, Range<usize>)) {
+    let mut done = 0;
+    while done < len {
+        let pos = offset + done as u64;
+        let within = (pos % CHUNK as u64) as usize;
+        let n = (CHUNK - within).min(len - done);
+        f(pos / CHUNK as u64, within, done..done + n);
+        done += n;
+    }
+}
+
+/// A probability usable with `gen_bool`: NaN counts as 0.
+fn probability(p: f64) -> f64 {
+    if p.is_nan() {
+        0.0
+    } else {
+        p.clamp(0.0, 1.0)
+    }
+}
+
+/// How long a request takes once it starts service (real-time mode).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Latency {
+    /// Always this long.
+    Fixed(Duration),
+    /// Uniform in `[min, max]`, drawn from the device's seeded RNG.
+    Uniform {
+        /// Shortest latency.
+        min: Duration,
+        /// Longest latency.
+        max: Duration,
+    },
+}
+
+/// How the simulator decides when requests complete.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Clock {
+    /// Wall clock: a request is ready at its start time plus its latency;
+    /// `wait` sleeps.
+    RealTime,
+    /// No wall clock: on each `reap`, every request in flight completes
+    /// with `complete_probability` (at least one completes), in a seeded
+    /// random order. `wait` never sleeps.
+    Deterministic {
+        /// Chance that a given request in flight completes on a given reap.
+        complete_probability: f64,
+    },
+}
+
+/// Settings of one simulated device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimConfig {
+    /// Offsets and lengths must be multiples of this (rounded up to a power
+    /// of two). Default 512.
+    pub io_align: u64,
+    /// Buffer addresses must be multiples of this (rounded up to a power of
+    /// two). Default 512.
+    pub mem_align: u64,
+    /// Service time of one request (real-time mode). Default zero: a
+    /// request completes at the first reap after its submission.
+    pub latency: Latency,
+    /// Most requests per second that start service (real-time mode);
+    /// `None` for no limit. Default `None`.
+    pub iops: Option<u32>,
+    /// Real time or deterministic. Default real time.
+    pub clock: Clock,
+    /// Seed of the latency draws, the read corruption bytes and (mixed with
+    /// the device index and the queue's number) each queue's completion
+    /// order in deterministic mode.
+    pub seed: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            io_align: 512,
+            mem_align: 512,
+            latency: Latency::Fixed(Duration::ZERO),
+            iops: None,
+            clock: Clock::RealTime,
+            seed: 0,
+        }
+    }
+}
+
+impl SimConfig {
+    /// Deterministic mode with the given seed (each request in flight
+    /// completes on a reap with probability 1/2), other settings default.
+    pub fn deterministic(seed: u64) -> SimConfig {
+        SimConfig {
+            clock: Clock::Deterministic {
+                complete_probability: 0.5,
+            },
+            seed,
+            ..SimConfig::default()
+        }
+    }
+}
+
+/// Which requests a [`Fault`] hits.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Trigger {
+    /// The n-th matching request submitted from now, counting from 0 (0 is
+    /// the next one). Sticky: that one and every one after it.
+    Nth(u64),
+    /// Requests whose byte range overlaps this range (never a flush).
+    Range(Range<u64>),
+    /// Each matching request with probability `p`, drawn from an RNG seeded
+    /// with `seed`.
+    Probability {
+        /// Chance per matching request.
+        p: f64,
+        /// Seed of the fault's own RNG.
+        seed: u64,
+    },
+}
+
+/// What a [`Fault`] does to the request it hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultEffect {
+    /// The request fails with this errno (the data is neither read nor
+    /// written; a failed flush makes nothing durable).
+    Error(i32),
+    /// A read succeeds but one byte of every 512-byte sector of the buffer
+    /// is flipped. Matches reads only, whatever the fault's `op`.
+    CorruptRead,
+}
+
+/// A fault to inject into a [`SimDisk`].
+///
+/// Faults are decided when a request is submitted; the first injected
+/// fault that fires on a request decides its effect.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fault {
+    /// The operation it matches; `None` for any.
+    pub op: Option<OpKind>,
+    /// Which matching requests it hits.
+    pub trigger: Trigger,
+    /// Fires on every hit (true) or only on the first, then disappears.
+    pub sticky: bool,
+    /// What happens to a request it hits.
+    pub effect: FaultEffect,
+}
+
+impl Fault {
+    /// `EIO` on the n-th request of kind `op` (`None`: any) from now,
+    /// counting from 0, once.
+    pub fn nth(op: Option<OpKind>, n: u64) -> Fault {
+        Fault {
+            op,
+            trigger: Trigger::Nth(n),
+            sticky: false,
+            effect: FaultEffect::Error(libc::EIO),
+        }
+    }
+
+    /// `EIO` on the first request of kind `op` overlapping `range`, once.
+    pub fn range(op: Option<OpKind>, range: Range<u64>) -> Fault {
+        Fault {
+            op,
+            trigger: Trigger::Range(range),
+            sticky: false,
+            effect: FaultEffect::Error(libc::EIO),
+        }
+    }
+
+    /// `EIO` on a request of kind `op` with probability `p` (seeded), once.
+    pub fn probability(op: Option<OpKind>, p: f64, seed: u64) -> Fault {
+        Fault {
+            op,
+            trigger: Trigger::Probability { p, seed },
+            sticky: false,
+            effect: FaultEffect::Error(libc::EIO),
+        }
+    }
+
+    /// The same fault, firing on every hit instead of once.
+    pub fn sticky(self) -> Fault {
+        Fault {
+            sticky: true,
+            ..self
+        }
+    }
+
+    /// The same fault, failing with `errno` instead of `EIO`.
+    pub fn errno(self, errno: i32) -> Fault {
+        Fault {
+            effect: FaultEffect::Error(errno),
+            ..self
+        }
+    }
+
+    /// The same fault, corrupting the data of reads instead of failing.
+    pub fn corrupt_read(self) -> Fault {
+        Fault {
+            effect: FaultEffect::CorruptRead,
+            ..self
+        }
+    }
+
+    fn matches_op(&self, op: OpKind) -> bool {
+        if self.effect == FaultEffect::CorruptRead && op != OpKind::Read {
+            return false;
+        }
+        self.op.is_none_or(|o| o == op)
+    }
+}
+
+/// What a power cut does to each write that is not durable.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PowerCutPolicy {
+    /// Every write that is not durable is lost.
+    DropAll,
+    /// Every write that is not durable (even one still queued) survives.
+    KeepAll,
+    /// Each write is kept, dropped or torn with probabilities proportional
+    /// to these weights. A torn write's 512-byte sectors are each new, old
+    /// or garbage with equal probability.
+    Random {
+        /// Weight of keeping a write.
+        keep: f64,
+        /// Weight of dropping a write.
+        drop: f64,
+        /// Weight of tearing a write.
+        tear: f64,
+    },
+}
+
+/// What happened to one 512-byte sector of a torn write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SectorFate {
+    /// The write's data reached the medium.
+    New,
+    /// The sector kept its durable content from before the write.
+    Old,
+    /// The sector holds random bytes.
+    Garbage,
+}
+
+/// What happened to one write at a power cut.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteFate {
+    /// Fully durable.
+    Kept,
+    /// Lost.
+    Dropped,
+    /// Partly written: one fate per 512-byte sector, in order (the last
+    /// sector may be shorter if the write's length is not a multiple of
+    /// 512).
+    Torn(Vec<SectorFate>),
+}
+
+/// One write that was not durable when the power was cut.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CutWrite {
+    /// Byte offset on the device.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: usize,
+    /// True if it had completed (unflushed); false if it was still queued
+    /// or in flight.
+    pub completed: bool,
+    /// What became of it.
+    pub fate: WriteFate,
+}
+
+/// The outcome of [`SimDisk::power_cut`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PowerCutReport {
+    /// Writes that survived whole.
+    pub kept: usize,
+    /// Writes that were lost.
+    pub dropped: usize,
+    /// Writes that were torn.
+    pub torn: usize,
+    /// Requests (of any kind) queued or in flight that will fail with `EIO`.
+    pub failed_requests: usize,
+    /// Every write that was not durable, in the order it was applied:
+    /// completed writes in completion order, then pending writes in push
+    /// order.
+    pub writes: Vec<CutWrite>,
+}
+
+/// Counters of one simulated device (since creation).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimStats {
+    /// Read completions (successful or not).
+    pub reads: u64,
+    /// Write completions (successful or not).
+    pub writes: u64,
+    /// Flush completions (successful or not).
+    pub flushes: u64,
+    /// Completions with an error (injected, or after a power cut).
+    pub errors: u64,
+    /// Bytes read by successful reads.
+    pub bytes_read: u64,
+    /// Bytes written by successful writes.
+    pub bytes_written: u64,
+    /// Injected faults that took effect.
+    pub faults_fired: u64,
+    /// Power cuts.
+    pub power_cuts: u64,
+}
+
+struct VolatileWrite {
+    seq: u64,
+    offset: u64,
+    data: Box<[u8]>,
+}
+
+struct DirtyChunk {
+    /// Volatile writes touching this chunk.
+    writers: u32,
+    /// Current content (durable + volatile writes).
+    data: Chunk,
+}
+
+struct Pending {
+    /// Push order across the device.
+    seq: u64,
+    req: Request,
+    /// When the request is ready (real-time mode, once submitted).
+    ready_at: Option<Instant>,
+    fault: Option<FaultEffect>,
+    /// For a flush: volatile writes with a smaller sequence number become
+    /// durable when it completes.
+    flush_upto: u64,
+}
+
+struct QueueState {
+    generation: u64,
+    queued: Vec<Pending>,
+    /// Submitted, in submission order.
+    in_flight: Vec<Pending>,
+    rng: SmallRng,
+}
+
+struct ActiveFault {
+    fault: Fault,
+    seen: u64,
+    rng: SmallRng,
+}
+
+struct Inner {
+    durable: HashMap<u64, Chunk>,
+    dirty: HashMap<u64, DirtyChunk>,
+    volatile: VecDeque<VolatileWrite>,
+    next_write_seq: u64,
+    next_push_seq: u64,
+    powered: bool,
+    /// Bumped by `power_on`; a queue works only in the generation it was
+    /// opened in, while the power is on.
+    generation: u64,
+    queues: BTreeMap<u64, QueueState>,
+    next_queue_id: u64,
+    faults: Vec<ActiveFault>,
+    rng: SmallRng,
+    /// Earliest start of the next request (IOPS token bucket).
+    next_start: Option<Instant>,
+    stats: SimStats,
+}
+
+impl Inner {
+    fn alive(&self, generation: u64) -> bool {
+        self.powered && self.generation == generation
+    }
+
+    fn read_current_into(&self, offset: u64, out: &mut [u8]) {
+        for_each_chunk(offset, out.len(), |idx, within, r| {
+            let n = r.len();
+            let src = match self.dirty.get(&idx) {
+                Some(d) => Some(&d.data),
+                None => self.durable.get(&idx),
+            };
+            match src {
+                Some(c) => out[r].copy_from_slice(&c[within..within + n]),
+                None => out[r].fill(0),
+            }
+        });
+    }
+
+    fn read_durable_into(&self, offset: u64, out: &mut [u8]) {
+        for_each_chunk(offset, out.len(), |idx, within, r| {
+            let n = r.len();
+            match self.durable.get(&idx) {
+                Some(c) => out[r].copy_from_slice(&c[within..within + n]),
+                None => out[r].fill(0),
+            }
+        });
+    }
+
+    fn write_durable(&mut self, offset: u64, data: &[u8]) {
+        for_each_chunk(offset, data.len(), |idx, within, r| {
+            let n = r.len();
+            let c = self.durable.entry(idx).or_insert_with(zero_chunk);
+            c[within..within + n].copy_from_slice(&data[r]);
+        });
+    }
+
+    /// A write completed: it joins the volatile layer.
+    fn write_volatile(&mut self, offset: u64, data: Box<[u8]>) {
+        let Inner { durable, dirty, .. } = self;
+        for_each_chunk(offset, data.len(), |idx, within, r| {
+            let n = r.len();
+            let d = dirty.entry(idx).or_insert_with(|| DirtyChunk {
+                writers: 0,
+                data: durable.get(&idx).cloned().unwrap_or_else(zero_chunk),
+            });
+            d.writers += 1;
+            d.data[within..within + n].copy_from_slice(&data[r]);
+        });
+        let seq = self.next_write_seq;
+        self.next_write_seq += 1;
+        self.volatile.push_back(VolatileWrite { seq, offset, data });
+    }
+
+    /// A flush completed: volatile writes before `upto` become durable.
+    fn make_durable(&mut self, upto: u64) {
+        while self.volatile.front().is_some_and(|w| w.seq < upto) {
+            let Some(w) = self.volatile.pop_front() else {
+                break;
+            };
+            self.write_durable(w.offset, &w.data);
+            let dirty = &mut self.dirty;
+            for_each_chunk(w.offset, w.data.len(), |idx, _, _| {
+                if let Some(d) = dirty.get_mut(&idx) {
+                    d.writers -= 1;
+                    if d.writers == 0 {
+                        dirty.remove(&idx);
+                    }
+                }
+            });
+        }
+    }
+
+    /// The effect of the first injected fault that fires on this request.
+    fn decide_fault(&mut self, op: OpKind, offset: u64, len: usize) -> Option<FaultEffect> {
+        let mut hit = None;
+        let mut i = 0;
+        while i < self.faults.len() {
+            let f = &mut self.faults[i];
+            if !f.fault.matches_op(op) {
+                i += 1;
+                continue;
+            }
+            let fires = match &f.fault.trigger {
+                Trigger::Nth(n) => {
+                    let k = f.seen;
+                    f.seen += 1;
+                    k >= *n
+                }
+                Trigger::Range(r) => {
+                    op != OpKind::Flush
+                        && len > 0
+                        && offset < r.end
+                        && offset.saturating_add(len as u64) > r.start
+                }
+                Trigger::Probability { p, .. } => f.rng.gen_bool(probability(*p)),
+            };
+            if fires && hit.is_none() {
+                hit = Some(f.fault.effect);
+                if !f.fault.sticky {
+                    self.faults.remove(i);
+                    continue;
+                }
+            }
+            i += 1;
+        }
+        hit
+    }
+
+    /// Finishes one request: applies it to the images (if its queue is
+    /// alive and no fault says otherwise) and builds its completion.
+    fn complete(&mut self, device: usize, alive: bool, p: Pending) -> Completion {
+        let Pending {
+            req,
+            fault,
+            flush_upto,
+            ..
+        } = p;
+        let (op, offset, len) = (req.op, req.offset, req.len());
+        let result = match (alive, fault) {
+            (false, _) => Err(Error::io(op, device, offset, len, libc::EIO)),
+            (true, Some(FaultEffect::Error(errno))) => {
+                self.stats.faults_fired += 1;
+                Err(Error::io(op, device, offset, len, errno))
+            }
+            (true, effect) => match (op, &req.buf) {
+                (OpKind::Read, Some(buf)) => {
+                    // SAFETY: the request holds the buffer until this completion
+                    // is handed back; by IoBuf's contract nobody else touches a
+                    // read request's bytes while it is in flight.
+                    let bytes = unsafe { buf.bytes_mut() };
+                    self.read_current_into(offset, bytes);
+                    if effect == Some(FaultEffect::CorruptRead) {
+                        self.stats.faults_fired += 1;
+                        for sector in bytes.chunks_mut(SECTOR) {
+                            let at = self.rng.gen_range(0..sector.len());
+                            sector[at] ^= self.rng.gen_range(1..=255u8);
+                        }
+                    }
+                    self.stats.bytes_read += len as u64;
+                    Ok(len)
+                }
+                (OpKind::Write, Some(buf)) => {
+                    // SAFETY: the request holds the buffer until this completion
+                    // is handed back; by IoBuf's contract nobody writes a write
+                    // request's bytes while it is in flight.
+                    let data: Box<[u8]> = unsafe { buf.bytes() }.into();
+                    self.write_volatile(offset, data);
+                    self.stats.bytes_written += len as u64;
+                    Ok(len)
+                }
+                (OpKind::Flush, _) => {
+                    self.make_durable(flush_upto);
+                    Ok(0)
+                }
+                (op, None) => Err(Error::InvalidArgument(format!(
+                    "{op} request without a buffer"
+                ))),
+            },
+        };
+        match op {
+            OpKind::Read => self.stats.reads += 1,
+            OpKind::Write => self.stats.writes += 1,
+            OpKind::Flush => self.stats.flushes += 1,
+        }
+        if result.is_err() {
+            self.stats.errors += 1;
+        }
+        Completion {
+            tag: req.tag,
+            op,
+            offset,
+            buf: req.buf,
+            result,
+        }
+    }
+}
+
+/// A memory-backed device shared by the queues of several workers.
+///
+/// Memory is proportional to the data written, not to the device's size:
+/// 4 KiB chunks of the durable image, plus, until a flush covers them, a
+/// copy of each unflushed write and of each chunk it touches.
+pub struct SimDisk {
+    index: usize,
+    size: u64,
+    config: SimConfig,
+    align: Alignment,
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for SimDisk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimDisk")
+            .field("index", &self.index)
+            .field("size", &self.size)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SimDisk {
+    /// A zero-filled device of `size` bytes that is device `index` of its
+    /// array. Alignments in `config` are rounded up to powers of two.
+    pub fn new(index: usize, size: u64, config: SimConfig) -> Arc<SimDisk> {
+        let io = config.io_align.max(1).next_power_of_two();
+        let mem = config.mem_align.max(1).next_power_of_two();
+        let config = SimConfig {
+            io_align: io,
+            mem_align: mem,
+            ..config
+        };
+        Arc::new(SimDisk {
+            index,
+            size,
+            config,
+            align: Alignment {
+                device: index,
+                io,
+                mem,
+                size,
+            },
+            inner: Mutex::new(Inner {
+                durable: HashMap::new(),
+                dirty: HashMap::new(),
+                volatile: VecDeque::new(),
+                next_write_seq: 0,
+                next_push_seq: 0,
+                powered: true,
+                generation: 0,
+                queues: BTreeMap::new(),
+                next_queue_id: 0,
+                faults: Vec::new(),
+                rng: SmallRng::seed_from_u64(config.seed),
+                next_start: None,
+                stats: SimStats::default(),
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock (a failed test assertion in another
+        // thread) leaves the state consistent enough for a simulator.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Opens a queue with room for `depth` requests (queued plus in flight).
+    /// A queue opened while the power is off never works.
+    pub fn queue(self: &Arc<Self>, depth: u32) -> SimQueue {
+        let mut inner = self.lock();
+        let id = inner.next_queue_id;
+        inner.next_queue_id += 1;
+        let seed = self.config.seed
+            ^ (self.index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ (id + 1).wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
+        let generation = inner.generation;
+        inner.queues.insert(
+            id,
+            QueueState {
+                generation,
+                queued: Vec::new(),
+                in_flight: Vec::new(),
+                rng: SmallRng::seed_from_u64(seed),
+            },
+        );
+        SimQueue {
+            disk: self.clone(),
+            id,
+            generation,
+            capacity: depth.max(1) as usize,
+            queued: 0,
+            in_flight: 0,
+        }
+    }
+
+    /// Index of the device in its array.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Alignment rules, checked at push.
+    pub fn alignment(&self) -> Alignment {
+        self.align
+    }
+
+    /// The settings (alignments rounded as applied).
+    pub fn config(&self) -> SimConfig {
+        self.config
+    }
+
+    /// False between a power cut and the next power on.
+    pub fn is_powered(&self) -> bool {
+        self.lock().powered
+    }
+
+    /// Writes that completed but are not durable yet.
+    pub fn unflushed_writes(&self) -> usize {
+        self.lock().volatile.len()
+    }
+
+    /// The durable image: what would survive a power cut that drops every
+    /// unflushed write. Bytes past the end of the device read as zeros.
+    pub fn read_durable(&self, offset: u64, len: usize) -> Vec<u8> {
+        let mut out = vec![0; len];
+        self.lock().read_durable_into(offset, &mut out);
+        out
+    }
+
+    /// What a read would return now: the durable image overlaid by the
+    /// completed unflushed writes. Bytes past the end read as zeros.
+    pub fn read_current(&self, offset: u64, len: usize) -> Vec<u8> {
+        let mut out = vec![0; len];
+        self.lock().read_current_into(offset, &mut out);
+        out
+    }
+
+    /// Adds a fault; it applies to requests submitted from now on.
+    pub fn inject(&self, fault: Fault) {
+        let seed = match fault.trigger {
+            Trigger::Probability { seed, .. } => seed,
+            _ => 0,
+        };
+        self.lock().faults.push(ActiveFault {
+            fault,
+            seen: 0,
+            rng: SmallRng::seed_from_u64(seed),
+        });
+    }
+
+    /// Removes every injected fault (requests already submitted keep the
+    /// fault decided for them).
+    pub fn clear_faults(&self) {
+        self.lock().faults.clear();
+    }
+
+    /// The device's counters.
+    pub fn stats(&self) -> SimStats {
+        self.lock().stats
+    }
+
+    /// Cuts the power. Every write that is not durable (completed but
+    /// unflushed, or queued or in flight in any working queue) is kept,
+    /// dropped or torn per `policy`, drawing from an RNG seeded with
+    /// `seed`, and the survivors go to the durable image. Every queue opened
+    /// so far then fails its pending and further requests with `EIO`.
+    /// Cutting the power of a disk that is off changes nothing.
+    pub fn power_cut(&self, policy: PowerCutPolicy, seed: u64) -> PowerCutReport {
+        let mut inner = self.lock();
+        let mut report = PowerCutReport::default();
+        if !inner.powered {
+            return report;
+        }
+        inner.powered = false;
+        inner.stats.power_cuts += 1;
+        inner.dirty.clear();
+        let mut writes: Vec<(u64, Box<[u8]>, bool)> = std::mem::take(&mut inner.volatile)
+            .into_iter()
+            .map(|w| (w.offset, w.data, true))
+            .collect();
+        let generation = inner.generation;
+        let mut pending: Vec<(u64, u64, Box<[u8]>)> = Vec::new();
+        for q in inner.queues.values().filter(|q| q.generation == generation) {
+            report.failed_requests += q.queued.len() + q.in_flight.len();
+            for p in q.queued.iter().chain(&q.in_flight) {
+                if let (OpKind::Write, Some(buf)) = (p.req.op, &p.req.buf) {
+                    // SAFETY: the request (and its buffer) is held in the locked
+                    // disk state; by IoBuf's contract nobody writes a write
+                    // request's bytes while it is pending.
+                    let data: Box<[u8]> = unsafe { buf.bytes() }.into();
+                    pending.push((p.seq, p.req.offset, data));
+                }
+            }
+        }
+        pending.sort_by_key(|(seq, _, _)| *seq);
+        writes.extend(pending.into_iter().map(|(_, off, data)| (off, data, false)));
+
+        let mut rng = SmallRng::seed_from_u64(seed);
+        for (offset, data, completed) in writes {
+            let fate = match policy {
+                PowerCutPolicy::DropAll => WriteFate::Dropped,
+                PowerCutPolicy::KeepAll => WriteFate::Kept,
+                PowerCutPolicy::Random { keep, drop, tear } => {
+                    let w = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
+                    let (keep, drop, tear) = (w(keep), w(drop), w(tear));
+                    let total = keep + drop + tear;
+                    let x = rng.gen::<f64>() * total;
+                    if total <= 0.0 || (x >= keep && x < keep + drop) {
+                        WriteFate::Dropped
+                    } else if x < keep {
+                        WriteFate::Kept
+                    } else {
+                        WriteFate::Torn(Vec::new())
+                    }
+                }
+            };
+            let fate = match fate {
+                WriteFate::Kept => {
+                    inner.write_durable(offset, &data);
+                    report.kept += 1;
+                    WriteFate::Kept
+                }
+                WriteFate::Dropped => {
+                    report.dropped += 1;
+                    WriteFate::Dropped
+                }
+                WriteFate::Torn(_) => {
+                    let mut sectors = Vec::with_capacity(data.len().div_ceil(SECTOR));
+                    for (i, new) in data.chunks(SECTOR).enumerate() {
+                        let at = offset + (i * SECTOR) as u64;
+                        let fate = match rng.gen_range(0..3) {
+                            0 => SectorFate::New,
+                            1 => SectorFate::Old,
+                            _ => SectorFate::Garbage,
+                        };
+                        match fate {
+                            SectorFate::New => inner.write_durable(at, new),
+                            SectorFate::Old => {}
+                            SectorFate::Garbage => {
+                                let mut junk = vec![0u8; new.len()];
+                                rng.fill(&mut junk[..]);
+                                inner.write_durable(at, &junk);
+                            }
+                        }
+                        sectors.push(fate);
+                    }
+                    report.torn += 1;
+                    WriteFate::Torn(sectors)
+                }
+            };
+            report.writes.push(CutWrite {
+                offset,
+                len: data.len(),
+                completed,
+                fate,
+            });
+        }
+        report
+    }
+
+    /// Restores the power after a cut: queues opened from now on work on
+    /// the durable image that survived; queues opened before stay failed.
+    /// Does nothing while the power is on.
+    pub fn power_on(&self) {
+        let mut inner = self.lock();
+        if !inner.powered {
+            inner.powered = true;
+            inner.generation += 1;
+            inner.next_start = None;
+        }
+    }
+
+    /// When a request submitted now starts service and is ready.
+    fn schedule(&self, inner: &mut Inner, now: Instant) -> Instant {
+        let start = inner.next_start.map_or(now, |t| t.max(now));
+        if let Some(iops) = self.config.iops.filter(|&n| n > 0) {
+            inner.next_start = Some(start + Duration::from_secs(1) / iops);
+        }
+        let latency = match self.config.latency {
+            Latency::Fixed(d) => d,
+            Latency::Uniform { min, max } if max > min => {
+                let (lo, hi) = (min.as_nanos() as u64, max.as_nanos() as u64);
+                Duration::from_nanos(inner.rng.gen_range(lo..=hi))
+            }
+            Latency::Uniform { min, .. } => min,
+        };
+        start + latency
+    }
+}
+
+/// One worker's queue to one [`SimDisk`].
+pub struct SimQueue {
+    disk: Arc<SimDisk>,
+    id: u64,
+    generation: u64,
+    capacity: usize,
+    queued: usize,
+    in_flight: usize,
+}
+
+impl std::fmt::Debug for SimQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimQueue")
+            .field("device", &self.disk.index)
+            .field("id", &self.id)
+            .field("queued", &self.queued)
+            .field("in_flight", &self.in_flight)
+            .finish()
+    }
+}
+
+impl SimQueue {
+    /// The disk this queue is on.
+    pub fn disk(&self) -> &Arc<SimDisk> {
+        &self.disk
+    }
+
+    fn deterministic(&self) -> Option<f64> {
+        match self.disk.config.clock {
+            Clock::Deterministic {
+                complete_probability,
+            } => Some(probability(complete_probability)),
+            Clock::RealTime => None,
+        }
+    }
+
+    /// (requests ready now, earliest ready time of the others).
+    fn readiness(&self) -> (usize, Option<Instant>) {
+        let inner = self.disk.lock();
+        let Some(q) = inner.queues.get(&self.id) else {
+            return (0, None);
+        };
+        if !inner.alive(self.generation) || self.deterministic().is_some() {
+            return (q.in_flight.len(), None);
+        }
+        let now = Instant::now();
+        let mut ready = 0;
+        let mut earliest: Option<Instant> = None;
+        for p in &q.in_flight {
+            match p.ready_at {
+                Some(t) if t > now => earliest = Some(earliest.map_or(t, |e| e.min(t))),
+                _ => ready += 1,
+            }
+        }
+        (ready, earliest)
+    }
+}
+
+impl IoQueue for SimQueue {
+    fn device(&self) -> usize {
+        self.disk.index
+    }
+
+    fn backend(&self) -> &'static str {
+        "sim"
+    }
+
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn push(&mut self, req: Request) -> std::result::Result<(), Rejected> {
+        if let Err(error) = self.disk.align.check(&req) {
+            return Err(Rejected {
+                error,
+                request: req,
+            });
+        }
+        if self.queued + self.in_flight >= self.capacity {
+            return Err(Rejected {
+                error: Error::InvalidArgument(format!(
+                    "queue to device {} is full ({} requests)",
+                    self.disk.index, self.capacity
+                )),
+                request: req,
+            });
+        }
+        let mut inner = self.disk.lock();
+        let seq = inner.next_push_seq;
+        inner.next_push_seq += 1;
+        let q = inner
+            .queues
+            .get_mut(&self.id)
+            .expect("a queue's state lives until the queue is dropped");
+        q.queued.push(Pending {
+            seq,
+            req,
+            ready_at: None,
+            fault: None,
+            flush_upto: 0,
+        });
+        self.queued += 1;
+        Ok(())
+    }
+
+    fn submit(&mut self) -> Result<usize> {
+        if self.queued == 0 {
+            return Ok(0);
+        }
+        let deterministic = self.deterministic().is_some();
+        let mut inner = self.disk.lock();
+        let alive = inner.alive(self.generation);
+        let q = inner
+            .queues
+            .get_mut(&self.id)
+            .expect("a queue's state lives until the queue is dropped");
+        let batch = std::mem::take(&mut q.queued);
+        let n = batch.len();
+        let now = Instant::now();
+        let mut submitted = Vec::with_capacity(n);
+        for mut p in batch {
+            if alive {
+                p.fault = inner.decide_fault(p.req.op, p.req.offset, p.req.len());
+                p.flush_upto = inner.next_write_seq;
+                if !deterministic {
+                    p.ready_at = Some(self.disk.schedule(&mut inner, now));
+                }
+            }
+            submitted.push(p);
+        }
+        inner
+            .queues
+            .get_mut(&self.id)
+            .expect("a queue's state lives until the queue is dropped")
+            .in_flight
+            .extend(submitted);
+        self.queued = 0;
+        self.in_flight += n;
+        Ok(n)
+    }
+
+    fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
+        if self.in_flight == 0 {
+            return 0;
+        }
+        let det = self.deterministic();
+        let device = self.disk.index;
+        let mut inner = self.disk.lock();
+        let alive = inner.alive(self.generation);
+        let q = inner
+            .queues
+            .get_mut(&self.id)
+            .expect("a queue's state lives until the queue is dropped");
+        let all = std::mem::take(&mut q.in_flight);
+        let mut chosen = Vec::new();
+        let mut rest = Vec::new();
+        match det {
+            _ if !alive => chosen = all,
+            None => {
+                let now = Instant::now();
+                for p in all {
+                    if p.ready_at.is_none_or(|t| t <= now) {
+                        chosen.push(p);
+                    } else {
+                        rest.push(p);
+                    }
+                }
+                chosen.sort_by_key(|p| (p.ready_at, p.seq));
+            }
+            Some(prob) => {
+                for p in all {
+                    if q.rng.gen_bool(prob) {
+                        chosen.push(p);
+                    } else {
+                        rest.push(p);
+                    }
+                }
+                if chosen.is_empty() && !rest.is_empty() {
+                    let i = q.rng.gen_range(0..rest.len());
+                    chosen.push(rest.remove(i));
+                }
+                chosen.shuffle(&mut q.rng);
+            }
+        }
+        q.in_flight = rest;
+        let n = chosen.len();
+        for p in chosen {
+            let c = inner.complete(device, alive, p);
+            out.push(c);
+        }
+        self.in_flight -= n;
+        n
+    }
+
+    fn wait(&mut self, min: usize, timeout: Option<Duration>) -> Result<()> {
+        self.submit()?;
+        if self.deterministic().is_some() {
+            return Ok(());
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let (ready, earliest) = self.readiness();
+            if ready >= min.min(self.in_flight) {
+                return Ok(());
+            }
+            let Some(next) = earliest else {
+                return Ok(());
+            };
+            let until = deadline.map_or(next, |d| d.min(next));
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(());
+            }
+            std::thread::sleep(until.saturating_duration_since(now));
+        }
+    }
+
+    fn queued(&self) -> usize {
+        self.queued
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    fn ready_in(&self) -> Option<Duration> {
+        if self.in_flight == 0 {
+            return None;
+        }
+        let (ready, earliest) = self.readiness();
+        if ready > 0 {
+            return Some(Duration::ZERO);
+        }
+        earliest.map(|t| t.saturating_duration_since(Instant::now()))
+    }
+}
+
+impl Drop for SimQueue {
+    fn drop(&mut self) {
+        // Requests in flight complete (as the real backends wait for them);
+        // requests never submitted are discarded.
+        let device = self.disk.index;
+        let mut inner = self.disk.lock();
+        let alive = inner.alive(self.generation);
+        let Some(q) = inner.queues.remove(&self.id) else {
+            return;
+        };
+        if alive {
+            for p in q.in_flight {
+                drop(inner.complete(device, alive, p));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::{AlignedBuf, IoBuf};
+    use rand::RngCore;
+
+    const PAGE: usize = 4096;
+
+    fn random_page(rng: &mut SmallRng) -> AlignedBuf {
+        let mut b = AlignedBuf::new(PAGE, PAGE).unwrap();
+        rng.fill_bytes(&mut b);
+        b
+    }
+
+    fn write(tag: u64, offset: u64, data: &[u8]) -> Request {
+        let mut b = AlignedBuf::new(data.len(), PAGE).unwrap();
+        b.copy_from_slice(data);
+        Request::write(tag, offset, IoBuf::owned(b))
+    }
+
+    fn read(tag: u64, offset: u64, len: usize) -> Request {
+        Request::read(
+            tag,
+            offset,
+            IoBuf::owned(AlignedBuf::new(len, PAGE).unwrap()),
+        )
+    }
+
+    fn data(c: &Completion) -> &[u8] {
+        c.buf.as_ref().unwrap().as_owned().unwrap()
+    }
+
+    /// Pushes, submits and reaps until every request has completed.
+    fn run(q: &mut dyn IoQueue, reqs: Vec<Request>) -> Vec<Completion> {
+        let n = reqs.len();
+        for r in reqs {
+            q.push(r).unwrap();
+        }
+        q.submit().unwrap();
+        let mut out = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while out.len() < n {
+            q.wait(1, Some(Duration::from_millis(100))).unwrap();
+            q.reap(&mut out);
+            assert!(Instant::now() < deadline, "requests never completed");
+        }
+        out
+    }
+
+    fn run_ok(q: &mut dyn IoQueue, reqs: Vec<Request>) -> Vec<Completion> {
+        let out = run(q, reqs);
+        for c in &out {
+            assert!(c.result.is_ok(), "{:?}", c.result);
+        }
+        out
+    }
+
+    fn paged(seed: u64) -> SimConfig {
+        SimConfig {
+            io_align: 4096,
+            mem_align: 4096,
+            seed,
+            ..SimConfig::default()
+        }
+    }
+
+    #[test]
+    fn read_after_write_on_a_huge_sparse_disk() {
+        for config in [paged(1), SimConfig::deterministic(2)] {
+            let disk = SimDisk::new(0, 64 << 30, config);
+            let mut q = disk.queue(64);
+            let mut rng = SmallRng::seed_from_u64(3);
+            let mut pages = std::collections::BTreeMap::new();
+            while pages.len() < 300 {
+                let p = rng.gen_range(0..(64u64 << 30) / PAGE as u64);
+                pages.insert(p, random_page(&mut rng).to_vec());
+            }
+            let items: Vec<_> = pages.iter().collect();
+            for batch in items.chunks(64) {
+                let reqs = batch
+                    .iter()
+                    .map(|(&p, d)| write(p, p * PAGE as u64, d))
+                    .collect();
+                run_ok(&mut q, reqs);
+            }
+            run_ok(&mut q, vec![Request::flush(0)]);
+            for batch in items.chunks(64) {
+                let reqs = batch
+                    .iter()
+                    .map(|(&p, _)| read(p, p * PAGE as u64, PAGE))
+                    .collect();
+                for c in run_ok(&mut q, reqs) {
+                    assert_eq!(data(&c), &pages[&c.tag][..], "page {}", c.tag);
+                }
+            }
+            let (&p, d) = items[0];
+            assert_eq!(disk.read_durable(p * PAGE as u64, PAGE), *d);
+            // Unwritten space reads as zeros; memory follows the data.
+            let hole = (0..).find(|p| !pages.contains_key(p)).unwrap();
+            let c = run_ok(&mut q, vec![read(9, hole * PAGE as u64, PAGE)]);
+            assert!(data(&c[0]).iter().all(|&b| b == 0));
+            let inner = disk.lock();
+            assert!(inner.durable.len() <= pages.len() && inner.dirty.is_empty());
+            drop(inner);
+            let s = disk.stats();
+            assert_eq!((s.writes, s.flushes, s.reads), (300, 1, 301));
+            assert_eq!(s.bytes_written, 300 * PAGE as u64);
+        }
+    }
+
+    #[test]
+    fn misaligned_and_oversized_requests_are_rejected() {
+        let disk = SimDisk::new(2, 1 << 20, paged(0));
+        let mut q = disk.queue(8);
+        let e = q.push(read(0, 512, PAGE)).unwrap_err();
+        assert!(matches!(
+            e.error,
+            Error::Misaligned {
+                what: "offset",
+                device: 2,
+                ..
+            }
+        ));
+        let e = q.push(read(0, 0, 512)).unwrap_err();
+        assert!(matches!(e.error, Error::Misaligned { what: "length", .. }));
+        let region = Arc::new(AlignedBuf::new(2 * PAGE, PAGE).unwrap());
+        // SAFETY: the region is used by nothing else in this test.
+        let buf = unsafe { IoBuf::shared(region, 512, PAGE) }.unwrap();
+        let e = q.push(Request::write(0, 0, buf)).unwrap_err();
+        assert!(matches!(
+            e.error,
+            Error::Misaligned {
+                what: "buffer address",
+                ..
+            }
+        ));
+        let e = q
+            .push(read(0, (1 << 20) - PAGE as u64, 2 * PAGE))
+            .unwrap_err();
+        assert!(matches!(e.error, Error::OutOfRange { device: 2, .. }));
+        assert_eq!((q.queued(), q.in_flight()), (0, 0));
+
+        let mut q = disk.queue(2);
+        q.push(read(0, 0, PAGE)).unwrap();
+        q.push(read(1, 0, PAGE)).unwrap();
+        let e = q.push(read(2, 0, PAGE)).unwrap_err();
+        assert!(matches!(e.error, Error::InvalidArgument(_)));
+        assert_eq!(e.request.tag, 2);
+    }
+
+    #[test]
+    fn injected_errors_name_device_and_offset() {
+        let disk = SimDisk::new(7, 1 << 20, paged(0));
+        let mut q = disk.queue(8);
+        disk.inject(Fault::nth(Some(OpKind::Write), 1));
+        let out = run(
+            &mut q,
+            vec![write(0, 0, &[1; PAGE]), write(1, 8192, &[2; PAGE])],
+        );
+        let failed: Vec<_> = out.iter().filter(|c| c.result.is_err()).collect();
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].tag, 1);
+        let err = failed[0].result.as_ref().unwrap_err();
+        assert!(matches!(
+            err,
+            Error::Io {
+                op: OpKind::Write,
+                device: 7,
+                offset: 8192,
+                len: PAGE,
+                ..
+            }
+        ));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("device 7") && msg.contains("offset 8192"),
+            "{msg}"
+        );
+        // The failed write left no trace; the fault fired once only.
+        assert_eq!(disk.read_current(8192, PAGE), vec![0; PAGE]);
+        run_ok(&mut q, vec![write(2, 8192, &[2; PAGE])]);
+
+        // A sticky range fault hits every overlapping read until cleared.
+        disk.inject(Fault::range(Some(OpKind::Read), 4096..8193).sticky());
+        for _ in 0..3 {
+            let out = run(&mut q, vec![read(0, 0, PAGE), read(1, 8192, PAGE)]);
+            for c in out {
+                assert_eq!(c.result.is_err(), c.tag == 1, "{:?}", c.result);
+            }
+        }
+        disk.clear_faults();
+        let c = run_ok(&mut q, vec![read(1, 8192, PAGE)]);
+        assert_eq!(data(&c[0]), &[2; PAGE][..]);
+
+        // A failed flush makes nothing durable.
+        disk.inject(Fault::probability(Some(OpKind::Flush), 1.0, 5).errno(libc::ENOSPC));
+        let c = run(&mut q, vec![Request::flush(0)]);
+        assert!(matches!(c[0].result, Err(Error::Io { device: 7, .. })));
+        assert_eq!(disk.unflushed_writes(), 2);
+        run_ok(&mut q, vec![Request::flush(0)]);
+        assert_eq!(disk.unflushed_writes(), 0);
+        let s = disk.stats();
+        assert_eq!((s.faults_fired, s.errors), (5, 5));
+    }
+
+    #[test]
+    fn probability_faults_follow_their_seed() {
+        let pattern = |seed| {
+            let disk = SimDisk::new(0, 1 << 20, SimConfig::default());
+            let mut q = disk.queue(64);
+            disk.inject(Fault::probability(Some(OpKind::Read), 0.3, seed).sticky());
+            let reqs = (0..64).map(|i| read(i, 0, 512)).collect();
+            let mut failed: Vec<u64> = run(&mut q, reqs)
+                .iter()
+                .filter(|c| c.result.is_err())
+                .map(|c| c.tag)
+                .collect();
+            failed.sort();
+            failed
+        };
+        let a = pattern(11);
+        assert!(!a.is_empty() && a.len() < 64);
+        assert_eq!(a, pattern(11));
+        assert_ne!(a, pattern(12));
+    }
+
+    #[test]
+    fn corrupt_reads_flip_bytes_in_every_sector() {
+        let disk = SimDisk::new(0, 1 << 20, paged(0));
+        let mut q = disk.queue(8);
+        let mut rng = SmallRng::seed_from_u64(1);
+        let page = random_page(&mut rng);
+        run_ok(&mut q, vec![write(0, 4096, &page)]);
+        run_ok(&mut q, vec![Request::flush(1)]);
+        disk.inject(Fault::nth(None, 0).corrupt_read());
+        let c = run_ok(&mut q, vec![read(0, 4096, PAGE)]);
+        let got = data(&c[0]);
+        assert_ne!(got, &page[..]);
+        for (g, p) in got.chunks(SECTOR).zip(page.chunks(SECTOR)) {
+            assert_ne!(g, p);
+        }
+        let c = run_ok(&mut q, vec![read(0, 4096, PAGE)]);
+        assert_eq!(data(&c[0]), &page[..]);
+        assert_eq!(disk.read_durable(4096, PAGE), &page[..]);
+    }
+
+    /// A flushed, B completed, C queued, D in flight on one queue.
+    fn crash_setup(seed: u64) -> (Arc<SimDisk>, SimQueue, [Vec<u8>; 4]) {
+        let disk = SimDisk::new(1, 1 << 20, paged(seed));
+        let mut q = disk.queue(8);
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let pages = [(); 4].map(|_| random_page(&mut rng).to_vec());
+        // A flush covers only writes completed before it was submitted.
+        run_ok(&mut q, vec![write(0, 0, &pages[0]), Request::flush(1)]);
+        assert_eq!(disk.unflushed_writes(), 1);
+        run_ok(&mut q, vec![Request::flush(1)]);
+        run_ok(&mut q, vec![write(2, 4096, &pages[1])]);
+        q.push(write(3, 8192, &pages[2])).unwrap();
+        q.submit().unwrap();
+        q.push(write(4, 12288, &pages[3])).unwrap();
+        // C is in flight (submitted, not reaped), D is queued.
+        (disk, q, pages)
+    }
+
+    #[test]
+    fn power_cut_drop_all_loses_only_unflushed_writes() {
+        let (disk, mut q, pages) = crash_setup(1);
+        assert_eq!(disk.read_current(4096, PAGE), pages[1]);
+        let report = disk.power_cut(PowerCutPolicy::DropAll, 9);
+        assert_eq!((report.kept, report.dropped, report.torn), (0, 3, 0));
+        assert_eq!(report.failed_requests, 2);
+        assert_eq!(
+            report
+                .writes
+                .iter()
+                .map(|w| w.completed)
+                .collect::<Vec<_>>(),
+            [true, false, false]
+        );
+        assert!(!disk.is_powered());
+        assert_eq!(disk.read_durable(0, PAGE), pages[0]);
+        assert_eq!(disk.read_current(0, PAGE), pages[0]);
+        assert_eq!(disk.read_durable(4096, 3 * PAGE), vec![0; 3 * PAGE]);
+
+        // Pending and further requests fail, before and after power on.
+        let out = run(&mut q, vec![read(5, 0, PAGE)]);
+        assert_eq!(out.len(), 3);
+        assert!(out
+            .iter()
+            .all(|c| matches!(c.result, Err(Error::Io { device: 1, .. }))));
+        disk.power_on();
+        let out = run(&mut q, vec![write(6, 0, &[7; PAGE])]);
+        assert!(out[0].result.is_err());
+        let mut fresh = disk.queue(8);
+        let c = run_ok(&mut fresh, vec![read(7, 0, PAGE), read(8, 8192, PAGE)]);
+        for c in c {
+            let want = if c.tag == 7 {
+                &pages[0][..]
+            } else {
+                &[0; PAGE][..]
+            };
+            assert_eq!(data(&c), want);
+        }
+        assert_eq!(disk.stats().power_cuts, 1);
+    }
+
+    #[test]
+    fn power_cut_keep_all_keeps_every_write() {
+        let (disk, mut q, pages) = crash_setup(2);
+        let report = disk.power_cut(PowerCutPolicy::KeepAll, 9);
+        assert_eq!((report.kept, report.dropped, report.torn), (3, 0, 0));
+        for (i, p) in pages.iter().enumerate() {
+            assert_eq!(&disk.read_durable((i * PAGE) as u64, PAGE), p, "page {i}");
+        }
+        // The requests themselves still report failure.
+        let out = run(&mut q, vec![]);
+        assert!(out.is_empty());
+        q.submit().unwrap();
+        let mut out = Vec::new();
+        q.reap(&mut out);
+        assert_eq!(out.len(), 2);
+        assert!(out.iter().all(|c| c.result.is_err()));
+        disk.power_on();
+        drop(q);
+        assert_eq!(disk.read_current(12288, PAGE), pages[3]);
+    }
+
+    #[test]
+    fn power_cut_tears_sectors_and_never_touches_flushed_data() {
+        let cut = |seed: u64| {
+            let disk = SimDisk::new(0, 1 << 20, paged(seed));
+            let mut q = disk.queue(64);
+            let mut rng = SmallRng::seed_from_u64(seed);
+            let old: Vec<Vec<u8>> = (0..64).map(|_| random_page(&mut rng).to_vec()).collect();
+            let new: Vec<Vec<u8>> = (0..40).map(|_| random_page(&mut rng).to_vec()).collect();
+            let reqs = old
+                .iter()
+                .enumerate()
+                .map(|(i, d)| write(i as u64, (i * PAGE) as u64, d))
+                .collect();
+            run_ok(&mut q, reqs);
+            run_ok(&mut q, vec![Request::flush(0)]);
+            // Pages 0..40 are overwritten and left unflushed; 40..64 are not.
+            let reqs = new
+                .iter()
+                .enumerate()
+                .map(|(i, d)| write(i as u64, (i * PAGE) as u64, d))
+                .collect();
+            run_ok(&mut q, reqs);
+            let policy = PowerCutPolicy::Random {
+                keep: 1.0,
+                drop: 1.0,
+                tear: 2.0,
+            };
+            let report = disk.power_cut(policy, seed);
+            assert_eq!(report.writes.len(), 40);
+            assert!(report.kept > 0 && report.dropped > 0 && report.torn > 0);
+            let mut garbage = 0;
+            for w in &report.writes {
+                let i = w.offset as usize / PAGE;
+                let got = disk.read_durable(w.offset, w.len);
+                match &w.fate {
+                    WriteFate::Kept => assert_eq!(got, new[i]),
+                    WriteFate::Dropped => assert_eq!(got, old[i]),
+                    WriteFate::Torn(sectors) => {
+                        assert_eq!(sectors.len(), PAGE / SECTOR);
+                        for (s, fate) in sectors.iter().enumerate() {
+                            let r = s * SECTOR..(s + 1) * SECTOR;
+                            match fate {
+                                SectorFate::New => assert_eq!(got[r.clone()], new[i][r]),
+                                SectorFate::Old => assert_eq!(got[r.clone()], old[i][r]),
+                                SectorFate::Garbage => {
+                                    garbage += 1;
+                                    assert_ne!(got[r.clone()], new[i][r.clone()]);
+                                    assert_ne!(got[r.clone()], old[i][r]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(garbage > 0);
+            for (i, d) in old.iter().enumerate().skip(40) {
+                assert_eq!(&disk.read_durable((i * PAGE) as u64, PAGE), d);
+            }
+            report
+        };
+        assert_eq!(cut(4), cut(4));
+        assert_ne!(cut(4), cut(5));
+    }
+
+    #[test]
+    fn flush_covers_writes_completed_before_its_submission() {
+        let disk = SimDisk::new(0, 1 << 20, paged(0));
+        let (mut q1, mut q2) = (disk.queue(4), disk.queue(4));
+        run_ok(&mut q1, vec![write(0, 0, &[1; PAGE])]);
+        q1.push(Request::flush(1)).unwrap();
+        q1.submit().unwrap();
+        run_ok(&mut q2, vec![write(2, 4096, &[2; PAGE])]);
+        let mut out = Vec::new();
+        q1.reap(&mut out);
+        assert!(out[0].result.is_ok());
+        assert_eq!(disk.read_durable(0, PAGE), vec![1; PAGE]);
+        assert_eq!(disk.read_durable(4096, PAGE), vec![0; PAGE]);
+        assert_eq!(disk.read_current(4096, PAGE), vec![2; PAGE]);
+        assert_eq!(disk.unflushed_writes(), 1);
+    }
+
+    #[test]
+    fn overlapping_writes_apply_in_completion_order() {
+        let disk = SimDisk::new(0, 1 << 20, SimConfig::default());
+        let mut q = disk.queue(4);
+        run_ok(&mut q, vec![write(0, 0, &[1; 2 * PAGE])]);
+        run_ok(&mut q, vec![write(1, 2048, &[2; 512])]);
+        let mut want = vec![1; 2 * PAGE];
+        want[2048..2560].fill(2);
+        assert_eq!(disk.read_current(0, 2 * PAGE), want);
+        assert_eq!(disk.read_durable(0, 2 * PAGE), vec![0; 2 * PAGE]);
+        run_ok(&mut q, vec![Request::flush(2)]);
+        assert_eq!(disk.read_durable(0, 2 * PAGE), want);
+        assert!(disk.lock().dirty.is_empty());
+    }
+
+    #[test]
+    fn deterministic_order_follows_the_seed() {
+        let order = |seed| {
+            let disk = SimDisk::new(0, 1 << 20, SimConfig::deterministic(seed));
+            let mut q = disk.queue(64);
+            for i in 0..64 {
+                let req = if i % 3 == 0 {
+                    write(i, (i % 16) * 512, &[i as u8; 512])
+                } else {
+                    read(i, (i % 16) * 512, 512)
+                };
+                q.push(req).unwrap();
+            }
+            let mut tags = Vec::new();
+            let mut batches = Vec::new();
+            let started = Instant::now();
+            while q.in_flight() + q.queued() > 0 {
+                assert_eq!(q.ready_in().is_some(), q.in_flight() > 0);
+                q.wait(64, Some(Duration::from_secs(5))).unwrap();
+                assert_eq!(q.ready_in(), Some(Duration::ZERO));
+                let mut out = Vec::new();
+                let n = q.reap(&mut out);
+                assert!(n >= 1);
+                batches.push(n);
+                tags.extend(out.iter().map(|c| c.tag));
+            }
+            assert!(started.elapsed() < Duration::from_secs(1), "wait slept");
+            assert_eq!(q.ready_in(), None);
+            (tags, batches, disk.read_current(0, 16 * 512))
+        };
+        let a = order(42);
+        assert_eq!(a, order(42));
+        assert_ne!(a.0, order(43).0);
+        assert!(a.1.len() > 1, "everything completed at once");
+        assert_ne!(a.0, (0..64).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn iops_limit_paces_requests() {
+        let config = SimConfig {
+            iops: Some(2000),
+            ..SimConfig::default()
+        };
+        let disk = SimDisk::new(0, 1 << 20, config);
+        let mut q = disk.queue(256);
+        let started = Instant::now();
+        run_ok(&mut q, (0..200).map(|i| read(i, 0, 512)).collect());
+        assert!(
+            started.elapsed() >= Duration::from_millis(90),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn latency_delays_completions() {
+        let config = SimConfig {
+            latency: Latency::Uniform {
+                min: Duration::from_millis(20),
+                max: Duration::from_millis(30),
+            },
+            ..SimConfig::default()
+        };
+        let disk = SimDisk::new(0, 1 << 20, config);
+        let mut q = disk.queue(4);
+        assert_eq!(q.ready_in(), None);
+        let started = Instant::now();
+        q.push(read(0, 0, 512)).unwrap();
+        q.submit().unwrap();
+        let wait = q.ready_in().unwrap();
+        assert!(wait > Duration::ZERO && wait <= Duration::from_millis(30));
+        let mut out = Vec::new();
+        q.wait(1, Some(Duration::ZERO)).unwrap();
+        if started.elapsed() < Duration::from_millis(20) {
+            assert_eq!(q.reap(&mut out), 0);
+        }
+        q.wait(1, None).unwrap();
+        assert_eq!(q.ready_in(), Some(Duration::ZERO));
+        assert_eq!(q.reap(&mut out), 1);
+        assert!(started.elapsed() >= Duration::from_millis(20));
+
+        // Zero latency: ready at the next reap.
+        let disk = SimDisk::new(0, 1 << 20, SimConfig::default());
+        let mut q = disk.queue(4);
+        q.push(read(0, 0, 512)).unwrap();
+        q.submit().unwrap();
+        assert_eq!(q.reap(&mut out), 1);
+    }
+
+    #[test]
+    fn dropping_a_queue_completes_its_requests_in_flight() {
+        let disk = SimDisk::new(0, 1 << 20, SimConfig::deterministic(1));
+        let mut q = disk.queue(4);
+        q.push(write(0, 0, &[3; 512])).unwrap();
+        q.submit().unwrap();
+        q.push(write(1, 512, &[4; 512])).unwrap();
+        drop(q);
+        assert_eq!(disk.read_current(0, 1024), [[3; 512], [0; 512]].concat());
+        assert!(disk.lock().queues.is_empty());
+    }
+
+    #[test]
+    fn queues_of_several_threads_share_a_disk() {
+        let disk = SimDisk::new(0, 1 << 24, paged(0));
+        std::thread::scope(|s| {
+            for t in 0..3u8 {
+                let mut q = disk.queue(16);
+                s.spawn(move || {
+                    let reqs = (0..16)
+                        .map(|i| write(i, (i * 3 + t as u64) * PAGE as u64, &[t + 1; PAGE]))
+                        .collect();
+                    run_ok(&mut q, reqs);
+                    run_ok(&mut q, vec![Request::flush(99)]);
+                });
+            }
+        });
+        for p in 0..48u64 {
+            assert_eq!(
+                disk.read_durable(p * PAGE as u64, PAGE),
+                vec![(p % 3) as u8 + 1; PAGE]
+            );
+        }
+    }
+}
