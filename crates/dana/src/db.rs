@@ -193,8 +193,8 @@ impl Db {
         } else {
             opts.devices.max(1)
         };
-        let per_device = (opts.capacity_bytes / devices as u64) / opts.page_size as u64
-            * opts.page_size as u64;
+        let per_device =
+            (opts.capacity_bytes / devices as u64) / opts.page_size as u64 * opts.page_size as u64;
         let targets = (0..devices)
             .map(|i| {
                 let dopts = DeviceOptions {
@@ -250,7 +250,11 @@ impl Db {
     /// Creates the tree `name`. Fails with [`Error::KeyExists`] if it
     /// exists.
     pub fn create_tree(&self, name: &str) -> Result<Tree> {
-        let (pool, catalog, key) = (self.inner.pool.clone(), self.inner.catalog.clone(), name.as_bytes().to_vec());
+        let (pool, catalog, key) = (
+            self.inner.pool.clone(),
+            self.inner.catalog.clone(),
+            name.as_bytes().to_vec(),
+        );
         let root = self.block_on(async move {
             if catalog.get(&key).await?.is_some() {
                 return Err(Error::KeyExists);
@@ -318,7 +322,11 @@ impl Db {
             Err(Error::NoSuchTree(_)) => return Ok(false),
             Err(e) => return Err(e),
         };
-        let (catalog, key, bt) = (self.inner.catalog.clone(), name.as_bytes().to_vec(), tree.btree);
+        let (catalog, key, bt) = (
+            self.inner.catalog.clone(),
+            name.as_bytes().to_vec(),
+            tree.btree,
+        );
         self.block_on(async move {
             catalog.delete(&key).await?;
             bt.destroy().await

@@ -206,7 +206,11 @@ impl BTree {
     }
 
     /// The leaf covering `key`, latched shared.
-    async fn leaf_shared(&self, key: &[u8], mut ahead: Option<&mut Vec<u64>>) -> Result<PageRef<'_>> {
+    async fn leaf_shared(
+        &self,
+        key: &[u8],
+        mut ahead: Option<&mut Vec<u64>>,
+    ) -> Result<PageRef<'_>> {
         loop {
             let (pid, parent) = self.find_leaf(key, ahead.as_deref_mut()).await?;
             let g = self.pool.fix_shared(pid).await?;
@@ -444,23 +448,29 @@ impl BTree {
         if len < 2 {
             return Ok(());
         }
-        let kind = if is_leaf { PageType::Leaf } else { PageType::Inner };
+        let kind = if is_leaf {
+            PageType::Leaf
+        } else {
+            PageType::Inner
+        };
         let mut left_tmp = vec![0u8; ps];
         let mut right_tmp = vec![0u8; ps];
-        let sep = node::split(&root, &mut left_tmp, &mut right_tmp).map_err(|e| Error::Corrupt {
-            page: self.root,
-            what: format!("root split failed: {e}"),
-        })?;
+        let sep =
+            node::split(&root, &mut left_tmp, &mut right_tmp).map_err(|e| Error::Corrupt {
+                page: self.root,
+                what: format!("root split failed: {e}"),
+            })?;
         let mut left = self.pool.allocate(kind).await?;
         let mut right = self.pool.allocate(kind).await?;
         left[page::PAGE_HEADER_SIZE..].copy_from_slice(&left_tmp[page::PAGE_HEADER_SIZE..]);
         right[page::PAGE_HEADER_SIZE..].copy_from_slice(&right_tmp[page::PAGE_HEADER_SIZE..]);
         page::set_page_type(&mut root, PageType::Inner);
         let mut r = node::init(&mut root, false, None, None, right.pid());
-        r.insert_separator(&sep, left.pid()).map_err(|_| Error::Corrupt {
-            page: self.root,
-            what: "a fresh root cannot hold one separator".into(),
-        })?;
+        r.insert_separator(&sep, left.pid())
+            .map_err(|_| Error::Corrupt {
+                page: self.root,
+                what: "a fresh root cannot hold one separator".into(),
+            })?;
         Ok(())
     }
 
@@ -586,7 +596,11 @@ fn siblings_after(bytes: &[u8], key: &[u8], max: usize) -> Vec<u64> {
     let mut out = Vec::new();
     let mut j = i + 1;
     while out.len() < max && j <= n.len() {
-        out.push(if j < n.len() { n.child_at(j) } else { n.upper_child() });
+        out.push(if j < n.len() {
+            n.child_at(j)
+        } else {
+            n.upper_child()
+        });
         j += 1;
     }
     out
@@ -701,7 +715,9 @@ impl Cursor {
             // Where the next leaf starts, and whether the range goes on.
             if self.forward {
                 match n.upper_fence() {
-                    Some(u) if continues_above(u, &self.upper) => self.next_key = Some(successor(u)),
+                    Some(u) if continues_above(u, &self.upper) => {
+                        self.next_key = Some(successor(u))
+                    }
                     _ => self.done = true,
                 }
             } else {

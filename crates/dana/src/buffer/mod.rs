@@ -500,7 +500,9 @@ impl BufferPool {
         });
         if let Err(e) = queued {
             self.inflight.remove(pid);
-            self.frames[f as usize].pid.store(NO_PAGE, Ordering::Release);
+            self.frames[f as usize]
+                .pid
+                .store(NO_PAGE, Ordering::Release);
             self.table.set_lock(pid, EVICTED);
             self.return_frames(&[f]);
             wait.complete(Err(e.duplicate()), Instant::now());
@@ -923,7 +925,9 @@ impl PageOptimistic<'_> {
         // the optimistic, seqlock-style read of the design); the slice is
         // only read, never outlives this call, and its result is discarded
         // unless validate() proves no writer or eviction intervened.
-        let bytes = unsafe { std::slice::from_raw_parts(self.pool.frame_ptr(self.frame), self.pool.page_size) };
+        let bytes = unsafe {
+            std::slice::from_raw_parts(self.pool.frame_ptr(self.frame), self.pool.page_size)
+        };
         let r = f(bytes);
         self.validate().then_some(r)
     }

@@ -1,0 +1,335 @@
+//! The B+tree through the public API: a model test against `BTreeMap`
+//! (every operation, scans both ways, reopen, a tiny pool on the simulated
+//! device), many concurrent tasks on 2 workers, and the boundaries.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use dana::btree::node::Node;
+use dana::io::{Array, SimConfig, SimDisk, Target};
+use dana::{Db, Error, Options};
+use proptest::prelude::*;
+
+fn sim_array(pages: u64) -> (Array, Arc<SimDisk>) {
+    let disk = SimDisk::new(0, pages * 4096, SimConfig::default());
+    (
+        Array::new(vec![Target::Sim(disk.clone())], 4096).unwrap(),
+        disk,
+    )
+}
+
+fn tiny(frames: usize) -> Options {
+    Options::default().pool_bytes(frames * 4096).workers(2)
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(Vec<u8>, Vec<u8>),
+    Put(Vec<u8>, Vec<u8>),
+    Update(Vec<u8>, u8),
+    Delete(Vec<u8>),
+    Get(Vec<u8>),
+    Range(Option<Vec<u8>>, Option<Vec<u8>>, bool, bool, usize),
+    Count(Option<Vec<u8>>, Option<Vec<u8>>),
+    Reopen,
+}
+
+fn key() -> impl Strategy<Value = Vec<u8>> {
+    // Few distinct bytes and shared prefixes: many collisions, long common
+    // prefixes (prefix truncation), and the empty key.
+    prop_oneof![
+        prop::collection::vec(prop::sample::select(vec![0u8, 1, b'a', b'b', 0xff]), 0..6),
+        prop::collection::vec(any::<u8>(), 0..3).prop_map(|s| {
+            let mut k = b"common/prefix/".to_vec();
+            k.extend(s);
+            k
+        }),
+    ]
+}
+
+fn value() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..16),
+        prop::collection::vec(any::<u8>(), 200..900),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (key(), value()).prop_map(|(k, v)| Op::Insert(k, v)),
+        4 => (key(), value()).prop_map(|(k, v)| Op::Put(k, v)),
+        1 => (key(), any::<u8>()).prop_map(|(k, b)| Op::Update(k, b)),
+        3 => key().prop_map(Op::Delete),
+        2 => key().prop_map(Op::Get),
+        2 => (prop::option::of(key()), prop::option::of(key()), any::<bool>(), any::<bool>(), 1usize..50)
+            .prop_map(|(l, u, incl, fwd, n)| Op::Range(l, u, incl, fwd, n)),
+        1 => (prop::option::of(key()), prop::option::of(key())).prop_map(|(l, u)| Op::Count(l, u)),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+fn bound(k: &Option<Vec<u8>>, inclusive: bool) -> Bound<&[u8]> {
+    match k {
+        None => Bound::Unbounded,
+        Some(k) if inclusive => Bound::Included(k),
+        Some(k) => Bound::Excluded(k),
+    }
+}
+
+fn model_range(
+    m: &BTreeMap<Vec<u8>, Vec<u8>>,
+    l: Bound<&[u8]>,
+    u: Bound<&[u8]>,
+) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let in_range = |k: &[u8]| {
+        let lo = match l {
+            Bound::Included(b) => k >= b,
+            Bound::Excluded(b) => k > b,
+            Bound::Unbounded => true,
+        };
+        let hi = match u {
+            Bound::Included(b) => k <= b,
+            Bound::Excluded(b) => k < b,
+            Bound::Unbounded => true,
+        };
+        lo && hi
+    };
+    m.iter()
+        .filter(|(k, _)| in_range(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn run_model(ops: Vec<Op>) {
+    let (array, _disk) = sim_array(4096);
+    let opts = tiny(24);
+    let mut db = Db::open_array(array.clone(), opts.clone(), true).unwrap();
+    let mut t = db.create_tree("m").unwrap();
+    let mut m: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    for op in ops {
+        match op {
+            Op::Insert(k, v) => {
+                let r = t.insert(&k, &v);
+                match m.entry(k) {
+                    std::collections::btree_map::Entry::Occupied(_) => {
+                        assert!(matches!(r, Err(Error::KeyExists)), "{r:?}")
+                    }
+                    std::collections::btree_map::Entry::Vacant(e) => {
+                        r.unwrap();
+                        e.insert(v);
+                    }
+                }
+            }
+            Op::Put(k, v) => {
+                let replaced = t.put(&k, &v).unwrap();
+                assert_eq!(replaced, m.insert(k, v).is_some());
+            }
+            Op::Update(k, b) => {
+                let done = t
+                    .update(&k, move |old| {
+                        let mut v = old.to_vec();
+                        v.push(b);
+                        v
+                    })
+                    .unwrap();
+                assert_eq!(done, m.contains_key(&k));
+                if let Some(v) = m.get_mut(&k) {
+                    v.push(b);
+                }
+            }
+            Op::Delete(k) => assert_eq!(t.delete(&k).unwrap(), m.remove(&k).is_some()),
+            Op::Get(k) => assert_eq!(t.get(&k).unwrap(), m.get(&k).cloned()),
+            Op::Range(l, u, incl, fwd, n) => {
+                let (lb, ub) = (bound(&l, incl), bound(&u, !incl));
+                let got = t.range(lb, ub, fwd, n).unwrap();
+                let mut want = model_range(&m, lb, ub);
+                if !fwd {
+                    want.reverse();
+                }
+                want.truncate(n);
+                assert_eq!(got, want, "range {l:?}..{u:?} incl={incl} fwd={fwd}");
+            }
+            Op::Count(l, u) => {
+                let (lb, ub) = (bound(&l, true), bound(&u, true));
+                assert_eq!(
+                    t.count(lb, ub).unwrap(),
+                    model_range(&m, lb, ub).len() as u64
+                );
+            }
+            Op::Reopen => {
+                db.close().unwrap();
+                db = Db::open_array(array.clone(), opts.clone(), false).unwrap();
+                t = db.tree("m").unwrap();
+            }
+        }
+    }
+    let all = t
+        .range(Bound::Unbounded, Bound::Unbounded, true, usize::MAX)
+        .unwrap();
+    assert_eq!(all, model_range(&m, Bound::Unbounded, Bound::Unbounded));
+    db.close().unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn tree_matches_btreemap(ops in prop::collection::vec(op(), 1..250)) {
+        run_model(ops);
+    }
+}
+
+#[test]
+fn concurrent_tasks_insert_delete_and_scan() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let opts = Options::default()
+        .pool_bytes(96 * 4096)
+        .capacity_bytes(64 << 20)
+        .workers(2);
+    let db = Db::open(dir.path(), opts.clone()).unwrap();
+    let tree = db.create_tree("c").unwrap().btree().clone();
+    let tasks = 300u32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    for t in 0..tasks {
+        let (tree, tx) = (tree.clone(), tx.clone());
+        db.spawn(async move {
+            let r: Result<(), Error> = async {
+                let key = |i: u32| format!("task{t:04}/{i:04}").into_bytes();
+                for i in 0..60 {
+                    tree.insert(&key(i), &[t as u8; 40]).await?;
+                }
+                for i in (0..60).step_by(3) {
+                    assert!(tree.delete(&key(i)).await?);
+                }
+                let lo = format!("task{t:04}/").into_bytes();
+                let hi = format!("task{t:04}0").into_bytes();
+                let mut c = tree.cursor(Bound::Included(&lo), Bound::Excluded(&hi), t % 2 == 0);
+                let mut n = 0;
+                while let Some((k, v)) = c.next().await? {
+                    assert!(k.starts_with(&lo));
+                    assert_eq!(v, vec![t as u8; 40]);
+                    n += 1;
+                }
+                assert_eq!(n, 40, "task {t} sees its own 40 keys");
+                Ok(())
+            }
+            .await;
+            tx.send(r).unwrap();
+        })
+        .unwrap();
+    }
+    drop(tx);
+    let mut done = 0;
+    for r in rx {
+        r.unwrap();
+        done += 1;
+    }
+    assert_eq!(done, tasks, "every task finished without panicking");
+    let t = db.tree("c").unwrap();
+    assert_eq!(
+        t.count(Bound::Unbounded, Bound::Unbounded).unwrap(),
+        tasks as u64 * 40
+    );
+    db.close().unwrap();
+
+    // Everything is there after reopening.
+    let db = Db::open(dir.path(), opts).unwrap();
+    let t = db.tree("c").unwrap();
+    assert_eq!(t.get(b"task0123/0001").unwrap(), Some(vec![123u8; 40]));
+    assert_eq!(t.get(b"task0123/0003").unwrap(), None);
+    assert_eq!(
+        t.count(Bound::Unbounded, Bound::Unbounded).unwrap(),
+        tasks as u64 * 40
+    );
+}
+
+#[test]
+fn boundaries() {
+    let (array, _disk) = sim_array(2048);
+    let db = Db::open_array(array, tiny(32), true).unwrap();
+    let t = db.create_tree("b").unwrap();
+    let max_key = t.btree().max_key_len();
+    let max_val = t.btree().max_value_len();
+
+    // The empty key is a key like any other.
+    t.insert(b"", b"empty").unwrap();
+    assert_eq!(t.get(b"").unwrap().as_deref(), Some(&b"empty"[..]));
+
+    // Largest key and value; one byte more is a clear error.
+    let big_key = vec![7u8; max_key];
+    t.put(&big_key, &vec![1u8; max_val]).unwrap();
+    assert_eq!(t.get(&big_key).unwrap().map(|v| v.len()), Some(max_val));
+    assert!(matches!(
+        t.put(&vec![7u8; max_key + 1], b"x"),
+        Err(Error::TooLarge { what: "key", .. })
+    ));
+    assert!(matches!(
+        t.put(b"k", &vec![0u8; max_val + 1]),
+        Err(Error::TooLarge { what: "value", .. })
+    ));
+
+    // Keys that share long prefixes, and a key that sorts between two
+    // separators after prefix truncation.
+    for i in 0..3000u32 {
+        let k = format!("shared/prefix/for/all/keys/{i:06}");
+        t.put(k.as_bytes(), &i.to_le_bytes()).unwrap();
+    }
+    t.put(b"shared/prefix/for/all/keys/001500x", b"between")
+        .unwrap();
+    assert_eq!(
+        t.get(b"shared/prefix/for/all/keys/001500x")
+            .unwrap()
+            .as_deref(),
+        Some(&b"between"[..])
+    );
+    assert_eq!(
+        t.get(b"shared/prefix/for/all/keys/001500").unwrap(),
+        Some(1500u32.to_le_bytes().to_vec())
+    );
+    assert_eq!(t.get(b"shared/prefix/for/all/keys/0015").unwrap(), None);
+
+    // Delete everything, then refill.
+    let all = t
+        .range(Bound::Unbounded, Bound::Unbounded, true, usize::MAX)
+        .unwrap();
+    for (k, _) in &all {
+        assert!(t.delete(k).unwrap());
+    }
+    assert_eq!(t.count(Bound::Unbounded, Bound::Unbounded).unwrap(), 0);
+    for i in 0..2000u32 {
+        t.insert(&i.to_be_bytes(), b"again").unwrap();
+    }
+    assert_eq!(t.count(Bound::Unbounded, Bound::Unbounded).unwrap(), 2000);
+    db.close().unwrap();
+}
+
+#[test]
+fn ascending_load_fills_leaves() {
+    let (array, _disk) = sim_array(8192);
+    let db = Db::open_array(array, tiny(4096), true).unwrap();
+    let t = db.create_tree("asc").unwrap();
+    for i in 0..50_000u64 {
+        t.insert(&i.to_be_bytes(), &[0u8; 120]).unwrap();
+    }
+    let bt = t.btree().clone();
+    let (leaves, fill) = db
+        .block_on(async move {
+            let mut leaves = 0usize;
+            let mut fill = 0.0;
+            bt.walk(|_, bytes| {
+                let n = Node::new(bytes).unwrap();
+                if n.is_leaf() {
+                    leaves += 1;
+                    fill += n.fill_factor();
+                }
+                Ok(())
+            })
+            .await?;
+            Ok::<_, Error>((leaves, fill / leaves as f64))
+        })
+        .unwrap()
+        .unwrap();
+    assert!(leaves > 100);
+    assert!(fill > 0.85, "ascending load left leaves {fill:.2} full");
+}
