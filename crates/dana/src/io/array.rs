@@ -76,9 +76,7 @@ impl Array {
     /// a multiple of every device's direct-I/O alignment).
     pub fn new(targets: Vec<Target>, page_size: u64) -> Result<Array> {
         if targets.is_empty() {
-            return Err(Error::InvalidArgument(
-                "an array needs at least one device".into(),
-            ));
+            return Err(Error::InvalidArgument("an array needs at least one device".into()));
         }
         if !page_size.is_power_of_two() || page_size < 512 {
             return Err(Error::InvalidArgument(format!(
@@ -148,9 +146,7 @@ impl Array {
 /// Opens a queue on one target.
 pub fn open_queue(target: &Target, backend: &Backend, depth: u32) -> Result<Box<dyn IoQueue>> {
     match (target, backend) {
-        (Target::File(d), Backend::Uring(o)) => {
-            Ok(Box::new(UringQueue::new(d.clone(), depth, *o)?))
-        }
+        (Target::File(d), Backend::Uring(o)) => Ok(Box::new(UringQueue::new(d.clone(), depth, *o)?)),
         (Target::File(d), Backend::Blocking) => Ok(Box::new(BlockingQueue::new(d.clone(), depth))),
     }
 }

@@ -50,9 +50,7 @@ impl BlockingQueue {
             _ => unreachable!("Alignment::check rejects a read or write without buffer"),
         };
         let res = if res < 0 {
-            -(std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO) as i64)
+            -(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) as i64)
         } else {
             res
         };

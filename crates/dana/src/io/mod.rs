@@ -322,9 +322,7 @@ impl Alignment {
         let Some(buf) = &req.buf else {
             return match req.op {
                 OpKind::Flush => Ok(()),
-                op => Err(Error::InvalidArgument(format!(
-                    "{op} request without a buffer"
-                ))),
+                op => Err(Error::InvalidArgument(format!("{op} request without a buffer"))),
             };
         };
         if req.op == OpKind::Flush {
@@ -352,11 +350,7 @@ impl Alignment {
                 device: self.device,
             });
         }
-        if req
-            .offset
-            .checked_add(len)
-            .is_none_or(|end| end > self.size)
-        {
+        if req.offset.checked_add(len).is_none_or(|end| end > self.size) {
             return Err(Error::OutOfRange {
                 op: req.op,
                 device: self.device,
@@ -436,9 +430,7 @@ mod tests {
         ));
 
         let buf = IoBuf::owned(AlignedBuf::new(8192, 4096).unwrap());
-        let err = rules()
-            .check(&Request::read(0, (1 << 20) - 4096, buf))
-            .unwrap_err();
+        let err = rules().check(&Request::read(0, (1 << 20) - 4096, buf)).unwrap_err();
         assert!(matches!(err, Error::OutOfRange { .. }));
     }
 

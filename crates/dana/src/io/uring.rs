@@ -110,9 +110,9 @@ impl UringQueue {
         } else if !options.sqpoll {
             builder.setup_coop_taskrun();
         }
-        let ring = builder.build(entries).map_err(backend_err(format!(
-            "setting up a ring of {entries} entries"
-        )))?;
+        let ring = builder
+            .build(entries)
+            .map_err(backend_err(format!("setting up a ring of {entries} entries")))?;
         let mut fixed_file = false;
         if options.register_files {
             ring.submitter()
