@@ -1,2 +1,47 @@
-//! The `dana` command.
-fn main() {}
+//! The `dana` command: workloads and studies run against dana's I/O layer
+//! and engine, with reports a reader of the papers can compare.
+//!
+//! One subcommand per workload; each lives in its own module and returns a
+//! [`CliResult`]. Errors are printed as one line on stderr and the process
+//! exits non-zero; nothing here panics on an I/O error.
+#![deny(unsafe_code)]
+
+mod error;
+mod iostudy;
+mod pace;
+#[allow(unsafe_code)]
+mod report;
+mod rng;
+
+use clap::{Parser, Subcommand};
+
+pub use error::{CliError, CliResult, Context};
+
+/// dana: an embedded storage engine for NVMe arrays.
+#[derive(Parser, Debug)]
+#[command(name = "dana", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The subcommands. Planned: `bench lookup`, `bench pages`, `bench ycsb`,
+/// `check`, `inspect`.
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// The HTAP I/O-stack study (Haas et al., CIDR 2020): scan, point
+    /// reads, background writes and WAL at once, over each I/O stack
+    /// configuration; plus a queue-depth sweep and a comparison with fio.
+    Iostudy(iostudy::IostudyArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Iostudy(args) => iostudy::run(&args),
+    };
+    if let Err(e) = result {
+        eprintln!("dana: error: {e}");
+        std::process::exit(1);
+    }
+}
