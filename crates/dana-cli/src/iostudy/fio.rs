@@ -22,6 +22,22 @@ pub struct FioRun {
     pub cpu_us_per_io: f64,
 }
 
+impl FioRun {
+    /// The mean of two runs (for the ABBA comparison).
+    pub fn mean_with(&self, o: &FioRun) -> FioRun {
+        let m = |a: f64, b: f64| (a + b) / 2.0;
+        FioRun {
+            iops: m(self.iops, o.iops),
+            lat_mean_us: m(self.lat_mean_us, o.lat_mean_us),
+            total_ios: self.total_ios + o.total_ios,
+            runtime_s: self.runtime_s + o.runtime_s,
+            usr_cpu_pct: m(self.usr_cpu_pct, o.usr_cpu_pct),
+            sys_cpu_pct: m(self.sys_cpu_pct, o.sys_cpu_pct),
+            cpu_us_per_io: m(self.cpu_us_per_io, o.cpu_us_per_io),
+        }
+    }
+}
+
 /// The fio version string, or None when fio cannot be run.
 pub fn version(fio: &Path) -> Option<String> {
     let out = Command::new(fio).arg("--version").output().ok()?;

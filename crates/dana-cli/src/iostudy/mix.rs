@@ -548,7 +548,7 @@ pub fn run_mix(
     })?;
     // Leave written pages durable and out of the next row's way.
     for t in array.targets() {
-        let Target::File(d) = t;
+        let Target::File(d) = t else { continue };
         d.sync()?;
     }
     wal.sync()?;

@@ -340,25 +340,28 @@ pub fn run(args: &IostudyArgs) -> CliResult<()> {
             Some(_) => {
                 let dev = open_direct()?;
                 for depth in [32u32, 1] {
-                    let bar = progress(quiet, duration * 2, &format!("fio vs dana, depth {depth}"));
-                    let f = fio::run(
-                        &args.fio,
-                        &data.devices[0],
-                        data.filled_bytes,
-                        depth,
-                        duration,
-                    );
-                    let d = f.and_then(|f| {
-                        reads::random_reads(
-                            &dev,
-                            depth,
-                            4096,
+                    let bar = progress(quiet, duration * 4, &format!("fio vs dana, depth {depth}"));
+                    // ABBA order (fio, dana, dana, fio): a device that
+                    // slows down or speeds up over time favours neither.
+                    let run_fio = || {
+                        fio::run(
+                            &args.fio,
+                            &data.devices[0],
                             data.filled_bytes,
+                            depth,
                             duration,
-                            99 + depth as u64,
                         )
-                        .map(|d| (f, d))
-                    });
+                    };
+                    let run_dana = |seed: u64| {
+                        reads::random_reads(&dev, depth, 4096, data.filled_bytes, duration, seed)
+                    };
+                    let d = (|| {
+                        let f1 = run_fio()?;
+                        let d1 = run_dana(99 + depth as u64)?;
+                        let d2 = run_dana(199 + depth as u64)?;
+                        let f2 = run_fio()?;
+                        Ok::<_, CliError>((f1.mean_with(&f2), d1.mean_with(&d2)))
+                    })();
                     bar.finish_and_clear();
                     let (f, d) = d?;
                     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };

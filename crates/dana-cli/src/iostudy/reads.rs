@@ -36,6 +36,26 @@ pub struct ReadRun {
     pub cpu_us_per_io: f64,
 }
 
+impl ReadRun {
+    /// The mean of two runs (for the ABBA comparison).
+    pub fn mean_with(&self, o: &ReadRun) -> ReadRun {
+        let m = |a: f64, b: f64| (a + b) / 2.0;
+        ReadRun {
+            depth: self.depth,
+            block_bytes: self.block_bytes,
+            seconds: self.seconds + o.seconds,
+            ios: self.ios + o.ios,
+            iops: m(self.iops, o.iops),
+            mbps: m(self.mbps, o.mbps),
+            lat_mean_us: m(self.lat_mean_us, o.lat_mean_us),
+            lat_p50_us: m(self.lat_p50_us, o.lat_p50_us),
+            lat_p99_us: m(self.lat_p99_us, o.lat_p99_us),
+            cpu_seconds: self.cpu_seconds + o.cpu_seconds,
+            cpu_us_per_io: m(self.cpu_us_per_io, o.cpu_us_per_io),
+        }
+    }
+}
+
 /// Reads random `block`-sized blocks from the first `span` bytes of `dev`
 /// (opened with O_DIRECT) at `depth` for `duration`.
 pub fn random_reads(
