@@ -6,6 +6,7 @@
 //! exits non-zero; nothing here panics on an I/O error.
 #![deny(unsafe_code)]
 
+mod bench;
 mod error;
 mod iostudy;
 mod pace;
@@ -33,12 +34,15 @@ enum Command {
     /// reads, background writes and WAL at once, over each I/O stack
     /// configuration; plus a queue-depth sweep and a comparison with fio.
     Iostudy(iostudy::IostudyArgs),
+    /// Benchmarks of the engine: `lookup` (the main job), `pages`.
+    Bench(bench::BenchArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Iostudy(args) => iostudy::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     if let Err(e) = result {
         eprintln!("dana: error: {e}");

@@ -12,7 +12,7 @@
 mod data;
 mod fio;
 mod mix;
-mod reads;
+pub mod reads;
 
 use std::path::PathBuf;
 use std::sync::Arc;

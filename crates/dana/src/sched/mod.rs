@@ -199,7 +199,11 @@ impl Runtime {
                 ));
             }
         }
-        let budgets = Arc::new(DeviceBudgets::new(array.width(), config.device_budget));
+        let budgets = Arc::new(DeviceBudgets::new(
+            array.width(),
+            config.device_budget,
+            config.workers,
+        ));
         let mut workers = Vec::new();
         let mut ios = Vec::new();
         for index in 0..config.workers {
@@ -441,12 +445,9 @@ fn worker_main(
             || LOCAL_READY.with(|r| !r.borrow().is_empty())
             || io::WorkerIo::with(|w| w.reap_all(&mut completions)).unwrap_or(0) > 0;
         if !ready_now && !rt.shutdown.load(Ordering::Acquire) {
-            let timeout = if waiting > 0 {
-                // Requests wait for another worker's budget to free up.
-                Some(Duration::from_micros(100))
-            } else {
-                io::WorkerIo::with(|w| w.ready_in()).flatten()
-            };
+            // Requests waiting for this worker's budget share are sent when
+            // its own completions arrive, which signal the eventfd.
+            let timeout = io::WorkerIo::with(|w| w.ready_in()).flatten();
             me.stats.sleeps.fetch_add(1, Ordering::Relaxed);
             me.eventfd.wait(timeout);
         }

@@ -1,0 +1,559 @@
+//! `dana bench lookup`: uniformly random point lookups on data many times
+//! the buffer pool, the experiment the VLDB 2023 paper leads with.
+//!
+//! Steps: (1) load N records once (8-byte big-endian keys 0..N, values of
+//! `--value-size` bytes derived from the key) under `--path`, reusing a
+//! loaded database on later runs; (2) measure the device limit: raw
+//! io_uring 4 KiB random reads at the engine's total depth on the same
+//! files; (3) for each pool fraction, reopen with that pool and run
+//! lookups from many tasks per worker, warm-up first; (4) reopen with the
+//! whole data set cached and measure the in-memory rate for contrast.
+//! Never: counts a lookup that returned a wrong value as a success.
+
+use std::ops::Bound;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use dana::{Db, Error, Options};
+use serde::Serialize;
+
+use super::diskstats::Disk;
+use super::timeline::{write_csv, Chart};
+use super::{
+    bar, clear_dana_files, data_files, device_limit, sample, thousands, DeviceLimit, Measured,
+    RunState,
+};
+use crate::report::Machine;
+use crate::rng::XorShift;
+use crate::{CliError, CliResult, Context};
+
+const TREE: &str = "lookup";
+const PAGE: usize = 4096;
+
+/// Arguments of `dana bench lookup`.
+#[derive(Args, Debug, Clone)]
+pub struct LookupArgs {
+    /// Directory of the database (created and loaded on first use).
+    #[arg(long, default_value = "./dana-data/lookup")]
+    pub path: PathBuf,
+    /// Records to load (8-byte keys).
+    #[arg(long, default_value_t = 20_000_000)]
+    pub records: u64,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 120)]
+    pub value_size: usize,
+    /// Buffer pool size as a fraction of the data; a list runs the
+    /// out-of-memory sweep (e.g. 1,0.5,0.25,0.1,0.05,0.025).
+    #[arg(long, value_delimiter = ',', default_value = "0.1")]
+    pub pool_fraction: Vec<f64>,
+    /// Worker threads.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Concurrent lookup tasks per worker.
+    #[arg(long, default_value_t = 64)]
+    pub tasks_per_worker: usize,
+    /// Most reads in flight per device (the engine's device budget, and
+    /// the depth of the device-limit measurement).
+    #[arg(long, default_value_t = 32)]
+    pub device_budget: usize,
+    /// Measured seconds per run.
+    #[arg(long, default_value_t = 20.0)]
+    pub seconds: f64,
+    /// Warm-up seconds before each measured window.
+    #[arg(long, default_value_t = 5.0)]
+    pub warmup: f64,
+    /// Seconds of the in-memory contrast run (0: skip it).
+    #[arg(long, default_value_t = 5.0)]
+    pub memory_seconds: f64,
+    /// Seconds of the device-limit measurement.
+    #[arg(long, default_value_t = 5.0)]
+    pub limit_seconds: f64,
+    /// Small and short: 200k records, ~2 s per phase (for tests).
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON document with every figure instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bars.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Where the timeline CSV and SVG go (default: <path>/../bench-out).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+impl LookupArgs {
+    fn effective(&self) -> LookupArgs {
+        let mut a = self.clone();
+        if a.quick {
+            a.records = a.records.min(200_000);
+            a.seconds = a.seconds.min(2.0);
+            a.warmup = a.warmup.min(0.5);
+            a.memory_seconds = a.memory_seconds.min(1.0);
+            a.limit_seconds = a.limit_seconds.min(1.0);
+        }
+        a
+    }
+}
+
+/// How the data set was loaded.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadInfo {
+    /// Records in the tree.
+    pub records: u64,
+    /// Value size.
+    pub value_size: usize,
+    /// True if this invocation loaded it (false: reused).
+    pub loaded_now: bool,
+    /// Load time, s (0 when reused).
+    pub seconds: f64,
+    /// Records per second while loading.
+    pub records_per_s: f64,
+    /// Bytes of pages in use (the data size).
+    pub data_bytes: u64,
+}
+
+/// One lookup run.
+#[derive(Debug, Clone, Serialize)]
+pub struct LookupRun {
+    /// Pool size / data size.
+    pub pool_fraction: f64,
+    /// Pool bytes.
+    pub pool_bytes: u64,
+    /// Data bytes / pool bytes.
+    pub data_over_pool: f64,
+    /// Engine page reads per second / device limit.
+    pub iops_vs_limit: Option<f64>,
+    /// The window's figures.
+    #[serde(flatten)]
+    pub m: Measured,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct LookupReport {
+    /// Machine facts.
+    pub machine: Machine,
+    /// Workers.
+    pub workers: usize,
+    /// Lookup tasks per worker.
+    pub tasks_per_worker: usize,
+    /// Device budget (reads in flight per device).
+    pub device_budget: usize,
+    /// Database files.
+    pub files: Vec<PathBuf>,
+    /// The data set.
+    pub load: LoadInfo,
+    /// Raw reads at the same total depth.
+    pub device_limit: Option<DeviceLimit>,
+    /// One run per pool fraction.
+    pub runs: Vec<LookupRun>,
+    /// With the whole data set cached.
+    pub in_memory: Option<LookupRun>,
+}
+
+fn value_of(i: u64, out: &mut [u8]) {
+    let k = i.to_le_bytes();
+    for (j, b) in out.iter_mut().enumerate() {
+        *b = k[j % 8] ^ (j as u8);
+    }
+}
+
+fn options(a: &LookupArgs, pool_bytes: u64) -> Options {
+    Options::default()
+        .pool_bytes(pool_bytes.max(64 * PAGE as u64) as usize)
+        .workers(a.workers)
+        .device_budget(a.device_budget)
+        .max_tasks_per_worker(a.tasks_per_worker.max(16) * 2)
+}
+
+/// Runs `dana bench lookup`.
+pub fn run(args: &LookupArgs) -> CliResult<()> {
+    let a = args.effective();
+    if a.pool_fraction.iter().any(|f| !f.is_finite() || *f <= 0.0) {
+        return Err(CliError("--pool-fraction values must be > 0".into()));
+    }
+    let load = ensure_loaded(&a)?;
+    let files = data_files(&a.path);
+    let disk = files.first().and_then(|f| Disk::of(f));
+    let limit = if a.limit_seconds > 0.0 {
+        let span = load.data_bytes / files.len().max(1) as u64;
+        Some(device_limit(
+            &files,
+            span,
+            a.device_budget as u32 * files.len() as u32,
+            Duration::from_secs_f64(a.limit_seconds),
+        )?)
+    } else {
+        None
+    };
+    let mut runs = Vec::new();
+    for &f in &a.pool_fraction {
+        let pool = ((load.data_bytes as f64 * f) as u64).max(64 * PAGE as u64);
+        let m = lookups(&a, &load, pool, a.seconds, a.warmup, false, disk.as_ref())?;
+        runs.push(LookupRun {
+            pool_fraction: f,
+            pool_bytes: pool,
+            data_over_pool: load.data_bytes as f64 / pool as f64,
+            iops_vs_limit: limit
+                .as_ref()
+                .map(|l| m.engine_reads_per_s / l.iops.max(1e-9)),
+            m,
+        });
+    }
+    let in_memory = if a.memory_seconds > 0.0 {
+        let pool = load.data_bytes + load.data_bytes / 8 + (16 << 20);
+        let m = lookups(
+            &a,
+            &load,
+            pool,
+            a.memory_seconds,
+            a.warmup.min(1.0),
+            true,
+            disk.as_ref(),
+        )?;
+        Some(LookupRun {
+            pool_fraction: pool as f64 / load.data_bytes as f64,
+            pool_bytes: pool,
+            data_over_pool: load.data_bytes as f64 / pool as f64,
+            iops_vs_limit: None,
+            m,
+        })
+    } else {
+        None
+    };
+    let report = LookupReport {
+        machine: Machine::probe(),
+        workers: a.workers,
+        tasks_per_worker: a.tasks_per_worker,
+        device_budget: a.device_budget,
+        files,
+        load,
+        device_limit: limit,
+        runs,
+        in_memory,
+    };
+    write_outputs(&a, &report)?;
+    if a.json {
+        let s = serde_json::to_string_pretty(&report).context("encoding the report")?;
+        println!("{s}");
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(())
+}
+
+/// Loads the data set unless a matching one is there.
+fn ensure_loaded(a: &LookupArgs) -> CliResult<LoadInfo> {
+    let marker = a.path.join("LOADED");
+    let want = format!(
+        "records={} value_size={} page_size={PAGE}\n",
+        a.records, a.value_size
+    );
+    if std::fs::read_to_string(&marker).ok().as_deref() == Some(want.as_str()) {
+        let db = Db::open(&a.path, options(a, 16 << 20))?;
+        let pool = db.pool().clone();
+        let space = db.block_on(async move { pool.space().await })??;
+        db.close()?;
+        return Ok(LoadInfo {
+            records: a.records,
+            value_size: a.value_size,
+            loaded_now: false,
+            seconds: 0.0,
+            records_per_s: 0.0,
+            data_bytes: space.next_unused * PAGE as u64,
+        });
+    }
+    std::fs::create_dir_all(&a.path).context(format!("creating {}", a.path.display()))?;
+    clear_dana_files(&a.path)?;
+    // Leaves fill ~95% on an ascending load; size the files with room.
+    let per_record = (8 + a.value_size + 12) as u64;
+    let estimate = a.records * per_record * 100 / 90 + (8 << 20);
+    let capacity = estimate * 3 / 2 + (64 << 20);
+    let pool = (estimate + estimate / 4).min(12 << 30);
+    let db = Db::open(&a.path, options(a, pool).capacity_bytes(capacity))?;
+    let tree = db.create_tree(TREE)?.btree().clone();
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let started = Instant::now();
+    let chunks = (a.workers * 8) as u64;
+    let per = a.records.div_ceil(chunks);
+    let (tx, rx) = std::sync::mpsc::channel();
+    for c in 0..chunks {
+        let (tree, done, tx, vs) = (tree.clone(), done.clone(), tx.clone(), a.value_size);
+        let (lo, hi) = (c * per, ((c + 1) * per).min(a.records));
+        db.spawn(async move {
+            let r: Result<(), Error> = async {
+                let mut v = vec![0u8; vs];
+                for i in lo..hi {
+                    value_of(i, &mut v);
+                    tree.insert(&i.to_be_bytes(), &v).await?;
+                    if i % 4096 == 0 {
+                        done.fetch_add(4096.min(hi - i), Ordering::Relaxed);
+                    }
+                }
+                Ok(())
+            }
+            .await;
+            let _ = tx.send(r);
+        })?;
+    }
+    drop(tx);
+    let pb = bar(a.quiet || a.json, a.records, "loading");
+    let mut finished = 0;
+    while finished < chunks {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(r) => {
+                r?;
+                finished += 1;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(_) => return Err(CliError("a load task stopped without a result".into())),
+        }
+        let d = done.load(Ordering::Relaxed).min(a.records);
+        pb.set_position(d);
+        pb.set_message(format!(
+            "{:.0} records/s",
+            d as f64 / started.elapsed().as_secs_f64()
+        ));
+    }
+    pb.finish_and_clear();
+    db.flush()?;
+    let seconds = started.elapsed().as_secs_f64();
+    let pool = db.pool().clone();
+    let space = db.block_on(async move { pool.space().await })??;
+    db.close()?;
+    std::fs::write(&marker, want).context("writing the load marker")?;
+    Ok(LoadInfo {
+        records: a.records,
+        value_size: a.value_size,
+        loaded_now: true,
+        seconds,
+        records_per_s: a.records as f64 / seconds,
+        data_bytes: space.next_unused * PAGE as u64,
+    })
+}
+
+/// One run of lookups with a pool of `pool_bytes`.
+fn lookups(
+    a: &LookupArgs,
+    load: &LoadInfo,
+    pool_bytes: u64,
+    seconds: f64,
+    warmup: f64,
+    warm_all: bool,
+    disk: Option<&Disk>,
+) -> CliResult<Measured> {
+    let db = Db::open(&a.path, options(a, pool_bytes))?;
+    let tree = db.tree(TREE)?.btree().clone();
+    if warm_all {
+        // Read every leaf once (the cursor reads ahead).
+        let t = tree.clone();
+        let n = db.block_on(async move { t.count(Bound::Unbounded, Bound::Unbounded).await })??;
+        if n != load.records {
+            return Err(CliError(format!(
+                "tree holds {n} records, expected {}",
+                load.records
+            )));
+        }
+    }
+    let state = Arc::new(RunState::default());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tasks = a.workers * a.tasks_per_worker;
+    for t in 0..tasks {
+        let (tree, state, tx) = (tree.clone(), state.clone(), tx.clone());
+        let (records, vs) = (load.records, load.value_size);
+        db.spawn_on(t % a.workers, async move {
+            let mut rng = XorShift::new(0x5EED + t as u64);
+            let mut want = vec![0u8; vs];
+            while !state.stop.load(Ordering::Relaxed) {
+                let i = rng.below(records);
+                value_of(i, &mut want);
+                let t0 = Instant::now();
+                let r = tree
+                    .get_with(&i.to_be_bytes(), |v| v == want.as_slice())
+                    .await;
+                state.latency.record(t0.elapsed());
+                match r {
+                    Ok(Some(true)) => {}
+                    Ok(Some(false)) => state.fail(format!("key {i}: wrong value")),
+                    Ok(None) => state.fail(format!("key {i}: missing")),
+                    Err(e) => state.fail(format!("key {i}: {e}")),
+                }
+                state.ops.fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = tx.send(());
+        })?;
+    }
+    drop(tx);
+    let total = Duration::from_secs_f64(warmup + seconds);
+    let what = format!(
+        "lookups, pool {:.0} MiB{}",
+        pool_bytes as f64 / (1 << 20) as f64,
+        if warm_all { " (in memory)" } else { "" }
+    );
+    let pb = bar(a.quiet || a.json, total.as_millis() as u64, &what);
+    let m = sample(
+        &db,
+        &state,
+        Duration::from_secs_f64(warmup),
+        Duration::from_secs_f64(seconds),
+        PAGE,
+        disk,
+        Some(&pb),
+    );
+    pb.finish_and_clear();
+    state.stop.store(true, Ordering::Relaxed);
+    for _ in 0..tasks {
+        rx.recv_timeout(Duration::from_secs(30))
+            .map_err(|_| CliError("a lookup task did not stop".into()))?;
+    }
+    db.close()?;
+    Ok(m)
+}
+
+fn write_outputs(a: &LookupArgs, r: &LookupReport) -> CliResult<()> {
+    let out = a.out.clone().unwrap_or_else(|| {
+        a.path
+            .parent()
+            .map_or(PathBuf::from("."), |p| p.to_path_buf())
+            .join("bench-out")
+    });
+    std::fs::create_dir_all(&out).context(format!("creating {}", out.display()))?;
+    for run in &r.runs {
+        let stem = format!("lookup-pool{:.3}", run.pool_fraction);
+        write_csv(&out.join(format!("{stem}.csv")), &run.m.timeline)?;
+        let tl = &run.m.timeline;
+        let chart = Chart {
+            title: &format!(
+                "dana bench lookup: {} records, pool {:.1}% of data",
+                r.load.records,
+                run.pool_fraction * 100.0
+            ),
+            x_label: "seconds (negative: warm-up)",
+            xs: tl.iter().map(|s| s.t).collect(),
+            series: vec![
+                ("lookups/s", tl.iter().map(|s| s.ops_per_s).collect()),
+                ("device reads/s", tl.iter().map(|s| s.reads_per_s).collect()),
+                ("p99 latency (us)", tl.iter().map(|s| s.p99_us).collect()),
+            ],
+            log_x: false,
+        };
+        std::fs::write(out.join(format!("{stem}.svg")), chart.svg())
+            .context("writing the timeline SVG")?;
+    }
+    if r.runs.len() > 1 {
+        let chart = Chart {
+            title: "dana bench lookup: out-of-memory sweep",
+            x_label: "data size / pool size (log scale)",
+            xs: r.runs.iter().map(|x| x.data_over_pool).collect(),
+            series: vec![
+                ("lookups/s", r.runs.iter().map(|x| x.m.ops_per_s).collect()),
+                (
+                    "device reads/s",
+                    r.runs.iter().map(|x| x.m.engine_reads_per_s).collect(),
+                ),
+            ],
+            log_x: true,
+        };
+        std::fs::write(out.join("lookup-sweep.svg"), chart.svg())
+            .context("writing the sweep SVG")?;
+    }
+    Ok(())
+}
+
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map_or("-".into(), f)
+}
+
+/// The human report.
+pub fn render(r: &LookupReport) -> String {
+    let mut s = String::new();
+    let l = &r.load;
+    s += &format!(
+        "dana bench lookup: {} records, {}-byte values, data {:.2} GiB in {} file(s); {} workers x {} tasks; device budget {}\n",
+        thousands(l.records as f64),
+        l.value_size,
+        l.data_bytes as f64 / (1u64 << 30) as f64,
+        r.files.len(),
+        r.workers,
+        r.tasks_per_worker,
+        r.device_budget
+    );
+    if l.loaded_now {
+        s += &format!(
+            "load: {:.1} s, {} records/s\n",
+            l.seconds,
+            thousands(l.records_per_s)
+        );
+    } else {
+        s += "load: reused the loaded database\n";
+    }
+    if let Some(d) = &r.device_limit {
+        s += &format!(
+            "device limit (raw io_uring 4 KiB random reads, depth {}): {} reads/s, mean {:.0} us, {:.2} CPU us/read\n",
+            d.depth,
+            thousands(d.iops),
+            d.lat_mean_us,
+            d.cpu_us_per_io
+        );
+    }
+    s += "\n pool/data  data/pool   lookups/s  dev reads/s  vs limit  disk reads/s  reads/lookup  hit rate  p50 us  p99 us  p99.9 us  CPU us/lookup  CPU us/IO\n";
+    let rows = r
+        .runs
+        .iter()
+        .map(|x| ("", x))
+        .chain(r.in_memory.iter().map(|x| (" (in memory)", x)));
+    for (tag, x) in rows {
+        let m = &x.m;
+        s += &format!(
+            " {:>8.3}  {:>9.1}  {:>10}  {:>11}  {:>8}  {:>12}  {:>12.2}  {:>8.3}  {:>6.0}  {:>6.0}  {:>8.0}  {:>13.2}  {:>9.2}{}\n",
+            x.pool_fraction,
+            x.data_over_pool,
+            thousands(m.ops_per_s),
+            thousands(m.engine_reads_per_s),
+            opt(x.iops_vs_limit, |v| format!("{:.0}%", v * 100.0)),
+            opt(m.disk_reads_per_s, thousands),
+            m.reads_per_op,
+            m.hit_rate,
+            m.latency.p50_us,
+            m.latency.p99_us,
+            m.latency.p999_us,
+            m.cpu_us_per_op,
+            m.cpu_us_per_io,
+            tag
+        );
+    }
+    for x in &r.runs {
+        let m = &x.m;
+        s += &format!(
+            "\npool {:.1}% of data: where a miss's time goes (mean / p99 us): queued in engine {:.0} / {:.0}, kernel+device {:.0} / {:.0}, waiting to resume {:.0} / {:.0}; whole miss {:.0} / {:.0}\n",
+            x.pool_fraction * 100.0,
+            m.miss_queued.mean_us,
+            m.miss_queued.p99_us,
+            m.miss_device.mean_us,
+            m.miss_device.p99_us,
+            m.miss_resume.mean_us,
+            m.miss_resume.p99_us,
+            m.miss.mean_us,
+            m.miss.p99_us
+        );
+        if m.errors > 0 {
+            s += &format!(
+                "ERRORS: {} failed lookups; first: {}\n",
+                m.errors,
+                m.first_error.as_deref().unwrap_or("?")
+            );
+        }
+    }
+    s += &format!(
+        "\nnotes: CPU = getrusage(RUSAGE_SELF) user+sys over the window, all threads; dev reads = engine page reads; disk reads = /proc/diskstats of {}; MB = 10^6 bytes.\n",
+        r.files
+            .first()
+            .and_then(|f| Disk::of(f))
+            .map_or("?".into(), |d| d.name)
+    );
+    s
+}

@@ -1,0 +1,398 @@
+//! `dana bench`: workloads on the engine, each measured next to the
+//! device's own limit in the same invocation.
+//!
+//! Owns: what the benchmarks share: the device-limit measurement (raw
+//! io_uring random reads at the same total depth on the same files), the
+//! per-second sampler that turns engine, kernel and CPU counters into a
+//! timeline and a measured window, and the report types. Each workload
+//! lives in its own module. Never: reports a figure it did not measure;
+//! when a counter is unavailable the field is absent.
+
+pub mod diskstats;
+pub mod lookup;
+pub mod pages;
+pub mod timeline;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use dana::buffer::PoolStatsSnapshot;
+use dana::io::device::DeviceOptions;
+use dana::io::Device;
+use dana::stats::{Histogram, HistogramSnapshot};
+use dana::Db;
+use serde::Serialize;
+
+use crate::iostudy::reads::random_reads;
+use crate::report::process_cpu_seconds;
+use crate::{CliError, CliResult};
+use diskstats::{Disk, DiskCounters};
+use timeline::Second;
+
+/// `dana bench ...`
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Random point lookups on data many times the buffer pool (the
+    /// VLDB 2023 paper's headline experiment), next to the device limit.
+    Lookup(lookup::LookupArgs),
+    /// Random page reads through the buffer manager (no tree), data 10x
+    /// the pool, next to raw io_uring reads at the same depth.
+    Pages(pages::PagesArgs),
+}
+
+/// Runs a benchmark.
+pub fn run(args: &BenchArgs) -> CliResult<()> {
+    match &args.command {
+        BenchCommand::Lookup(a) => lookup::run(a),
+        BenchCommand::Pages(a) => pages::run(a),
+    }
+}
+
+/// What raw io_uring reads reached on the devices.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceLimit {
+    /// Total requests in flight (split evenly over the devices).
+    pub depth: u32,
+    /// 4 KiB random reads per second, all devices together.
+    pub iops: f64,
+    /// Mean latency, µs.
+    pub lat_mean_us: f64,
+    /// Process CPU per read, µs.
+    pub cpu_us_per_io: f64,
+}
+
+/// Raw 4 KiB O_DIRECT random reads over the first `span` bytes of each
+/// file, `depth` in flight in total, one thread per device.
+pub fn device_limit(
+    files: &[PathBuf],
+    span: u64,
+    depth: u32,
+    duration: Duration,
+) -> CliResult<DeviceLimit> {
+    let per_dev = (depth as usize).div_ceil(files.len().max(1)).max(1) as u32;
+    let runs = std::thread::scope(|s| {
+        let handles: Vec<_> = files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                s.spawn(move || {
+                    let opts = DeviceOptions {
+                        direct: true,
+                        create_size: None,
+                        read_only: true,
+                    };
+                    let dev = Arc::new(Device::open(f, i, opts)?);
+                    random_reads(&dev, per_dev, 4096, span, duration, 7 + i as u64)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| CliError("device-limit thread panicked".into()))?
+            })
+            .collect::<CliResult<Vec<_>>>()
+    })?;
+    let iops = runs.iter().map(|r| r.iops).sum();
+    let n = runs.len().max(1) as f64;
+    Ok(DeviceLimit {
+        depth: per_dev * files.len() as u32,
+        iops,
+        lat_mean_us: runs.iter().map(|r| r.lat_mean_us).sum::<f64>() / n,
+        cpu_us_per_io: runs.iter().map(|r| r.cpu_us_per_io).sum::<f64>() / n,
+    })
+}
+
+/// Shared state of a run's tasks.
+#[derive(Default)]
+pub struct RunState {
+    /// Operations finished.
+    pub ops: AtomicU64,
+    /// Operations that failed or returned something unexpected.
+    pub errors: AtomicU64,
+    /// The first failure, for the report.
+    pub first_error: Mutex<Option<String>>,
+    /// Latency of every operation.
+    pub latency: Histogram,
+    /// Tasks stop when set.
+    pub stop: AtomicBool,
+}
+
+impl RunState {
+    /// Records a failed operation.
+    pub fn fail(&self, what: String) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let mut e = self.first_error.lock().unwrap_or_else(|e| e.into_inner());
+        e.get_or_insert(what);
+    }
+}
+
+/// A latency distribution in µs.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Latency {
+    /// Samples.
+    pub count: u64,
+    /// Mean, µs.
+    pub mean_us: f64,
+    /// Median, µs.
+    pub p50_us: f64,
+    /// 99th percentile, µs.
+    pub p99_us: f64,
+    /// 99.9th percentile, µs.
+    pub p999_us: f64,
+}
+
+impl From<&HistogramSnapshot> for Latency {
+    fn from(h: &HistogramSnapshot) -> Latency {
+        Latency {
+            count: h.count,
+            mean_us: h.mean_ns() as f64 / 1e3,
+            p50_us: h.quantile_ns(0.5) as f64 / 1e3,
+            p99_us: h.quantile_ns(0.99) as f64 / 1e3,
+            p999_us: h.quantile_ns(0.999) as f64 / 1e3,
+        }
+    }
+}
+
+/// Everything measured in the window after the warm-up.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measured {
+    /// Length of the window, s.
+    pub seconds: f64,
+    /// Operations in the window.
+    pub ops: u64,
+    /// Operations per second.
+    pub ops_per_s: f64,
+    /// Failed operations.
+    pub errors: u64,
+    /// The first failure.
+    pub first_error: Option<String>,
+    /// Per-operation latency.
+    pub latency: Latency,
+    /// Page reads completed by the engine per second.
+    pub engine_reads_per_s: f64,
+    /// MB/s those reads moved (10^6 bytes).
+    pub engine_read_mb_per_s: f64,
+    /// Page writes by the engine per second.
+    pub engine_writes_per_s: f64,
+    /// Reads the block device completed per second (/proc/diskstats).
+    pub disk_reads_per_s: Option<f64>,
+    /// MB/s the block device read.
+    pub disk_read_mb_per_s: Option<f64>,
+    /// Device reads per operation.
+    pub reads_per_op: f64,
+    /// Share of page fixes served from the pool.
+    pub hit_rate: f64,
+    /// Process CPU seconds in the window (user + system, all threads).
+    pub cpu_s: f64,
+    /// CPU µs per operation.
+    pub cpu_us_per_op: f64,
+    /// CPU µs per device read.
+    pub cpu_us_per_io: f64,
+    /// Whole page miss: fault -> page available to the task.
+    pub miss: Latency,
+    /// Part of a miss spent queued in the engine (device budget).
+    pub miss_queued: Latency,
+    /// Part spent in the kernel and device (submit -> reap).
+    pub miss_device: Latency,
+    /// Part spent waiting to be resumed (reap -> task runs).
+    pub miss_resume: Latency,
+    /// One entry per second, warm-up included (negative t).
+    pub timeline: Vec<Second>,
+}
+
+/// Samples counters every second for `warmup + window` and returns the
+/// window's figures. Tasks must already be running.
+pub fn sample(
+    db: &Db,
+    state: &RunState,
+    warmup: Duration,
+    window: Duration,
+    page_size: usize,
+    disk: Option<&Disk>,
+    progress: Option<&indicatif::ProgressBar>,
+) -> Measured {
+    let start = Instant::now();
+    let mut timeline = Vec::new();
+    let mut last = (
+        Instant::now(),
+        state.ops.load(Ordering::Relaxed),
+        db.pool_stats().reads,
+        state.latency.snapshot(),
+    );
+    let mut base: Option<Base> = None;
+    let end = start + warmup + window;
+    loop {
+        let now = Instant::now();
+        if base.is_none() && now >= start + warmup {
+            base = Some(Base::take(db, state, disk));
+        }
+        if now >= end {
+            break;
+        }
+        let next = (last.0 + Duration::from_secs(1)).min(end).max(now);
+        let nb = if base.is_none() {
+            (start + warmup).min(next)
+        } else {
+            next
+        };
+        std::thread::sleep(nb.saturating_duration_since(Instant::now()));
+        let t = Instant::now();
+        let ops = state.ops.load(Ordering::Relaxed);
+        let reads = db.pool_stats().reads;
+        let lat = state.latency.snapshot();
+        let dt = (t - last.0).as_secs_f64().max(1e-9);
+        timeline.push(Second {
+            t: (t - start).as_secs_f64() - warmup.as_secs_f64(),
+            ops_per_s: (ops - last.1) as f64 / dt,
+            reads_per_s: (reads - last.2) as f64 / dt,
+            p99_us: lat.since(&last.3).quantile_ns(0.99) as f64 / 1e3,
+        });
+        if let Some(p) = progress {
+            p.set_position((t - start).as_millis() as u64);
+            p.set_message(format!("{:.0} ops/s", (ops - last.1) as f64 / dt));
+        }
+        last = (t, ops, reads, lat);
+    }
+    let b = base.unwrap_or_else(|| Base::take(db, state, disk));
+    let e = Base::take(db, state, disk);
+    e.since(&b, state, timeline, page_size)
+}
+
+struct Base {
+    at: Instant,
+    ops: u64,
+    errors: u64,
+    cpu: f64,
+    pool: PoolStatsSnapshot,
+    queue: HistogramSnapshot,
+    lat: HistogramSnapshot,
+    disk: Option<DiskCounters>,
+}
+
+impl Base {
+    fn take(db: &Db, state: &RunState, disk: Option<&Disk>) -> Base {
+        Base {
+            at: Instant::now(),
+            ops: state.ops.load(Ordering::Relaxed),
+            errors: state.errors.load(Ordering::Relaxed),
+            cpu: process_cpu_seconds(),
+            pool: db.pool_stats(),
+            queue: db.runtime().budgets().queue_wait.snapshot(),
+            lat: state.latency.snapshot(),
+            disk: disk.and_then(Disk::read),
+        }
+    }
+
+    fn since(
+        &self,
+        b: &Base,
+        state: &RunState,
+        timeline: Vec<Second>,
+        page_size: usize,
+    ) -> Measured {
+        let secs = (self.at - b.at).as_secs_f64().max(1e-9);
+        let ops = self.ops - b.ops;
+        let reads = self.pool.reads - b.pool.reads;
+        let fixes = (self.pool.hits - b.pool.hits) + (self.pool.misses - b.pool.misses);
+        let cpu = self.cpu - b.cpu;
+        let disk = match (&self.disk, &b.disk) {
+            (Some(e), Some(s)) => Some(e.since(s)),
+            _ => None,
+        };
+        let per = |x: f64, n: u64| if n > 0 { x / n as f64 } else { 0.0 };
+        Measured {
+            seconds: secs,
+            ops,
+            ops_per_s: ops as f64 / secs,
+            errors: self.errors - b.errors,
+            first_error: state
+                .first_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            latency: Latency::from(&self.lat.since(&b.lat)),
+            engine_reads_per_s: reads as f64 / secs,
+            engine_read_mb_per_s: (reads * page_size as u64) as f64 / 1e6 / secs,
+            engine_writes_per_s: (self.pool.writes - b.pool.writes) as f64 / secs,
+            disk_reads_per_s: disk.map(|d| d.reads as f64 / secs),
+            disk_read_mb_per_s: disk.map(|d| d.read_bytes as f64 / 1e6 / secs),
+            reads_per_op: per(reads as f64, ops),
+            hit_rate: per((self.pool.hits - b.pool.hits) as f64, fixes),
+            cpu_s: cpu,
+            cpu_us_per_op: per(cpu * 1e6, ops),
+            cpu_us_per_io: per(cpu * 1e6, reads),
+            miss: Latency::from(&self.pool.miss.since(&b.pool.miss)),
+            miss_queued: Latency::from(&self.queue.since(&b.queue)),
+            miss_device: Latency::from(&self.pool.device_read.since(&b.pool.device_read)),
+            miss_resume: Latency::from(&self.pool.resume.since(&b.pool.resume)),
+            timeline,
+        }
+    }
+}
+
+/// A progress bar on stderr (hidden when quiet or not a terminal).
+pub fn bar(quiet: bool, len: u64, what: &str) -> indicatif::ProgressBar {
+    if quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(len);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    pb.set_prefix(what.to_string());
+    pb
+}
+
+/// Removes dana's own files from a benchmark directory (never anything
+/// else), so a reload starts clean.
+pub fn clear_dana_files(dir: &Path) -> CliResult<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("dana.") || name == "LOADED" {
+            std::fs::remove_file(e.path())
+                .map_err(|err| CliError(format!("removing {}: {err}", e.path().display())))?;
+        }
+    }
+    Ok(())
+}
+
+/// Files of the database in `dir`.
+pub fn data_files(dir: &Path) -> Vec<PathBuf> {
+    (0..)
+        .map(|i| dir.join(format!("dana.{i}")))
+        .take_while(|p| p.exists())
+        .collect()
+}
+
+/// Formats a number with thousands separators.
+pub fn thousands(v: f64) -> String {
+    let n = v.round() as i64;
+    let s = n.abs().to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 {
+        format!("-{out}")
+    } else {
+        out
+    }
+}

@@ -1,0 +1,140 @@
+//! `dana bench lookup --quick` and `dana bench pages --quick` end to end:
+//! they load, measure the device limit, run, and print JSON with every
+//! figure.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn run(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_dana"))
+        .args(args)
+        .output()
+        .expect("run dana");
+    assert!(
+        out.status.success(),
+        "dana {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON output")
+}
+
+fn has(v: &Value, fields: &[&str]) {
+    for f in fields {
+        assert!(v.get(f).is_some(), "missing field {f} in {v}");
+    }
+}
+
+const MEASURED: &[&str] = &[
+    "seconds",
+    "ops",
+    "ops_per_s",
+    "errors",
+    "latency",
+    "engine_reads_per_s",
+    "engine_read_mb_per_s",
+    "reads_per_op",
+    "hit_rate",
+    "cpu_s",
+    "cpu_us_per_op",
+    "cpu_us_per_io",
+    "miss",
+    "miss_queued",
+    "miss_device",
+    "miss_resume",
+    "timeline",
+];
+
+#[test]
+fn lookup_quick_runs_and_reports_every_figure() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("db");
+    let p = path.to_str().unwrap();
+    let args = [
+        "bench",
+        "lookup",
+        "--quick",
+        "--json",
+        "--records",
+        "50000",
+        "--path",
+        p,
+        "--pool-fraction",
+        "0.2,0.05",
+    ];
+    let v = run(&args);
+    has(
+        &v,
+        &[
+            "machine",
+            "load",
+            "device_limit",
+            "runs",
+            "in_memory",
+            "files",
+        ],
+    );
+    assert_eq!(v["load"]["records"], 50000);
+    assert_eq!(v["load"]["loaded_now"], true);
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for r in runs {
+        has(r, MEASURED);
+        has(
+            r,
+            &[
+                "pool_fraction",
+                "pool_bytes",
+                "data_over_pool",
+                "iops_vs_limit",
+            ],
+        );
+        assert_eq!(r["errors"], 0, "{r}");
+        assert!(r["ops"].as_u64().unwrap() > 0);
+        assert!(
+            r["engine_reads_per_s"].as_f64().unwrap() > 0.0,
+            "a small pool must read"
+        );
+    }
+    let mem = &v["in_memory"];
+    has(mem, MEASURED);
+    assert!(mem["hit_rate"].as_f64().unwrap() > 0.99, "{mem}");
+    // Timeline files were written next to the database directory.
+    assert!(dir.path().join("bench-out/lookup-pool0.200.csv").exists());
+    assert!(dir.path().join("bench-out/lookup-pool0.200.svg").exists());
+    assert!(dir.path().join("bench-out/lookup-sweep.svg").exists());
+
+    // A second run reuses the loaded data.
+    let v = run(&args);
+    assert_eq!(v["load"]["loaded_now"], false);
+}
+
+#[test]
+fn pages_quick_runs_and_reports_every_figure() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("pages");
+    let v = run(&[
+        "bench",
+        "pages",
+        "--quick",
+        "--json",
+        "--pool-mib",
+        "2",
+        "--path",
+        path.to_str().unwrap(),
+    ]);
+    has(
+        &v,
+        &[
+            "pages",
+            "pool_bytes",
+            "data_bytes",
+            "device_limit",
+            "iops_vs_limit",
+            "run",
+        ],
+    );
+    has(&v["run"], MEASURED);
+    assert_eq!(v["run"]["errors"], 0);
+    assert!(v["run"]["engine_reads_per_s"].as_f64().unwrap() > 0.0);
+}
