@@ -713,16 +713,23 @@ impl Cursor {
                 self.buffered.reverse();
             }
             // Where the next leaf starts, and whether the range goes on.
+            // The fence becomes a hard bound: if this leaf merges into its
+            // neighbour before we get there, the neighbour also holds the
+            // keys returned already, and the bound keeps them out.
             if self.forward {
                 match n.upper_fence() {
                     Some(u) if continues_above(u, &self.upper) => {
-                        self.next_key = Some(successor(u))
+                        self.next_key = Some(successor(u));
+                        self.lower = Bound::Excluded(u.to_vec());
                     }
                     _ => self.done = true,
                 }
             } else {
                 match n.lower_fence() {
-                    Some(l) if continues_below(l, &self.lower) => self.next_key = Some(l.to_vec()),
+                    Some(l) if continues_below(l, &self.lower) => {
+                        self.next_key = Some(l.to_vec());
+                        self.upper = Bound::Included(l.to_vec());
+                    }
                     _ => self.done = true,
                 }
             }
