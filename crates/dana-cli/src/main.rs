@@ -6,6 +6,7 @@
 //! exits non-zero; nothing here panics on an I/O error.
 #![deny(unsafe_code)]
 
+mod check;
 mod error;
 mod iostudy;
 mod pace;
@@ -33,12 +34,19 @@ enum Command {
     /// reads, background writes and WAL at once, over each I/O stack
     /// configuration; plus a queue-depth sweep and a comparison with fio.
     Iostudy(iostudy::IostudyArgs),
+    /// Verify a database: every tree's invariants and the page accounting.
+    /// Prints each finding (naming its page); exit code 1 if any.
+    Check(check::CheckArgs),
+    /// Print tree heights, page counts, fill factors and space use.
+    Inspect(check::CheckArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Iostudy(args) => iostudy::run(&args),
+        Command::Check(args) => check::run_check(&args),
+        Command::Inspect(args) => check::run_inspect(&args),
     };
     if let Err(e) = result {
         eprintln!("dana: error: {e}");
