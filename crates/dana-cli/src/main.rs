@@ -7,6 +7,7 @@
 #![deny(unsafe_code)]
 
 mod bench;
+mod check;
 mod error;
 mod iostudy;
 mod pace;
@@ -36,6 +37,11 @@ enum Command {
     Iostudy(iostudy::IostudyArgs),
     /// Benchmarks of the engine: `lookup` (the main job), `pages`.
     Bench(bench::BenchArgs),
+    /// Verify a database: every tree's invariants and the page accounting.
+    /// Prints each finding (naming its page); exit code 1 if any.
+    Check(check::CheckArgs),
+    /// Print tree heights, page counts, fill factors and space use.
+    Inspect(check::CheckArgs),
 }
 
 fn main() {
@@ -43,6 +49,8 @@ fn main() {
     let result = match cli.command {
         Command::Iostudy(args) => iostudy::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Check(args) => check::run_check(&args),
+        Command::Inspect(args) => check::run_inspect(&args),
     };
     if let Err(e) = result {
         eprintln!("dana: error: {e}");

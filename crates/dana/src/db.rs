@@ -21,6 +21,7 @@ use std::task::{Context, Poll, Waker};
 
 use crate::btree::{BTree, Cursor};
 use crate::buffer::{BufferPool, PoolConfig, PoolStatsSnapshot};
+use crate::check::{check_pool, CheckReport};
 use crate::io::device::DeviceOptions;
 use crate::io::{Array, Backend, Device, Target};
 use crate::sched::{Runtime, RuntimeConfig};
@@ -312,6 +313,14 @@ impl Db {
             .into_iter()
             .map(|n| self.tree(&n).map(|t| (n, t.btree.root())))
             .collect()
+    }
+
+    /// Checks the whole database (every tree, the free list, page
+    /// accounting) on a worker, without modifying it; see [`crate::check`].
+    /// Run it while no other thread writes.
+    pub fn check(&self) -> Result<CheckReport> {
+        let pool = self.inner.pool.clone();
+        self.block_on(async move { check_pool(&pool).await })?
     }
 
     /// Drops the tree `name` and frees its pages. Returns false if it did

@@ -10,6 +10,7 @@
 //! - [`buffer`]: the buffer pool: page table with latches, frames, reads in
 //!   flight, clock eviction, write-back, page allocation.
 //! - [`btree`]: B+tree nodes and trees on buffer-pool pages.
+//! - [`check`]: the read-only consistency checker (`dana check`).
 //!
 //! `unsafe` is denied here and allowed only in the modules that own raw
 //! memory handed to the kernel (`io`) and frame memory (`buffer`).
@@ -19,6 +20,7 @@
 pub mod btree;
 #[allow(unsafe_code)]
 pub mod buffer;
+pub mod check;
 pub mod db;
 pub mod error;
 #[allow(unsafe_code)]

@@ -247,6 +247,14 @@ impl BufferPool {
         Ok(space_of(&m, self.array.pages()))
     }
 
+    /// The head of the free list (0: empty), for a checker that follows
+    /// the list itself with [`free_list_next`] and keeps going past a bad
+    /// page.
+    pub async fn free_list_head(&self) -> Result<u64> {
+        let m = self.fix_shared(META_PAGE).await?;
+        Ok(get_u64(&m, OFF_FREE_HEAD))
+    }
+
     /// The free list, head first (for `dana check`). Stops with an error
     /// at a cycle or a page that is not free.
     pub async fn free_list(&self) -> Result<Vec<u64>> {
@@ -275,6 +283,13 @@ impl BufferPool {
         }
         Ok(out)
     }
+}
+
+/// The page after `page` in the free list (0: the last one): the first
+/// body word of a page of type [`PageType::Free`].
+pub fn free_list_next(page: &[u8]) -> u64 {
+    page.get(OFF_FREE_NEXT..OFF_FREE_NEXT + 8)
+        .map_or(0, |b| get_u64(b, 0))
 }
 
 fn space_of(m: &[u8], total_pages: u64) -> SpaceInfo {

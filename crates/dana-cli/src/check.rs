@@ -1,0 +1,249 @@
+//! `dana check` and `dana inspect`: run the library's checker
+//! ([`dana::check`]) on a database directory and print what it found.
+//!
+//! `check` prints every finding (each names its page) and fails (exit 1)
+//! if there is any; `inspect` prints tree heights, page counts, fill
+//! factors and space use, and the number of findings. Both take `--json`.
+//!
+//! Never: creates a database (a directory without `dana.0` is an error),
+//! or writes to one: the database is opened, only read, and closed.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use dana::check::{CheckReport, Finding, TreeStats};
+use dana::io::Backend;
+use dana::{Db, Options};
+use serde::Serialize;
+
+use crate::report::{num, Table};
+use crate::{CliError, CliResult, Context};
+
+/// Buffer pool used to check a database.
+const POOL_BYTES: usize = 16 << 20;
+
+/// Options of `dana check` and `dana inspect`.
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// The database directory (holding dana.0, dana.1, ...).
+    #[arg(long)]
+    pub path: PathBuf,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Use blocking pread instead of io_uring.
+    #[arg(long)]
+    pub blocking: bool,
+}
+
+/// One tree, for JSON.
+#[derive(Serialize, Debug)]
+struct JsonTree<'a> {
+    name: &'a str,
+    root: u64,
+    height: u32,
+    inner_pages: u64,
+    leaf_pages: u64,
+    entries: u64,
+    leaf_fill: f64,
+    inner_fill: f64,
+}
+
+impl<'a> From<&'a TreeStats> for JsonTree<'a> {
+    fn from(t: &'a TreeStats) -> Self {
+        JsonTree {
+            name: &t.name,
+            root: t.root,
+            height: t.height,
+            inner_pages: t.inner_pages,
+            leaf_pages: t.leaf_pages,
+            entries: t.entries,
+            leaf_fill: t.leaf_fill,
+            inner_fill: t.inner_fill,
+        }
+    }
+}
+
+/// One finding, for JSON.
+#[derive(Serialize, Debug)]
+struct JsonFinding<'a> {
+    page: Option<u64>,
+    tree: Option<&'a str>,
+    what: &'a str,
+}
+
+impl<'a> From<&'a Finding> for JsonFinding<'a> {
+    fn from(f: &'a Finding) -> Self {
+        JsonFinding {
+            page: f.page,
+            tree: f.tree.as_deref(),
+            what: &f.what,
+        }
+    }
+}
+
+/// The whole report, for JSON (the same for `check` and `inspect`).
+#[derive(Serialize, Debug)]
+struct JsonReport<'a> {
+    path: String,
+    ok: bool,
+    page_size: usize,
+    total_pages: u64,
+    next_unused: u64,
+    used_pages: u64,
+    free_pages: u64,
+    free_pages_recorded: u64,
+    lost_pages: u64,
+    catalog: JsonTree<'a>,
+    trees: Vec<JsonTree<'a>>,
+    findings: Vec<JsonFinding<'a>>,
+}
+
+fn json(path: &Path, r: &CheckReport) -> CliResult<String> {
+    let j = JsonReport {
+        path: path.display().to_string(),
+        ok: r.is_ok(),
+        page_size: r.page_size,
+        total_pages: r.space.total_pages,
+        next_unused: r.space.next_unused,
+        used_pages: r.used_pages(),
+        free_pages: r.free_list_pages,
+        free_pages_recorded: r.space.free_pages,
+        lost_pages: r.lost_pages,
+        catalog: (&r.catalog).into(),
+        trees: r.trees.iter().map(JsonTree::from).collect(),
+        findings: r.findings.iter().map(JsonFinding::from).collect(),
+    };
+    serde_json::to_string_pretty(&j).context("encoding the report as JSON")
+}
+
+/// Opens the database at `args.path` (never creating one), checks it and
+/// closes it.
+fn run_checker(args: &CheckArgs) -> CliResult<CheckReport> {
+    let first = args.path.join("dana.0");
+    if !first.exists() {
+        return Err(CliError(format!(
+            "{} is not a dana database (no {})",
+            args.path.display(),
+            first.display()
+        )));
+    }
+    let mut opts = Options::default().pool_bytes(POOL_BYTES);
+    if args.blocking {
+        opts = opts.backend(Backend::Blocking);
+    }
+    let what = || format!("checking {}", args.path.display());
+    let db = Db::open(&args.path, opts).context(format!("opening {}", args.path.display()))?;
+    let report = db.check().context(what())?;
+    db.close()
+        .context(format!("closing {}", args.path.display()))?;
+    Ok(report)
+}
+
+/// `dana check`: prints every finding; an error (exit 1) if there is any.
+pub fn run_check(args: &CheckArgs) -> CliResult<()> {
+    let r = run_checker(args)?;
+    if args.json {
+        println!("{}", json(&args.path, &r)?);
+    } else {
+        for f in &r.findings {
+            println!("{f}");
+        }
+        let pages = r.catalog.pages() + r.trees.iter().map(TreeStats::pages).sum::<u64>();
+        println!(
+            "{}: {} trees, {} tree pages, {} free pages, {} lost pages, {} findings",
+            args.path.display(),
+            r.trees.len(),
+            pages,
+            r.free_list_pages,
+            r.lost_pages,
+            r.findings.len()
+        );
+    }
+    if r.is_ok() {
+        Ok(())
+    } else {
+        Err(CliError(format!(
+            "{} is damaged: {} findings",
+            args.path.display(),
+            r.findings.len()
+        )))
+    }
+}
+
+/// `dana inspect`: prints per-tree statistics and space use.
+pub fn run_inspect(args: &CheckArgs) -> CliResult<()> {
+    let r = run_checker(args)?;
+    if args.json {
+        println!("{}", json(&args.path, &r)?);
+        return Ok(());
+    }
+    let mut t = Table::new(
+        &[
+            "tree",
+            "root",
+            "height",
+            "inner",
+            "leaves",
+            "entries",
+            "leaf fill",
+            "inner fill",
+        ],
+        1,
+    );
+    for s in std::iter::once(&r.catalog).chain(&r.trees) {
+        t.row(vec![
+            s.name.clone(),
+            s.root.to_string(),
+            s.height.to_string(),
+            num(s.inner_pages as f64, 0),
+            num(s.leaf_pages as f64, 0),
+            num(s.entries as f64, 0),
+            format!("{:.1}%", s.leaf_fill * 100.0),
+            if s.inner_pages == 0 {
+                "-".into()
+            } else {
+                format!("{:.1}%", s.inner_fill * 100.0)
+            },
+        ]);
+    }
+    print!("{}", t.render());
+    let ps = r.page_size as f64;
+    let mib = |pages: u64| num(pages as f64 * ps / (1 << 20) as f64, 1);
+    println!();
+    println!("page size    {} bytes", r.page_size);
+    println!(
+        "total pages  {} ({} MiB)",
+        num(r.space.total_pages as f64, 0),
+        mib(r.space.total_pages)
+    );
+    println!(
+        "used pages   {} ({} MiB; meta page and free pages not counted)",
+        num(r.used_pages() as f64, 0),
+        mib(r.used_pages())
+    );
+    println!(
+        "free pages   {} in the free list (meta page says {})",
+        num(r.free_list_pages as f64, 0),
+        num(r.space.free_pages as f64, 0)
+    );
+    println!(
+        "never used   {} (from page {})",
+        num(
+            r.space.total_pages.saturating_sub(r.space.next_unused) as f64,
+            0
+        ),
+        r.space.next_unused
+    );
+    if r.is_ok() {
+        println!("check        clean");
+    } else {
+        println!(
+            "check        {} findings ({} lost pages); run `dana check --path {}`",
+            r.findings.len(),
+            r.lost_pages,
+            args.path.display()
+        );
+    }
+    Ok(())
+}

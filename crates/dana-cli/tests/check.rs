@@ -1,0 +1,123 @@
+//! Runs the built `dana check` and `dana inspect` on a clean temporary
+//! database (exit 0) and on one with a flipped byte in a leaf (exit
+//! non-zero, the page id in the output).
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use dana::btree::node::Node;
+use dana::{Db, Options};
+use serde_json::Value;
+
+fn dana(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dana"))
+        .args(args)
+        .arg("--path")
+        .arg(dir)
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A database with two trees; returns a leaf page id of tree "t1".
+fn build(dir: &Path) -> u64 {
+    let opts = Options::default()
+        .pool_bytes(4 << 20)
+        .capacity_bytes(32 << 20);
+    let db = Db::open(dir, opts).unwrap();
+    for name in ["t1", "t2"] {
+        let t = db.create_tree(name).unwrap();
+        for i in 0u32..3000 {
+            t.put(format!("k{i:06}").as_bytes(), &[7u8; 60]).unwrap();
+        }
+    }
+    let bt = db.tree("t1").unwrap().btree().clone();
+    let leaves = db
+        .block_on(async move {
+            let mut leaves = Vec::new();
+            bt.walk(|pid, bytes| {
+                if Node::new(bytes).unwrap().is_leaf() {
+                    leaves.push(pid);
+                }
+                Ok(())
+            })
+            .await
+            .map(|_| leaves)
+        })
+        .unwrap()
+        .unwrap();
+    db.close().unwrap();
+    leaves[leaves.len() / 2]
+}
+
+#[test]
+fn check_and_inspect_a_clean_then_a_damaged_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let leaf = build(dir.path());
+
+    let out = dana(&["check"], dir.path());
+    assert!(out.status.success(), "check failed: {}", text(&out));
+
+    let out = dana(&["inspect"], dir.path());
+    assert!(out.status.success(), "inspect failed: {}", text(&out));
+    let s = text(&out);
+    println!("{s}");
+    assert!(
+        s.contains("t1") && s.contains("t2") && s.contains("free pages"),
+        "{s}"
+    );
+
+    let out = dana(&["inspect", "--json"], dir.path());
+    assert!(out.status.success(), "{}", text(&out));
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["ok"], Value::Bool(true));
+    assert_eq!(j["trees"][0]["name"], "t1");
+    assert_eq!(j["trees"][0]["entries"].as_u64(), Some(3000));
+    assert!(j["trees"][0]["height"].as_u64().unwrap() >= 2);
+
+    // Flip a byte in the middle of the leaf (one device, 4 KiB pages).
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.path().join("dana.0"))
+        .unwrap();
+    let mut b = [0u8; 1];
+    let off = leaf * 4096 + 2000;
+    file.read_exact_at(&mut b, off).unwrap();
+    file.write_all_at(&[b[0] ^ 0x10], off).unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+
+    let out = dana(&["check"], dir.path());
+    let s = text(&out);
+    println!("{s}");
+    assert_eq!(out.status.code(), Some(1), "{s}");
+    assert!(s.contains(&format!("page {leaf} ")), "{s}");
+
+    let out = dana(&["check", "--json"], dir.path());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["ok"], Value::Bool(false));
+    assert_eq!(j["findings"][0]["page"].as_u64(), Some(leaf));
+    assert_eq!(j["findings"][0]["tree"], "t1");
+}
+
+#[test]
+fn check_refuses_a_directory_without_a_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dana(&["check"], dir.path());
+    assert!(!out.status.success());
+    assert!(text(&out).contains("not a dana database"), "{}", text(&out));
+    assert!(
+        !dir.path().join("dana.0").exists(),
+        "check created a database"
+    );
+}

@@ -1,0 +1,659 @@
+//! The consistency checker behind `dana check` and `dana inspect`.
+//!
+//! Owns: verifying a database's persistent structures and collecting
+//! statistics about them. It walks every tree from its root (the
+//! catalogue, in root slot 0 of the meta page, and every tree the
+//! catalogue names), follows the free list, and accounts for every page.
+//!
+//! What it verifies, per page of a tree:
+//! - the page can be read: checksum and page id are verified by the buffer
+//!   pool; a failure becomes a [`Finding`] naming the page;
+//! - the page type (`Leaf` / `Inner`) agrees with the node's leaf flag;
+//! - [`node::check`] passes (layout, key order, keys within the fences);
+//! - its fences equal the range its parent gives it: child `i` of an inner
+//!   node covers `(key[i-1], key[i]]` (the first child starts at the
+//!   parent's lower fence) and the upper child `(key[n-1], parent upper]`;
+//!   a root covers `(-inf, +inf)`;
+//! - all leaves of a tree are at the same depth;
+//! - child pointers lie in `1..next_unused`.
+//!
+//! And for the whole database: every page id in `1..next_unused` belongs
+//! to exactly one tree or to the free list (the meta page 0 aside): pages
+//! nobody owns are reported as lost, pages reached twice as doubly owned.
+//! The free list must hold pages of type `Free`, have no cycle and be as
+//! long as the meta page says.
+//!
+//! The checker goes on after a finding wherever it can: a page that cannot
+//! be read or fails [`node::check`] is reported and its subtree skipped
+//! (its pages then show up as lost), and the other trees are still walked.
+//! Only a meta page that cannot be read stops it (an `Err`).
+//!
+//! Never: modifies the database (it only takes shared latches and reads;
+//! it never allocates, frees or writes a page), or panics on corrupted
+//! input. It reads through the buffer pool, so it sees pages changed in
+//! memory but not yet written back; run it on a quiescent database (writes
+//! running at the same time can produce spurious findings).
+//!
+//! Memory: 4 bytes per used page for the ownership map.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::btree::node::{self, Node};
+use crate::buffer::alloc::{self, SpaceInfo, ROOT_SLOTS};
+use crate::buffer::{page, BufferPool, PageType};
+use crate::{Error, Result};
+
+/// The name used for the catalogue in [`Finding::tree`] and
+/// [`CheckReport::catalog`].
+pub const CATALOG_TREE: &str = "(catalogue)";
+
+/// Root slot of the meta page holding the catalogue's root.
+const CATALOG_SLOT: usize = 0;
+
+/// Owner value for pages in the free list.
+const FREE_OWNER: u32 = u32::MAX;
+
+/// Bytes of a key shown in a finding.
+const SHOW_KEY: usize = 32;
+
+/// Statistics of one tree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TreeStats {
+    /// The tree's name ([`CATALOG_TREE`] for the catalogue).
+    pub name: String,
+    /// Its root page id.
+    pub root: u64,
+    /// Levels from the root to the leaves (1: the root is a leaf; 0: no
+    /// leaf could be read).
+    pub height: u32,
+    /// Inner pages read.
+    pub inner_pages: u64,
+    /// Leaf pages read.
+    pub leaf_pages: u64,
+    /// Entries in the leaves read.
+    pub entries: u64,
+    /// Mean fill factor of the leaves (0.0 to 1.0; 0.0 without leaves).
+    pub leaf_fill: f64,
+    /// Mean fill factor of the inner nodes (0.0 without inner nodes).
+    pub inner_fill: f64,
+}
+
+impl TreeStats {
+    /// Pages of the tree (inner and leaf).
+    pub fn pages(&self) -> u64 {
+        self.inner_pages + self.leaf_pages
+    }
+}
+
+/// One problem the checker found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// The page the problem is on, if it is about one page.
+    pub page: Option<u64>,
+    /// The tree it was found in, if any ([`CATALOG_TREE`] for the
+    /// catalogue).
+    pub tree: Option<String>,
+    /// What is wrong, for a human.
+    pub what: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.page, &self.tree) {
+            (Some(p), Some(t)) => write!(f, "page {p} (tree {t:?}): {}", self.what),
+            (Some(p), None) => write!(f, "page {p}: {}", self.what),
+            (None, Some(t)) => write!(f, "tree {t:?}: {}", self.what),
+            (None, None) => f.write_str(&self.what),
+        }
+    }
+}
+
+/// What [`check_pool`] found: statistics and problems.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckReport {
+    /// The page size in bytes.
+    pub page_size: usize,
+    /// Pages of the array, high-water mark and free-list length as the
+    /// meta page records them.
+    pub space: SpaceInfo,
+    /// Pages actually found in the free list.
+    pub free_list_pages: u64,
+    /// The catalogue's statistics.
+    pub catalog: TreeStats,
+    /// Every tree the catalogue names, in name order.
+    pub trees: Vec<TreeStats>,
+    /// Pages in `1..next_unused` owned by nobody.
+    pub lost_pages: u64,
+    /// Every problem found; empty for a consistent database.
+    pub findings: Vec<Finding>,
+}
+
+impl CheckReport {
+    /// True if the checker found nothing wrong.
+    pub fn is_ok(&self) -> bool {
+        self.findings.is_empty()
+    }
+
+    /// Pages handed out and not free: `next_unused - 1 - free pages`
+    /// (the meta page not counted).
+    pub fn used_pages(&self) -> u64 {
+        self.space
+            .next_unused
+            .saturating_sub(1)
+            .saturating_sub(self.free_list_pages)
+    }
+}
+
+/// A leaf entry of the catalogue: (leaf page, key, value).
+type LeafEntry = (u64, Vec<u8>, Vec<u8>);
+
+/// A page still to visit in a tree walk.
+struct Visit {
+    pid: u64,
+    /// The inner node that points to it (None for the root).
+    parent: Option<u64>,
+    depth: u32,
+    /// The range the parent gives it: `(lower, upper]`, None = infinite.
+    lower: Option<Vec<u8>>,
+    upper: Option<Vec<u8>>,
+}
+
+/// The walk's state across trees.
+struct Checker {
+    pool: Arc<BufferPool>,
+    next_unused: u64,
+    /// Per page id: 0 nobody, `i + 1` tree `i` of `names`, or
+    /// [`FREE_OWNER`].
+    owners: Vec<u32>,
+    names: Vec<String>,
+    findings: Vec<Finding>,
+}
+
+/// Accumulates one tree's statistics.
+#[derive(Default)]
+struct Acc {
+    inner_pages: u64,
+    leaf_pages: u64,
+    entries: u64,
+    leaf_fill: f64,
+    inner_fill: f64,
+    leaf_depth: Option<u32>,
+}
+
+/// A key for a finding: escaped, shortened, or an infinity.
+fn show(k: Option<&[u8]>, inf: &str) -> String {
+    match k {
+        None => inf.to_string(),
+        Some(k) if k.len() > SHOW_KEY => {
+            format!(
+                "\"{}\"... ({} bytes)",
+                k[..SHOW_KEY].escape_ascii(),
+                k.len()
+            )
+        }
+        Some(k) => format!("\"{}\"", k.escape_ascii()),
+    }
+}
+
+/// The message of a failed page read.
+fn read_error(e: &Error) -> String {
+    match e {
+        Error::Corrupt { what, .. } => format!("cannot be read: {what}"),
+        e => format!("cannot be read: {e}"),
+    }
+}
+
+impl Checker {
+    fn find(&mut self, page: Option<u64>, tree: Option<&str>, what: String) {
+        self.findings.push(Finding {
+            page,
+            tree: tree.map(str::to_string),
+            what,
+        });
+    }
+
+    fn owner_name(&self, owner: u32) -> String {
+        match owner {
+            0 => "nobody".into(),
+            FREE_OWNER => "the free list".into(),
+            i => match self.names.get(i as usize - 1) {
+                Some(n) => format!("tree {n:?}"),
+                None => format!("owner {i}"),
+            },
+        }
+    }
+
+    /// Claims page `pid` for `owner`; false (and a finding) if it is out
+    /// of range or already owned.
+    fn claim(&mut self, pid: u64, owner: u32, tree: &str, via: Option<u64>) -> bool {
+        let from = match via {
+            Some(p) => format!("page {p}"),
+            None => "the root".to_string(),
+        };
+        if pid == alloc::META_PAGE || pid >= self.next_unused {
+            let what = format!(
+                "points to page {pid}, outside the used pages 1..{}",
+                self.next_unused
+            );
+            match via {
+                Some(p) => self.find(Some(p), Some(tree), what),
+                None => self.find(None, Some(tree), format!("root {what}")),
+            }
+            return false;
+        }
+        let prev = self.owners[pid as usize];
+        if prev != 0 {
+            let what = if prev == owner {
+                format!("reached a second time in the same tree (from {from}): a cycle or a shared child")
+            } else {
+                format!(
+                    "owned twice: by {} and, from {from}, by tree {tree:?}",
+                    self.owner_name(prev)
+                )
+            };
+            self.find(Some(pid), Some(tree), what);
+            return false;
+        }
+        self.owners[pid as usize] = owner;
+        true
+    }
+
+    /// Walks one tree from `root`; with `collect`, returns its leaf entries
+    /// (for the catalogue).
+    async fn walk(&mut self, owner: u32, root: u64, collect: bool) -> (TreeStats, Vec<LeafEntry>) {
+        let name = self.names[owner as usize - 1].clone();
+        let mut acc = Acc::default();
+        let mut entries = Vec::new();
+        let mut stack = vec![Visit {
+            pid: root,
+            parent: None,
+            depth: 0,
+            lower: None,
+            upper: None,
+        }];
+        while let Some(v) = stack.pop() {
+            if !self.claim(v.pid, owner, &name, v.parent) {
+                continue;
+            }
+            let pool = self.pool.clone();
+            let g = match pool.fix_shared(v.pid).await {
+                Ok(g) => g,
+                Err(e) => {
+                    self.find(Some(v.pid), Some(&name), read_error(&e));
+                    continue;
+                }
+            };
+            let children =
+                self.visit_page(&g, &v, &name, &mut acc, collect.then_some(&mut entries));
+            drop(g);
+            for c in &children {
+                if c.pid < self.next_unused {
+                    pool.prefetch(c.pid);
+                }
+            }
+            stack.extend(children.into_iter().rev());
+        }
+        let stats = TreeStats {
+            name,
+            root,
+            height: acc.leaf_depth.map_or(0, |d| d + 1),
+            inner_pages: acc.inner_pages,
+            leaf_pages: acc.leaf_pages,
+            entries: acc.entries,
+            leaf_fill: mean(acc.leaf_fill, acc.leaf_pages),
+            inner_fill: mean(acc.inner_fill, acc.inner_pages),
+        };
+        (stats, entries)
+    }
+
+    /// Checks one page of a tree; returns the children to visit, in key
+    /// order.
+    fn visit_page(
+        &mut self,
+        bytes: &[u8],
+        v: &Visit,
+        tree: &str,
+        acc: &mut Acc,
+        entries: Option<&mut Vec<LeafEntry>>,
+    ) -> Vec<Visit> {
+        let pid = v.pid;
+        let node = match Node::new(bytes) {
+            Ok(n) => n,
+            Err(c) => {
+                self.find(Some(pid), Some(tree), format!("btree node: {}", c.what));
+                return Vec::new();
+            }
+        };
+        let mut sound = true;
+        if let Err(c) = node::check(bytes) {
+            self.find(Some(pid), Some(tree), format!("btree node: {}", c.what));
+            sound = false;
+        }
+        let leaf = node.is_leaf();
+        let ptype = page::page_type(bytes);
+        let type_ok = matches!(
+            (ptype, leaf),
+            (Some(PageType::Leaf), true) | (Some(PageType::Inner), false)
+        );
+        if !type_ok {
+            self.find(
+                Some(pid),
+                Some(tree),
+                format!(
+                    "page type {ptype:?} but the node says it is {}",
+                    if leaf { "a leaf" } else { "an inner node" }
+                ),
+            );
+        }
+        let from = match v.parent {
+            Some(p) => format!("parent page {p}"),
+            None => "a root".to_string(),
+        };
+        if node.lower_fence() != v.lower.as_deref() {
+            self.find(
+                Some(pid),
+                Some(tree),
+                format!(
+                    "lower fence {} differs from {} given by {from}",
+                    show(node.lower_fence(), "-inf"),
+                    show(v.lower.as_deref(), "-inf"),
+                ),
+            );
+        }
+        if node.upper_fence() != v.upper.as_deref() {
+            self.find(
+                Some(pid),
+                Some(tree),
+                format!(
+                    "upper fence {} differs from {} given by {from}",
+                    show(node.upper_fence(), "+inf"),
+                    show(v.upper.as_deref(), "+inf"),
+                ),
+            );
+        }
+        if leaf {
+            acc.leaf_pages += 1;
+            acc.entries += node.len() as u64;
+            acc.leaf_fill += node.fill_factor();
+            match acc.leaf_depth {
+                None => acc.leaf_depth = Some(v.depth),
+                Some(d) if d != v.depth => self.find(
+                    Some(pid),
+                    Some(tree),
+                    format!(
+                        "leaf at depth {} but the first leaf is at depth {d}",
+                        v.depth
+                    ),
+                ),
+                Some(_) => {}
+            }
+            if let (Some(out), true) = (entries, sound) {
+                for i in 0..node.len() {
+                    out.push((pid, node.key_vec_at(i), node.payload_at(i).to_vec()));
+                }
+            }
+            return Vec::new();
+        }
+        acc.inner_pages += 1;
+        acc.inner_fill += node.fill_factor();
+        if let Some(d) = acc.leaf_depth {
+            if v.depth >= d {
+                self.find(
+                    Some(pid),
+                    Some(tree),
+                    format!(
+                        "inner node at depth {} but the first leaf is at depth {d}",
+                        v.depth
+                    ),
+                );
+            }
+        }
+        if !sound {
+            // Child pointers and separators of a node that failed its
+            // check are not trusted; its subtree shows up as lost pages.
+            return Vec::new();
+        }
+        let n = node.len();
+        let mut out = Vec::with_capacity(n + 1);
+        let mut lower = v.lower.clone();
+        for i in 0..n {
+            let key = node.key_vec_at(i);
+            out.push(Visit {
+                pid: node.child_at(i),
+                parent: Some(pid),
+                depth: v.depth + 1,
+                lower: lower.take(),
+                upper: Some(key.clone()),
+            });
+            lower = Some(key);
+        }
+        out.push(Visit {
+            pid: node.upper_child(),
+            parent: Some(pid),
+            depth: v.depth + 1,
+            lower,
+            upper: v.upper.clone(),
+        });
+        out
+    }
+
+    /// Follows the free list; returns the pages found in it.
+    async fn walk_free_list(&mut self, recorded: u64) -> u64 {
+        let pool = self.pool.clone();
+        let mut next = match pool.free_list_head().await {
+            Ok(h) => h,
+            Err(e) => {
+                self.find(Some(alloc::META_PAGE), None, read_error(&e));
+                return 0;
+            }
+        };
+        let mut prev = alloc::META_PAGE;
+        let mut count = 0u64;
+        let mut complete = true;
+        while next != 0 {
+            if next >= self.next_unused {
+                self.find(
+                    Some(prev),
+                    None,
+                    format!(
+                        "free list points to page {next}, outside the used pages 1..{}",
+                        self.next_unused
+                    ),
+                );
+                complete = false;
+                break;
+            }
+            let owner = self.owners[next as usize];
+            if owner != 0 {
+                let what = if owner == FREE_OWNER {
+                    format!("free list has a cycle (page {prev} points back to it)")
+                } else {
+                    format!("in the free list but owned by {}", self.owner_name(owner))
+                };
+                self.find(Some(next), None, what);
+                complete = false;
+                break;
+            }
+            self.owners[next as usize] = FREE_OWNER;
+            count += 1;
+            let g = match pool.fix_shared(next).await {
+                Ok(g) => g,
+                Err(e) => {
+                    self.find(Some(next), None, format!("free page {}", read_error(&e)));
+                    complete = false;
+                    break;
+                }
+            };
+            let t = page::page_type(&g);
+            if t != Some(PageType::Free) {
+                drop(g);
+                self.find(
+                    Some(next),
+                    None,
+                    format!("in the free list but its page type is {t:?}"),
+                );
+                complete = false;
+                break;
+            }
+            prev = next;
+            next = alloc::free_list_next(&g);
+        }
+        if complete && count != recorded {
+            self.find(
+                Some(alloc::META_PAGE),
+                None,
+                format!("meta page counts {recorded} free pages, the free list holds {count}"),
+            );
+        }
+        count
+    }
+
+    /// Reports pages nobody owns, one finding per run of consecutive ids.
+    fn lost_pages(&mut self) -> u64 {
+        let mut lost = 0;
+        let mut run: Option<(u64, u64)> = None;
+        let mut runs = Vec::new();
+        for pid in 1..self.next_unused {
+            if self.owners[pid as usize] == 0 {
+                lost += 1;
+                run = match run {
+                    Some((a, b)) if b + 1 == pid => Some((a, pid)),
+                    Some(r) => {
+                        runs.push(r);
+                        Some((pid, pid))
+                    }
+                    None => Some((pid, pid)),
+                };
+            }
+        }
+        runs.extend(run);
+        for (a, b) in runs {
+            let what = if a == b {
+                "lost: owned by no tree and not in the free list".to_string()
+            } else {
+                format!(
+                    "pages {a}..={b} ({} pages) are lost: owned by no tree and not in the free list",
+                    b - a + 1
+                )
+            };
+            self.find(Some(a), None, what);
+        }
+        lost
+    }
+}
+
+fn mean(sum: f64, n: u64) -> f64 {
+    if n == 0 {
+        0.0
+    } else {
+        sum / n as f64
+    }
+}
+
+/// Checks the database in `pool` (its meta page must be open): the
+/// catalogue, every tree it names, the free list and the page accounting.
+/// Must run on a worker (inside a task); [`crate::Db::check`] does that.
+///
+/// Returns `Err` only if the meta page cannot be read; every other problem
+/// is a [`Finding`] in the report.
+pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
+    let space = pool.space().await?;
+    let mut c = Checker {
+        pool: pool.clone(),
+        next_unused: space.next_unused.min(space.total_pages),
+        owners: Vec::new(),
+        names: vec![CATALOG_TREE.to_string()],
+        findings: Vec::new(),
+    };
+    if space.next_unused > space.total_pages || space.next_unused == 0 {
+        c.find(
+            Some(alloc::META_PAGE),
+            None,
+            format!(
+                "next unused page {} is outside the array ({} pages)",
+                space.next_unused, space.total_pages
+            ),
+        );
+    }
+    let len = usize::try_from(c.next_unused).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "{} pages are too many to check on this machine",
+            c.next_unused
+        ))
+    })?;
+    c.owners = vec![0; len];
+
+    let mut roots = Vec::with_capacity(ROOT_SLOTS);
+    for slot in 0..ROOT_SLOTS {
+        roots.push(pool.root(slot).await?);
+    }
+    for (slot, &r) in roots.iter().enumerate().skip(CATALOG_SLOT + 1) {
+        if r != 0 {
+            c.find(
+                Some(alloc::META_PAGE),
+                None,
+                format!("root slot {slot} holds page {r}, a structure this checker does not know (its pages are not accounted for)"),
+            );
+        }
+    }
+
+    let catalog_root = roots[CATALOG_SLOT];
+    let (catalog, entries) = if catalog_root == 0 {
+        c.find(
+            Some(alloc::META_PAGE),
+            Some(CATALOG_TREE),
+            "meta page has no catalogue root".into(),
+        );
+        (
+            TreeStats {
+                name: CATALOG_TREE.into(),
+                root: 0,
+                height: 0,
+                inner_pages: 0,
+                leaf_pages: 0,
+                entries: 0,
+                leaf_fill: 0.0,
+                inner_fill: 0.0,
+            },
+            Vec::new(),
+        )
+    } else {
+        c.walk(1, catalog_root, true).await
+    };
+
+    let mut tree_roots = Vec::with_capacity(entries.len());
+    for (leaf, key, value) in entries {
+        let name = String::from_utf8_lossy(&key).into_owned();
+        match <[u8; 8]>::try_from(value.as_slice()) {
+            Ok(b) => tree_roots.push((name, u64::from_le_bytes(b))),
+            Err(_) => c.find(
+                Some(leaf),
+                Some(CATALOG_TREE),
+                format!(
+                    "catalogue entry {name:?} holds {} bytes, not a page id",
+                    value.len()
+                ),
+            ),
+        }
+    }
+    let mut trees = Vec::with_capacity(tree_roots.len());
+    for (name, root) in tree_roots {
+        c.names.push(name);
+        let owner = c.names.len() as u32;
+        let (stats, _) = c.walk(owner, root, false).await;
+        trees.push(stats);
+    }
+
+    let free_list_pages = c.walk_free_list(space.free_pages).await;
+    let lost_pages = c.lost_pages();
+    Ok(CheckReport {
+        page_size: pool.page_size(),
+        space,
+        free_list_pages,
+        catalog,
+        trees,
+        lost_pages,
+        findings: c.findings,
+    })
+}
