@@ -9,6 +9,8 @@
 mod error;
 mod iostudy;
 mod pace;
+#[allow(dead_code)] // until the lookup/YCSB benchmarks use it
+mod peers;
 #[allow(unsafe_code)]
 mod report;
 mod rng;

@@ -1,0 +1,1 @@
+compile_error!("the lmdb peer is not written yet");

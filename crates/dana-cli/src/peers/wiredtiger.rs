@@ -1,0 +1,1 @@
+compile_error!("the wiredtiger peer is not written yet");
