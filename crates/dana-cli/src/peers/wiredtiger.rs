@@ -1,0 +1,577 @@
+//! WiredTiger 3.2.1 through its C API (`wiredtiger.h`), linked against the
+//! system `libwiredtiger`.
+//!
+//! The API is structs of function pointers; the `#[repr(C)]` structs
+//! below copy `WT_CONNECTION`, `WT_SESSION` and `WT_CURSOR` from the
+//! 3.2.1 header field for field up to the last method called (checked
+//! against `gcc -E` output of the installed header; `SWIG` and `DOXYGEN`
+//! undefined, so `app_private`, `debug_info`, `import` are present).
+//!
+//! Configuration: `wiredtiger_open(dir, NULL, "create,cache_size=<cache_bytes>,
+//! direct_io=[data],eviction=(threads_min=1,threads_max=<threads, 1..=20>)")`
+//! (no `direct_io` when direct I/O is off); one table `table:dana` with
+//! `key_format=u,value_format=u,allocation_size=4KB,internal_page_max=4KB,
+//! leaf_page_max=4KB,block_compressor=` (no compression). No log (the
+//! default): updates are durable at checkpoints. Load: one `bulk` cursor
+//! in key order, then a checkpoint. Reads and writes: WiredTiger sessions
+//! are single-threaded, so each call borrows a session with an open
+//! cursor (default `overwrite=true`, so insert is an upsert) from a
+//! per-thread pool, and resets the cursor before giving it back so it
+//! pins no page or snapshot between calls.
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::ptr;
+
+use super::{already_loaded, engine_dir, write_marker, PeerConfig, PeerEngine, Pool, LOAD_BATCH};
+use crate::{CliError, CliResult};
+
+const WT_ROLLBACK: c_int = -31800;
+const WT_NOTFOUND: c_int = -31803;
+/// Returned by [`wt!`] when a method pointer is null (never, in 3.2.1).
+const NO_METHOD: c_int = libc::ENOTSUP;
+
+/// `WT_ITEM`.
+#[repr(C)]
+struct WtItem {
+    data: *const c_void,
+    size: usize,
+    mem: *mut c_void,
+    memsize: usize,
+    flags: u32,
+}
+
+impl WtItem {
+    fn of(b: &[u8]) -> Self {
+        WtItem {
+            data: b.as_ptr().cast(),
+            size: b.len(),
+            mem: ptr::null_mut(),
+            memsize: 0,
+            flags: 0,
+        }
+    }
+    fn empty() -> Self {
+        Self::of(&[])
+    }
+}
+
+type CursorFn = unsafe extern "C" fn(*mut WtCursor) -> c_int;
+type CursorVarFn = unsafe extern "C" fn(*mut WtCursor, ...) -> c_int;
+type CursorSetFn = unsafe extern "C" fn(*mut WtCursor, ...);
+type CursorCmpFn = unsafe extern "C" fn(*mut WtCursor, *mut WtCursor, *mut c_int) -> c_int;
+type SessionFn = unsafe extern "C" fn(*mut WtSession) -> c_int;
+type SessionCfgFn = unsafe extern "C" fn(*mut WtSession, *const c_char) -> c_int;
+type SessionNameFn = unsafe extern "C" fn(*mut WtSession, *const c_char, *const c_char) -> c_int;
+type ConnFn = unsafe extern "C" fn(*mut WtConnection) -> c_int;
+type ConnCfgFn = unsafe extern "C" fn(*mut WtConnection, *const c_char) -> c_int;
+
+/// `WT_CURSOR`, up to `close`.
+#[repr(C)]
+struct WtCursor {
+    session: *mut WtSession,
+    uri: *const c_char,
+    key_format: *const c_char,
+    value_format: *const c_char,
+    get_key: Option<CursorVarFn>,
+    get_value: Option<CursorVarFn>,
+    set_key: Option<CursorSetFn>,
+    set_value: Option<CursorSetFn>,
+    compare: Option<CursorCmpFn>,
+    equals: Option<CursorCmpFn>,
+    next: Option<CursorFn>,
+    prev: Option<CursorFn>,
+    reset: Option<CursorFn>,
+    search: Option<CursorFn>,
+    search_near: Option<unsafe extern "C" fn(*mut WtCursor, *mut c_int) -> c_int>,
+    insert: Option<CursorFn>,
+    modify: Option<unsafe extern "C" fn(*mut WtCursor, *mut c_void, c_int) -> c_int>,
+    update: Option<CursorFn>,
+    remove: Option<CursorFn>,
+    reserve: Option<CursorFn>,
+    close: Option<CursorFn>,
+}
+
+/// `WT_SESSION`, up to `checkpoint`.
+#[repr(C)]
+struct WtSession {
+    connection: *mut WtConnection,
+    app_private: *mut c_void,
+    close: Option<SessionCfgFn>,
+    reconfigure: Option<SessionCfgFn>,
+    strerror: Option<unsafe extern "C" fn(*mut WtSession, c_int) -> *const c_char>,
+    open_cursor: Option<
+        unsafe extern "C" fn(
+            *mut WtSession,
+            *const c_char,
+            *mut WtCursor,
+            *const c_char,
+            *mut *mut WtCursor,
+        ) -> c_int,
+    >,
+    alter: Option<SessionNameFn>,
+    create: Option<SessionNameFn>,
+    import: Option<SessionNameFn>,
+    compact: Option<SessionNameFn>,
+    drop: Option<SessionNameFn>,
+    join: Option<
+        unsafe extern "C" fn(*mut WtSession, *mut WtCursor, *mut WtCursor, *const c_char) -> c_int,
+    >,
+    log_flush: Option<SessionCfgFn>,
+    log_printf: Option<unsafe extern "C" fn(*mut WtSession, *const c_char, ...) -> c_int>,
+    rebalance: Option<SessionNameFn>,
+    rename: Option<
+        unsafe extern "C" fn(*mut WtSession, *const c_char, *const c_char, *const c_char) -> c_int,
+    >,
+    reset: Option<SessionFn>,
+    salvage: Option<SessionNameFn>,
+    truncate: Option<
+        unsafe extern "C" fn(
+            *mut WtSession,
+            *const c_char,
+            *mut WtCursor,
+            *mut WtCursor,
+            *const c_char,
+        ) -> c_int,
+    >,
+    upgrade: Option<SessionNameFn>,
+    verify: Option<SessionNameFn>,
+    begin_transaction: Option<SessionCfgFn>,
+    commit_transaction: Option<SessionCfgFn>,
+    prepare_transaction: Option<SessionCfgFn>,
+    rollback_transaction: Option<SessionCfgFn>,
+    timestamp_transaction: Option<SessionCfgFn>,
+    query_timestamp:
+        Option<unsafe extern "C" fn(*mut WtSession, *mut c_char, *const c_char) -> c_int>,
+    checkpoint: Option<SessionCfgFn>,
+}
+
+/// `WT_CONNECTION`, up to `open_session`.
+#[repr(C)]
+struct WtConnection {
+    async_flush: Option<ConnFn>,
+    async_new_op: Option<
+        unsafe extern "C" fn(
+            *mut WtConnection,
+            *const c_char,
+            *const c_char,
+            *mut c_void,
+            *mut *mut c_void,
+        ) -> c_int,
+    >,
+    close: Option<ConnCfgFn>,
+    debug_info: Option<ConnCfgFn>,
+    reconfigure: Option<ConnCfgFn>,
+    get_home: Option<unsafe extern "C" fn(*mut WtConnection) -> *const c_char>,
+    configure_method: Option<
+        unsafe extern "C" fn(
+            *mut WtConnection,
+            *const c_char,
+            *const c_char,
+            *const c_char,
+            *const c_char,
+            *const c_char,
+        ) -> c_int,
+    >,
+    is_new: Option<ConnFn>,
+    open_session: Option<
+        unsafe extern "C" fn(
+            *mut WtConnection,
+            *mut c_void,
+            *const c_char,
+            *mut *mut WtSession,
+        ) -> c_int,
+    >,
+}
+
+#[link(name = "wiredtiger")]
+extern "C" {
+    fn wiredtiger_open(
+        home: *const c_char,
+        event_handler: *mut c_void,
+        config: *const c_char,
+        conn: *mut *mut WtConnection,
+    ) -> c_int;
+    fn wiredtiger_strerror(err: c_int) -> *const c_char;
+}
+
+/// Calls method `$m` of handle `$h` (a raw pointer) with the handle as
+/// the first argument; [`NO_METHOD`] if the pointer is null. Must be used
+/// inside `unsafe`.
+macro_rules! wt {
+    ($h:expr, $m:ident $(, $arg:expr)*) => {{
+        let h = $h;
+        match (*h).$m {
+            Some(f) => f(h $(, $arg)*),
+            None => NO_METHOD,
+        }
+    }};
+}
+
+/// Sets a cursor's key or value (`set_key`/`set_value`, which return
+/// nothing: an error shows up in the next call). Must be used inside
+/// `unsafe`.
+macro_rules! wt_set {
+    ($c:expr, $m:ident, $item:expr) => {{
+        let c = $c;
+        if let Some(f) = (*c).$m {
+            f(c, $item as *const WtItem);
+        }
+    }};
+}
+
+/// A WiredTiger return code as a result.
+fn check(rc: c_int, what: impl std::fmt::Display) -> CliResult<()> {
+    if rc == 0 {
+        return Ok(());
+    }
+    // SAFETY: wiredtiger_strerror returns a NUL-terminated string for any
+    // code (static, or strerror's).
+    let msg = unsafe { CStr::from_ptr(wiredtiger_strerror(rc)) }
+        .to_string_lossy()
+        .into_owned();
+    Err(CliError(format!("wiredtiger: {what}: {msg} ({rc})")))
+}
+
+/// The table every load uses.
+const URI: &CStr = c"table:dana";
+
+/// A session with an open cursor on [`URI`], used by one thread at a time.
+struct Handle {
+    session: *mut WtSession,
+    cursor: *mut WtCursor,
+}
+
+// SAFETY: a WiredTiger session may move between threads as long as only
+// one uses it at a time, which the pool guarantees.
+unsafe impl Send for Handle {}
+
+/// WiredTiger behind [`PeerEngine`].
+pub struct WiredTiger {
+    conn: *mut WtConnection,
+    handles: Pool<Handle>,
+    dir: PathBuf,
+    direct_io: bool,
+}
+
+// SAFETY: WT_CONNECTION is thread-safe (open_session may be called from
+// any thread); sessions are used by one thread at a time via the pool.
+unsafe impl Send for WiredTiger {}
+// SAFETY: as for Send.
+unsafe impl Sync for WiredTiger {}
+
+/// A handle borrowed from the pool; its cursor is reset and the handle
+/// returned on drop.
+struct Borrowed<'a> {
+    wt: &'a WiredTiger,
+    h: Handle,
+}
+
+impl Borrowed<'_> {
+    fn cursor(&self) -> *mut WtCursor {
+        self.h.cursor
+    }
+}
+
+impl Drop for Borrowed<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the cursor is live and used by this thread only; reset
+        // releases its position, page pin and snapshot.
+        unsafe { wt!(self.h.cursor, reset) };
+        self.wt.handles.give(Handle {
+            session: self.h.session,
+            cursor: self.h.cursor,
+        });
+    }
+}
+
+impl WiredTiger {
+    /// Opens or creates the database under `cfg.dir/wiredtiger/`.
+    pub fn open(cfg: &PeerConfig) -> CliResult<Self> {
+        let dir = engine_dir(cfg, "wiredtiger")?;
+        let home = CString::new(dir.as_os_str().as_bytes())
+            .map_err(|_| CliError(format!("{}: path contains NUL", dir.display())))?;
+        let config = CString::new(format!(
+            "create,cache_size={}{},eviction=(threads_min=1,threads_max={})",
+            cfg.cache_bytes.max(1 << 20),
+            if cfg.direct_io {
+                ",direct_io=[data]"
+            } else {
+                ""
+            },
+            cfg.threads.clamp(1, 20),
+        ))
+        .expect("no NUL in the config");
+        let mut conn = ptr::null_mut();
+        // SAFETY: home and config are NUL-terminated and outlive the call;
+        // `conn` is an out-pointer.
+        let rc =
+            unsafe { wiredtiger_open(home.as_ptr(), ptr::null_mut(), config.as_ptr(), &mut conn) };
+        check(rc, format_args!("opening {}", dir.display()))?;
+        // From here on Drop closes the connection.
+        let me = WiredTiger {
+            conn,
+            handles: Pool::new(),
+            dir,
+            direct_io: cfg.direct_io,
+        };
+        let session = me.session()?;
+        let table = c"key_format=u,value_format=u,allocation_size=4KB,internal_page_max=4KB,\
+                      leaf_page_max=4KB,block_compressor=";
+        // SAFETY: the session is live; strings are NUL-terminated statics.
+        let rc = unsafe { wt!(session, create, URI.as_ptr(), table.as_ptr()) };
+        // SAFETY: the session is live and closed once.
+        unsafe { wt!(session, close, ptr::null()) };
+        check(rc, "creating table:dana")?;
+        Ok(me)
+    }
+
+    /// A new session.
+    fn session(&self) -> CliResult<*mut WtSession> {
+        let mut session = ptr::null_mut();
+        // SAFETY: the connection is open; `session` is an out-pointer.
+        let rc = unsafe {
+            wt!(
+                self.conn,
+                open_session,
+                ptr::null_mut(),
+                ptr::null(),
+                &mut session
+            )
+        };
+        check(rc, "opening a session")?;
+        Ok(session)
+    }
+
+    /// A session and cursor for this thread: pooled, or new.
+    fn borrow(&self) -> CliResult<Borrowed<'_>> {
+        if let Some(h) = self.handles.take() {
+            return Ok(Borrowed { wt: self, h });
+        }
+        let session = self.session()?;
+        let mut cursor = ptr::null_mut();
+        // SAFETY: the session is live and ours; `cursor` is an out-pointer.
+        let rc = unsafe {
+            wt!(
+                session,
+                open_cursor,
+                URI.as_ptr(),
+                ptr::null_mut(),
+                ptr::null(),
+                &mut cursor
+            )
+        };
+        if rc != 0 {
+            // SAFETY: the session is live and closed once.
+            unsafe { wt!(session, close, ptr::null()) };
+            check(rc, "opening a cursor")?;
+        }
+        Ok(Borrowed {
+            wt: self,
+            h: Handle { session, cursor },
+        })
+    }
+
+    /// Closes every pooled session (and its cursor).
+    fn close_pooled(&self) {
+        for h in self.handles.drain() {
+            // SAFETY: pooled sessions are idle; closing one closes its
+            // cursor; neither is used again.
+            unsafe { wt!(h.session, close, ptr::null()) };
+        }
+    }
+}
+
+impl Drop for WiredTiger {
+    fn drop(&mut self) {
+        self.close_pooled();
+        // SAFETY: no call is in flight (`&mut self`); closing the
+        // connection checkpoints and frees it; it is not used again.
+        unsafe { wt!(self.conn, close, ptr::null()) };
+    }
+}
+
+impl PeerEngine for WiredTiger {
+    fn name(&self) -> &'static str {
+        "wiredtiger"
+    }
+
+    fn load(
+        &self,
+        records: u64,
+        value_size: usize,
+        value: &(dyn Fn(u64, &mut [u8]) + Sync),
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> CliResult<()> {
+        if already_loaded(&self.dir, records, value_size)? {
+            progress(records);
+            return Ok(());
+        }
+        // A bulk cursor needs the table to itself.
+        self.close_pooled();
+        let session = self.session()?;
+        let result = (|| {
+            let mut bulk = ptr::null_mut();
+            // SAFETY: the session is live and ours; `bulk` is an out-pointer.
+            let rc = unsafe {
+                wt!(
+                    session,
+                    open_cursor,
+                    URI.as_ptr(),
+                    ptr::null_mut(),
+                    c"bulk".as_ptr(),
+                    &mut bulk
+                )
+            };
+            check(rc, "opening a bulk cursor")?;
+            let mut buf = vec![0u8; value_size];
+            let mut rc = 0;
+            for i in 0..records {
+                value(i, &mut buf);
+                let key = i.to_be_bytes();
+                let (k, v) = (WtItem::of(&key), WtItem::of(&buf));
+                // SAFETY: the cursor is live; the items point at buffers
+                // that live across the insert, which copies them.
+                rc = unsafe {
+                    wt_set!(bulk, set_key, &k);
+                    wt_set!(bulk, set_value, &v);
+                    wt!(bulk, insert)
+                };
+                if rc != 0 {
+                    break;
+                }
+                if (i + 1) % LOAD_BATCH == 0 {
+                    progress(i + 1);
+                }
+            }
+            // SAFETY: the cursor is live and closed once (this finishes
+            // the bulk load).
+            let close_rc = unsafe { wt!(bulk, close) };
+            check(rc, "bulk insert")?;
+            check(close_rc, "closing the bulk cursor")?;
+            // SAFETY: the session is live.
+            check(
+                unsafe { wt!(session, checkpoint, ptr::null()) },
+                "checkpoint",
+            )
+        })();
+        // SAFETY: the session is live and closed once.
+        unsafe { wt!(session, close, ptr::null()) };
+        result?;
+        progress(records);
+        write_marker(&self.dir, records, value_size)
+    }
+
+    fn get(&self, key: &[u8], out: &mut Vec<u8>) -> CliResult<bool> {
+        let b = self.borrow()?;
+        let c = b.cursor();
+        let k = WtItem::of(key);
+        // SAFETY: the cursor is this thread's; `k` points at `key`, which
+        // outlives the search.
+        let rc = unsafe {
+            wt_set!(c, set_key, &k);
+            wt!(c, search)
+        };
+        if rc == WT_NOTFOUND {
+            return Ok(false);
+        }
+        check(rc, "search")?;
+        let mut v = WtItem::empty();
+        // SAFETY: the cursor is positioned; "u" format fills a WT_ITEM.
+        check(
+            unsafe { wt!(c, get_value, &mut v as *mut WtItem) },
+            "get_value",
+        )?;
+        // SAFETY: the item points at `v.size` bytes valid until the cursor
+        // moves or resets (when `b` drops, after the copy).
+        let data = unsafe { std::slice::from_raw_parts(v.data.cast::<u8>(), v.size) };
+        out.clear();
+        out.extend_from_slice(data);
+        Ok(true)
+    }
+
+    fn put(&self, key: &[u8], value: &[u8]) -> CliResult<()> {
+        let b = self.borrow()?;
+        let c = b.cursor();
+        let (k, v) = (WtItem::of(key), WtItem::of(value));
+        let mut rc = 0;
+        // An autocommit update can be rolled back by a concurrent writer
+        // of the same key: retry.
+        for _ in 0..100 {
+            // SAFETY: the cursor is this thread's; the items point at
+            // buffers that outlive the insert (overwrite=true: upsert).
+            rc = unsafe {
+                wt_set!(c, set_key, &k);
+                wt_set!(c, set_value, &v);
+                wt!(c, insert)
+            };
+            if rc != WT_ROLLBACK {
+                break;
+            }
+        }
+        check(rc, "insert")
+    }
+
+    fn scan(&self, start: &[u8], n: usize) -> CliResult<usize> {
+        if n == 0 {
+            return Ok(0);
+        }
+        let b = self.borrow()?;
+        let c = b.cursor();
+        let k = WtItem::of(start);
+        let mut exact: c_int = 0;
+        // SAFETY: the cursor is this thread's; `k` outlives the search.
+        let mut rc = unsafe {
+            wt_set!(c, set_key, &k);
+            wt!(c, search_near, &mut exact)
+        };
+        if rc == 0 && exact < 0 {
+            // SAFETY: the cursor is positioned (just before `start`).
+            rc = unsafe { wt!(c, next) };
+        }
+        let mut read = 0usize;
+        let mut bytes = 0usize;
+        while rc == 0 {
+            let (mut key, mut val) = (WtItem::empty(), WtItem::empty());
+            // SAFETY: the cursor is positioned; "u" formats fill WT_ITEMs,
+            // read before the cursor moves.
+            rc = unsafe { wt!(c, get_key, &mut key as *mut WtItem) };
+            if rc == 0 {
+                // SAFETY: as above.
+                rc = unsafe { wt!(c, get_value, &mut val as *mut WtItem) };
+            }
+            if rc != 0 {
+                break;
+            }
+            bytes += std::hint::black_box(key.size + val.size);
+            read += 1;
+            if read == n {
+                break;
+            }
+            // SAFETY: the cursor is positioned.
+            rc = unsafe { wt!(c, next) };
+        }
+        std::hint::black_box(bytes);
+        if rc != 0 && rc != WT_NOTFOUND {
+            check(rc, "scan")?;
+        }
+        Ok(read)
+    }
+
+    fn caveat(&self) -> Option<String> {
+        (!self.direct_io).then(|| {
+            "WiredTiger without direct I/O: reads also hit the OS page cache, \
+             beyond the cache budget"
+                .to_string()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn peers_wiredtiger_conformance() {
+        super::super::tests::conformance("wiredtiger");
+    }
+}
