@@ -29,15 +29,14 @@ struct Cli {
     command: Command,
 }
 
-/// The subcommands. Planned: `bench lookup`, `bench pages`, `bench ycsb`,
-/// `check`, `inspect`.
+/// The subcommands. Planned: `check`, `inspect`.
 #[derive(Subcommand, Debug)]
 enum Command {
     /// The HTAP I/O-stack study (Haas et al., CIDR 2020): scan, point
     /// reads, background writes and WAL at once, over each I/O stack
     /// configuration; plus a queue-depth sweep and a comparison with fio.
     Iostudy(iostudy::IostudyArgs),
-    /// Benchmarks of the engine: `lookup` (the main job), `pages`.
+    /// Benchmarks of the engine: `lookup` (the main job), `pages`, `ycsb`.
     Bench(bench::BenchArgs),
     /// Verify a database: every tree's invariants and the page accounting.
     /// Prints each finding (naming its page); exit code 1 if any.

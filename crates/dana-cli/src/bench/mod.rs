@@ -12,6 +12,7 @@ pub mod diskstats;
 pub mod lookup;
 pub mod pages;
 pub mod timeline;
+pub mod ycsb;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,6 +48,9 @@ enum BenchCommand {
     /// Random page reads through the buffer manager (no tree), data 10x
     /// the pool, next to raw io_uring reads at the same depth.
     Pages(pages::PagesArgs),
+    /// The YCSB core workloads A-F (or `all`) on data 10x the pool:
+    /// reads, updates, inserts, short scans, read-modify-writes.
+    Ycsb(ycsb::YcsbArgs),
 }
 
 /// Runs a benchmark.
@@ -54,6 +58,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
     match &args.command {
         BenchCommand::Lookup(a) => lookup::run(a),
         BenchCommand::Pages(a) => pages::run(a),
+        BenchCommand::Ycsb(a) => ycsb::run(a),
     }
 }
 
@@ -222,6 +227,32 @@ pub fn sample(
     disk: Option<&Disk>,
     progress: Option<&indicatif::ProgressBar>,
 ) -> Measured {
+    sample_with(
+        db,
+        state,
+        warmup,
+        window,
+        page_size,
+        disk,
+        progress,
+        &mut || {},
+    )
+}
+
+/// [`sample`], calling `on_window` once right when the measured window
+/// starts (after the warm-up), so a workload can snapshot counters of its
+/// own at the same moment.
+#[allow(clippy::too_many_arguments)]
+pub fn sample_with(
+    db: &Db,
+    state: &RunState,
+    warmup: Duration,
+    window: Duration,
+    page_size: usize,
+    disk: Option<&Disk>,
+    progress: Option<&indicatif::ProgressBar>,
+    on_window: &mut dyn FnMut(),
+) -> Measured {
     let start = Instant::now();
     let mut timeline = Vec::new();
     let mut last = (
@@ -235,6 +266,7 @@ pub fn sample(
     loop {
         let now = Instant::now();
         if base.is_none() && now >= start + warmup {
+            on_window();
             base = Some(Base::take(db, state, disk));
         }
         if now >= end {
@@ -264,7 +296,10 @@ pub fn sample(
         }
         last = (t, ops, reads, lat);
     }
-    let b = base.unwrap_or_else(|| Base::take(db, state, disk));
+    let b = base.unwrap_or_else(|| {
+        on_window();
+        Base::take(db, state, disk)
+    });
     let e = Base::take(db, state, disk);
     e.since(&b, state, timeline, page_size)
 }

@@ -1,0 +1,735 @@
+//! `dana bench ycsb`: the YCSB core workloads A-F on dana, on data many
+//! times the buffer pool.
+//!
+//! Owns: the command (arguments, load, run, report). The generators live
+//! in [`gen`], the engine-independent operation mixes and key/value
+//! layout in [`workload`]. Never: counts a read of a wrong or missing
+//! record, a failed write or an empty scan as a success.
+//!
+//! Data: `--records` records, 8-byte keys, `--value-size`-byte values
+//! (`--fields-10x100`: YCSB's 10 fields x 100 bytes, stored as one
+//! 1000-byte value). Keys are an invertible hash of the key number
+//! (YCSB's default `insertorder=hashed`), so the load and the inserts of
+//! D and E land all over the tree. The load goes through the async API
+//! from many tasks and is reused by later runs (a marker file records
+//! the loaded and the current record count).
+//!
+//! Runs change the data (updates, RMWs, inserts), as in YCSB; a later run
+//! reuses the changed database, which YCSB allows. After a workload that
+//! inserts, the marker holds the new record count (all key numbers
+//! `0..count` present); if an insert failed or the run was interrupted,
+//! the marker is gone and the next run reloads. `all` follows YCSB's
+//! recommended order: load, A, B, C, F, D, then a fresh load for E.
+
+pub mod gen;
+pub mod workload;
+
+use std::ops::Bound;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use dana::btree::BTree;
+use dana::stats::{Histogram, HistogramSnapshot};
+use dana::{Db, Error, Options};
+use serde::Serialize;
+
+use super::diskstats::Disk;
+use super::timeline::{write_csv, Chart};
+use super::{
+    bar, clear_dana_files, data_files, sample_with, thousands, Latency, Measured, RunState,
+};
+use crate::report::Machine;
+use crate::{CliError, CliResult, Context};
+use workload::{fill_value, key_of, modify, value_ok, Mix, Op, OpKind, Shared, Workload};
+
+const TREE: &str = "ycsb";
+const PAGE: usize = 4096;
+const KEY_BYTES: usize = 8;
+
+/// `--workload`: one core workload or all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WorkloadChoice {
+    /// 50% read / 50% update, zipfian.
+    A,
+    /// 95% read / 5% update, zipfian.
+    B,
+    /// 100% read, zipfian.
+    C,
+    /// 95% read / 5% insert, latest.
+    D,
+    /// 95% scan (1..100 records) / 5% insert, zipfian.
+    E,
+    /// 50% read / 50% read-modify-write, zipfian.
+    F,
+    /// A, B, C, F, D on one load, then E on a fresh load.
+    All,
+}
+
+impl WorkloadChoice {
+    fn workloads(self) -> Vec<Workload> {
+        match self {
+            WorkloadChoice::A => vec![Workload::A],
+            WorkloadChoice::B => vec![Workload::B],
+            WorkloadChoice::C => vec![Workload::C],
+            WorkloadChoice::D => vec![Workload::D],
+            WorkloadChoice::E => vec![Workload::E],
+            WorkloadChoice::F => vec![Workload::F],
+            WorkloadChoice::All => Workload::ALL_IN_ORDER.to_vec(),
+        }
+    }
+}
+
+/// Arguments of `dana bench ycsb`.
+#[derive(Args, Debug, Clone)]
+pub struct YcsbArgs {
+    /// Which core workload (a-f), or `all`.
+    #[arg(long, value_enum)]
+    pub workload: WorkloadChoice,
+    /// Directory of the database (created and loaded on first use).
+    #[arg(long, default_value = "./dana-data/ycsb")]
+    pub path: PathBuf,
+    /// Records to load (8-byte keys). The default loads in about a minute
+    /// on 2 workers.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub records: u64,
+    /// Value size in bytes (at least 8).
+    #[arg(long, default_value_t = 120)]
+    pub value_size: usize,
+    /// YCSB's record layout: 10 fields x 100 bytes, stored as one
+    /// 1000-byte value (overrides --value-size).
+    #[arg(long = "fields-10x100")]
+    pub fields_10x100: bool,
+    /// Buffer pool size as a fraction of the data.
+    #[arg(long, default_value_t = 0.1)]
+    pub pool_fraction: f64,
+    /// Worker threads.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Concurrent client tasks per worker.
+    #[arg(long, default_value_t = 64)]
+    pub tasks_per_worker: usize,
+    /// Most reads in flight per device (the engine's device budget).
+    #[arg(long, default_value_t = 32)]
+    pub device_budget: usize,
+    /// Measured seconds per workload.
+    #[arg(long, default_value_t = 20.0)]
+    pub seconds: f64,
+    /// Warm-up seconds before each measured window.
+    #[arg(long, default_value_t = 5.0)]
+    pub warmup: f64,
+    /// Small and short: at most 200k records, 2 s per workload (for tests).
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON document with every figure instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bars.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Where the timeline CSV and SVG go (default: <path>/../bench-out).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+impl YcsbArgs {
+    fn effective(&self) -> YcsbArgs {
+        let mut a = self.clone();
+        if a.fields_10x100 {
+            a.value_size = 1000;
+        }
+        if a.quick {
+            a.records = a.records.min(200_000);
+            a.seconds = a.seconds.min(2.0);
+            a.warmup = a.warmup.min(0.5);
+        }
+        a
+    }
+}
+
+/// The data set a workload ran on.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadInfo {
+    /// Records the load wrote.
+    pub records_loaded: u64,
+    /// Records present when the workload started (more after inserts).
+    pub records_at_start: u64,
+    /// Value size, bytes.
+    pub value_size: usize,
+    /// True if loaded for this workload (false: reused).
+    pub loaded_now: bool,
+    /// Load time, s (0 when reused).
+    pub seconds: f64,
+    /// Records per second while loading (0 when reused).
+    pub records_per_s: f64,
+    /// Bytes of pages in use when the workload started.
+    pub data_bytes: u64,
+}
+
+/// Count, rate and latency of one operation kind in the window.
+#[derive(Debug, Clone, Serialize)]
+pub struct KindFigures {
+    /// Operations of this kind in the window.
+    pub count: u64,
+    /// Per second.
+    pub ops_per_s: f64,
+    /// Latency, µs.
+    pub latency: Latency,
+}
+
+/// Per-kind figures; a kind the workload does not issue is absent.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct PerOp {
+    /// Point reads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read: Option<KindFigures>,
+    /// Updates (whole value overwritten).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub update: Option<KindFigures>,
+    /// Inserts of new keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub insert: Option<KindFigures>,
+    /// Short scans.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scan: Option<KindFigures>,
+    /// Read-modify-writes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rmw: Option<KindFigures>,
+}
+
+impl PerOp {
+    /// The figures of `kind`, if the workload issues it.
+    pub fn get(&self, kind: OpKind) -> Option<&KindFigures> {
+        match kind {
+            OpKind::Read => self.read.as_ref(),
+            OpKind::Update => self.update.as_ref(),
+            OpKind::Insert => self.insert.as_ref(),
+            OpKind::Scan => self.scan.as_ref(),
+            OpKind::Rmw => self.rmw.as_ref(),
+        }
+    }
+}
+
+/// One workload's run.
+#[derive(Debug, Clone, Serialize)]
+pub struct YcsbRun {
+    /// a-f.
+    pub workload: Workload,
+    /// Its operation mix.
+    pub mix: Mix,
+    /// The data it ran on.
+    pub load: LoadInfo,
+    /// Pool size / data size.
+    pub pool_fraction: f64,
+    /// Pool bytes.
+    pub pool_bytes: u64,
+    /// Data bytes / pool bytes.
+    pub data_over_pool: f64,
+    /// Records present after the run.
+    pub records_at_end: u64,
+    /// Records returned by scans per second.
+    pub scanned_records_per_s: f64,
+    /// Per operation kind.
+    pub per_op: PerOp,
+    /// The window's figures (all kinds together).
+    #[serde(flatten)]
+    pub m: Measured,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct YcsbReport {
+    /// Machine facts.
+    pub machine: Machine,
+    /// Workers.
+    pub workers: usize,
+    /// Client tasks per worker.
+    pub tasks_per_worker: usize,
+    /// Device budget (reads in flight per device).
+    pub device_budget: usize,
+    /// Key size, bytes.
+    pub key_bytes: usize,
+    /// Value size, bytes.
+    pub value_size: usize,
+    /// How keys are derived from key numbers.
+    pub insert_order: &'static str,
+    /// Database files.
+    pub files: Vec<PathBuf>,
+    /// One entry per workload, in running order.
+    pub runs: Vec<YcsbRun>,
+}
+
+fn options(a: &YcsbArgs, pool_bytes: u64) -> Options {
+    Options::default()
+        .pool_bytes(pool_bytes.max(64 * PAGE as u64) as usize)
+        .workers(a.workers)
+        .device_budget(a.device_budget)
+        .max_tasks_per_worker(a.tasks_per_worker.max(16) * 2)
+}
+
+/// Runs `dana bench ycsb`.
+pub fn run(args: &YcsbArgs) -> CliResult<()> {
+    let a = args.effective();
+    if !a.pool_fraction.is_finite() || a.pool_fraction <= 0.0 {
+        return Err(CliError("--pool-fraction must be > 0".into()));
+    }
+    if a.value_size < 8 {
+        return Err(CliError(
+            "--value-size must be at least 8 (values start with their key number)".into(),
+        ));
+    }
+    if a.records == 0 || a.workers == 0 || a.tasks_per_worker == 0 {
+        return Err(CliError(
+            "--records, --workers and --tasks-per-worker must be > 0".into(),
+        ));
+    }
+    // Peer engines (`--engines`) plug in here: for each `PeerEngine`, load
+    // with `PeerEngine::load(records, value_size, &fill_value(k, 0, ..))`
+    // keyed by `key_of(k)`, then run the same `Shared::op_gen` streams
+    // from plain threads (one `OpGen` per client thread) executing
+    // Read/Update/Insert/Scan/Rmw through get/put/scan (Rmw = get + put),
+    // timing each op into the same per-kind histograms as `run_workload`.
+    let mut runs = Vec::new();
+    let mut fresh_done = false;
+    for w in a.workload.workloads() {
+        // `all`: E starts from a fresh load, as YCSB recommends.
+        let force = a.workload == WorkloadChoice::All && w == Workload::E && fresh_done;
+        let load = ensure_loaded(&a, force)?;
+        fresh_done = true;
+        let files = data_files(&a.path);
+        let disk = files.first().and_then(|f| Disk::of(f));
+        runs.push(run_workload(&a, w, load, disk.as_ref())?);
+    }
+    let report = YcsbReport {
+        machine: Machine::probe(),
+        workers: a.workers,
+        tasks_per_worker: a.tasks_per_worker,
+        device_budget: a.device_budget,
+        key_bytes: KEY_BYTES,
+        value_size: a.value_size,
+        insert_order: "hashed (key = big-endian splitmix64 finaliser of the key number)",
+        files: data_files(&a.path),
+        runs,
+    };
+    write_outputs(&a, &report)?;
+    if a.json {
+        let s = serde_json::to_string_pretty(&report).context("encoding the report")?;
+        println!("{s}");
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(())
+}
+
+fn marker_prefix(a: &YcsbArgs) -> String {
+    format!(
+        "ycsb loaded={} value_size={} page_size={PAGE} records=",
+        a.records, a.value_size
+    )
+}
+
+fn write_marker(a: &YcsbArgs, records: u64) -> CliResult<()> {
+    std::fs::write(
+        a.path.join("LOADED"),
+        format!("{}{records}\n", marker_prefix(a)),
+    )
+    .context("writing the load marker")
+}
+
+async fn data_bytes(db_pool: Arc<dana::buffer::BufferPool>) -> Result<u64, Error> {
+    Ok(db_pool.space().await?.next_unused * PAGE as u64)
+}
+
+/// Loads the data set unless a matching one is there (or `force`).
+fn ensure_loaded(a: &YcsbArgs, force: bool) -> CliResult<LoadInfo> {
+    let marker = a.path.join("LOADED");
+    let current = std::fs::read_to_string(&marker).ok().and_then(|s| {
+        s.trim_end()
+            .strip_prefix(&marker_prefix(a))
+            .and_then(|n| n.parse::<u64>().ok())
+    });
+    if let (Some(records), false) = (current, force) {
+        let db = Db::open(&a.path, options(a, 16 << 20))?;
+        let bytes = db.block_on(data_bytes(db.pool().clone()))??;
+        db.close()?;
+        return Ok(LoadInfo {
+            records_loaded: a.records,
+            records_at_start: records,
+            value_size: a.value_size,
+            loaded_now: false,
+            seconds: 0.0,
+            records_per_s: 0.0,
+            data_bytes: bytes,
+        });
+    }
+    std::fs::create_dir_all(&a.path).context(format!("creating {}", a.path.display()))?;
+    clear_dana_files(&a.path)?;
+    // Random-order inserts leave leaves ~70% full; size the files with
+    // room for the inserts of D and E.
+    let per_record = (KEY_BYTES + a.value_size + 12) as u64;
+    let estimate = a.records * per_record * 100 / 65 + (8 << 20);
+    let capacity = estimate * 2 + (64 << 20);
+    let pool = (estimate + estimate / 4).min(12 << 30);
+    let db = Db::open(&a.path, options(a, pool).capacity_bytes(capacity))?;
+    let tree = db.create_tree(TREE)?.btree().clone();
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let chunks = (a.workers * 16) as u64;
+    let per = a.records.div_ceil(chunks);
+    let (tx, rx) = std::sync::mpsc::channel();
+    for c in 0..chunks {
+        let (tree, done, tx, vs) = (tree.clone(), done.clone(), tx.clone(), a.value_size);
+        let (lo, hi) = (c * per, ((c + 1) * per).min(a.records));
+        db.spawn(async move {
+            let r: Result<(), Error> = async {
+                let mut v = vec![0u8; vs];
+                for i in lo..hi {
+                    fill_value(i, 0, &mut v);
+                    tree.insert(&key_of(i), &v).await?;
+                    if (i - lo) % 1024 == 1023 {
+                        done.fetch_add(1024, Ordering::Relaxed);
+                    }
+                }
+                Ok(())
+            }
+            .await;
+            let _ = tx.send(r.map_err(|e| CliError(format!("loading keys {lo}..{hi}: {e}"))));
+        })?;
+    }
+    drop(tx);
+    let pb = bar(a.quiet || a.json, a.records, "loading");
+    let mut finished = 0;
+    while finished < chunks {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(r) => {
+                r?;
+                finished += 1;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(_) => return Err(CliError("a load task stopped without a result".into())),
+        }
+        let d = done.load(Ordering::Relaxed).min(a.records);
+        pb.set_position(d);
+        pb.set_message(format!(
+            "{:.0} records/s",
+            d as f64 / started.elapsed().as_secs_f64()
+        ));
+    }
+    pb.finish_and_clear();
+    db.flush()?;
+    let seconds = started.elapsed().as_secs_f64();
+    let bytes = db.block_on(data_bytes(db.pool().clone()))??;
+    db.close()?;
+    write_marker(a, a.records)?;
+    Ok(LoadInfo {
+        records_loaded: a.records,
+        records_at_start: a.records,
+        value_size: a.value_size,
+        loaded_now: true,
+        seconds,
+        records_per_s: a.records as f64 / seconds,
+        data_bytes: bytes,
+    })
+}
+
+/// Per-kind latency histograms and scanned-record count of a run.
+#[derive(Default)]
+struct KindStats {
+    latency: [Histogram; 5],
+    scanned: AtomicU64,
+}
+
+/// Executes one op on dana; Err is a failure to count.
+async fn execute(
+    tree: &BTree,
+    op: Op,
+    value_size: usize,
+    buf: &mut [u8],
+    salt: u8,
+    shared: &Shared,
+    stats: &KindStats,
+) -> Result<(), String> {
+    match op {
+        Op::Read(k) => match tree
+            .get_with(&key_of(k), |v| value_ok(k, value_size, v))
+            .await
+        {
+            Ok(Some(true)) => Ok(()),
+            Ok(Some(false)) => Err(format!("read {k}: wrong value")),
+            Ok(None) => Err(format!("read {k}: missing")),
+            Err(e) => Err(format!("read {k}: {e}")),
+        },
+        Op::Update(k) => {
+            fill_value(k, salt, buf);
+            match tree.put(&key_of(k), buf).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(format!("update {k}: the record was missing")),
+                Err(e) => Err(format!("update {k}: {e}")),
+            }
+        }
+        Op::Insert(k) => {
+            fill_value(k, 0, buf);
+            let r = tree.insert(&key_of(k), buf).await;
+            // Acknowledged even on failure, so `latest` does not stall;
+            // the failure is counted and the marker is not rewritten.
+            shared.counter.acknowledge(k);
+            r.map_err(|e| format!("insert {k}: {e}"))
+        }
+        Op::Scan(k, len) => {
+            let key = key_of(k);
+            let mut c = tree.cursor(Bound::Included(&key[..]), Bound::Unbounded, true);
+            let mut n = 0usize;
+            while n < len {
+                match c.next().await {
+                    Ok(Some((rk, _))) => {
+                        if n == 0 && rk != key {
+                            return Err(format!("scan {k}: started at another key"));
+                        }
+                        n += 1;
+                    }
+                    Ok(None) => break,
+                    Err(e) => return Err(format!("scan {k}: {e}")),
+                }
+            }
+            stats.scanned.fetch_add(n as u64, Ordering::Relaxed);
+            if n == 0 {
+                return Err(format!("scan {k}: no records"));
+            }
+            Ok(())
+        }
+        Op::Rmw(k) => match tree
+            .update(&key_of(k), |v| {
+                if value_ok(k, value_size, v) {
+                    modify(v)
+                } else {
+                    v.to_vec()
+                }
+            })
+            .await
+        {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(format!("rmw {k}: missing")),
+            Err(e) => Err(format!("rmw {k}: {e}")),
+        },
+    }
+}
+
+/// Runs one workload with a pool of `--pool-fraction` of the data.
+fn run_workload(
+    a: &YcsbArgs,
+    w: Workload,
+    load: LoadInfo,
+    disk: Option<&Disk>,
+) -> CliResult<YcsbRun> {
+    let pool_bytes = ((load.data_bytes as f64 * a.pool_fraction) as u64).max(64 * PAGE as u64);
+    let db = Db::open(&a.path, options(a, pool_bytes))?;
+    let tree = db
+        .tree(TREE)
+        .context(format!("opening tree {TREE:?} of {}", a.path.display()))?
+        .btree()
+        .clone();
+    if w.inserts() {
+        // Until the run ends cleanly the record count is unknown: an
+        // interrupted run makes the next one reload.
+        let _ = std::fs::remove_file(a.path.join("LOADED"));
+    }
+    let shared = Arc::new(Shared::new(w, load.records_at_start));
+    let state = Arc::new(RunState::default());
+    let stats = Arc::new(KindStats::default());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tasks = a.workers * a.tasks_per_worker;
+    for t in 0..tasks {
+        let (tree, state, stats, shared, tx) = (
+            tree.clone(),
+            state.clone(),
+            stats.clone(),
+            shared.clone(),
+            tx.clone(),
+        );
+        let mut gen = shared.op_gen(t as u64);
+        let vs = a.value_size;
+        db.spawn_on(t % a.workers, async move {
+            let mut buf = vec![0u8; vs];
+            while !state.stop.load(Ordering::Relaxed) {
+                let op = gen.next_op();
+                let salt = gen.salt();
+                let t0 = Instant::now();
+                let r = execute(&tree, op, vs, &mut buf, salt, &shared, &stats).await;
+                let d = t0.elapsed();
+                state.latency.record(d);
+                stats.latency[op.kind() as usize].record(d);
+                if let Err(e) = r {
+                    state.fail(e);
+                }
+                state.ops.fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = tx.send(());
+        })?;
+    }
+    drop(tx);
+    let total = Duration::from_secs_f64(a.warmup + a.seconds);
+    let what = format!("ycsb {}", w.letter());
+    let pb = bar(a.quiet || a.json, total.as_millis() as u64, &what);
+    let mut base: Option<([HistogramSnapshot; 5], u64)> = None;
+    let m = sample_with(
+        &db,
+        &state,
+        Duration::from_secs_f64(a.warmup),
+        Duration::from_secs_f64(a.seconds),
+        PAGE,
+        disk,
+        Some(&pb),
+        &mut || {
+            base = Some((
+                std::array::from_fn(|i| stats.latency[i].snapshot()),
+                stats.scanned.load(Ordering::Relaxed),
+            ))
+        },
+    );
+    let end: [HistogramSnapshot; 5] = std::array::from_fn(|i| stats.latency[i].snapshot());
+    let scanned_end = stats.scanned.load(Ordering::Relaxed);
+    pb.finish_and_clear();
+    state.stop.store(true, Ordering::Relaxed);
+    for _ in 0..tasks {
+        rx.recv_timeout(Duration::from_secs(60))
+            .map_err(|_| CliError(format!("a ycsb {} task did not stop", w.letter())))?;
+    }
+    db.close()?;
+    let records_at_end = shared.counter.issued();
+    if w.inserts() && state.errors.load(Ordering::Relaxed) == 0 {
+        write_marker(a, records_at_end)?;
+    }
+    let (base, scanned_base) = base.ok_or_else(|| CliError("the sampler never started".into()))?;
+    let mix = w.mix();
+    let share = [mix.read, mix.update, mix.insert, mix.scan, mix.rmw];
+    let fig = |k: OpKind| {
+        (share[k as usize] > 0.0).then(|| {
+            let s = end[k as usize].since(&base[k as usize]);
+            KindFigures {
+                count: s.count,
+                ops_per_s: s.count as f64 / m.seconds,
+                latency: Latency::from(&s),
+            }
+        })
+    };
+    Ok(YcsbRun {
+        workload: w,
+        mix,
+        pool_fraction: a.pool_fraction,
+        pool_bytes,
+        data_over_pool: load.data_bytes as f64 / pool_bytes as f64,
+        records_at_end,
+        scanned_records_per_s: (scanned_end - scanned_base) as f64 / m.seconds,
+        per_op: PerOp {
+            read: fig(OpKind::Read),
+            update: fig(OpKind::Update),
+            insert: fig(OpKind::Insert),
+            scan: fig(OpKind::Scan),
+            rmw: fig(OpKind::Rmw),
+        },
+        load,
+        m,
+    })
+}
+
+fn write_outputs(a: &YcsbArgs, r: &YcsbReport) -> CliResult<()> {
+    let out = a.out.clone().unwrap_or_else(|| {
+        a.path
+            .parent()
+            .map_or(PathBuf::from("."), |p| p.to_path_buf())
+            .join("bench-out")
+    });
+    std::fs::create_dir_all(&out).context(format!("creating {}", out.display()))?;
+    for run in &r.runs {
+        let stem = format!("ycsb-{}", run.workload.letter());
+        write_csv(&out.join(format!("{stem}.csv")), &run.m.timeline)?;
+        let tl = &run.m.timeline;
+        let chart = Chart {
+            title: &format!(
+                "dana bench ycsb {}: {} records, pool {:.1}% of data",
+                run.workload.letter().to_ascii_uppercase(),
+                run.load.records_at_start,
+                run.pool_fraction * 100.0
+            ),
+            x_label: "seconds (negative: warm-up)",
+            xs: tl.iter().map(|s| s.t).collect(),
+            series: vec![
+                ("ops/s", tl.iter().map(|s| s.ops_per_s).collect()),
+                ("device reads/s", tl.iter().map(|s| s.reads_per_s).collect()),
+                ("p99 latency (us)", tl.iter().map(|s| s.p99_us).collect()),
+            ],
+            log_x: false,
+        };
+        std::fs::write(out.join(format!("{stem}.svg")), chart.svg())
+            .context("writing the timeline SVG")?;
+    }
+    Ok(())
+}
+
+/// The human report.
+pub fn render(r: &YcsbReport) -> String {
+    let mut s = format!(
+        "dana bench ycsb: {}-byte keys ({}), {}-byte values; {} workers x {} tasks; device budget {}\n",
+        r.key_bytes, r.insert_order, r.value_size, r.workers, r.tasks_per_worker, r.device_budget
+    );
+    for run in &r.runs {
+        let l = &run.load;
+        s += &format!(
+            "\nworkload {}: {} records at start ({}), data {:.2} GiB, pool {:.1}% ({:.0} MiB, data/pool {:.1})\n",
+            run.workload.letter().to_ascii_uppercase(),
+            thousands(l.records_at_start as f64),
+            if l.loaded_now {
+                format!("loaded now in {:.1} s, {} records/s", l.seconds, thousands(l.records_per_s))
+            } else {
+                "reused".into()
+            },
+            l.data_bytes as f64 / (1u64 << 30) as f64,
+            run.pool_fraction * 100.0,
+            run.pool_bytes as f64 / (1 << 20) as f64,
+            run.data_over_pool
+        );
+        let m = &run.m;
+        s += &format!(
+            "  {} ops/s; dev reads/s {}, writes/s {}, disk reads/s {}; {:.2} reads/op; hit rate {:.3}; CPU {:.2} us/op, {:.2} us/IO\n",
+            thousands(m.ops_per_s),
+            thousands(m.engine_reads_per_s),
+            thousands(m.engine_writes_per_s),
+            m.disk_reads_per_s.map_or("-".into(), thousands),
+            m.reads_per_op,
+            m.hit_rate,
+            m.cpu_us_per_op,
+            m.cpu_us_per_io
+        );
+        s += "  op        count       ops/s   p50 us   p99 us  p99.9 us\n";
+        for kind in OpKind::ALL {
+            if let Some(f) = run.per_op.get(kind) {
+                s += &format!(
+                    "  {:<6} {:>10}  {:>10}  {:>7.0}  {:>7.0}  {:>8.0}\n",
+                    kind.name(),
+                    thousands(f.count as f64),
+                    thousands(f.ops_per_s),
+                    f.latency.p50_us,
+                    f.latency.p99_us,
+                    f.latency.p999_us
+                );
+            }
+        }
+        if run.per_op.scan.is_some() {
+            s += &format!(
+                "  scans returned {} records/s\n",
+                thousands(run.scanned_records_per_s)
+            );
+        }
+        if m.errors > 0 {
+            s += &format!(
+                "  ERRORS: {} failed operations; first: {}\n",
+                m.errors,
+                m.first_error.as_deref().unwrap_or("?")
+            );
+        }
+    }
+    s += "\nnotes: zipfian = scrambled zipfian (0.99) over the records present at the start; latest follows the inserts; updates overwrite the whole value; rmw is one atomic Tree::update; CPU = getrusage user+sys over the window; MB = 10^6 bytes.\n";
+    s
+}

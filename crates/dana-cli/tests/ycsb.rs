@@ -1,0 +1,124 @@
+//! `dana bench ycsb --quick --json` end to end: load, run a workload,
+//! print JSON with every figure and the per-operation breakdown.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn run(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_dana"))
+        .args(args)
+        .output()
+        .expect("run dana");
+    assert!(
+        out.status.success(),
+        "dana {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON output")
+}
+
+fn has(v: &Value, fields: &[&str]) {
+    for f in fields {
+        assert!(v.get(f).is_some(), "missing field {f} in {v}");
+    }
+}
+
+const RUN: &[&str] = &[
+    "workload",
+    "mix",
+    "load",
+    "pool_fraction",
+    "pool_bytes",
+    "data_over_pool",
+    "records_at_end",
+    "scanned_records_per_s",
+    "per_op",
+    "seconds",
+    "ops",
+    "ops_per_s",
+    "errors",
+    "latency",
+    "engine_reads_per_s",
+    "engine_writes_per_s",
+    "reads_per_op",
+    "hit_rate",
+    "cpu_us_per_op",
+    "cpu_us_per_io",
+    "miss",
+    "timeline",
+];
+
+fn ycsb(workload: &str, path: &str) -> Value {
+    run(&[
+        "bench",
+        "ycsb",
+        "--workload",
+        workload,
+        "--quick",
+        "--json",
+        "--records",
+        "20000",
+        "--seconds",
+        "1",
+        "--warmup",
+        "0.3",
+        "--tasks-per-worker",
+        "16",
+        "--path",
+        path,
+    ])
+}
+
+fn check_run(r: &Value, kinds: &[&str]) {
+    has(r, RUN);
+    assert_eq!(r["errors"], 0, "{r}");
+    assert!(r["ops"].as_u64().unwrap() > 0);
+    for k in kinds {
+        let f = &r["per_op"][k];
+        has(f, &["count", "ops_per_s", "latency"]);
+        has(
+            &f["latency"],
+            &["count", "mean_us", "p50_us", "p99_us", "p999_us"],
+        );
+        assert!(f["count"].as_u64().unwrap() > 0, "no {k} ops: {r}");
+    }
+}
+
+#[test]
+fn ycsb_a_then_e_quick() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("db");
+    let p = path.to_str().unwrap();
+
+    let v = ycsb("a", p);
+    has(
+        &v,
+        &[
+            "machine",
+            "workers",
+            "key_bytes",
+            "value_size",
+            "files",
+            "runs",
+        ],
+    );
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1);
+    check_run(&runs[0], &["read", "update"]);
+    assert!(runs[0]["per_op"].get("insert").is_none());
+    assert_eq!(runs[0]["load"]["loaded_now"], true);
+    assert_eq!(runs[0]["records_at_end"], 20000);
+    assert!(dir.path().join("bench-out/ycsb-a.csv").exists());
+
+    // E reuses the load and inserts; the marker follows the new count.
+    let v = ycsb("e", p);
+    let r = &v["runs"][0];
+    check_run(r, &["scan", "insert"]);
+    assert_eq!(r["load"]["loaded_now"], false);
+    assert!(r["scanned_records_per_s"].as_f64().unwrap() > 0.0);
+    let end = r["records_at_end"].as_u64().unwrap();
+    assert!(end > 20000, "E inserted nothing: {r}");
+    let marker = std::fs::read_to_string(path.join("LOADED")).unwrap();
+    assert!(marker.ends_with(&format!("records={end}\n")), "{marker}");
+}
