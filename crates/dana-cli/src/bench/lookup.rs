@@ -71,6 +71,14 @@ pub struct LookupArgs {
     /// Seconds of the device-limit measurement.
     #[arg(long, default_value_t = 5.0)]
     pub limit_seconds: f64,
+    /// Order of the load: `ascending` (fills leaves ~95%) or `random`
+    /// (a permutation of the keys: the insert pattern of a real index).
+    #[arg(long, default_value = "ascending")]
+    pub load_order: LoadOrder,
+    /// Tasks loading in parallel, each over its own key range. One task
+    /// gives the fullest leaves (see docs/PERF.md).
+    #[arg(long, default_value_t = 1)]
+    pub load_tasks: usize,
     /// Small and short: 200k records, ~2 s per phase (for tests).
     #[arg(long)]
     pub quick: bool,
@@ -99,6 +107,38 @@ impl LookupArgs {
     }
 }
 
+/// Key order of the load.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadOrder {
+    /// Keys 0, 1, 2, ...
+    Ascending,
+    /// Keys in a pseudo-random permutation of 0..N.
+    Random,
+}
+
+/// The i-th key of the load: i itself, or a permutation of 0..n
+/// (multiplication by a large prime coprime to n, modulo n).
+fn load_key(i: u64, n: u64, order: LoadOrder) -> u64 {
+    match order {
+        LoadOrder::Ascending => i,
+        LoadOrder::Random => {
+            let mut p: u64 = 0x9E37_79B9_7F4A_7C15 % n.max(1);
+            while gcd(p, n) != 1 {
+                p += 1;
+            }
+            ((i as u128 * p as u128) % n.max(1) as u128) as u64
+        }
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
 /// How the data set was loaded.
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadInfo {
@@ -114,6 +154,12 @@ pub struct LoadInfo {
     pub records_per_s: f64,
     /// Bytes of pages in use (the data size).
     pub data_bytes: u64,
+    /// Key order of the load.
+    pub order: LoadOrder,
+    /// Average leaf fill factor after the load (0 when reused).
+    pub leaf_fill: f64,
+    /// Leaf pages.
+    pub leaves: u64,
 }
 
 /// One lookup run.
@@ -265,20 +311,30 @@ fn ensure_loaded(a: &LookupArgs) -> CliResult<LoadInfo> {
             seconds: 0.0,
             records_per_s: 0.0,
             data_bytes: space.next_unused * PAGE as u64,
+            order: a.load_order,
+            leaf_fill: 0.0,
+            leaves: 0,
         });
     }
     std::fs::create_dir_all(&a.path).context(format!("creating {}", a.path.display()))?;
     clear_dana_files(&a.path)?;
     // Leaves fill ~95% on an ascending load; size the files with room.
     let per_record = (8 + a.value_size + 12) as u64;
-    let estimate = a.records * per_record * 100 / 90 + (8 << 20);
+    // Random inserts leave leaves ~2/3 full; ascending ones ~95%.
+    let fill_pct = if a.load_order == LoadOrder::Random {
+        60
+    } else {
+        85
+    };
+    let estimate = a.records * per_record * 100 / fill_pct + (8 << 20);
     let capacity = estimate * 3 / 2 + (64 << 20);
     let pool = (estimate + estimate / 4).min(12 << 30);
     let db = Db::open(&a.path, options(a, pool).capacity_bytes(capacity))?;
     let tree = db.create_tree(TREE)?.btree().clone();
     let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let started = Instant::now();
-    let chunks = (a.workers * 8) as u64;
+    let chunks = a.load_tasks.max(1) as u64;
+    let (order, n) = (a.load_order, a.records);
     let per = a.records.div_ceil(chunks);
     let (tx, rx) = std::sync::mpsc::channel();
     for c in 0..chunks {
@@ -287,11 +343,12 @@ fn ensure_loaded(a: &LookupArgs) -> CliResult<LoadInfo> {
         db.spawn(async move {
             let r: Result<(), Error> = async {
                 let mut v = vec![0u8; vs];
-                for i in lo..hi {
+                for j in lo..hi {
+                    let i = load_key(j, n, order);
                     value_of(i, &mut v);
                     tree.insert(&i.to_be_bytes(), &v).await?;
-                    if i % 4096 == 0 {
-                        done.fetch_add(4096.min(hi - i), Ordering::Relaxed);
+                    if j % 4096 == 0 {
+                        done.fetch_add(4096.min(hi - j), Ordering::Relaxed);
                     }
                 }
                 Ok(())
@@ -324,6 +381,7 @@ fn ensure_loaded(a: &LookupArgs) -> CliResult<LoadInfo> {
     let seconds = started.elapsed().as_secs_f64();
     let pool = db.pool().clone();
     let space = db.block_on(async move { pool.space().await })??;
+    let (leaves, leaf_fill) = leaf_fill(&db, &tree)?;
     db.close()?;
     std::fs::write(&marker, want).context("writing the load marker")?;
     Ok(LoadInfo {
@@ -333,7 +391,29 @@ fn ensure_loaded(a: &LookupArgs) -> CliResult<LoadInfo> {
         seconds,
         records_per_s: a.records as f64 / seconds,
         data_bytes: space.next_unused * PAGE as u64,
+        order: a.load_order,
+        leaf_fill,
+        leaves,
     })
+}
+
+/// (leaf pages, average leaf fill factor) of a tree.
+fn leaf_fill(db: &Db, tree: &dana::btree::BTree) -> CliResult<(u64, f64)> {
+    let t = tree.clone();
+    let (leaves, sum) = db.block_on(async move {
+        let (mut leaves, mut sum) = (0u64, 0.0f64);
+        t.walk(|pid, bytes| {
+            let n = dana::btree::node::Node::new(bytes).map_err(|c| c.into_error(pid))?;
+            if n.is_leaf() {
+                leaves += 1;
+                sum += n.fill_factor();
+            }
+            Ok(())
+        })
+        .await?;
+        Ok::<_, Error>((leaves, sum))
+    })??;
+    Ok((leaves, if leaves > 0 { sum / leaves as f64 } else { 0.0 }))
 }
 
 /// One run of lookups with a pool of `pool_bytes`.
@@ -484,9 +564,12 @@ pub fn render(r: &LookupReport) -> String {
     );
     if l.loaded_now {
         s += &format!(
-            "load: {:.1} s, {} records/s\n",
+            "load ({:?} keys): {:.1} s, {} records/s; {} leaves, average leaf fill {:.1}%\n",
+            l.order,
             l.seconds,
-            thousands(l.records_per_s)
+            thousands(l.records_per_s),
+            thousands(l.leaves as f64),
+            l.leaf_fill * 100.0
         );
     } else {
         s += "load: reused the loaded database\n";

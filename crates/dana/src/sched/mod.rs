@@ -44,6 +44,9 @@ use crate::io::{AlignedBuf, Array, Backend, EventFd};
 use crate::{Error, Result};
 use task::{Job, Slab, TaskKey, CURRENT_WORKER, LOCAL_READY};
 
+/// Task polls between two looks at the completion queues.
+const POLLS_BETWEEN_REAPS: usize = 8;
+
 /// Scheduler settings.
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
@@ -382,9 +385,20 @@ fn worker_main(
             LOCAL_READY.with(|r| r.borrow_mut().extend(remote.drain(..)));
         }
 
-        // Run each ready task once.
+        // Run each ready task once; every few polls, reap completions and
+        // refill the device queues, so that a read that finished is not
+        // left waiting behind a long round of tasks.
         let ready = LOCAL_READY.with(|r| r.borrow().len());
-        for _ in 0..ready {
+        for n in 0..ready {
+            if n > 0 && n % POLLS_BETWEEN_REAPS == 0 {
+                io::WorkerIo::with(|w| {
+                    w.submit_all();
+                    w.reap_all(&mut completions)
+                });
+                for (c, t) in completions.drain(..) {
+                    handler.complete(c, t);
+                }
+            }
             let Some(key) = LOCAL_READY.with(|r| r.borrow_mut().pop_front()) else {
                 break;
             };
@@ -421,6 +435,9 @@ fn worker_main(
             for (c, t) in completions.drain(..) {
                 handler.complete(c, t);
             }
+            // The completions freed budget: send requests already waiting
+            // in the engine now, not after the woken tasks have run.
+            io::WorkerIo::with(|w| w.submit_all());
         }
         if progress {
             continue;
@@ -453,8 +470,11 @@ fn worker_main(
         }
         me.sleeping.store(false, Ordering::SeqCst);
         io::WorkerIo::with(|w| w.set_notify(false));
-        for (c, t) in completions.drain(..) {
-            handler.complete(c, t);
+        if !completions.is_empty() {
+            for (c, t) in completions.drain(..) {
+                handler.complete(c, t);
+            }
+            io::WorkerIo::with(|w| w.submit_all());
         }
     }
     slab.clear();
