@@ -11,7 +11,6 @@ mod check;
 mod error;
 mod iostudy;
 mod pace;
-#[allow(dead_code)] // until the lookup/YCSB benchmarks use it
 mod peers;
 #[allow(unsafe_code)]
 mod report;

@@ -79,6 +79,12 @@ pub struct LookupArgs {
     /// gives the fullest leaves (see docs/PERF.md).
     #[arg(long, default_value_t = 1)]
     pub load_tasks: usize,
+    /// Engines to run in this invocation: dana and peers (rocksdb,
+    /// wiredtiger, lmdb; each needs its cargo feature). Peers get the
+    /// same records, the cache budget of dana's first pool fraction,
+    /// direct I/O where they have it and `--workers` threads.
+    #[arg(long, value_delimiter = ',', default_value = "dana")]
+    pub engines: Vec<String>,
     /// Small and short: 200k records, ~2 s per phase (for tests).
     #[arg(long)]
     pub quick: bool,
@@ -199,6 +205,60 @@ pub struct LookupReport {
     pub runs: Vec<LookupRun>,
     /// With the whole data set cached.
     pub in_memory: Option<LookupRun>,
+    /// With the whole data set cached, through the sync API: `--workers`
+    /// plain threads calling `Tree::get` (served on the calling thread
+    /// when every page is resident).
+    pub in_memory_sync: Option<SyncRun>,
+    /// Peer engines measured in the same invocation.
+    pub peers: Vec<PeerRun>,
+}
+
+/// Lookups through the sync API.
+#[derive(Debug, Clone, Serialize)]
+pub struct SyncRun {
+    /// Client threads.
+    pub threads: usize,
+    /// Lookups per second, all threads.
+    pub ops_per_s: f64,
+    /// Lookups per second per thread.
+    pub ops_per_s_per_thread: f64,
+    /// Process CPU µs per lookup.
+    pub cpu_us_per_op: f64,
+    /// Failed lookups.
+    pub errors: u64,
+}
+
+/// A peer engine's lookups, measured the same way (process CPU, block
+/// device counters) from `--workers` threads each doing one synchronous
+/// lookup at a time.
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerRun {
+    /// Engine name.
+    pub engine: String,
+    /// Why the numbers may not be comparable, if they are not.
+    pub caveat: Option<String>,
+    /// Cache budget given, bytes.
+    pub cache_bytes: u64,
+    /// Threads.
+    pub threads: usize,
+    /// Load time this invocation (0: reused).
+    pub load_seconds: f64,
+    /// Lookups in the window.
+    pub ops: u64,
+    /// Lookups per second.
+    pub ops_per_s: f64,
+    /// Failed or wrong lookups.
+    pub errors: u64,
+    /// Lookup latency.
+    pub latency: super::Latency,
+    /// Block device reads per second (/proc/diskstats).
+    pub disk_reads_per_s: Option<f64>,
+    /// Block device reads per lookup.
+    pub disk_reads_per_op: Option<f64>,
+    /// Process CPU µs per lookup.
+    pub cpu_us_per_op: f64,
+    /// dana's lookups/s (first pool fraction) / this engine's.
+    pub dana_over_peer: Option<f64>,
 }
 
 fn value_of(i: u64, out: &mut [u8]) {
@@ -250,17 +310,11 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
             m,
         });
     }
+    let mut in_memory_sync = None;
     let in_memory = if a.memory_seconds > 0.0 {
         let pool = load.data_bytes + load.data_bytes / 8 + (16 << 20);
-        let m = lookups(
-            &a,
-            &load,
-            pool,
-            a.memory_seconds,
-            a.warmup.min(1.0),
-            true,
-            disk.as_ref(),
-        )?;
+        let (m, sync) = lookups_in_memory(&a, &load, pool, disk.as_ref())?;
+        in_memory_sync = Some(sync);
         Some(LookupRun {
             pool_fraction: pool as f64 / load.data_bytes as f64,
             pool_bytes: pool,
@@ -271,6 +325,13 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
     } else {
         None
     };
+    let mut peers = Vec::new();
+    for name in a.engines.iter().filter(|e| e.as_str() != "dana") {
+        let cache = runs.first().map_or(load.data_bytes / 10, |r| r.pool_bytes);
+        let mut p = peer_run(&a, name, &load, cache, disk.as_ref())?;
+        p.dana_over_peer = runs.first().map(|r| r.m.ops_per_s / p.ops_per_s.max(1e-9));
+        peers.push(p);
+    }
     let report = LookupReport {
         machine: Machine::probe(),
         workers: a.workers,
@@ -281,6 +342,8 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
         device_limit: limit,
         runs,
         in_memory,
+        in_memory_sync,
+        peers,
     };
     write_outputs(&a, &report)?;
     if a.json {
@@ -290,6 +353,103 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
         print!("{}", render(&report));
     }
     Ok(())
+}
+
+/// Loads (or reuses) the data set in a peer engine and measures lookups.
+fn peer_run(
+    a: &LookupArgs,
+    name: &str,
+    load: &LoadInfo,
+    cache_bytes: u64,
+    disk: Option<&Disk>,
+) -> CliResult<PeerRun> {
+    use crate::peers::{self, PeerConfig};
+    let cfg = PeerConfig {
+        dir: a.path.join("peers"),
+        cache_bytes: cache_bytes as usize,
+        threads: a.workers,
+        direct_io: true,
+    };
+    let engine = peers::open(name, &cfg)?;
+    let pb = bar(a.quiet || a.json, load.records, &format!("loading {name}"));
+    let t0 = Instant::now();
+    engine.load(load.records, load.value_size, &value_of, &|d| {
+        pb.set_position(d)
+    })?;
+    let load_seconds = t0.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    let state = RunState::default();
+    let (warmup, window) = (
+        Duration::from_secs_f64(a.warmup),
+        Duration::from_secs_f64(a.seconds),
+    );
+    let measured = std::thread::scope(|s| {
+        for t in 0..a.workers {
+            let (engine, state) = (&*engine, &state);
+            s.spawn(move || {
+                let mut rng = XorShift::new(0xBEEF + t as u64);
+                let (mut out, mut want) = (Vec::new(), vec![0u8; load.value_size]);
+                while !state.stop.load(Ordering::Relaxed) {
+                    let i = rng.below(load.records);
+                    value_of(i, &mut want);
+                    let t0 = Instant::now();
+                    let r = engine.get(&i.to_be_bytes(), &mut out);
+                    state.latency.record(t0.elapsed());
+                    match r {
+                        Ok(true) if out == want => {}
+                        Ok(true) => state.fail(format!("{name}: key {i}: wrong value")),
+                        Ok(false) => state.fail(format!("{name}: key {i}: missing")),
+                        Err(e) => state.fail(format!("{name}: key {i}: {e}")),
+                    }
+                    state.ops.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        let pb = bar(
+            a.quiet || a.json,
+            (warmup + window).as_millis() as u64,
+            name,
+        );
+        std::thread::sleep(warmup);
+        let (ops0, cpu0, lat0, d0) = (
+            state.ops.load(Ordering::Relaxed),
+            crate::report::process_cpu_seconds(),
+            state.latency.snapshot(),
+            disk.and_then(Disk::read),
+        );
+        let t0 = Instant::now();
+        while t0.elapsed() < window {
+            std::thread::sleep(Duration::from_millis(200));
+            pb.set_position((warmup + t0.elapsed()).as_millis() as u64);
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let ops = state.ops.load(Ordering::Relaxed) - ops0;
+        let cpu = crate::report::process_cpu_seconds() - cpu0;
+        let lat = state.latency.snapshot().since(&lat0);
+        let d = match (disk.and_then(Disk::read), d0) {
+            (Some(e), Some(s)) => Some(e.since(&s)),
+            _ => None,
+        };
+        state.stop.store(true, Ordering::Relaxed);
+        pb.finish_and_clear();
+        (secs, ops, cpu, lat, d)
+    });
+    let (secs, ops, cpu, lat, d) = measured;
+    Ok(PeerRun {
+        engine: name.to_string(),
+        caveat: engine.caveat(),
+        cache_bytes,
+        threads: a.workers,
+        load_seconds,
+        ops,
+        ops_per_s: ops as f64 / secs,
+        errors: state.errors.load(Ordering::Relaxed),
+        latency: super::Latency::from(&lat),
+        disk_reads_per_s: d.map(|d| d.reads as f64 / secs),
+        disk_reads_per_op: d.map(|d| d.reads as f64 / ops.max(1) as f64),
+        cpu_us_per_op: if ops > 0 { cpu * 1e6 / ops as f64 } else { 0.0 },
+        dana_over_peer: None,
+    })
 }
 
 /// Loads the data set unless a matching one is there.
@@ -416,6 +576,74 @@ fn leaf_fill(db: &Db, tree: &dana::btree::BTree) -> CliResult<(u64, f64)> {
     Ok((leaves, if leaves > 0 { sum / leaves as f64 } else { 0.0 }))
 }
 
+/// The in-memory contrast: the async run, then the sync API from plain
+/// threads on the same warm pool.
+fn lookups_in_memory(
+    a: &LookupArgs,
+    load: &LoadInfo,
+    pool_bytes: u64,
+    disk: Option<&Disk>,
+) -> CliResult<(Measured, SyncRun)> {
+    let db = Db::open(&a.path, options(a, pool_bytes))?;
+    let m = lookups_on(
+        &db,
+        a,
+        load,
+        pool_bytes,
+        a.memory_seconds,
+        a.warmup.min(1.0),
+        true,
+        disk,
+    )?;
+    let tree = db.tree(TREE)?;
+    let state = RunState::default();
+    let window = Duration::from_secs_f64(a.memory_seconds);
+    let (ops, secs, cpu) = std::thread::scope(|s| {
+        for t in 0..a.workers {
+            let (tree, state) = (&tree, &state);
+            s.spawn(move || {
+                let mut rng = XorShift::new(0xC0FFEE + t as u64);
+                let mut want = vec![0u8; load.value_size];
+                while !state.stop.load(Ordering::Relaxed) {
+                    let i = rng.below(load.records);
+                    value_of(i, &mut want);
+                    match tree.get(&i.to_be_bytes()) {
+                        Ok(Some(v)) if v == want => {}
+                        other => state.fail(format!("key {i}: {other:?}")),
+                    }
+                    state.ops.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let (o0, c0, t0) = (
+            state.ops.load(Ordering::Relaxed),
+            crate::report::process_cpu_seconds(),
+            Instant::now(),
+        );
+        std::thread::sleep(window);
+        let r = (
+            state.ops.load(Ordering::Relaxed) - o0,
+            t0.elapsed().as_secs_f64(),
+            crate::report::process_cpu_seconds() - c0,
+        );
+        state.stop.store(true, Ordering::Relaxed);
+        r
+    });
+    db.close()?;
+    let per_s = ops as f64 / secs;
+    Ok((
+        m,
+        SyncRun {
+            threads: a.workers,
+            ops_per_s: per_s,
+            ops_per_s_per_thread: per_s / a.workers.max(1) as f64,
+            cpu_us_per_op: if ops > 0 { cpu * 1e6 / ops as f64 } else { 0.0 },
+            errors: state.errors.load(Ordering::Relaxed),
+        },
+    ))
+}
+
 /// One run of lookups with a pool of `pool_bytes`.
 fn lookups(
     a: &LookupArgs,
@@ -427,6 +655,23 @@ fn lookups(
     disk: Option<&Disk>,
 ) -> CliResult<Measured> {
     let db = Db::open(&a.path, options(a, pool_bytes))?;
+    let m = lookups_on(&db, a, load, pool_bytes, seconds, warmup, warm_all, disk)?;
+    db.close()?;
+    Ok(m)
+}
+
+/// Lookups on an open database.
+#[allow(clippy::too_many_arguments)]
+fn lookups_on(
+    db: &Db,
+    a: &LookupArgs,
+    load: &LoadInfo,
+    pool_bytes: u64,
+    seconds: f64,
+    warmup: f64,
+    warm_all: bool,
+    disk: Option<&Disk>,
+) -> CliResult<Measured> {
     let tree = db.tree(TREE)?.btree().clone();
     if warm_all {
         // Read every leaf once (the cursor reads ahead).
@@ -476,7 +721,7 @@ fn lookups(
     );
     let pb = bar(a.quiet || a.json, total.as_millis() as u64, &what);
     let m = sample(
-        &db,
+        db,
         &state,
         Duration::from_secs_f64(warmup),
         Duration::from_secs_f64(seconds),
@@ -490,7 +735,6 @@ fn lookups(
         rx.recv_timeout(Duration::from_secs(30))
             .map_err(|_| CliError("a lookup task did not stop".into()))?;
     }
-    db.close()?;
     Ok(m)
 }
 
@@ -608,6 +852,41 @@ pub fn render(r: &LookupReport) -> String {
             m.cpu_us_per_io,
             tag
         );
+    }
+    if let Some(sy) = &r.in_memory_sync {
+        s += &format!(
+            "in memory, sync API ({} plain threads calling Tree::get): {} lookups/s, {} per thread, {:.2} CPU us/lookup{}\n",
+            sy.threads,
+            thousands(sy.ops_per_s),
+            thousands(sy.ops_per_s_per_thread),
+            sy.cpu_us_per_op,
+            if sy.errors > 0 { format!(", {} ERRORS", sy.errors) } else { String::new() }
+        );
+    }
+    if !r.peers.is_empty() {
+        s += "\n engine      threads  cache MiB   lookups/s  disk reads/s  reads/lookup  p50 us  p99 us  p99.9 us  CPU us/lookup  dana/peer\n";
+        for p in &r.peers {
+            s += &format!(
+                " {:<10}  {:>7}  {:>9}  {:>10}  {:>12}  {:>12}  {:>6.0}  {:>6.0}  {:>8.0}  {:>13.2}  {:>9}\n",
+                p.engine,
+                p.threads,
+                p.cache_bytes >> 20,
+                thousands(p.ops_per_s),
+                opt(p.disk_reads_per_s, thousands),
+                opt(p.disk_reads_per_op, |v| format!("{v:.2}")),
+                p.latency.p50_us,
+                p.latency.p99_us,
+                p.latency.p999_us,
+                p.cpu_us_per_op,
+                opt(p.dana_over_peer, |v| format!("{v:.1}x"))
+            );
+            if let Some(c) = &p.caveat {
+                s += &format!("   {}: {c}\n", p.engine);
+            }
+            if p.errors > 0 {
+                s += &format!("   {}: {} failed lookups\n", p.engine, p.errors);
+            }
+        }
     }
     for x in &r.runs {
         let m = &x.m;

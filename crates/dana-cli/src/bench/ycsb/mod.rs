@@ -22,6 +22,7 @@
 //! recommended order: load, A, B, C, F, D, then a fresh load for E.
 
 pub mod gen;
+pub mod peer;
 pub mod workload;
 
 use std::ops::Bound;
@@ -91,6 +92,11 @@ pub struct YcsbArgs {
     /// Directory of the database (created and loaded on first use).
     #[arg(long, default_value = "./dana-data/ycsb")]
     pub path: PathBuf,
+    /// Engines: dana and peers (rocksdb, wiredtiger, lmdb; each needs its
+    /// cargo feature). Peers get dana's cache budget, `--workers`
+    /// threads, and keys in order (see `ycsb/peer.rs`).
+    #[arg(long, value_delimiter = ',', default_value = "dana")]
+    pub engines: Vec<String>,
     /// Records to load (8-byte keys). The default loads in about a minute
     /// on 2 workers.
     #[arg(long, default_value_t = 10_000_000)]
@@ -259,6 +265,8 @@ pub struct YcsbReport {
     pub files: Vec<PathBuf>,
     /// One entry per workload, in running order.
     pub runs: Vec<YcsbRun>,
+    /// Peer engines, per workload.
+    pub peers: Vec<peer::PeerYcsbRun>,
 }
 
 fn options(a: &YcsbArgs, pool_bytes: u64) -> Options {
@@ -311,6 +319,7 @@ pub fn run(args: &YcsbArgs) -> CliResult<()> {
         value_size: a.value_size,
         insert_order: "hashed (key = big-endian splitmix64 finaliser of the key number)",
         files: data_files(&a.path),
+        peers: run_peers(&a, &runs)?,
         runs,
     };
     write_outputs(&a, &report)?;
@@ -321,6 +330,42 @@ pub fn run(args: &YcsbArgs) -> CliResult<()> {
         print!("{}", render(&report));
     }
     Ok(())
+}
+
+/// Each peer engine on each workload that dana ran.
+fn run_peers(a: &YcsbArgs, runs: &[YcsbRun]) -> CliResult<Vec<peer::PeerYcsbRun>> {
+    let mut out = Vec::new();
+    let files = data_files(&a.path);
+    let disk = files.first().and_then(|f| Disk::of(f));
+    for name in a.engines.iter().filter(|e| e.as_str() != "dana") {
+        let cache = runs.first().map_or(64 << 20, |r| r.pool_bytes);
+        let engine = peer::open_loaded(
+            name,
+            &a.path.join("peers"),
+            cache,
+            a.workers,
+            a.records,
+            a.value_size,
+            a.quiet || a.json,
+        )?;
+        for r in runs {
+            let mut p = peer::run(
+                &*engine,
+                r.workload,
+                a.records,
+                a.value_size,
+                a.workers,
+                cache,
+                Duration::from_secs_f64(a.warmup),
+                Duration::from_secs_f64(a.seconds),
+                disk.as_ref(),
+                a.quiet || a.json,
+            )?;
+            p.dana_over_peer = Some(r.m.ops_per_s / p.ops_per_s.max(1e-9));
+            out.push(p);
+        }
+    }
+    Ok(out)
 }
 
 fn marker_prefix(a: &YcsbArgs) -> String {
@@ -729,6 +774,35 @@ pub fn render(r: &YcsbReport) -> String {
                 m.first_error.as_deref().unwrap_or("?")
             );
         }
+    }
+    if !r.peers.is_empty() {
+        s += "\n engine      workload   ops/s  disk reads/s  CPU us/op  dana/peer  per kind: p50 / p99 us\n";
+        for p in &r.peers {
+            let kinds: Vec<String> = p
+                .per_kind
+                .iter()
+                .map(|(n, _, l)| format!("{n} {:.0} / {:.0}", l.p50_us, l.p99_us))
+                .collect();
+            s += &format!(
+                " {:<10}  {:>8}  {:>7}  {:>12}  {:>9.2}  {:>9}  {}{}\n",
+                p.engine,
+                p.workload.letter(),
+                thousands(p.ops_per_s),
+                p.disk_reads_per_s.map_or("-".into(), thousands),
+                p.cpu_us_per_op,
+                p.dana_over_peer.map_or("-".into(), |v| format!("{v:.1}x")),
+                kinds.join(", "),
+                if p.errors > 0 {
+                    format!("  ({} ERRORS)", p.errors)
+                } else {
+                    String::new()
+                }
+            );
+        }
+        for p in r.peers.iter().filter(|p| p.caveat.is_some()).take(3) {
+            s += &format!("   {}: {}\n", p.engine, p.caveat.as_deref().unwrap_or(""));
+        }
+        s += "   peers: keys in order (their bulk loaders need sorted input), one synchronous operation at a time per thread; dana: hashed keys.\n";
     }
     s += "\nnotes: zipfian = scrambled zipfian (0.99) over the records present at the start; latest follows the inserts; updates overwrite the whole value; rmw is one atomic Tree::update; CPU = getrusage user+sys over the window; MB = 10^6 bytes.\n";
     s

@@ -1,0 +1,233 @@
+//! YCSB on a peer engine: the same operation streams (`Shared::op_gen`) run
+//! from `--workers` plain threads through the [`PeerEngine`] trait, one
+//! synchronous operation at a time per thread (the engines' own API).
+//!
+//! Keys differ from dana's in one respect, stated in the report: a peer is
+//! loaded by [`PeerEngine::load`] with keys `k` in big-endian order (its
+//! bulk loaders need sorted input), dana with hashed keys. Reads, updates
+//! and read-modify-writes pick the same key numbers with the same
+//! distributions; scans read `len` records in key order from the chosen
+//! key, which for a peer are consecutive key numbers. Never: counts a
+//! wrong or missing value as a success.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use dana::stats::{Histogram, HistogramSnapshot};
+use serde::Serialize;
+
+use super::workload::{fill_value, modify, value_ok, Op, OpKind, Shared, Workload};
+use crate::bench::diskstats::Disk;
+use crate::bench::{bar, Latency, RunState};
+use crate::peers::{self, PeerConfig, PeerEngine};
+use crate::report::process_cpu_seconds;
+use crate::{CliError, CliResult};
+
+/// One workload on one peer engine.
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerYcsbRun {
+    /// Engine name.
+    pub engine: String,
+    /// a-f.
+    pub workload: Workload,
+    /// Why the numbers may not be comparable.
+    pub caveat: Option<String>,
+    /// Cache budget, bytes.
+    pub cache_bytes: u64,
+    /// Client threads.
+    pub threads: usize,
+    /// Operations per second.
+    pub ops_per_s: f64,
+    /// Failed operations.
+    pub errors: u64,
+    /// Latency per operation kind (read, update, insert, scan, rmw).
+    pub per_kind: Vec<(String, u64, Latency)>,
+    /// Block device reads per second.
+    pub disk_reads_per_s: Option<f64>,
+    /// Process CPU µs per operation.
+    pub cpu_us_per_op: f64,
+    /// dana's ops/s on the same workload / this engine's.
+    pub dana_over_peer: Option<f64>,
+}
+
+const KINDS: [(&str, OpKind); 5] = [
+    ("read", OpKind::Read),
+    ("update", OpKind::Update),
+    ("insert", OpKind::Insert),
+    ("scan", OpKind::Scan),
+    ("rmw", OpKind::Rmw),
+];
+
+/// Opens `name` under `dir`, loading `records` if needed.
+pub fn open_loaded(
+    name: &str,
+    dir: &std::path::Path,
+    cache_bytes: u64,
+    threads: usize,
+    records: u64,
+    value_size: usize,
+    quiet: bool,
+) -> CliResult<Box<dyn PeerEngine>> {
+    let cfg = PeerConfig {
+        dir: dir.to_path_buf(),
+        cache_bytes: cache_bytes as usize,
+        threads,
+        direct_io: true,
+    };
+    let engine = peers::open(name, &cfg)?;
+    let pb = bar(quiet, records, &format!("loading {name}"));
+    engine.load(records, value_size, &|k, buf| fill_value(k, 0, buf), &|d| {
+        pb.set_position(d)
+    })?;
+    pb.finish_and_clear();
+    Ok(engine)
+}
+
+fn execute(
+    engine: &dyn PeerEngine,
+    op: Op,
+    value_size: usize,
+    out: &mut Vec<u8>,
+    buf: &mut [u8],
+    salt: u8,
+    shared: &Shared,
+) -> Result<(), String> {
+    let key = |k: u64| k.to_be_bytes();
+    match op {
+        Op::Read(k) => match engine.get(&key(k), out) {
+            Ok(true) if value_ok(k, value_size, out) => Ok(()),
+            Ok(true) => Err(format!("read {k}: wrong value")),
+            Ok(false) => Err(format!("read {k}: missing")),
+            Err(e) => Err(format!("read {k}: {e}")),
+        },
+        Op::Update(k) => {
+            fill_value(k, salt, buf);
+            engine
+                .put(&key(k), buf)
+                .map_err(|e| format!("update {k}: {e}"))
+        }
+        Op::Insert(k) => {
+            fill_value(k, 0, buf);
+            let r = engine.put(&key(k), buf);
+            shared.counter.acknowledge(k);
+            r.map_err(|e| format!("insert {k}: {e}"))
+        }
+        Op::Scan(k, len) => match engine.scan(&key(k), len) {
+            Ok(0) => Err(format!("scan {k}: no records")),
+            Ok(_) => Ok(()),
+            Err(e) => Err(format!("scan {k}: {e}")),
+        },
+        Op::Rmw(k) => match engine.get(&key(k), out) {
+            Ok(true) => {
+                let v = if value_ok(k, value_size, out) {
+                    modify(out)
+                } else {
+                    out.clone()
+                };
+                engine.put(&key(k), &v).map_err(|e| format!("rmw {k}: {e}"))
+            }
+            Ok(false) => Err(format!("rmw {k}: missing")),
+            Err(e) => Err(format!("rmw {k}: {e}")),
+        },
+    }
+}
+
+/// Runs workload `w` on `engine` for `warmup + window`.
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    engine: &dyn PeerEngine,
+    w: Workload,
+    records: u64,
+    value_size: usize,
+    threads: usize,
+    cache_bytes: u64,
+    warmup: Duration,
+    window: Duration,
+    disk: Option<&Disk>,
+    quiet: bool,
+) -> CliResult<PeerYcsbRun> {
+    let shared = Shared::new(w, records);
+    let state = RunState::default();
+    let lat: [Histogram; 5] = Default::default();
+    let seq = AtomicU64::new(0);
+    let (secs, ops, cpu, d, snaps) = std::thread::scope(|s| {
+        for t in 0..threads {
+            let (shared, state, lat, seq) = (&shared, &state, &lat, &seq);
+            s.spawn(move || {
+                let mut gen =
+                    shared.op_gen(0xA11CE + t as u64 + seq.fetch_add(1, Ordering::Relaxed));
+                let (mut out, mut buf) = (Vec::new(), vec![0u8; value_size]);
+                while !state.stop.load(Ordering::Relaxed) {
+                    let op = gen.next_op();
+                    let salt = gen.salt();
+                    let kind = op.kind();
+                    let t0 = Instant::now();
+                    let r = execute(engine, op, value_size, &mut out, &mut buf, salt, shared);
+                    lat[kind as usize].record(t0.elapsed());
+                    if let Err(e) = r {
+                        state.fail(e);
+                    }
+                    state.ops.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        let pb = bar(
+            quiet,
+            (warmup + window).as_millis() as u64,
+            &format!("{} {}", engine.name(), w.letter()),
+        );
+        std::thread::sleep(warmup);
+        let base: [HistogramSnapshot; 5] = std::array::from_fn(|i| lat[i].snapshot());
+        let (o0, c0, d0, t0) = (
+            state.ops.load(Ordering::Relaxed),
+            process_cpu_seconds(),
+            disk.and_then(Disk::read),
+            Instant::now(),
+        );
+        while t0.elapsed() < window {
+            std::thread::sleep(Duration::from_millis(200));
+            pb.set_position((warmup + t0.elapsed()).as_millis() as u64);
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let ops = state.ops.load(Ordering::Relaxed) - o0;
+        let cpu = process_cpu_seconds() - c0;
+        let d = match (disk.and_then(Disk::read), d0) {
+            (Some(e), Some(s)) => Some(e.since(&s)),
+            _ => None,
+        };
+        let snaps: Vec<HistogramSnapshot> =
+            (0..5).map(|i| lat[i].snapshot().since(&base[i])).collect();
+        state.stop.store(true, Ordering::Relaxed);
+        pb.finish_and_clear();
+        (secs, ops, cpu, d, snaps)
+    });
+    if ops == 0 {
+        return Err(CliError(format!(
+            "{}: no operation finished in the window",
+            engine.name()
+        )));
+    }
+    Ok(PeerYcsbRun {
+        engine: engine.name().to_string(),
+        workload: w,
+        caveat: engine.caveat(),
+        cache_bytes,
+        threads,
+        ops_per_s: ops as f64 / secs,
+        errors: state.errors.load(Ordering::Relaxed),
+        per_kind: KINDS
+            .iter()
+            .filter(|(_, k)| snaps[*k as usize].count > 0)
+            .map(|(n, k)| {
+                (
+                    n.to_string(),
+                    snaps[*k as usize].count,
+                    Latency::from(&snaps[*k as usize]),
+                )
+            })
+            .collect(),
+        disk_reads_per_s: d.map(|d| d.reads as f64 / secs),
+        cpu_us_per_op: cpu * 1e6 / ops as f64,
+        dana_over_peer: None,
+    })
+}
