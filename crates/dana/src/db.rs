@@ -282,6 +282,15 @@ impl Db {
     }
 
     /// Opens the tree `name`, creating it if needed.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let a = db.tree_or_create("t").unwrap();
+    /// a.put(b"k", b"v").unwrap();
+    /// let b = db.tree_or_create("t").unwrap();
+    /// assert_eq!(b.get(b"k").unwrap(), Some(b"v".to_vec()));
+    /// ```
     pub fn tree_or_create(&self, name: &str) -> Result<Tree> {
         match self.tree(name) {
             Err(Error::NoSuchTree(_)) => self.create_tree(name),
@@ -290,6 +299,14 @@ impl Db {
     }
 
     /// Names of all trees, in order.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// db.create_tree("b").unwrap();
+    /// db.create_tree("a").unwrap();
+    /// assert_eq!(db.tree_names().unwrap(), vec!["a".to_string(), "b".to_string()]);
+    /// ```
     pub fn tree_names(&self) -> Result<Vec<String>> {
         let catalog = self.inner.catalog.clone();
         let entries = self.block_on(async move {
@@ -325,6 +342,14 @@ impl Db {
 
     /// Drops the tree `name` and frees its pages. Returns false if it did
     /// not exist.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// db.create_tree("tmp").unwrap().put(b"k", b"v").unwrap();
+    /// assert!(db.drop_tree("tmp").unwrap());
+    /// assert!(matches!(db.tree("tmp"), Err(dana::Error::NoSuchTree(_))));
+    /// ```
     pub fn drop_tree(&self, name: &str) -> Result<bool> {
         let tree = match self.tree(name) {
             Ok(t) => t,
@@ -356,6 +381,17 @@ impl Db {
 
     /// Runs `future` on a worker and waits for its output (call from any
     /// thread but a worker).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap().btree().clone();
+    /// let v = db.block_on(async move {
+    ///     t.put(b"k", b"v").await?;
+    ///     t.get(b"k").await
+    /// }).unwrap().unwrap();
+    /// assert_eq!(v, Some(b"v".to_vec()));
+    /// ```
     pub fn block_on<T, F>(&self, future: F) -> Result<T>
     where
         T: Send + 'static,
@@ -458,6 +494,15 @@ impl Tree {
     }
 
     /// The value of `key`.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"k", b"v").unwrap();
+    /// assert_eq!(t.get(b"k").unwrap(), Some(b"v".to_vec()));
+    /// assert_eq!(t.get(b"nope").unwrap(), None);
+    /// ```
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let key = key.to_vec();
         self.run(move |t| {
@@ -467,6 +512,14 @@ impl Tree {
     }
 
     /// Inserts `key` -> `value`; [`Error::KeyExists`] if present.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.insert(b"k", b"v").unwrap();
+    /// assert!(matches!(t.insert(b"k", b"w"), Err(dana::Error::KeyExists)));
+    /// ```
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<()> {
         let (key, value) = (key.to_vec(), value.to_vec());
         self.run(move |t| {
@@ -476,6 +529,14 @@ impl Tree {
     }
 
     /// Inserts or replaces `key` -> `value`; true if it replaced.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// assert!(!t.put(b"k", b"v1").unwrap());
+    /// assert!(t.put(b"k", b"v2").unwrap());
+    /// ```
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<bool> {
         let (key, value) = (key.to_vec(), value.to_vec());
         self.run(move |t| {
@@ -486,6 +547,18 @@ impl Tree {
 
     /// Replaces the value of `key` with `f(old)` atomically; false if
     /// absent. `f` may run more than once (keep it free of side effects).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("counters").unwrap();
+    /// t.put(b"hits", &1u64.to_le_bytes()).unwrap();
+    /// t.update(b"hits", |old| {
+    ///     let n = u64::from_le_bytes(old.try_into().unwrap());
+    ///     (n + 1).to_le_bytes().to_vec()
+    /// }).unwrap();
+    /// assert_eq!(t.get(b"hits").unwrap(), Some(2u64.to_le_bytes().to_vec()));
+    /// ```
     pub fn update(
         &self,
         key: &[u8],
@@ -499,6 +572,15 @@ impl Tree {
     }
 
     /// Removes `key`; true if it was present.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"k", b"v").unwrap();
+    /// assert!(t.delete(b"k").unwrap());
+    /// assert!(!t.delete(b"k").unwrap());
+    /// ```
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
         let key = key.to_vec();
         self.run(move |t| {
@@ -508,6 +590,19 @@ impl Tree {
     }
 
     /// Entries in `[lower, upper]`, forward or backward, at most `limit`.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// use std::ops::Bound::{Included, Excluded, Unbounded};
+    /// let t = db.create_tree("t").unwrap();
+    /// for k in [b"a", b"b", b"c", b"d"] {
+    ///     t.put(k, b"").unwrap();
+    /// }
+    /// let keys = |v: Vec<(Vec<u8>, Vec<u8>)>| v.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+    /// assert_eq!(keys(t.range(Included(&b"b"[..]), Excluded(&b"d"[..]), true, 10).unwrap()), vec![b"b".to_vec(), b"c".to_vec()]);
+    /// assert_eq!(keys(t.range(Unbounded, Unbounded, false, 2).unwrap()), vec![b"d".to_vec(), b"c".to_vec()]);
+    /// ```
     pub fn range(
         &self,
         lower: Bound<&[u8]>,
@@ -529,6 +624,17 @@ impl Tree {
     }
 
     /// Number of keys in `[lower, upper]`.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// use std::ops::Bound::{Included, Unbounded};
+    /// let t = db.create_tree("t").unwrap();
+    /// for i in 0u32..10 {
+    ///     t.put(&i.to_be_bytes(), b"").unwrap();
+    /// }
+    /// assert_eq!(t.count(Included(&5u32.to_be_bytes()[..]), Unbounded).unwrap(), 5);
+    /// ```
     pub fn count(&self, lower: Bound<&[u8]>, upper: Bound<&[u8]>) -> Result<u64> {
         let (l, u) = (own(lower), own(upper));
         self.run(move |t| {
@@ -539,6 +645,15 @@ impl Tree {
 
     /// Looks up many keys at once: one task per key on the workers, so
     /// their misses are in flight together. Results in the order of `keys`.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"a", b"1").unwrap();
+    /// let got = t.get_many(&[b"a".to_vec(), b"z".to_vec()]).unwrap();
+    /// assert_eq!(got, vec![Some(b"1".to_vec()), None]);
+    /// ```
     pub fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
         let (tx, rx) = std::sync::mpsc::channel();
         for (i, k) in keys.iter().enumerate() {

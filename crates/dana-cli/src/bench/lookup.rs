@@ -491,54 +491,22 @@ fn ensure_loaded(a: &LookupArgs) -> CliResult<LoadInfo> {
     let pool = (estimate + estimate / 4).min(12 << 30);
     let db = Db::open(&a.path, options(a, pool).capacity_bytes(capacity))?;
     let tree = db.create_tree(TREE)?.btree().clone();
-    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let started = Instant::now();
-    let chunks = a.load_tasks.max(1) as u64;
     let (order, n) = (a.load_order, a.records);
-    let per = a.records.div_ceil(chunks);
-    let (tx, rx) = std::sync::mpsc::channel();
-    for c in 0..chunks {
-        let (tree, done, tx, vs) = (tree.clone(), done.clone(), tx.clone(), a.value_size);
-        let (lo, hi) = (c * per, ((c + 1) * per).min(a.records));
-        db.spawn(async move {
-            let r: Result<(), Error> = async {
-                let mut v = vec![0u8; vs];
-                for j in lo..hi {
-                    let i = load_key(j, n, order);
-                    value_of(i, &mut v);
-                    tree.insert(&i.to_be_bytes(), &v).await?;
-                    if j % 4096 == 0 {
-                        done.fetch_add(4096.min(hi - j), Ordering::Relaxed);
-                    }
-                }
-                Ok(())
-            }
-            .await;
-            let _ = tx.send(r);
-        })?;
-    }
-    drop(tx);
-    let pb = bar(a.quiet || a.json, a.records, "loading");
-    let mut finished = 0;
-    while finished < chunks {
-        match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(r) => {
-                r?;
-                finished += 1;
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(_) => return Err(CliError("a load task stopped without a result".into())),
-        }
-        let d = done.load(Ordering::Relaxed).min(a.records);
-        pb.set_position(d);
-        pb.set_message(format!(
-            "{:.0} records/s",
-            d as f64 / started.elapsed().as_secs_f64()
-        ));
-    }
-    pb.finish_and_clear();
-    db.flush()?;
-    let seconds = started.elapsed().as_secs_f64();
+    let record: super::RecordFn = Arc::new(move |j, v| {
+        let i = load_key(j, n, order);
+        value_of(i, v);
+        i.to_be_bytes()
+    });
+    let seconds = super::load_records(
+        &db,
+        &tree,
+        a.records,
+        a.load_tasks as u64,
+        a.value_size,
+        record,
+        a.quiet || a.json,
+    )?;
+
     let pool = db.pool().clone();
     let space = db.block_on(async move { pool.space().await })??;
     let (leaves, leaf_fill) = leaf_fill(&db, &tree)?;

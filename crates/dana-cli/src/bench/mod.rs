@@ -390,6 +390,69 @@ pub fn bar(quiet: bool, len: u64, what: &str) -> indicatif::ProgressBar {
     pb
 }
 
+/// Makes record `j` of a load: fills the value, returns the key.
+pub type RecordFn = Arc<dyn Fn(u64, &mut [u8]) -> [u8; 8] + Send + Sync>;
+
+/// Inserts records `0..records` into `tree` from `tasks` tasks on the
+/// workers, each over its own range of record numbers, with a progress
+/// bar; then flushes. Returns the seconds it took.
+pub fn load_records(
+    db: &Db,
+    tree: &dana::btree::BTree,
+    records: u64,
+    tasks: u64,
+    value_size: usize,
+    record: RecordFn,
+    quiet: bool,
+) -> CliResult<f64> {
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let tasks = tasks.max(1);
+    let per = records.div_ceil(tasks);
+    let (tx, rx) = std::sync::mpsc::channel();
+    for c in 0..tasks {
+        let (tree, done, tx, record) = (tree.clone(), done.clone(), tx.clone(), record.clone());
+        let (lo, hi) = (c * per, ((c + 1) * per).min(records));
+        db.spawn(async move {
+            let r: Result<(), dana::Error> = async {
+                let mut v = vec![0u8; value_size];
+                for j in lo..hi {
+                    let key = record(j, &mut v);
+                    tree.insert(&key, &v).await?;
+                    if (j - lo) % 1024 == 1023 {
+                        done.fetch_add(1024, Ordering::Relaxed);
+                    }
+                }
+                Ok(())
+            }
+            .await;
+            let _ = tx.send(r.map_err(|e| CliError(format!("loading records {lo}..{hi}: {e}"))));
+        })?;
+    }
+    drop(tx);
+    let pb = bar(quiet, records, "loading");
+    let mut finished = 0;
+    while finished < tasks {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(r) => {
+                r?;
+                finished += 1;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(_) => return Err(CliError("a load task stopped without a result".into())),
+        }
+        let d = done.load(Ordering::Relaxed).min(records);
+        pb.set_position(d);
+        pb.set_message(format!(
+            "{:.0} records/s",
+            d as f64 / started.elapsed().as_secs_f64()
+        ));
+    }
+    pb.finish_and_clear();
+    db.flush()?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
 /// Removes dana's own files from a benchmark directory (never anything
 /// else), so a reload starts clean.
 pub fn clear_dana_files(dir: &Path) -> CliResult<()> {

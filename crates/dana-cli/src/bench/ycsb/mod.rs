@@ -419,52 +419,22 @@ fn ensure_loaded(a: &YcsbArgs, force: bool) -> CliResult<LoadInfo> {
     let pool = (estimate + estimate / 4).min(12 << 30);
     let db = Db::open(&a.path, options(a, pool).capacity_bytes(capacity))?;
     let tree = db.create_tree(TREE)?.btree().clone();
-    let done = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let chunks = (a.workers * 16) as u64;
-    let per = a.records.div_ceil(chunks);
-    let (tx, rx) = std::sync::mpsc::channel();
-    for c in 0..chunks {
-        let (tree, done, tx, vs) = (tree.clone(), done.clone(), tx.clone(), a.value_size);
-        let (lo, hi) = (c * per, ((c + 1) * per).min(a.records));
-        db.spawn(async move {
-            let r: Result<(), Error> = async {
-                let mut v = vec![0u8; vs];
-                for i in lo..hi {
-                    fill_value(i, 0, &mut v);
-                    tree.insert(&key_of(i), &v).await?;
-                    if (i - lo) % 1024 == 1023 {
-                        done.fetch_add(1024, Ordering::Relaxed);
-                    }
-                }
-                Ok(())
-            }
-            .await;
-            let _ = tx.send(r.map_err(|e| CliError(format!("loading keys {lo}..{hi}: {e}"))));
-        })?;
-    }
-    drop(tx);
-    let pb = bar(a.quiet || a.json, a.records, "loading");
-    let mut finished = 0;
-    while finished < chunks {
-        match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(r) => {
-                r?;
-                finished += 1;
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(_) => return Err(CliError("a load task stopped without a result".into())),
-        }
-        let d = done.load(Ordering::Relaxed).min(a.records);
-        pb.set_position(d);
-        pb.set_message(format!(
-            "{:.0} records/s",
-            d as f64 / started.elapsed().as_secs_f64()
-        ));
-    }
-    pb.finish_and_clear();
-    db.flush()?;
-    let seconds = started.elapsed().as_secs_f64();
+    let record: crate::bench::RecordFn = Arc::new(|i, v| {
+        fill_value(i, 0, v);
+        key_of(i)
+    });
+    let seconds = crate::bench::load_records(
+        &db,
+        &tree,
+        a.records,
+        // Hashed keys arrive in random order: tasks in parallel do not
+        // hurt the fill, unlike ascending ranges.
+        (a.workers * 8) as u64,
+        a.value_size,
+        record,
+        a.quiet || a.json,
+    )?;
+
     let bytes = db.block_on(data_bytes(db.pool().clone()))??;
     db.close()?;
     write_marker(a, a.records)?;
@@ -799,8 +769,14 @@ pub fn render(r: &YcsbReport) -> String {
                 }
             );
         }
-        for p in r.peers.iter().filter(|p| p.caveat.is_some()).take(3) {
-            s += &format!("   {}: {}\n", p.engine, p.caveat.as_deref().unwrap_or(""));
+        let mut noted = Vec::new();
+        for p in &r.peers {
+            if let Some(c) = &p.caveat {
+                if !noted.contains(&p.engine) {
+                    s += &format!("   {}: {c}\n", p.engine);
+                    noted.push(p.engine.clone());
+                }
+            }
         }
         s += "   peers: keys in order (their bulk loaders need sorted input), one synchronous operation at a time per thread; dana: hashed keys.\n";
     }
