@@ -28,7 +28,9 @@ use crate::{Error, Result};
 
 /// Restarts of one descent before it is reported as a problem.
 const MAX_RESTARTS: usize = 100_000;
-/// Leaves a cursor reads ahead.
+/// Most leaves a cursor reads ahead. It starts with one and doubles with
+/// every leaf it moves to (like the OS's file read-ahead), so a short scan
+/// does not read leaves it will never visit.
 const READ_AHEAD: usize = 8;
 /// A leaf below this fill factor after a delete is merged with its right
 /// sibling if the two fit in one page.
@@ -525,6 +527,7 @@ impl BTree {
             buffered: Vec::new(),
             pos: 0,
             done: false,
+            read_ahead: 1,
         }
     }
 
@@ -661,6 +664,8 @@ pub struct Cursor {
     buffered: Vec<(Vec<u8>, Vec<u8>)>,
     pos: usize,
     done: bool,
+    /// Leaves to read ahead at the next move (grows to READ_AHEAD).
+    read_ahead: usize,
 }
 
 impl Cursor {
@@ -699,6 +704,8 @@ impl Cursor {
             };
             let mut ahead = Vec::new();
             let g = self.tree.leaf_shared(&start, Some(&mut ahead)).await?;
+            ahead.truncate(self.read_ahead);
+            self.read_ahead = (self.read_ahead * 2).min(READ_AHEAD);
             let n = Node::new(&g).map_err(corrupt(g.pid()))?;
             self.buffered.clear();
             self.pos = 0;
