@@ -1,28 +1,10 @@
 //! `dana bench ycsb --quick --json` end to end: load, run a workload,
 //! print JSON with every figure and the per-operation breakdown.
 
-use std::process::Command;
+mod common;
 
+use common::{has, run};
 use serde_json::Value;
-
-fn run(args: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_dana"))
-        .args(args)
-        .output()
-        .expect("run dana");
-    assert!(
-        out.status.success(),
-        "dana {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON output")
-}
-
-fn has(v: &Value, fields: &[&str]) {
-    for f in fields {
-        assert!(v.get(f).is_some(), "missing field {f} in {v}");
-    }
-}
 
 const RUN: &[&str] = &[
     "workload",

@@ -49,16 +49,6 @@ pub struct LookupArgs {
     /// out-of-memory sweep (e.g. 1,0.5,0.25,0.1,0.05,0.025).
     #[arg(long, value_delimiter = ',', default_value = "0.1")]
     pub pool_fraction: Vec<f64>,
-    /// Worker threads.
-    #[arg(long, default_value_t = 2)]
-    pub workers: usize,
-    /// Concurrent lookup tasks per worker.
-    #[arg(long, default_value_t = 64)]
-    pub tasks_per_worker: usize,
-    /// Most reads in flight per device (the engine's device budget, and
-    /// the depth of the device-limit measurement).
-    #[arg(long, default_value_t = 32)]
-    pub device_budget: usize,
     /// Measured seconds per run.
     #[arg(long, default_value_t = 20.0)]
     pub seconds: f64,
@@ -88,15 +78,15 @@ pub struct LookupArgs {
     /// Small and short: 200k records, ~2 s per phase (for tests).
     #[arg(long)]
     pub quick: bool,
-    /// Print one JSON document with every figure instead of tables.
-    #[arg(long)]
-    pub json: bool,
-    /// No progress bars.
-    #[arg(long)]
-    pub quiet: bool,
     /// Where the timeline CSV and SVG go (default: <path>/../bench-out).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Engine settings.
+    #[command(flatten)]
+    pub engine: super::EngineArgs,
+    /// Output settings.
+    #[command(flatten)]
+    pub output: super::OutputArgs,
 }
 
 impl LookupArgs {
@@ -271,9 +261,9 @@ fn value_of(i: u64, out: &mut [u8]) {
 fn options(a: &LookupArgs, pool_bytes: u64) -> Options {
     Options::default()
         .pool_bytes(pool_bytes.max(64 * PAGE as u64) as usize)
-        .workers(a.workers)
-        .device_budget(a.device_budget)
-        .max_tasks_per_worker(a.tasks_per_worker.max(16) * 2)
+        .workers(a.engine.workers)
+        .device_budget(a.engine.device_budget)
+        .max_tasks_per_worker(a.engine.tasks_per_worker.max(16) * 2)
 }
 
 /// Runs `dana bench lookup`.
@@ -290,7 +280,7 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
         Some(device_limit(
             &files,
             span,
-            a.device_budget as u32 * files.len() as u32,
+            a.engine.device_budget as u32 * files.len() as u32,
             Duration::from_secs_f64(a.limit_seconds),
         )?)
     } else {
@@ -334,9 +324,9 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
     }
     let report = LookupReport {
         machine: Machine::probe(),
-        workers: a.workers,
-        tasks_per_worker: a.tasks_per_worker,
-        device_budget: a.device_budget,
+        workers: a.engine.workers,
+        tasks_per_worker: a.engine.tasks_per_worker,
+        device_budget: a.engine.device_budget,
         files,
         load,
         device_limit: limit,
@@ -346,7 +336,7 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
         peers,
     };
     write_outputs(&a, &report)?;
-    if a.json {
+    if a.output.json {
         let s = serde_json::to_string_pretty(&report).context("encoding the report")?;
         println!("{s}");
     } else {
@@ -367,11 +357,15 @@ fn peer_run(
     let cfg = PeerConfig {
         dir: a.path.join("peers"),
         cache_bytes: cache_bytes as usize,
-        threads: a.workers,
+        threads: a.engine.workers,
         direct_io: true,
     };
     let engine = peers::open(name, &cfg)?;
-    let pb = bar(a.quiet || a.json, load.records, &format!("loading {name}"));
+    let pb = bar(
+        a.output.quiet || a.output.json,
+        load.records,
+        &format!("loading {name}"),
+    );
     let t0 = Instant::now();
     engine.load(load.records, load.value_size, &value_of, &|d| {
         pb.set_position(d)
@@ -384,7 +378,7 @@ fn peer_run(
         Duration::from_secs_f64(a.seconds),
     );
     let measured = std::thread::scope(|s| {
-        for t in 0..a.workers {
+        for t in 0..a.engine.workers {
             let (engine, state) = (&*engine, &state);
             s.spawn(move || {
                 let mut rng = XorShift::new(0xBEEF + t as u64);
@@ -406,7 +400,7 @@ fn peer_run(
             });
         }
         let pb = bar(
-            a.quiet || a.json,
+            a.output.quiet || a.output.json,
             (warmup + window).as_millis() as u64,
             name,
         );
@@ -439,7 +433,7 @@ fn peer_run(
         engine: name.to_string(),
         caveat: engine.caveat(),
         cache_bytes,
-        threads: a.workers,
+        threads: a.engine.workers,
         load_seconds,
         ops,
         ops_per_s: ops as f64 / secs,
@@ -504,7 +498,7 @@ fn ensure_loaded(a: &LookupArgs) -> CliResult<LoadInfo> {
         a.load_tasks as u64,
         a.value_size,
         record,
-        a.quiet || a.json,
+        a.output.quiet || a.output.json,
     )?;
 
     let pool = db.pool().clone();
@@ -567,7 +561,7 @@ fn lookups_in_memory(
     let state = RunState::default();
     let window = Duration::from_secs_f64(a.memory_seconds);
     let (ops, secs, cpu) = std::thread::scope(|s| {
-        for t in 0..a.workers {
+        for t in 0..a.engine.workers {
             let (tree, state) = (&tree, &state);
             s.spawn(move || {
                 let mut rng = XorShift::new(0xC0FFEE + t as u64);
@@ -603,9 +597,9 @@ fn lookups_in_memory(
     Ok((
         m,
         SyncRun {
-            threads: a.workers,
+            threads: a.engine.workers,
             ops_per_s: per_s,
-            ops_per_s_per_thread: per_s / a.workers.max(1) as f64,
+            ops_per_s_per_thread: per_s / a.engine.workers.max(1) as f64,
             cpu_us_per_op: if ops > 0 { cpu * 1e6 / ops as f64 } else { 0.0 },
             errors: state.errors.load(Ordering::Relaxed),
         },
@@ -654,11 +648,11 @@ fn lookups_on(
     }
     let state = Arc::new(RunState::default());
     let (tx, rx) = std::sync::mpsc::channel();
-    let tasks = a.workers * a.tasks_per_worker;
+    let tasks = a.engine.workers * a.engine.tasks_per_worker;
     for t in 0..tasks {
         let (tree, state, tx) = (tree.clone(), state.clone(), tx.clone());
         let (records, vs) = (load.records, load.value_size);
-        db.spawn_on(t % a.workers, async move {
+        db.spawn_on(t % a.engine.workers, async move {
             let mut rng = XorShift::new(0x5EED + t as u64);
             let mut want = vec![0u8; vs];
             while !state.stop.load(Ordering::Relaxed) {
@@ -687,7 +681,11 @@ fn lookups_on(
         pool_bytes as f64 / (1 << 20) as f64,
         if warm_all { " (in memory)" } else { "" }
     );
-    let pb = bar(a.quiet || a.json, total.as_millis() as u64, &what);
+    let pb = bar(
+        a.output.quiet || a.output.json,
+        total.as_millis() as u64,
+        &what,
+    );
     let m = sample(
         db,
         &state,

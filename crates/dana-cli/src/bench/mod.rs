@@ -62,6 +62,32 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
     }
 }
 
+/// The engine's settings every benchmark takes.
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// Worker threads.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Concurrent client tasks per worker.
+    #[arg(long, default_value_t = 64)]
+    pub tasks_per_worker: usize,
+    /// Most reads in flight per device (the engine's device budget, and
+    /// the depth of the device-limit measurement).
+    #[arg(long, default_value_t = 32)]
+    pub device_budget: usize,
+}
+
+/// How a benchmark reports.
+#[derive(Args, Debug, Clone)]
+pub struct OutputArgs {
+    /// Print one JSON document with every figure instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bars.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
 /// What raw io_uring reads reached on the devices.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeviceLimit {

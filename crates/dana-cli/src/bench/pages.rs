@@ -41,15 +41,6 @@ pub struct PagesArgs {
     /// Data size as a multiple of the pool.
     #[arg(long, default_value_t = 10.0)]
     pub data_over_pool: f64,
-    /// Worker threads.
-    #[arg(long, default_value_t = 2)]
-    pub workers: usize,
-    /// Concurrent tasks per worker.
-    #[arg(long, default_value_t = 64)]
-    pub tasks_per_worker: usize,
-    /// Most reads in flight per device (also the raw measurement's depth).
-    #[arg(long, default_value_t = 32)]
-    pub device_budget: usize,
     /// Measured seconds.
     #[arg(long, default_value_t = 15.0)]
     pub seconds: f64,
@@ -62,12 +53,12 @@ pub struct PagesArgs {
     /// Small and short (for tests).
     #[arg(long)]
     pub quick: bool,
-    /// JSON instead of tables.
-    #[arg(long)]
-    pub json: bool,
-    /// No progress bars.
-    #[arg(long)]
-    pub quiet: bool,
+    /// Engine settings.
+    #[command(flatten)]
+    pub engine: super::EngineArgs,
+    /// Output settings.
+    #[command(flatten)]
+    pub output: super::OutputArgs,
 }
 
 /// The report.
@@ -110,23 +101,23 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
     let limit = device_limit(
         &files,
         data_bytes / files.len().max(1) as u64,
-        (a.device_budget * files.len()) as u32,
+        (a.engine.device_budget * files.len()) as u32,
         Duration::from_secs_f64(a.limit_seconds),
     )?;
 
     let opts = Options::default()
         .pool_bytes(pool_bytes as usize)
-        .workers(a.workers)
-        .device_budget(a.device_budget)
-        .max_tasks_per_worker(a.tasks_per_worker * 2);
+        .workers(a.engine.workers)
+        .device_budget(a.engine.device_budget)
+        .max_tasks_per_worker(a.engine.tasks_per_worker * 2);
     let db = Db::open(&a.path, opts)?;
     let disk = files.first().and_then(|f| Disk::of(f));
     let state = Arc::new(RunState::default());
     let (tx, rx) = std::sync::mpsc::channel();
-    let tasks = a.workers * a.tasks_per_worker;
+    let tasks = a.engine.workers * a.engine.tasks_per_worker;
     for t in 0..tasks {
         let (pool, state, tx) = (db.pool().clone(), state.clone(), tx.clone());
-        db.spawn_on(t % a.workers, async move {
+        db.spawn_on(t % a.engine.workers, async move {
             let mut rng = XorShift::new(0xFACE + t as u64);
             while !state.stop.load(Ordering::Relaxed) {
                 let pid = first + rng.below(pages);
@@ -148,7 +139,11 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
     }
     drop(tx);
     let total = Duration::from_secs_f64(a.warmup + a.seconds);
-    let pb = bar(a.quiet || a.json, total.as_millis() as u64, "page reads");
+    let pb = bar(
+        a.output.quiet || a.output.json,
+        total.as_millis() as u64,
+        "page reads",
+    );
     let m = sample(
         &db,
         &state,
@@ -177,13 +172,13 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
         pages,
         pool_bytes,
         data_bytes,
-        workers: a.workers,
-        tasks_per_worker: a.tasks_per_worker,
+        workers: a.engine.workers,
+        tasks_per_worker: a.engine.tasks_per_worker,
         iops_vs_limit: m.engine_reads_per_s / limit.iops.max(1e-9),
         device_limit: limit,
         run: m,
     };
-    if a.json {
+    if a.output.json {
         println!(
             "{}",
             serde_json::to_string_pretty(&report).context("encoding the report")?

@@ -111,15 +111,6 @@ pub struct YcsbArgs {
     /// Buffer pool size as a fraction of the data.
     #[arg(long, default_value_t = 0.1)]
     pub pool_fraction: f64,
-    /// Worker threads.
-    #[arg(long, default_value_t = 2)]
-    pub workers: usize,
-    /// Concurrent client tasks per worker.
-    #[arg(long, default_value_t = 64)]
-    pub tasks_per_worker: usize,
-    /// Most reads in flight per device (the engine's device budget).
-    #[arg(long, default_value_t = 32)]
-    pub device_budget: usize,
     /// Measured seconds per workload.
     #[arg(long, default_value_t = 20.0)]
     pub seconds: f64,
@@ -129,15 +120,15 @@ pub struct YcsbArgs {
     /// Small and short: at most 200k records, 2 s per workload (for tests).
     #[arg(long)]
     pub quick: bool,
-    /// Print one JSON document with every figure instead of tables.
-    #[arg(long)]
-    pub json: bool,
-    /// No progress bars.
-    #[arg(long)]
-    pub quiet: bool,
     /// Where the timeline CSV and SVG go (default: <path>/../bench-out).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Engine settings.
+    #[command(flatten)]
+    pub engine: crate::bench::EngineArgs,
+    /// Output settings.
+    #[command(flatten)]
+    pub output: crate::bench::OutputArgs,
 }
 
 impl YcsbArgs {
@@ -272,9 +263,9 @@ pub struct YcsbReport {
 fn options(a: &YcsbArgs, pool_bytes: u64) -> Options {
     Options::default()
         .pool_bytes(pool_bytes.max(64 * PAGE as u64) as usize)
-        .workers(a.workers)
-        .device_budget(a.device_budget)
-        .max_tasks_per_worker(a.tasks_per_worker.max(16) * 2)
+        .workers(a.engine.workers)
+        .device_budget(a.engine.device_budget)
+        .max_tasks_per_worker(a.engine.tasks_per_worker.max(16) * 2)
 }
 
 /// Runs `dana bench ycsb`.
@@ -288,7 +279,7 @@ pub fn run(args: &YcsbArgs) -> CliResult<()> {
             "--value-size must be at least 8 (values start with their key number)".into(),
         ));
     }
-    if a.records == 0 || a.workers == 0 || a.tasks_per_worker == 0 {
+    if a.records == 0 || a.engine.workers == 0 || a.engine.tasks_per_worker == 0 {
         return Err(CliError(
             "--records, --workers and --tasks-per-worker must be > 0".into(),
         ));
@@ -312,9 +303,9 @@ pub fn run(args: &YcsbArgs) -> CliResult<()> {
     }
     let report = YcsbReport {
         machine: Machine::probe(),
-        workers: a.workers,
-        tasks_per_worker: a.tasks_per_worker,
-        device_budget: a.device_budget,
+        workers: a.engine.workers,
+        tasks_per_worker: a.engine.tasks_per_worker,
+        device_budget: a.engine.device_budget,
         key_bytes: KEY_BYTES,
         value_size: a.value_size,
         insert_order: "hashed (key = big-endian splitmix64 finaliser of the key number)",
@@ -323,7 +314,7 @@ pub fn run(args: &YcsbArgs) -> CliResult<()> {
         runs,
     };
     write_outputs(&a, &report)?;
-    if a.json {
+    if a.output.json {
         let s = serde_json::to_string_pretty(&report).context("encoding the report")?;
         println!("{s}");
     } else {
@@ -343,10 +334,10 @@ fn run_peers(a: &YcsbArgs, runs: &[YcsbRun]) -> CliResult<Vec<peer::PeerYcsbRun>
             name,
             &a.path.join("peers"),
             cache,
-            a.workers,
+            a.engine.workers,
             a.records,
             a.value_size,
-            a.quiet || a.json,
+            a.output.quiet || a.output.json,
         )?;
         for r in runs {
             let mut p = peer::run(
@@ -354,12 +345,12 @@ fn run_peers(a: &YcsbArgs, runs: &[YcsbRun]) -> CliResult<Vec<peer::PeerYcsbRun>
                 r.workload,
                 a.records,
                 a.value_size,
-                a.workers,
+                a.engine.workers,
                 cache,
                 Duration::from_secs_f64(a.warmup),
                 Duration::from_secs_f64(a.seconds),
                 disk.as_ref(),
-                a.quiet || a.json,
+                a.output.quiet || a.output.json,
             )?;
             p.dana_over_peer = Some(r.m.ops_per_s / p.ops_per_s.max(1e-9));
             out.push(p);
@@ -429,10 +420,10 @@ fn ensure_loaded(a: &YcsbArgs, force: bool) -> CliResult<LoadInfo> {
         a.records,
         // Hashed keys arrive in random order: tasks in parallel do not
         // hurt the fill, unlike ascending ranges.
-        (a.workers * 8) as u64,
+        (a.engine.workers * 8) as u64,
         a.value_size,
         record,
-        a.quiet || a.json,
+        a.output.quiet || a.output.json,
     )?;
 
     let bytes = db.block_on(data_bytes(db.pool().clone()))??;
@@ -554,7 +545,7 @@ fn run_workload(
     let state = Arc::new(RunState::default());
     let stats = Arc::new(KindStats::default());
     let (tx, rx) = std::sync::mpsc::channel();
-    let tasks = a.workers * a.tasks_per_worker;
+    let tasks = a.engine.workers * a.engine.tasks_per_worker;
     for t in 0..tasks {
         let (tree, state, stats, shared, tx) = (
             tree.clone(),
@@ -565,7 +556,7 @@ fn run_workload(
         );
         let mut gen = shared.op_gen(t as u64);
         let vs = a.value_size;
-        db.spawn_on(t % a.workers, async move {
+        db.spawn_on(t % a.engine.workers, async move {
             let mut buf = vec![0u8; vs];
             while !state.stop.load(Ordering::Relaxed) {
                 let op = gen.next_op();
@@ -586,7 +577,11 @@ fn run_workload(
     drop(tx);
     let total = Duration::from_secs_f64(a.warmup + a.seconds);
     let what = format!("ycsb {}", w.letter());
-    let pb = bar(a.quiet || a.json, total.as_millis() as u64, &what);
+    let pb = bar(
+        a.output.quiet || a.output.json,
+        total.as_millis() as u64,
+        &what,
+    );
     let mut base: Option<([HistogramSnapshot; 5], u64)> = None;
     let m = sample_with(
         &db,
