@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::device::Device;
 use super::{completion_result, Completion, IoQueue, Rejected, Request};
-use crate::{Error, OpKind, Result};
+use crate::{OpKind, Result};
 
 /// A queue that executes requests with blocking syscalls.
 pub struct BlockingQueue {
@@ -80,22 +80,8 @@ impl IoQueue for BlockingQueue {
     }
 
     fn push(&mut self, req: Request) -> std::result::Result<(), Rejected> {
-        if let Err(error) = self.device.alignment().check(&req) {
-            return Err(Rejected {
-                error,
-                request: req,
-            });
-        }
-        if self.queued.len() + self.done.len() >= self.capacity {
-            return Err(Rejected {
-                error: Error::InvalidArgument(format!(
-                    "queue to device {} is full ({} requests)",
-                    self.device.index(),
-                    self.capacity
-                )),
-                request: req,
-            });
-        }
+        let full = self.queued.len() + self.done.len() >= self.capacity;
+        let req = Rejected::admit(req, &self.device.alignment(), full, self.capacity)?;
         self.queued.push(req);
         Ok(())
     }

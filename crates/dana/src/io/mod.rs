@@ -253,6 +253,34 @@ pub struct Rejected {
     pub request: Request,
 }
 
+impl Rejected {
+    /// Lets `req` into a queue only if it meets the device's alignment
+    /// and the queue has room; otherwise hands it back with the reason.
+    pub(crate) fn admit(
+        req: Request,
+        align: &Alignment,
+        full: bool,
+        capacity: usize,
+    ) -> std::result::Result<Request, Rejected> {
+        if let Err(error) = align.check(&req) {
+            return Err(Rejected {
+                error,
+                request: req,
+            });
+        }
+        if full {
+            return Err(Rejected {
+                error: Error::InvalidArgument(format!(
+                    "queue to device {} is full ({capacity} requests)",
+                    align.device
+                )),
+                request: req,
+            });
+        }
+        Ok(req)
+    }
+}
+
 /// A submission/completion queue from one worker to one device.
 pub trait IoQueue: Send {
     /// Index of the device in its array.

@@ -976,21 +976,8 @@ impl IoQueue for SimQueue {
     }
 
     fn push(&mut self, req: Request) -> std::result::Result<(), Rejected> {
-        if let Err(error) = self.disk.align.check(&req) {
-            return Err(Rejected {
-                error,
-                request: req,
-            });
-        }
-        if self.queued + self.in_flight >= self.capacity {
-            return Err(Rejected {
-                error: Error::InvalidArgument(format!(
-                    "queue to device {} is full ({} requests)",
-                    self.disk.index, self.capacity
-                )),
-                request: req,
-            });
-        }
+        let full = self.queued + self.in_flight >= self.capacity;
+        let req = Rejected::admit(req, &self.disk.align, full, self.capacity)?;
         let mut inner = self.disk.lock();
         let seq = inner.next_push_seq;
         inner.next_push_seq += 1;

@@ -223,21 +223,10 @@ impl IoQueue for UringQueue {
     }
 
     fn push(&mut self, req: Request) -> std::result::Result<(), Rejected> {
-        if let Err(error) = self.device.alignment().check(&req) {
-            return Err(Rejected {
-                error,
-                request: req,
-            });
-        }
+        let full = self.free.is_empty();
+        let req = Rejected::admit(req, &self.device.alignment(), full, self.capacity)?;
         let Some(slot) = self.free.pop() else {
-            return Err(Rejected {
-                error: Error::InvalidArgument(format!(
-                    "queue to device {} is full ({} requests)",
-                    self.device.index(),
-                    self.capacity
-                )),
-                request: req,
-            });
+            unreachable!("admit checked that a slot is free")
         };
         let entry = self.entry(&req, slot as u64);
         // SAFETY: the entry points into req.buf, which is moved into the
