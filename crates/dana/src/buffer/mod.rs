@@ -711,11 +711,12 @@ impl BufferPool {
             lock_of(self.table.state(pid).load(Ordering::Relaxed)),
             LOADING
         );
-        // SAFETY: the page is LOADING and its read has completed: this
-        // worker is the only one touching frame f.
-        let result = c
-            .result
-            .and_then(|_| page::verify(unsafe { self.frame_bytes(f) }, pid));
+        // The page is LOADING and its read has completed: this worker is
+        // the only one touching frame f.
+        let result = c.result.and_then(|_| {
+            // SAFETY: frame f is this worker's alone until published.
+            page::verify(unsafe { self.frame_bytes(f) }, pid)
+        });
         match &result {
             Ok(()) => {
                 meta.dirty.store(false, Ordering::Relaxed);
@@ -905,10 +906,11 @@ impl PageOptimistic<'_> {
         }
         let base = self.pool.frame_ptr(self.frame);
         for (i, b) in out.iter_mut().enumerate() {
-            // SAFETY: offset + i < page_size, inside the frame; the frame
-            // memory lives as long as the pool. A concurrent writer makes
-            // the value meaningless, which validate() detects; volatile
-            // keeps the compiler from assuming the bytes are stable.
+            // offset + i < page_size, inside the frame; the frame memory
+            // lives as long as the pool. A concurrent writer makes the value
+            // meaningless, which validate() detects; volatile keeps the
+            // compiler from assuming the bytes are stable.
+            // SAFETY: in bounds of a live allocation, as said above.
             *b = unsafe { std::ptr::read_volatile(base.add(offset + i)) };
         }
         true
@@ -920,11 +922,12 @@ impl PageOptimistic<'_> {
     /// trust what it reads: every decoder it uses bounds-checks, and its
     /// result is thrown away unless the version validates afterwards.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
-        // SAFETY: the frame is page_size bytes inside the pool's live
-        // allocation. A writer may modify the bytes concurrently (this is
-        // the optimistic, seqlock-style read of the design); the slice is
-        // only read, never outlives this call, and its result is discarded
+        // The frame is page_size bytes inside the pool's live allocation.
+        // A writer may modify the bytes concurrently (this is the
+        // optimistic, seqlock-style read of the design); the slice is only
+        // read, never outlives this call, and its result is discarded
         // unless validate() proves no writer or eviction intervened.
+        // SAFETY: in bounds of a live allocation; see above for the race.
         let bytes = unsafe {
             std::slice::from_raw_parts(self.pool.frame_ptr(self.frame), self.pool.page_size)
         };

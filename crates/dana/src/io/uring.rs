@@ -229,11 +229,12 @@ impl IoQueue for UringQueue {
             unreachable!("admit checked that a slot is free")
         };
         let entry = self.entry(&req, slot as u64);
-        // SAFETY: the entry points into req.buf, which is moved into the
-        // slot below and stays there until the completion for this slot is
-        // reaped (Drop waits for all of them), so the memory outlives the
-        // kernel's use. The SQ has `entries >= capacity` places and at most
+        // The entry points into req.buf, which is moved into the slot below
+        // and stays there until the completion for this slot is reaped
+        // (Drop waits for all of them), so the memory outlives the kernel's
+        // use. The SQ has `entries >= capacity` places and at most
         // `capacity` requests are queued or in flight, so it cannot be full.
+        // SAFETY: the buffer outlives the request, as argued above.
         let pushed = unsafe { self.ring.submission().push(&entry) };
         debug_assert!(pushed.is_ok(), "SQ sized to capacity cannot overflow");
         if pushed.is_err() {
