@@ -119,3 +119,31 @@ fn pages_quick_runs_and_reports_every_figure() {
     assert_eq!(v["run"]["errors"], 0);
     assert!(v["run"]["engine_reads_per_s"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn lookup_on_two_devices() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (a, b) = (dir.path().join("dev-a"), dir.path().join("dev-b"));
+    let out = dir.path().join("run");
+    let v = run(&[
+        "bench",
+        "lookup",
+        "--quick",
+        "--json",
+        "--records",
+        "30000",
+        "--memory-seconds",
+        "0",
+        "--path",
+        out.to_str().unwrap(),
+        "--device",
+        a.to_str().unwrap(),
+        "--device",
+        b.to_str().unwrap(),
+    ]);
+    assert_eq!(v["files"].as_array().unwrap().len(), 2);
+    assert!(a.exists() && b.exists(), "the devices hold the database");
+    assert!(!out.join("dana.0").exists(), "no database files in --path");
+    assert_eq!(v["runs"][0]["errors"], 0);
+    assert!(v["runs"][0]["engine_reads_per_s"].as_f64().unwrap() > 0.0);
+}

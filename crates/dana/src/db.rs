@@ -210,6 +210,44 @@ impl Db {
         Db::open_array(array, opts, !exists)
     }
 
+    /// Opens a database striped over `paths` (files or block devices, in
+    /// this order every time). With `create`, files that do not exist are
+    /// created with `capacity_bytes / paths.len()` bytes each and the
+    /// database is formatted (erasing what the devices held as far as dana
+    /// is concerned); without it, the devices must hold a dana database.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let paths = [dir.path().join("a"), dir.path().join("b")];
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20);
+    /// let db = dana::Db::open_devices(&paths, opts.clone(), true).unwrap();
+    /// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    /// db.close().unwrap();
+    /// let db = dana::Db::open_devices(&paths, opts, false).unwrap();
+    /// assert_eq!(db.tree("t").unwrap().get(b"k").unwrap(), Some(b"v".to_vec()));
+    /// ```
+    pub fn open_devices(paths: &[impl AsRef<Path>], opts: Options, create: bool) -> Result<Db> {
+        if paths.is_empty() {
+            return Err(Error::InvalidArgument("no device given".into()));
+        }
+        let per_device = (opts.capacity_bytes / paths.len() as u64) / opts.page_size as u64
+            * opts.page_size as u64;
+        let targets = paths
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let dopts = DeviceOptions {
+                    direct: opts.direct,
+                    create_size: create.then_some(per_device),
+                    read_only: false,
+                };
+                Device::open(p, i, dopts).map(|d| Target::File(Arc::new(d)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let array = Array::new(targets, opts.page_size as u64)?;
+        Db::open_array(array, opts, create)
+    }
+
     /// Opens a database on an array of devices (files, block devices or
     /// simulated devices). With `create`, formats it first (erasing what
     /// the devices held as far as dana is concerned).

@@ -39,6 +39,12 @@ pub struct LookupArgs {
     /// Directory of the database (created and loaded on first use).
     #[arg(long, default_value = "./dana-data/lookup")]
     pub path: PathBuf,
+    /// Put the database on these files or block devices (repeatable;
+    /// striped by page) instead of `dana.N` files in `--path`, which then
+    /// holds only the load marker, peers and outputs. Block devices are
+    /// overwritten.
+    #[arg(long = "device")]
+    pub devices: Vec<PathBuf>,
     /// Records to load (8-byte keys).
     #[arg(long, default_value_t = 20_000_000)]
     pub records: u64,
@@ -273,7 +279,7 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
         return Err(CliError("--pool-fraction values must be > 0".into()));
     }
     let load = ensure_loaded(&a)?;
-    let files = data_files(&a.path);
+    let files = db_files(&a);
     let disk = files.first().and_then(|f| Disk::of(f));
     let limit = if a.limit_seconds > 0.0 {
         let span = load.data_bytes / files.len().max(1) as u64;
@@ -446,6 +452,24 @@ fn peer_run(
     })
 }
 
+/// Opens the database: files in `--path`, or the `--device`s.
+fn open_db(a: &LookupArgs, opts: Options, create: bool) -> CliResult<Db> {
+    Ok(if a.devices.is_empty() {
+        Db::open(&a.path, opts)?
+    } else {
+        Db::open_devices(&a.devices, opts, create)?
+    })
+}
+
+/// The database's files or devices.
+fn db_files(a: &LookupArgs) -> Vec<PathBuf> {
+    if a.devices.is_empty() {
+        data_files(&a.path)
+    } else {
+        a.devices.clone()
+    }
+}
+
 /// Loads the data set unless a matching one is there.
 fn ensure_loaded(a: &LookupArgs) -> CliResult<LoadInfo> {
     let marker = a.path.join("LOADED");
@@ -454,7 +478,7 @@ fn ensure_loaded(a: &LookupArgs) -> CliResult<LoadInfo> {
         a.records, a.value_size
     );
     if std::fs::read_to_string(&marker).ok().as_deref() == Some(want.as_str()) {
-        let db = Db::open(&a.path, options(a, 16 << 20))?;
+        let db = open_db(a, options(a, 16 << 20), false)?;
         let pool = db.pool().clone();
         let space = db.block_on(async move { pool.space().await })??;
         db.close()?;
@@ -471,7 +495,9 @@ fn ensure_loaded(a: &LookupArgs) -> CliResult<LoadInfo> {
         });
     }
     std::fs::create_dir_all(&a.path).context(format!("creating {}", a.path.display()))?;
-    clear_dana_files(&a.path)?;
+    if a.devices.is_empty() {
+        clear_dana_files(&a.path)?;
+    }
     // Leaves fill ~95% on an ascending load; size the files with room.
     let per_record = (8 + a.value_size + 12) as u64;
     // Random inserts leave leaves ~2/3 full; ascending ones ~95%.
@@ -483,7 +509,7 @@ fn ensure_loaded(a: &LookupArgs) -> CliResult<LoadInfo> {
     let estimate = a.records * per_record * 100 / fill_pct + (8 << 20);
     let capacity = estimate * 3 / 2 + (64 << 20);
     let pool = (estimate + estimate / 4).min(12 << 30);
-    let db = Db::open(&a.path, options(a, pool).capacity_bytes(capacity))?;
+    let db = open_db(a, options(a, pool).capacity_bytes(capacity), true)?;
     let tree = db.create_tree(TREE)?.btree().clone();
     let (order, n) = (a.load_order, a.records);
     let record: super::RecordFn = Arc::new(move |j, v| {
@@ -546,7 +572,7 @@ fn lookups_in_memory(
     pool_bytes: u64,
     disk: Option<&Disk>,
 ) -> CliResult<(Measured, SyncRun)> {
-    let db = Db::open(&a.path, options(a, pool_bytes))?;
+    let db = open_db(a, options(a, pool_bytes), false)?;
     let m = lookups_on(
         &db,
         a,
@@ -616,7 +642,7 @@ fn lookups(
     warm_all: bool,
     disk: Option<&Disk>,
 ) -> CliResult<Measured> {
-    let db = Db::open(&a.path, options(a, pool_bytes))?;
+    let db = open_db(a, options(a, pool_bytes), false)?;
     let m = lookups_on(&db, a, load, pool_bytes, seconds, warmup, warm_all, disk)?;
     db.close()?;
     Ok(m)
