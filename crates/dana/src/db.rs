@@ -7,9 +7,10 @@
 //!
 //! The sync fast path: a sync call first polls the operation once on the
 //! calling thread. If every page it needs is resident and no latch is
-//! contended it finishes there, with no thread hop. Otherwise (a miss needs
-//! I/O, which only workers do) the partial attempt is dropped, releasing
-//! its latches, and the operation runs on a worker while the caller waits.
+//! contended it finishes there, with no thread hop. If it needs I/O (which
+//! only workers do) it stops before changing anything and runs again on a
+//! worker; if it yields on a latch or a free frame, the same future moves
+//! to a worker and finishes there (it may have changed the tree already).
 //! Never: blocks a worker thread on another worker, or performs I/O outside
 //! the workers.
 
@@ -52,6 +53,7 @@ pub struct Options {
     queue_depth: u32,
     device_budget: usize,
     max_tasks_per_worker: usize,
+    submit_each: bool,
 }
 
 impl Default for Options {
@@ -68,6 +70,7 @@ impl Default for Options {
             queue_depth: rt.queue_depth,
             device_budget: rt.device_budget,
             max_tasks_per_worker: rt.max_tasks_per_worker,
+            submit_each: rt.submit_each,
         }
     }
 }
@@ -141,12 +144,20 @@ impl Options {
         self
     }
 
+    /// Submit each I/O request on its own instead of batching a worker
+    /// round's requests (default false; see [`RuntimeConfig::submit_each`]).
+    pub fn submit_each(mut self, on: bool) -> Self {
+        self.submit_each = on;
+        self
+    }
+
     fn runtime_config(&self) -> RuntimeConfig {
         RuntimeConfig {
             workers: self.workers,
             queue_depth: self.queue_depth,
             device_budget: self.device_budget,
             max_tasks_per_worker: self.max_tasks_per_worker,
+            submit_each: self.submit_each,
             ..RuntimeConfig::default()
         }
     }
@@ -513,22 +524,24 @@ impl Tree {
     }
 
     /// Runs an operation: inline if it completes without I/O, else on a
-    /// worker.
+    /// worker. An attempt that needed I/O (`WouldBlock`, always raised
+    /// before the operation changed anything) runs again from the start on
+    /// a worker; an attempt that yielded (a latch held, no free frame) may
+    /// already have changed the tree, so the same future moves to a worker
+    /// and finishes there, never runs twice.
     fn run<T, F, Fut>(&self, op: F) -> Result<T>
     where
         T: Send + 'static,
         F: Fn(BTree) -> Fut,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
-        {
-            let mut fut = std::pin::pin!(op(self.btree.clone()));
-            let mut cx = Context::from_waker(Waker::noop());
-            match fut.as_mut().poll(&mut cx) {
-                Poll::Ready(Err(Error::WouldBlock)) | Poll::Pending => {}
-                Poll::Ready(r) => return r,
-            }
+        let mut fut = Box::pin(op(self.btree.clone()));
+        let mut cx = Context::from_waker(Waker::noop());
+        match fut.as_mut().poll(&mut cx) {
+            Poll::Ready(Err(Error::WouldBlock)) => self.db.block_on(op(self.btree.clone()))?,
+            Poll::Ready(r) => r,
+            Poll::Pending => self.db.block_on(fut)?,
         }
-        self.db.block_on(op(self.btree.clone()))?
     }
 
     /// The value of `key`.

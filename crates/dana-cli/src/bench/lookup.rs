@@ -26,6 +26,7 @@ use super::{
     bar, clear_dana_files, data_files, device_limit, sample, thousands, DeviceLimit, Measured,
     RunState,
 };
+use crate::iostudy::reads::Submit;
 use crate::report::Machine;
 use crate::rng::XorShift;
 use crate::{CliError, CliResult, Context};
@@ -173,8 +174,12 @@ pub struct LookupRun {
     pub pool_bytes: u64,
     /// Data bytes / pool bytes.
     pub data_over_pool: f64,
-    /// Engine page reads per second / device limit.
+    /// Engine page reads per second / device limit (batched submission,
+    /// the engine's own pattern).
     pub iops_vs_limit: Option<f64>,
+    /// Engine page reads per second / device limit with each read
+    /// submitted at once (fio's pattern).
+    pub iops_vs_limit_each: Option<f64>,
     /// The window's figures.
     #[serde(flatten)]
     pub m: Measured,
@@ -195,8 +200,11 @@ pub struct LookupReport {
     pub files: Vec<PathBuf>,
     /// The data set.
     pub load: LoadInfo,
-    /// Raw reads at the same total depth.
+    /// Raw reads at the same total depth, refills batched per reap (as
+    /// the engine submits).
     pub device_limit: Option<DeviceLimit>,
+    /// The same with each read submitted at once (as fio does).
+    pub device_limit_each: Option<DeviceLimit>,
     /// One run per pool fraction.
     pub runs: Vec<LookupRun>,
     /// With the whole data set cached.
@@ -269,6 +277,7 @@ fn options(a: &LookupArgs, pool_bytes: u64) -> Options {
         .pool_bytes(pool_bytes.max(64 * PAGE as u64) as usize)
         .workers(a.engine.workers)
         .device_budget(a.engine.device_budget)
+        .submit_each(a.engine.submit_each)
         .max_tasks_per_worker(a.engine.tasks_per_worker.max(16) * 2)
 }
 
@@ -288,6 +297,19 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
             span,
             a.engine.device_budget as u32 * files.len() as u32,
             Duration::from_secs_f64(a.limit_seconds),
+            Submit::Batch,
+        )?)
+    } else {
+        None
+    };
+    let limit_each = if a.limit_seconds > 0.0 {
+        let span = load.data_bytes / files.len().max(1) as u64;
+        Some(device_limit(
+            &files,
+            span,
+            a.engine.device_budget as u32 * files.len() as u32,
+            Duration::from_secs_f64(a.limit_seconds),
+            Submit::Each,
         )?)
     } else {
         None
@@ -303,6 +325,9 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
             iops_vs_limit: limit
                 .as_ref()
                 .map(|l| m.engine_reads_per_s / l.iops.max(1e-9)),
+            iops_vs_limit_each: limit_each
+                .as_ref()
+                .map(|l| m.engine_reads_per_s / l.iops.max(1e-9)),
             m,
         });
     }
@@ -316,6 +341,7 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
             pool_bytes: pool,
             data_over_pool: load.data_bytes as f64 / pool as f64,
             iops_vs_limit: None,
+            iops_vs_limit_each: None,
             m,
         })
     } else {
@@ -336,6 +362,7 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
         files,
         load,
         device_limit: limit,
+        device_limit_each: limit_each,
         runs,
         in_memory,
         in_memory_sync,
@@ -814,6 +841,20 @@ pub fn render(r: &LookupReport) -> String {
         s += &format!(
             "device limit (raw io_uring 4 KiB random reads, depth {}): {} reads/s, mean {:.0} us, {:.2} CPU us/read\n",
             d.depth,
+            thousands(d.iops),
+            d.lat_mean_us,
+            d.cpu_us_per_io
+        );
+    }
+    if let Some(d) = &r.device_limit_each {
+        let ratio = r.runs.first().map_or(String::new(), |x| {
+            format!(
+                "; dana = {:.0}% of it",
+                x.m.engine_reads_per_s / d.iops.max(1e-9) * 100.0
+            )
+        });
+        s += &format!(
+            "device limit, each read submitted at once (fio's pattern): {} reads/s, mean {:.0} us, {:.2} CPU us/read{ratio}\n",
             thousands(d.iops),
             d.lat_mean_us,
             d.cpu_us_per_io

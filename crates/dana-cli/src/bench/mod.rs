@@ -27,7 +27,7 @@ use dana::stats::{Histogram, HistogramSnapshot};
 use dana::Db;
 use serde::Serialize;
 
-use crate::iostudy::reads::random_reads;
+use crate::iostudy::reads::{random_reads, Submit};
 use crate::report::process_cpu_seconds;
 use crate::{CliError, CliResult};
 use diskstats::{Disk, DiskCounters};
@@ -75,6 +75,10 @@ pub struct EngineArgs {
     /// the depth of the device-limit measurement).
     #[arg(long, default_value_t = 32)]
     pub device_budget: usize,
+    /// Submit each read on its own (one syscall per I/O) instead of one
+    /// batch per device per worker round.
+    #[arg(long)]
+    pub submit_each: bool,
 }
 
 /// How a benchmark reports.
@@ -99,6 +103,8 @@ pub struct DeviceLimit {
     pub lat_mean_us: f64,
     /// Process CPU per read, µs.
     pub cpu_us_per_io: f64,
+    /// How refills were submitted.
+    pub submit: Submit,
 }
 
 /// Raw 4 KiB O_DIRECT random reads over the first `span` bytes of each
@@ -108,6 +114,7 @@ pub fn device_limit(
     span: u64,
     depth: u32,
     duration: Duration,
+    submit: Submit,
 ) -> CliResult<DeviceLimit> {
     let per_dev = (depth as usize).div_ceil(files.len().max(1)).max(1) as u32;
     let runs = std::thread::scope(|s| {
@@ -122,7 +129,7 @@ pub fn device_limit(
                         read_only: true,
                     };
                     let dev = Arc::new(Device::open(f, i, opts)?);
-                    random_reads(&dev, per_dev, 4096, span, duration, 7 + i as u64)
+                    random_reads(&dev, per_dev, 4096, span, duration, 7 + i as u64, submit)
                 })
             })
             .collect();
@@ -141,6 +148,7 @@ pub fn device_limit(
         iops,
         lat_mean_us: runs.iter().map(|r| r.lat_mean_us).sum::<f64>() / n,
         cpu_us_per_io: runs.iter().map(|r| r.cpu_us_per_io).sum::<f64>() / n,
+        submit,
     })
 }
 

@@ -23,6 +23,7 @@ use super::{
     bar, clear_dana_files, data_files, device_limit, sample, thousands, DeviceLimit, Measured,
     RunState,
 };
+use crate::iostudy::reads::Submit;
 use crate::report::Machine;
 use crate::rng::XorShift;
 use crate::{CliError, CliResult, Context};
@@ -80,6 +81,10 @@ pub struct PagesReport {
     pub device_limit: DeviceLimit,
     /// Engine page reads/s / raw reads/s.
     pub iops_vs_limit: f64,
+    /// Raw reads with each read submitted at once (fio's pattern).
+    pub device_limit_each: DeviceLimit,
+    /// Engine page reads/s / that.
+    pub iops_vs_limit_each: f64,
     /// The window's figures (ops = page fixes).
     pub run: Measured,
 }
@@ -103,12 +108,21 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
         data_bytes / files.len().max(1) as u64,
         (a.engine.device_budget * files.len()) as u32,
         Duration::from_secs_f64(a.limit_seconds),
+        Submit::Batch,
+    )?;
+    let limit_each = device_limit(
+        &files,
+        data_bytes / files.len().max(1) as u64,
+        (a.engine.device_budget * files.len()) as u32,
+        Duration::from_secs_f64(a.limit_seconds),
+        Submit::Each,
     )?;
 
     let opts = Options::default()
         .pool_bytes(pool_bytes as usize)
         .workers(a.engine.workers)
         .device_budget(a.engine.device_budget)
+        .submit_each(a.engine.submit_each)
         .max_tasks_per_worker(a.engine.tasks_per_worker * 2);
     let db = Db::open(&a.path, opts)?;
     let disk = files.first().and_then(|f| Disk::of(f));
@@ -175,6 +189,8 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
         workers: a.engine.workers,
         tasks_per_worker: a.engine.tasks_per_worker,
         iops_vs_limit: m.engine_reads_per_s / limit.iops.max(1e-9),
+        iops_vs_limit_each: m.engine_reads_per_s / limit_each.iops.max(1e-9),
+        device_limit_each: limit_each,
         device_limit: limit,
         run: m,
     };
@@ -249,6 +265,12 @@ pub fn render(r: &PagesReport) -> String {
         r.device_limit.depth,
         thousands(r.device_limit.iops),
         r.device_limit.cpu_us_per_io
+    );
+    s += &format!(
+        "raw, each read submitted at once (fio's pattern): {} reads/s, {:.2} CPU us/read; dana = {:.1}% of it\n",
+        thousands(r.device_limit_each.iops),
+        r.device_limit_each.cpu_us_per_io,
+        r.iops_vs_limit_each * 100.0
     );
     s += &format!(
         "dana: {} page fixes/s, {} page reads/s = {:.1}% of raw; hit rate {:.3}; {:.2} CPU us per page miss (whole process)\n",

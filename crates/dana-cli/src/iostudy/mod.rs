@@ -317,8 +317,15 @@ pub fn run(args: &IostudyArgs) -> CliResult<()> {
         let dev = open_direct()?;
         for depth in [1u32, 2, 4, 8, 16, 32, 64, 128, 256] {
             let bar = progress(quiet, duration, &format!("depth {depth}"));
-            let r =
-                reads::random_reads(&dev, depth, 4096, data.filled_bytes, duration, depth as u64);
+            let r = reads::random_reads(
+                &dev,
+                depth,
+                4096,
+                data.filled_bytes,
+                duration,
+                depth as u64,
+                reads::Submit::Batch,
+            );
             bar.finish_and_clear();
             depth_rows.push(r?);
         }
@@ -353,7 +360,15 @@ pub fn run(args: &IostudyArgs) -> CliResult<()> {
                         )
                     };
                     let run_dana = |seed: u64| {
-                        reads::random_reads(&dev, depth, 4096, data.filled_bytes, duration, seed)
+                        reads::random_reads(
+                            &dev,
+                            depth,
+                            4096,
+                            data.filled_bytes,
+                            duration,
+                            seed,
+                            reads::Submit::Each,
+                        )
                     };
                     let d = (|| {
                         let f1 = run_fio()?;

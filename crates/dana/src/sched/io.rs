@@ -55,14 +55,23 @@ pub struct DeviceBudgets {
     in_flight: Vec<AtomicUsize>,
     limit: usize,
     share: usize,
+    /// Hand each request to the kernel as soon as it is queued (one
+    /// `io_uring_enter` per request) instead of one per device per round.
+    submit_each: bool,
     /// How long requests waited in the engine for the budget.
     pub queue_wait: Histogram,
 }
 
 impl DeviceBudgets {
-    pub(crate) fn new(devices: usize, limit: usize, workers: usize) -> DeviceBudgets {
+    pub(crate) fn new(
+        devices: usize,
+        limit: usize,
+        workers: usize,
+        submit_each: bool,
+    ) -> DeviceBudgets {
         let limit = limit.max(1);
         DeviceBudgets {
+            submit_each,
             in_flight: (0..devices).map(|_| AtomicUsize::new(0)).collect(),
             limit,
             share: (limit / workers.max(1)).max(1),
@@ -236,6 +245,12 @@ impl WorkerIo {
                             submitted: now,
                         });
                         pushed += 1;
+                        if self.budgets.submit_each {
+                            if let Err(e) = dev.queue.submit() {
+                                self.submit_errors += 1;
+                                self.last_submit_error = Some(e);
+                            }
+                        }
                     }
                     Err(rej) => {
                         // Misaligned or out of range: fail this request

@@ -60,6 +60,10 @@ pub struct RuntimeConfig {
     pub max_tasks_per_worker: usize,
     /// Capacity of each worker's injector queue.
     pub injector_capacity: usize,
+    /// Submit each request on its own (one syscall per I/O) instead of
+    /// batching a round's requests per device. Costs CPU; on a virtio disk
+    /// it lowers device latency under load (docs/PERF.md). Default off.
+    pub submit_each: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -72,6 +76,7 @@ impl Default for RuntimeConfig {
             device_budget: 32,
             max_tasks_per_worker: 4096,
             injector_capacity: 4096,
+            submit_each: false,
         }
     }
 }
@@ -206,6 +211,7 @@ impl Runtime {
             array.width(),
             config.device_budget,
             config.workers,
+            config.submit_each,
         ));
         let mut workers = Vec::new();
         let mut ios = Vec::new();
