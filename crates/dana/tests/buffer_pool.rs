@@ -12,6 +12,9 @@ use dana::io::{Array, Backend, Device, Target};
 use dana::sched::{Runtime, RuntimeConfig};
 use dana::Error;
 
+mod common;
+use common::{counter, fill};
+
 const PAGE: u64 = 4096;
 
 fn open_array(dir: &Path, devices: usize, pages_per_device: u64) -> Array {
@@ -47,33 +50,6 @@ fn start(array: Array, frames: usize, workers: usize) -> (Arc<BufferPool>, Runti
     (pool, rt)
 }
 
-fn counter_of(page: &[u8]) -> (u64, u64) {
-    let at = PAGE_HEADER_SIZE;
-    let id = u64::from_le_bytes(page[at..at + 8].try_into().unwrap());
-    let n = u64::from_le_bytes(page[at + 8..at + 16].try_into().unwrap());
-    (id, n)
-}
-
-/// Allocates `n` pages, each holding its own id and a zero counter.
-fn fill(pool: &Arc<BufferPool>, rt: &Runtime, n: u64) -> Vec<u64> {
-    let p = pool.clone();
-    rt.block_on(async move {
-        p.format().await?;
-        let mut pids = Vec::new();
-        for _ in 0..n {
-            let mut g = p.allocate(PageType::Raw).await?;
-            let pid = g.pid();
-            let at = PAGE_HEADER_SIZE;
-            g[at..at + 8].copy_from_slice(&pid.to_le_bytes());
-            pids.push(pid);
-        }
-        p.flush_all().await?;
-        Ok::<_, Error>(pids)
-    })
-    .unwrap()
-    .unwrap()
-}
-
 #[test]
 fn many_tasks_update_pages_through_a_tiny_pool() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
@@ -97,14 +73,14 @@ fn many_tasks_update_pages_through_a_tiny_pool() {
                     let pid = pids[(x % pids.len() as u64) as usize];
                     if x % 3 == 0 {
                         let g = pool.fix_shared(pid).await?;
-                        let (id, n) = counter_of(&g);
+                        let (id, n) = counter(&g);
                         assert_eq!(id, pid, "page {pid} holds another page's data");
                         // Increments are counted after they are written, so
                         // the page may be ahead of the count, never behind.
                         assert!(n >= expected[pid as usize].load(Ordering::SeqCst));
                     } else {
                         let mut g = pool.fix_exclusive(pid).await?;
-                        let (id, n) = counter_of(&g);
+                        let (id, n) = counter(&g);
                         assert_eq!(id, pid);
                         let at = PAGE_HEADER_SIZE + 8;
                         g[at..at + 8].copy_from_slice(&(n + 1).to_le_bytes());
@@ -147,7 +123,7 @@ fn many_tasks_update_pages_through_a_tiny_pool() {
         p.open_meta().await?;
         for &pid in pids2.iter() {
             let g = p.fix_shared(pid).await?;
-            let (id, n) = counter_of(&g);
+            let (id, n) = counter(&g);
             assert_eq!(id, pid);
             assert_eq!(n, exp2[pid as usize].load(Ordering::SeqCst), "page {pid}");
         }
@@ -176,7 +152,7 @@ fn a_page_faulted_by_100_tasks_is_read_once() {
     for _ in 0..100 {
         let (p, tx) = (pool.clone(), tx.clone());
         rt.spawn(async move {
-            let r = p.fix_shared(150).await.map(|g| counter_of(&g).0);
+            let r = p.fix_shared(150).await.map(|g| counter(&g).0);
             tx.send(r).unwrap();
         })
         .unwrap();
@@ -219,7 +195,7 @@ fn a_corrupted_page_is_reported_with_its_id() {
     }
     // The engine stays usable after the error.
     let p = pool.clone();
-    rt.block_on(async move { p.fix_shared(78).await.map(|g| counter_of(&g).0) })
+    rt.block_on(async move { p.fix_shared(78).await.map(|g| counter(&g).0) })
         .unwrap()
         .map(|id| assert_eq!(id, 78))
         .unwrap();

@@ -6,10 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dana::buffer::{BufferPool, PageType, PoolConfig, PAGE_HEADER_SIZE};
+use dana::buffer::{BufferPool, PoolConfig, PAGE_HEADER_SIZE};
 use dana::io::{Array, Backend, Clock, Fault, Latency, PowerCutPolicy, SimConfig, SimDisk, Target};
 use dana::sched::{Runtime, RuntimeConfig};
 use dana::{Error, OpKind};
+
+mod common;
+use common::{counter, fill};
 
 fn start(disk: &Arc<SimDisk>, frames: usize) -> (Arc<BufferPool>, Runtime) {
     let array = Array::new(vec![Target::Sim(disk.clone())], 4096).unwrap();
@@ -22,32 +25,6 @@ fn start(disk: &Arc<SimDisk>, frames: usize) -> (Arc<BufferPool>, Runtime) {
     };
     let rt = Runtime::start(&config, &array, &Backend::default(), pool.clone(), None).unwrap();
     (pool, rt)
-}
-
-fn counter(page: &[u8]) -> (u64, u64) {
-    let at = PAGE_HEADER_SIZE;
-    (
-        u64::from_le_bytes(page[at..at + 8].try_into().unwrap()),
-        u64::from_le_bytes(page[at + 8..at + 16].try_into().unwrap()),
-    )
-}
-
-fn fill(pool: &Arc<BufferPool>, rt: &Runtime, n: u64) -> Vec<u64> {
-    let p = pool.clone();
-    rt.block_on(async move {
-        p.format().await?;
-        let mut pids = Vec::new();
-        for _ in 0..n {
-            let mut g = p.allocate(PageType::Raw).await?;
-            let pid = g.pid();
-            g[PAGE_HEADER_SIZE..PAGE_HEADER_SIZE + 8].copy_from_slice(&pid.to_le_bytes());
-            pids.push(pid);
-        }
-        p.flush_all().await?;
-        Ok::<_, Error>(pids)
-    })
-    .unwrap()
-    .unwrap()
 }
 
 /// Many tasks increment random pages' counters; returns the increments.

@@ -21,7 +21,7 @@ use dana::{Db, Error, Options};
 use serde::Serialize;
 
 use super::diskstats::Disk;
-use super::timeline::{write_csv, Chart};
+use super::timeline::{write_timeline, Chart};
 use super::{
     bar, clear_dana_files, data_files, device_limit, sample, thousands, DeviceLimit, Measured,
     RunState,
@@ -290,30 +290,17 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
     let load = ensure_loaded(&a)?;
     let files = db_files(&a);
     let disk = files.first().and_then(|f| Disk::of(f));
-    let limit = if a.limit_seconds > 0.0 {
+    let measure_limit = |submit| -> CliResult<Option<DeviceLimit>> {
+        if a.limit_seconds <= 0.0 {
+            return Ok(None);
+        }
         let span = load.data_bytes / files.len().max(1) as u64;
-        Some(device_limit(
-            &files,
-            span,
-            a.engine.device_budget as u32 * files.len() as u32,
-            Duration::from_secs_f64(a.limit_seconds),
-            Submit::Batch,
-        )?)
-    } else {
-        None
+        let depth = a.engine.device_budget as u32 * files.len() as u32;
+        let window = Duration::from_secs_f64(a.limit_seconds);
+        device_limit(&files, span, depth, window, submit).map(Some)
     };
-    let limit_each = if a.limit_seconds > 0.0 {
-        let span = load.data_bytes / files.len().max(1) as u64;
-        Some(device_limit(
-            &files,
-            span,
-            a.engine.device_budget as u32 * files.len() as u32,
-            Duration::from_secs_f64(a.limit_seconds),
-            Submit::Each,
-        )?)
-    } else {
-        None
-    };
+    let limit = measure_limit(Submit::Batch)?;
+    let limit_each = measure_limit(Submit::Each)?;
     let mut runs = Vec::new();
     for &f in &a.pool_fraction {
         let pool = ((load.data_bytes as f64 * f) as u64).max(64 * PAGE as u64);
@@ -767,25 +754,12 @@ fn write_outputs(a: &LookupArgs, r: &LookupReport) -> CliResult<()> {
     std::fs::create_dir_all(&out).context(format!("creating {}", out.display()))?;
     for run in &r.runs {
         let stem = format!("lookup-pool{:.3}", run.pool_fraction);
-        write_csv(&out.join(format!("{stem}.csv")), &run.m.timeline)?;
-        let tl = &run.m.timeline;
-        let chart = Chart {
-            title: &format!(
-                "dana bench lookup: {} records, pool {:.1}% of data",
-                r.load.records,
-                run.pool_fraction * 100.0
-            ),
-            x_label: "seconds (negative: warm-up)",
-            xs: tl.iter().map(|s| s.t).collect(),
-            series: vec![
-                ("lookups/s", tl.iter().map(|s| s.ops_per_s).collect()),
-                ("device reads/s", tl.iter().map(|s| s.reads_per_s).collect()),
-                ("p99 latency (us)", tl.iter().map(|s| s.p99_us).collect()),
-            ],
-            log_x: false,
-        };
-        std::fs::write(out.join(format!("{stem}.svg")), chart.svg())
-            .context("writing the timeline SVG")?;
+        let title = format!(
+            "dana bench lookup: {} records, pool {:.1}% of data",
+            r.load.records,
+            run.pool_fraction * 100.0
+        );
+        write_timeline(&out, &stem, &title, "lookups/s", &run.m.timeline)?;
     }
     if r.runs.len() > 1 {
         let chart = Chart {

@@ -35,6 +35,30 @@ pub fn write_csv(path: &Path, rows: &[Second]) -> CliResult<()> {
     std::fs::write(path, s).context(format!("writing {}", path.display()))
 }
 
+/// Writes `dir/stem.csv` and `dir/stem.svg` (ops/s, device reads/s and
+/// p99 latency per second) for one run.
+pub fn write_timeline(
+    dir: &Path,
+    stem: &str,
+    title: &str,
+    ops_label: &str,
+    tl: &[Second],
+) -> CliResult<()> {
+    write_csv(&dir.join(format!("{stem}.csv")), tl)?;
+    let chart = Chart {
+        title,
+        x_label: "seconds (negative: warm-up)",
+        xs: tl.iter().map(|s| s.t).collect(),
+        series: vec![
+            (ops_label, tl.iter().map(|s| s.ops_per_s).collect()),
+            ("device reads/s", tl.iter().map(|s| s.reads_per_s).collect()),
+            ("p99 latency (us)", tl.iter().map(|s| s.p99_us).collect()),
+        ],
+        log_x: false,
+    };
+    std::fs::write(dir.join(format!("{stem}.svg")), chart.svg()).context("writing the timeline SVG")
+}
+
 /// A line chart: one panel per series, x shared.
 pub struct Chart<'a> {
     /// Title on top.

@@ -877,9 +877,9 @@ impl Drop for PageMut<'_> {
     }
 }
 
-/// A resident page read without a latch. Copy what you need with
-/// [`PageOptimistic::read`], then [`PageOptimistic::validate`]: if it
-/// fails, a writer or eviction intervened and the copy must be discarded.
+/// A resident page read without a latch: read it with
+/// [`PageOptimistic::with_bytes`], which validates the version afterwards;
+/// a failed validation means a writer or eviction intervened.
 pub struct PageOptimistic<'a> {
     pool: &'a BufferPool,
     pid: u64,
@@ -891,29 +891,6 @@ impl PageOptimistic<'_> {
     /// The page id.
     pub fn pid(&self) -> u64 {
         self.pid
-    }
-
-    /// Copies `out.len()` bytes at `offset` of the page (volatile reads,
-    /// since a writer may race; the copy is meaningful only if `validate`
-    /// succeeds afterwards). Out-of-range requests copy nothing and return
-    /// false.
-    pub fn read(&self, offset: usize, out: &mut [u8]) -> bool {
-        if offset
-            .checked_add(out.len())
-            .is_none_or(|e| e > self.pool.page_size)
-        {
-            return false;
-        }
-        let base = self.pool.frame_ptr(self.frame);
-        for (i, b) in out.iter_mut().enumerate() {
-            // offset + i < page_size, inside the frame; the frame memory
-            // lives as long as the pool. A concurrent writer makes the value
-            // meaningless, which validate() detects; volatile keeps the
-            // compiler from assuming the bytes are stable.
-            // SAFETY: in bounds of a live allocation, as said above.
-            *b = unsafe { std::ptr::read_volatile(base.add(offset + i)) };
-        }
-        true
     }
 
     /// Runs `f` over the page's bytes without a latch and returns its

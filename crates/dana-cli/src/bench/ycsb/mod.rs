@@ -38,7 +38,7 @@ use dana::{Db, Error, Options};
 use serde::Serialize;
 
 use super::diskstats::Disk;
-use super::timeline::{write_csv, Chart};
+use super::timeline::write_timeline;
 use super::{
     bar, clear_dana_files, data_files, sample_with, thousands, Latency, Measured, RunState,
 };
@@ -655,26 +655,13 @@ fn write_outputs(a: &YcsbArgs, r: &YcsbReport) -> CliResult<()> {
     std::fs::create_dir_all(&out).context(format!("creating {}", out.display()))?;
     for run in &r.runs {
         let stem = format!("ycsb-{}", run.workload.letter());
-        write_csv(&out.join(format!("{stem}.csv")), &run.m.timeline)?;
-        let tl = &run.m.timeline;
-        let chart = Chart {
-            title: &format!(
-                "dana bench ycsb {}: {} records, pool {:.1}% of data",
-                run.workload.letter().to_ascii_uppercase(),
-                run.load.records_at_start,
-                run.pool_fraction * 100.0
-            ),
-            x_label: "seconds (negative: warm-up)",
-            xs: tl.iter().map(|s| s.t).collect(),
-            series: vec![
-                ("ops/s", tl.iter().map(|s| s.ops_per_s).collect()),
-                ("device reads/s", tl.iter().map(|s| s.reads_per_s).collect()),
-                ("p99 latency (us)", tl.iter().map(|s| s.p99_us).collect()),
-            ],
-            log_x: false,
-        };
-        std::fs::write(out.join(format!("{stem}.svg")), chart.svg())
-            .context("writing the timeline SVG")?;
+        let title = format!(
+            "dana bench ycsb {}: {} records, pool {:.1}% of data",
+            run.workload.letter().to_ascii_uppercase(),
+            run.load.records_at_start,
+            run.pool_fraction * 100.0
+        );
+        write_timeline(&out, &stem, &title, "ops/s", &run.m.timeline)?;
     }
     Ok(())
 }
