@@ -326,6 +326,16 @@ impl BufferPool {
         unsafe { std::slice::from_raw_parts_mut(self.frame_ptr(f), self.page_size) }
     }
 
+    /// Sets frame `f`'s second-chance bit, writing the shared cache line
+    /// only when the bit is clear (most fixes of a hot page find it set).
+    #[inline]
+    fn touch(&self, f: u32) {
+        let r = &self.frames[f as usize].referenced;
+        if !r.load(Ordering::Relaxed) {
+            r.store(true, Ordering::Relaxed);
+        }
+    }
+
     // ---- free frames --------------------------------------------------
 
     fn take_frame(&self) -> Option<u32> {
@@ -398,9 +408,7 @@ impl BufferPool {
             let l = lock_of(s);
             if (UNLOCKED..=MAX_SHARED).contains(&l) {
                 let frame = self.table.frame(pid);
-                self.frames[frame as usize]
-                    .referenced
-                    .store(true, Ordering::Relaxed);
+                self.touch(frame);
                 self.stats.hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(PageOptimistic {
                     pool: self,
@@ -429,9 +437,7 @@ impl BufferPool {
             if latched {
                 let f = self.table.frame(pid);
                 debug_assert_eq!(self.frames[f as usize].pid.load(Ordering::Relaxed), pid);
-                self.frames[f as usize]
-                    .referenced
-                    .store(true, Ordering::Relaxed);
+                self.touch(f);
                 if !missed {
                     self.stats.hits.fetch_add(1, Ordering::Relaxed);
                 }
