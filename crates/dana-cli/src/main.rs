@@ -8,6 +8,7 @@
 
 mod bench;
 mod check;
+mod crashtest;
 mod error;
 mod iostudy;
 mod pace;
@@ -42,6 +43,10 @@ enum Command {
     Check(check::CheckArgs),
     /// Print tree heights, page counts, fill factors and space use.
     Inspect(check::CheckArgs),
+    /// Crash testing: simulated power cuts at enumerated I/Os, injected
+    /// I/O errors, and kill -9 of a child process on real files; every
+    /// acknowledged commit must survive, no transaction in part.
+    Crashtest(crashtest::CrashArgs),
 }
 
 fn main() {
@@ -51,6 +56,7 @@ fn main() {
         Command::Bench(args) => bench::run(&args),
         Command::Check(args) => check::run_check(&args),
         Command::Inspect(args) => check::run_inspect(&args),
+        Command::Crashtest(args) => crashtest::run(&args),
     };
     if let Err(e) = result {
         eprintln!("dana: error: {e}");

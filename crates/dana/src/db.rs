@@ -20,12 +20,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
 use crate::btree::{BTree, Cursor};
 use crate::buffer::{BufferPool, PoolConfig, PoolStatsSnapshot};
 use crate::check::{check_pool, CheckReport};
 use crate::io::device::DeviceOptions;
 use crate::io::{Array, Backend, Device, Target};
-use crate::sched::{Runtime, RuntimeConfig};
+use crate::sched::{self, Runtime, RuntimeConfig};
+use crate::txn::{Applied, Committer, Expect, KeyLocks, Transaction};
+use crate::wal::record::{self, Write};
+use crate::wal::{control, recover, Durability, Wal, WalStatsSnapshot, CONTROL_BYTES};
 use crate::{Error, Result};
 
 /// Root slot of the meta page that holds the catalogue's root.
@@ -54,6 +60,10 @@ pub struct Options {
     device_budget: usize,
     max_tasks_per_worker: usize,
     submit_each: bool,
+    durability: Durability,
+    async_window: Duration,
+    log_bytes: u64,
+    log_path: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -71,6 +81,10 @@ impl Default for Options {
             device_budget: rt.device_budget,
             max_tasks_per_worker: rt.max_tasks_per_worker,
             submit_each: rt.submit_each,
+            durability: Durability::Sync,
+            async_window: Duration::from_millis(10),
+            log_bytes: 64 << 20,
+            log_path: None,
         }
     }
 }
@@ -151,6 +165,39 @@ impl Options {
         self
     }
 
+    /// How commits wait for the log (default [`Durability::Sync`]);
+    /// [`Durability::Off`] opens the database without a log.
+    pub fn durability(mut self, d: Durability) -> Self {
+        self.durability = d;
+        self
+    }
+
+    /// The configured durability.
+    pub fn durability_value(&self) -> Durability {
+        self.durability
+    }
+
+    /// With [`Durability::Async`], the longest a commit waits in memory
+    /// before a flush starts (default 10 ms): the most a crash can lose.
+    pub fn async_window(mut self, window: Duration) -> Self {
+        self.async_window = window;
+        self
+    }
+
+    /// Bytes of the circular log (default 64 MiB; a multiple of 4 KiB).
+    /// A checkpoint starts when a quarter of it is in use.
+    pub fn log_bytes(mut self, bytes: u64) -> Self {
+        self.log_bytes = bytes.div_ceil(control::BLOCK) * control::BLOCK;
+        self
+    }
+
+    /// Where the log file lives (default: `dana.wal` in the database
+    /// directory, or the first device's path with `.wal` appended).
+    pub fn log_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.log_path = Some(path.into());
+        self
+    }
+
     fn runtime_config(&self) -> RuntimeConfig {
         RuntimeConfig {
             workers: self.workers,
@@ -167,6 +214,35 @@ struct DbInner {
     pool: Arc<BufferPool>,
     rt: Runtime,
     catalog: BTree,
+    committer: Arc<Committer>,
+    stop: Arc<AtomicBool>,
+    checkpointing: Arc<AtomicBool>,
+    recovery: Option<RecoveryReport>,
+}
+
+impl Drop for DbInner {
+    fn drop(&mut self) {
+        // Ends the checkpoint task so that the workers can stop.
+        self.stop.store(true, Ordering::Release);
+        if let Some(w) = &self.committer.wal {
+            w.request_checkpoint();
+        }
+    }
+}
+
+/// What recovery did when the database opened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Log records read from the last checkpoint's redo LSN.
+    pub records: u64,
+    /// Pages whose logged changes were redone.
+    pub pages_redone: u64,
+    /// Pages that failed their checksum and were rebuilt from a full image.
+    pub pages_repaired: u64,
+    /// Commit records re-applied through the trees.
+    pub commits: u64,
+    /// Where the valid log ended.
+    pub log_end: u64,
 }
 
 /// An open database.
@@ -183,6 +259,47 @@ struct DbInner {
 #[derive(Clone)]
 pub struct Db {
     inner: Arc<DbInner>,
+}
+
+/// Opens (creating if missing) the log file, unless durability is off.
+fn open_log(path: PathBuf, opts: &Options, index: usize) -> Result<Option<Target>> {
+    if opts.durability == Durability::Off {
+        return Ok(None);
+    }
+    let dopts = DeviceOptions {
+        direct: opts.direct,
+        create_size: (!path.exists()).then_some(CONTROL_BYTES + opts.log_bytes),
+        read_only: false,
+    };
+    Device::open(path, index, dopts).map(|d| Some(Target::File(Arc::new(d))))
+}
+
+/// A checkpoint: every page dirty when it starts is written back (at the
+/// pace of write-back, after its records are durable), the data devices
+/// are synced, the checkpoint record is made durable and the control block
+/// names it. Recovery then starts at its redo LSN.
+async fn checkpoint(pool: &BufferPool, wal: &Arc<Wal>) -> Result<()> {
+    let redo = wal.begin_checkpoint();
+    pool.flush_all().await?;
+    let (lsn, end) = wal.append(record::checkpoint(redo).into_unsealed())?;
+    wal.want(end);
+    wal.wait_durable(end).await?;
+    wal.finish_checkpoint(lsn, redo).await
+}
+
+/// [`checkpoint`], one at a time.
+async fn exclusive_checkpoint(pool: &BufferPool, wal: &Arc<Wal>, busy: &AtomicBool) -> Result<()> {
+    struct Busy<'a>(&'a AtomicBool);
+    impl Drop for Busy<'_> {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::Release);
+        }
+    }
+    while busy.swap(true, Ordering::AcqRel) {
+        sched::yield_now().await;
+    }
+    let _busy = Busy(busy);
+    checkpoint(pool, wal).await
 }
 
 fn device_path(dir: &Path, i: usize) -> PathBuf {
@@ -218,7 +335,14 @@ impl Db {
             })
             .collect::<Result<Vec<_>>>()?;
         let array = Array::new(targets, opts.page_size as u64)?;
-        Db::open_array(array, opts, !exists)
+        let log = open_log(
+            opts.log_path
+                .clone()
+                .unwrap_or_else(|| dir.join("dana.wal")),
+            &opts,
+            devices,
+        )?;
+        Db::open_array_with_log(array, log, opts, !exists)
     }
 
     /// Opens a database striped over `paths` (files or block devices, in
@@ -256,34 +380,108 @@ impl Db {
             })
             .collect::<Result<Vec<_>>>()?;
         let array = Array::new(targets, opts.page_size as u64)?;
-        Db::open_array(array, opts, create)
+        let log_path = opts.log_path.clone().unwrap_or_else(|| {
+            let mut p = paths[0].as_ref().as_os_str().to_owned();
+            p.push(".wal");
+            PathBuf::from(p)
+        });
+        let log = open_log(log_path, &opts, paths.len())?;
+        Db::open_array_with_log(array, log, opts, create)
     }
 
     /// Opens a database on an array of devices (files, block devices or
-    /// simulated devices). With `create`, formats it first (erasing what
-    /// the devices held as far as dana is concerned).
+    /// simulated devices) without a log ([`Durability::Off`]). With
+    /// `create`, formats it first (erasing what the devices held as far as
+    /// dana is concerned).
     pub fn open_array(array: Array, opts: Options, create: bool) -> Result<Db> {
+        Db::open_array_with_log(array, None, opts.durability(Durability::Off), create)
+    }
+
+    /// Opens a database on an array with its log on `log` (a file or a
+    /// simulated device; `None` or [`Durability::Off`]: no log). On an
+    /// existing database, recovery runs first: redo from the last
+    /// checkpoint, repair of torn pages, re-application of the commits
+    /// found, then a checkpoint.
+    pub fn open_array_with_log(
+        array: Array,
+        log: Option<Target>,
+        opts: Options,
+        create: bool,
+    ) -> Result<Db> {
+        let log = log.filter(|_| opts.durability != Durability::Off);
+        let mut recovered = None;
+        let resume = match &log {
+            None => None,
+            Some(t) => {
+                let block = t.alignment().io.max(512);
+                match recover::read_control(t)? {
+                    Some(ctl) if !create => {
+                        let r = recover::recover(&array, t, ctl)?;
+                        let resume = r.resume;
+                        recovered = Some(r);
+                        resume
+                    }
+                    // A new database, or one that never had a log (it was
+                    // closed cleanly without one).
+                    _ => Some(recover::format(t, opts.log_bytes, block)?),
+                }
+            }
+        };
         let frames = opts.pool_bytes / opts.page_size;
         let pool = BufferPool::new(array.clone(), &PoolConfig::with_frames(frames))?;
+        let mut targets = array.targets().to_vec();
+        let wal = match (&log, resume) {
+            (Some(t), Some(resume)) => {
+                targets.push(t.clone());
+                let block = t.alignment().io.max(512);
+                let capacity = recovered
+                    .as_ref()
+                    .and_then(|_| recover::read_control(t).ok().flatten())
+                    .map_or(opts.log_bytes, |c| c.capacity);
+                let w = Wal::new(array.width(), block, capacity, opts.async_window, resume)?;
+                pool.attach_wal(w.clone())?;
+                Some(w)
+            }
+            _ => None,
+        };
         let rt = Runtime::start(
             &opts.runtime_config(),
-            &array,
+            &targets,
             &opts.backend,
             pool.clone(),
             Some(pool.memory()),
         )?;
         let p = pool.clone();
+        let commits: Vec<Vec<Write>> = recovered
+            .as_mut()
+            .map(|r| {
+                std::mem::take(&mut r.commits)
+                    .into_iter()
+                    .map(|c| c.1)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let reapplied = commits.len() as u64;
+        let w2 = wal.clone();
         let catalog_root = rt.block_on(async move {
-            if create {
+            let root = if create {
                 p.format().await?;
                 let catalog = BTree::create(&p).await?;
                 p.set_root(CATALOG_SLOT, catalog.root()).await?;
-                p.flush_all().await?;
-                Ok(catalog.root())
+                catalog.root()
             } else {
                 p.open_meta().await?;
-                p.root(CATALOG_SLOT).await
+                // Recovery, part two: complete every commit found.
+                for writes in &commits {
+                    crate::txn::apply(&p, writes).await?;
+                }
+                p.root(CATALOG_SLOT).await?
+            };
+            match &w2 {
+                Some(w) => checkpoint(&p, w).await?,
+                None => p.flush_all().await?,
             }
+            Ok::<_, Error>(root)
         })??;
         if catalog_root == 0 {
             return Err(Error::Corrupt {
@@ -292,25 +490,133 @@ impl Db {
             });
         }
         let catalog = BTree::open(&pool, catalog_root);
+        let stop = Arc::new(AtomicBool::new(false));
+        let checkpointing = Arc::new(AtomicBool::new(false));
+        if let Some(w) = &wal {
+            let (p, w, stop, busy) = (pool.clone(), w.clone(), stop.clone(), checkpointing.clone());
+            rt.spawn_on(0, async move {
+                loop {
+                    w.checkpoint_signal(&stop).await;
+                    if stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    if let Err(e) = exclusive_checkpoint(&p, &w, &busy).await {
+                        p.poison(&e);
+                        w.poison_with(&e);
+                        break;
+                    }
+                }
+            })?;
+        }
+        let recovery = recovered.map(|r| RecoveryReport {
+            records: r.records,
+            pages_redone: r.pages_redone,
+            pages_repaired: r.pages_repaired,
+            commits: reapplied,
+            log_end: r.end,
+        });
+        let committer = Arc::new(Committer {
+            pool: pool.clone(),
+            wal,
+            locks: KeyLocks::new(),
+            durability: opts.durability,
+        });
         Ok(Db {
-            inner: Arc::new(DbInner { pool, rt, catalog }),
+            inner: Arc::new(DbInner {
+                pool,
+                rt,
+                catalog,
+                committer,
+                stop,
+                checkpointing,
+                recovery,
+            }),
         })
+    }
+
+    /// What recovery did when this database opened (None: no log, or a
+    /// new database).
+    pub fn recovery(&self) -> Option<&RecoveryReport> {
+        self.inner.recovery.as_ref()
+    }
+
+    /// The log's counters (None without a log).
+    pub fn wal_stats(&self) -> Option<WalStatsSnapshot> {
+        self.inner.committer.wal.as_ref().map(|w| w.stats())
+    }
+
+    /// The database's durability.
+    pub fn durability(&self) -> Durability {
+        if self.inner.committer.wal.is_some() {
+            self.inner.committer.durability
+        } else {
+            Durability::Off
+        }
+    }
+
+    /// Starts a transaction (see [`Transaction`]); commit it with
+    /// [`Transaction::commit_async`] inside a task or [`Db::commit`].
+    pub fn begin(&self) -> Transaction {
+        Transaction::new(self.inner.committer.clone())
+    }
+
+    /// Commits `tx` from any thread but a worker.
+    pub fn commit(&self, tx: Transaction) -> Result<()> {
+        self.block_on(tx.commit_async())?
+    }
+
+    /// Runs `f` in a transaction and commits it: all its writes or none.
+    /// A commit that conflicts (a key `f` read and wrote changed
+    /// meanwhile) runs `f` again, up to 16 times. Returns `f`'s result.
+    pub fn transaction<T>(&self, mut f: impl FnMut(&mut Transaction) -> Result<T>) -> Result<T> {
+        let mut last = None;
+        for _ in 0..16 {
+            let mut tx = self.begin();
+            let out = f(&mut tx)?;
+            match self.commit(tx) {
+                Ok(()) => return Ok(out),
+                Err(Error::Conflict(m)) => last = Some(m),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Conflict(last.unwrap_or_default()))
+    }
+
+    /// Takes a checkpoint now: writes back every dirty page, syncs the
+    /// devices, logs the checkpoint and frees the log before it.
+    pub fn checkpoint(&self) -> Result<()> {
+        let (pool, busy) = (self.inner.pool.clone(), self.inner.checkpointing.clone());
+        match self.inner.committer.wal.clone() {
+            Some(w) => {
+                self.block_on(async move { exclusive_checkpoint(&pool, &w, &busy).await })?
+            }
+            None => self.flush(),
+        }
     }
 
     /// Creates the tree `name`. Fails with [`Error::KeyExists`] if it
     /// exists.
     pub fn create_tree(&self, name: &str) -> Result<Tree> {
-        let (pool, catalog, key) = (
+        let (pool, catalog, key, committer) = (
             self.inner.pool.clone(),
             self.inner.catalog.clone(),
             name.as_bytes().to_vec(),
+            self.inner.committer.clone(),
         );
         let root = self.block_on(async move {
             if catalog.get(&key).await?.is_some() {
                 return Err(Error::KeyExists);
             }
             let t = BTree::create(&pool).await?;
-            catalog.insert(&key, &t.root().to_le_bytes()).await?;
+            let w = Write {
+                tree: catalog.root(),
+                key: key.clone(),
+                value: Some(t.root().to_le_bytes().to_vec()),
+            };
+            let check = (catalog.root(), key, Expect::Absent);
+            committer
+                .commit(vec![w], vec![check], Durability::Sync)
+                .await?;
             Ok(t.root())
         })??;
         Ok(self.tree_at(name, root))
@@ -410,20 +716,32 @@ impl Db {
             name.as_bytes().to_vec(),
             tree.btree,
         );
-        self.block_on(async move {
-            catalog.delete(&key).await?;
-            bt.destroy().await
-        })??;
+        let w = Write {
+            tree: catalog.root(),
+            key,
+            value: None,
+        };
+        let c = self.inner.committer.clone();
+        self.block_on(async move { c.commit(vec![w], vec![], Durability::Sync).await })??;
+        // No commit record from before this point may be re-applied to the
+        // tree's pages once they are freed (and maybe reused).
+        self.checkpoint()?;
+        self.block_on(async move { bt.destroy().await })??;
         Ok(true)
     }
 
-    /// Writes back every dirty page and syncs the devices.
+    /// Writes back every dirty page and syncs the devices (with a log: a
+    /// checkpoint).
     pub fn flush(&self) -> Result<()> {
+        if self.inner.committer.wal.is_some() {
+            return self.checkpoint();
+        }
         let pool = self.inner.pool.clone();
         self.block_on(async move { pool.flush_all().await })?
     }
 
-    /// Flushes and stops the workers.
+    /// Flushes (a last checkpoint: the next open has nothing to redo) and
+    /// stops the workers.
     pub fn close(self) -> Result<()> {
         self.flush()
     }
@@ -523,6 +841,33 @@ impl Tree {
         &self.btree
     }
 
+    /// True if writes go through the log (one commit each).
+    fn logged(&self) -> bool {
+        self.db.inner.committer.wal.is_some()
+    }
+
+    /// One write committed on its own (with the database's durability).
+    /// Returns whether the key existed.
+    fn commit_one(
+        &self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        checks: Vec<(u64, Vec<u8>, Expect)>,
+    ) -> Result<bool> {
+        self.btree.check_sizes(key, value)?;
+        let w = Write {
+            tree: self.btree.root(),
+            key: key.to_vec(),
+            value: value.map(<[u8]>::to_vec),
+        };
+        let c = self.db.inner.committer.clone();
+        let d = c.durability;
+        let applied = self
+            .db
+            .block_on(async move { c.commit(vec![w], checks, d).await })??;
+        Ok(applied.first() == Some(&Applied::Replaced))
+    }
+
     /// Runs an operation: inline if it completes without I/O, else on a
     /// worker. An attempt that needed I/O (`WouldBlock`, always raised
     /// before the operation changed anything) runs again from the start on
@@ -572,6 +917,10 @@ impl Tree {
     /// assert!(matches!(t.insert(b"k", b"w"), Err(dana::Error::KeyExists)));
     /// ```
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        if self.logged() {
+            let check = (self.btree.root(), key.to_vec(), Expect::Absent);
+            return self.commit_one(key, Some(value), vec![check]).map(|_| ());
+        }
         let (key, value) = (key.to_vec(), value.to_vec());
         self.run(move |t| {
             let (key, value) = (key.clone(), value.clone());
@@ -589,6 +938,9 @@ impl Tree {
     /// assert!(t.put(b"k", b"v2").unwrap());
     /// ```
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<bool> {
+        if self.logged() {
+            return self.commit_one(key, Some(value), vec![]);
+        }
         let (key, value) = (key.to_vec(), value.to_vec());
         self.run(move |t| {
             let (key, value) = (key.clone(), value.clone());
@@ -615,6 +967,15 @@ impl Tree {
         key: &[u8],
         f: impl Fn(&[u8]) -> Vec<u8> + Send + Sync + Clone + 'static,
     ) -> Result<bool> {
+        if self.logged() {
+            return self.db.transaction(|tx| {
+                let Some(old) = tx.get(self, key)? else {
+                    return Ok(false);
+                };
+                tx.put(self, key, &f(&old))?;
+                Ok(true)
+            });
+        }
         let key = key.to_vec();
         self.run(move |t| {
             let (key, f) = (key.clone(), f.clone());
@@ -633,6 +994,9 @@ impl Tree {
     /// assert!(!t.delete(b"k").unwrap());
     /// ```
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
+        if self.logged() {
+            return self.commit_one(key, None, vec![]);
+        }
         let key = key.to_vec();
         self.run(move |t| {
             let key = key.clone();

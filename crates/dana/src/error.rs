@@ -134,6 +134,17 @@ pub enum Error {
     #[error("the operation needs I/O and must run on a worker (inside a task)")]
     WouldBlock,
 
+    /// The log is damaged in a way recovery cannot get past (a record
+    /// that checks out but does not decode, a log too small for its
+    /// control block).
+    #[error("write-ahead log: {0}")]
+    Log(String),
+
+    /// A transaction read a key that another commit changed before it
+    /// could commit; nothing of it was applied (run it again).
+    #[error("transaction conflict: {0}")]
+    Conflict(String),
+
     /// The engine is shutting down or has shut down.
     #[error("the engine is shut down")]
     Shutdown,
@@ -249,6 +260,8 @@ impl Error {
             Error::KeyExists => Error::KeyExists,
             Error::NoSuchTree(s) => Error::NoSuchTree(s.clone()),
             Error::Shutdown => Error::Shutdown,
+            Error::Log(s) => Error::Log(s.clone()),
+            Error::Conflict(s) => Error::Conflict(s.clone()),
         }
     }
 }

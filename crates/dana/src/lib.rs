@@ -10,6 +10,8 @@
 //! - [`buffer`]: the buffer pool: page table with latches, frames, reads in
 //!   flight, clock eviction, write-back, page allocation.
 //! - [`btree`]: B+tree nodes and trees on buffer-pool pages.
+//! - [`wal`]: the write-ahead log, group commit, checkpoints and recovery.
+//! - [`txn`]: transactions over one or more trees.
 //! - [`check`]: the read-only consistency checker (`dana check`).
 //!
 //! `unsafe` is denied here and allowed only in the modules that own raw
@@ -27,6 +29,10 @@ pub mod error;
 pub mod io;
 pub mod sched;
 pub mod stats;
+pub mod txn;
+pub mod wal;
 
 pub use db::{Db, Options, Tree};
 pub use error::{Error, OpKind, Result};
+pub use txn::Transaction;
+pub use wal::Durability;

@@ -41,7 +41,7 @@ fn start(array: Array, frames: usize, workers: usize) -> (Arc<BufferPool>, Runti
     };
     let rt = Runtime::start(
         &config,
-        &array,
+        array.targets(),
         &Backend::default(),
         pool.clone(),
         Some(pool.memory()),

@@ -23,7 +23,14 @@ fn start(disk: &Arc<SimDisk>, frames: usize) -> (Arc<BufferPool>, Runtime) {
         device_budget: 32,
         ..Default::default()
     };
-    let rt = Runtime::start(&config, &array, &Backend::default(), pool.clone(), None).unwrap();
+    let rt = Runtime::start(
+        &config,
+        array.targets(),
+        &Backend::default(),
+        pool.clone(),
+        None,
+    )
+    .unwrap();
     (pool, rt)
 }
 

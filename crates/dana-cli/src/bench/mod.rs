@@ -8,6 +8,7 @@
 //! lives in its own module. Never: reports a figure it did not measure;
 //! when a counter is unavailable the field is absent.
 
+pub mod commit;
 pub mod diskstats;
 pub mod lookup;
 pub mod pages;
@@ -51,6 +52,10 @@ enum BenchCommand {
     /// The YCSB core workloads A-F (or `all`) on data 10x the pool:
     /// reads, updates, inserts, short scans, read-modify-writes.
     Ycsb(ycsb::YcsbArgs),
+    /// Commits per second with sync durability for 1, 16 and 256
+    /// concurrent committing tasks (group commit), next to one fdatasync
+    /// per commit on the same file system; and the log's cost on inserts.
+    Commit(commit::CommitArgs),
 }
 
 /// Runs a benchmark.
@@ -59,6 +64,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         BenchCommand::Lookup(a) => lookup::run(a),
         BenchCommand::Pages(a) => pages::run(a),
         BenchCommand::Ycsb(a) => ycsb::run(a),
+        BenchCommand::Commit(a) => commit::run(a),
     }
 }
 
@@ -79,6 +85,20 @@ pub struct EngineArgs {
     /// batch per device per worker round.
     #[arg(long)]
     pub submit_each: bool,
+    /// The engine's log: off (no log, the mode of the papers'
+    /// benchmarks), async or sync.
+    #[arg(long, default_value = "off", value_parser = parse_durability)]
+    pub durability: dana::Durability,
+}
+
+/// Parses `off`, `async` or `sync`.
+pub fn parse_durability(s: &str) -> Result<dana::Durability, String> {
+    match s {
+        "off" => Ok(dana::Durability::Off),
+        "async" => Ok(dana::Durability::Async),
+        "sync" => Ok(dana::Durability::Sync),
+        _ => Err(format!("durability must be off, async or sync, not {s:?}")),
+    }
 }
 
 /// How a benchmark reports.

@@ -123,7 +123,8 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
         .workers(a.engine.workers)
         .device_budget(a.engine.device_budget)
         .submit_each(a.engine.submit_each)
-        .max_tasks_per_worker(a.engine.tasks_per_worker * 2);
+        .max_tasks_per_worker(a.engine.tasks_per_worker * 2)
+        .durability(a.engine.durability);
     let db = Db::open(&a.path, opts)?;
     let disk = files.first().and_then(|f| Disk::of(f));
     let state = Arc::new(RunState::default());
@@ -229,7 +230,8 @@ fn ensure_pages(a: &PagesArgs, pages: u64) -> CliResult<u64> {
     let opts = Options::default()
         .pool_bytes(((pages + 4096) * PAGE as u64).min(8 << 30) as usize)
         .workers(1)
-        .capacity_bytes(capacity);
+        .capacity_bytes(capacity)
+        .durability(dana::Durability::Off);
     let db = Db::open(&a.path, opts)?;
     let pool = db.pool().clone();
     let first = db.block_on(async move {

@@ -22,7 +22,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use super::node::{self, Node, NodeMut};
-use crate::buffer::{page, BufferPool, PageMut, PageOptimistic, PageRef, PageType};
+use crate::buffer::{alloc, page, BufferPool, PageMut, PageOptimistic, PageRef, PageType};
 use crate::sched;
 use crate::{Error, Result};
 
@@ -111,6 +111,12 @@ impl BTree {
     /// Longest value accepted.
     pub fn max_value_len(&self) -> usize {
         node::max_payload_len(self.pool.page_size())
+    }
+
+    /// Checks a key and an optional value against the size limits.
+    pub fn check_sizes(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        self.check_key(key)?;
+        value.map_or(Ok(()), |v| self.check_value(v))
     }
 
     fn check_key(&self, key: &[u8]) -> Result<()> {
@@ -421,7 +427,8 @@ impl BTree {
             }
         }
         let kind = page::page_type(&child).unwrap_or(PageType::Leaf);
-        let mut right = self.pool.allocate(kind).await?;
+        let mut meta = self.pool.fix_exclusive(alloc::META_PAGE).await?;
+        let mut right = self.pool.allocate_in(&mut meta, kind).await?;
         let right_pid = right.pid();
         right[page::PAGE_HEADER_SIZE..].copy_from_slice(&right_tmp[page::PAGE_HEADER_SIZE..]);
         child[page::PAGE_HEADER_SIZE..].copy_from_slice(&left[page::PAGE_HEADER_SIZE..]);
@@ -436,6 +443,9 @@ impl BTree {
             page: parent_pid,
             what: "separator did not fit after the room check".into(),
         })?;
+        // One log record for the whole split: redone together or not at all.
+        self.pool
+            .log_group(&mut [&mut parent, &mut child, &mut right, &mut meta])?;
         Ok(SplitOutcome::Done)
     }
 
@@ -462,8 +472,9 @@ impl BTree {
                 page: self.root,
                 what: format!("root split failed: {e}"),
             })?;
-        let mut left = self.pool.allocate(kind).await?;
-        let mut right = self.pool.allocate(kind).await?;
+        let mut meta = self.pool.fix_exclusive(alloc::META_PAGE).await?;
+        let mut left = self.pool.allocate_in(&mut meta, kind).await?;
+        let mut right = self.pool.allocate_in(&mut meta, kind).await?;
         left[page::PAGE_HEADER_SIZE..].copy_from_slice(&left_tmp[page::PAGE_HEADER_SIZE..]);
         right[page::PAGE_HEADER_SIZE..].copy_from_slice(&right_tmp[page::PAGE_HEADER_SIZE..]);
         page::set_page_type(&mut root, PageType::Inner);
@@ -473,7 +484,8 @@ impl BTree {
                 page: self.root,
                 what: "a fresh root cannot hold one separator".into(),
             })?;
-        Ok(())
+        self.pool
+            .log_group(&mut [&mut root, &mut left, &mut right, &mut meta])
     }
 
     /// Merges leaf `pid` (covering `key`) into its right sibling if both
@@ -498,19 +510,21 @@ impl BTree {
             };
             (i, right)
         };
-        let left = self.pool.fix_exclusive(pid).await?;
+        let mut left = self.pool.fix_exclusive(pid).await?;
         let mut right = self.pool.fix_exclusive(right_pid).await?;
         let ps = self.pool.page_size();
         let mut merged = vec![0u8; ps];
         if node::merge(&left, &right, &mut merged).is_err() {
             return Ok(());
         }
+        let mut meta = self.pool.fix_exclusive(alloc::META_PAGE).await?;
         right[page::PAGE_HEADER_SIZE..].copy_from_slice(&merged[page::PAGE_HEADER_SIZE..]);
-        drop(right);
         let mut p = NodeMut::new(&mut parent).map_err(corrupt(parent_pid))?;
         p.remove_at(i);
-        drop(parent);
-        self.pool.free_page(left).await
+        self.pool.free_in(&mut meta, &mut left)?;
+        // One log record for the whole merge.
+        self.pool
+            .log_group(&mut [&mut parent, &mut right, &mut left, &mut meta])
     }
 
     // ---- scans ------------------------------------------------------------

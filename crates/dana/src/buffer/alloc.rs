@@ -88,6 +88,9 @@ impl BufferPool {
             if let Some(f) = self.take_frame() {
                 break f;
             }
+            if let Some(e) = self.poisoned() {
+                return Err(e);
+            }
             self.wait_for_frame().await;
         };
         if !self.table.try_transition(pid, EVICTED, EXCLUSIVE) {
@@ -103,6 +106,8 @@ impl BufferPool {
             pool: self,
             pid,
             frame: f,
+            before: None,
+            fresh: true,
         };
         page::init_page(&mut g, pid, t);
         Ok(g)
@@ -173,11 +178,21 @@ impl BufferPool {
     }
 
     /// Allocates a page of type `t`: zeroed, with a header, exclusively
-    /// latched and dirty.
+    /// latched and dirty. The meta page change and the new page are logged
+    /// together.
     pub async fn allocate(&self, t: PageType) -> Result<PageMut<'_>> {
-        self.check_ready()?;
         let mut m = self.fix_exclusive(META_PAGE).await?;
-        let head = get_u64(&m, OFF_FREE_HEAD);
+        let mut p = self.allocate_in(&mut m, t).await?;
+        self.log_group(&mut [&mut m, &mut p])?;
+        Ok(p)
+    }
+
+    /// Allocates a page of type `t` with the meta page latched by the
+    /// caller (who logs both in one group with the rest of its change).
+    pub async fn allocate_in(&self, m: &mut PageMut<'_>, t: PageType) -> Result<PageMut<'_>> {
+        self.check_ready()?;
+        debug_assert_eq!(m.pid(), META_PAGE);
+        let head = get_u64(m, OFF_FREE_HEAD);
         if head != 0 {
             let mut p = self.fix_exclusive(head).await?;
             if page::page_type(&p) != Some(PageType::Free) {
@@ -187,42 +202,47 @@ impl BufferPool {
                 });
             }
             let next = get_u64(&p, OFF_FREE_NEXT);
-            put_u64(&mut m, OFF_FREE_HEAD, next);
-            let count = get_u64(&m, OFF_FREE_COUNT);
-            put_u64(&mut m, OFF_FREE_COUNT, count.saturating_sub(1));
-            drop(m);
+            put_u64(m, OFF_FREE_HEAD, next);
+            let count = get_u64(m, OFF_FREE_COUNT);
+            put_u64(m, OFF_FREE_COUNT, count.saturating_sub(1));
             page::init_page(&mut p, head, t);
             return Ok(p);
         }
-        let pid = get_u64(&m, OFF_NEXT);
+        let pid = get_u64(m, OFF_NEXT);
         if pid >= self.array.pages() {
             return Err(Error::OutOfSpace(format!(
                 "all {} pages of the array are in use",
                 self.array.pages()
             )));
         }
-        put_u64(&mut m, OFF_NEXT, pid + 1);
-        drop(m);
+        put_u64(m, OFF_NEXT, pid + 1);
         self.create_page(pid, t).await
     }
 
     /// Returns a page to the free list.
     pub async fn free_page(&self, mut page: PageMut<'_>) -> Result<()> {
+        let mut m = self.fix_exclusive(META_PAGE).await?;
+        self.free_in(&mut m, &mut page)?;
+        self.log_group(&mut [&mut m, &mut page])
+    }
+
+    /// Returns a page to the free list with the meta page latched by the
+    /// caller (who logs both).
+    pub fn free_in(&self, m: &mut PageMut<'_>, page: &mut PageMut<'_>) -> Result<()> {
         self.check_ready()?;
+        debug_assert_eq!(m.pid(), META_PAGE);
         let pid = page.pid();
         if pid == META_PAGE {
             return Err(Error::InvalidArgument(
                 "the meta page cannot be freed".into(),
             ));
         }
-        let mut m = self.fix_exclusive(META_PAGE).await?;
-        let head = get_u64(&m, OFF_FREE_HEAD);
-        page::init_page(&mut page, pid, PageType::Free);
-        put_u64(&mut page, OFF_FREE_NEXT, head);
-        drop(page);
-        put_u64(&mut m, OFF_FREE_HEAD, pid);
-        let count = get_u64(&m, OFF_FREE_COUNT);
-        put_u64(&mut m, OFF_FREE_COUNT, count + 1);
+        let head = get_u64(m, OFF_FREE_HEAD);
+        page::init_page(page, pid, PageType::Free);
+        put_u64(page, OFF_FREE_NEXT, head);
+        put_u64(m, OFF_FREE_HEAD, pid);
+        let count = get_u64(m, OFF_FREE_COUNT);
+        put_u64(m, OFF_FREE_COUNT, count + 1);
         Ok(())
     }
 

@@ -46,6 +46,7 @@ use std::time::Instant;
 use crate::io::{AlignedBuf, Array, Completion, IoBuf, Request};
 use crate::sched::{self, IoHandler, IoTiming};
 use crate::stats::{Histogram, HistogramSnapshot};
+use crate::wal::{record, Wal, TAG_LOG};
 use crate::{Error, Result};
 use inflight::{InFlight, IoWait};
 use page_table::{
@@ -163,6 +164,7 @@ pub struct BufferPool {
     poison: Mutex<Option<String>>,
     poisoned: AtomicBool,
     alloc: alloc::AllocState,
+    wal: std::sync::OnceLock<Arc<Wal>>,
 }
 
 /// How a page is latched.
@@ -222,6 +224,7 @@ impl BufferPool {
             poison: Mutex::new(None),
             poisoned: AtomicBool::new(false),
             alloc: alloc::AllocState::default(),
+            wal: std::sync::OnceLock::new(),
             array,
         }))
     }
@@ -268,6 +271,64 @@ impl BufferPool {
         }
     }
 
+    /// Attaches the write-ahead log: from now on every page change is
+    /// logged when its exclusive latch is released, and write-back waits
+    /// for a page's records to be durable. Set once, before use.
+    pub fn attach_wal(&self, wal: Arc<Wal>) -> Result<()> {
+        self.wal
+            .set(wal)
+            .map_err(|_| Error::InvalidArgument("the pool already has a log".into()))
+    }
+
+    /// The write-ahead log, if attached.
+    pub fn wal(&self) -> Option<&Arc<Wal>> {
+        self.wal.get()
+    }
+
+    /// True if write-back may write frame `f` (latched by the caller) now:
+    /// no log, or the page's last record is durable. Otherwise asks the log
+    /// for a flush and returns false.
+    fn log_allows_write(&self, f: u32) -> bool {
+        let Some(wal) = self.wal.get() else {
+            return true;
+        };
+        // SAFETY: the caller holds the exclusive latch on the frame's page.
+        let lsn = page::page_lsn(unsafe { self.frame_bytes(f) });
+        if lsn < wal.durable() {
+            return true;
+        }
+        wal.want(lsn + 1);
+        false
+    }
+
+    /// Logs the changes of several exclusively latched pages as one record
+    /// (redone together or not at all: a split, a merge, an allocation).
+    /// Call before the guards drop; their later drops log only what changes
+    /// after this call.
+    pub fn log_group(&self, pages: &mut [&mut PageMut<'_>]) -> Result<()> {
+        let Some(wal) = self.wal.get() else {
+            return Ok(());
+        };
+        let mut b = record::RecordBuilder::new(record::Kind::Pages);
+        b.u32(0);
+        let mut n = 0u32;
+        for g in pages.iter_mut() {
+            if g.encode_change(wal, &mut b) {
+                n += 1;
+            }
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let mut rec = b.into_unsealed();
+        rec[record::HEADER..record::HEADER + 4].copy_from_slice(&n.to_le_bytes());
+        let logged = wal.append(rec);
+        for g in pages.iter_mut() {
+            g.after_logged(logged.as_ref().ok().map(|l| l.0));
+        }
+        logged.map(|_| ()).inspect_err(|e| self.poison_with(e))
+    }
+
     /// The error that poisoned the pool, if any.
     pub fn poisoned(&self) -> Option<Error> {
         if !self.poisoned.load(Ordering::Acquire) {
@@ -277,12 +338,24 @@ impl BufferPool {
         p.as_ref().map(|m| Error::Poisoned(m.clone()))
     }
 
+    /// Makes the pool refuse every later write-back and flush.
+    pub(crate) fn poison(&self, e: &Error) {
+        self.poison_with(e)
+    }
+
     fn poison_with(&self, e: &Error) {
         let mut p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
         if p.is_none() {
             *p = Some(e.to_string());
         }
+        drop(p);
         self.poisoned.store(true, Ordering::Release);
+        // Tasks waiting for a frame: none may come (no more write-back).
+        let waiters =
+            std::mem::take(&mut *self.frame_waiters.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in waiters {
+            w.wake();
+        }
     }
 
     fn check_pid(&self, pid: u64) -> Result<()> {
@@ -393,11 +466,15 @@ impl BufferPool {
     /// Fixes page `pid` with the exclusive latch (one writer).
     pub async fn fix_exclusive(&self, pid: u64) -> Result<PageMut<'_>> {
         let frame = self.fix(pid, Mode::Exclusive).await?;
-        Ok(PageMut {
+        let mut g = PageMut {
             pool: self,
             pid,
             frame,
-        })
+            before: None,
+            fresh: false,
+        };
+        g.snapshot();
+        Ok(g)
     }
 
     /// Makes page `pid` resident and returns an optimistic handle: reads
@@ -464,6 +541,10 @@ impl BufferPool {
     /// Reads page `pid` into a free frame (or waits for whoever does).
     async fn load(&self, pid: u64) -> Result<()> {
         let Some(f) = self.take_frame() else {
+            if let Some(e) = self.poisoned() {
+                // No write-back will free a frame any more.
+                return Err(e);
+            }
             self.wait_for_frame().await;
             return Ok(());
         };
@@ -617,8 +698,9 @@ impl BufferPool {
                 continue;
             }
             if meta.dirty.load(Ordering::Acquire) {
-                if self.poisoned.load(Ordering::Acquire) {
-                    // Never write after a failed write; keep the page.
+                if self.poisoned.load(Ordering::Acquire) || !self.log_allows_write(f) {
+                    // Never write after a failed write; keep the page. Or
+                    // its record is not durable yet: a flush was asked for.
                     self.table.unlock_exclusive(pid);
                     continue;
                 }
@@ -658,10 +740,19 @@ impl BufferPool {
                     self.table.unlock_exclusive(pid);
                     break;
                 }
+                if !self.log_allows_write(f) {
+                    self.table.unlock_exclusive(pid);
+                    sched::yield_now().await;
+                    continue;
+                }
                 self.start_writeback(f, pid);
                 self.stats.writebacks.fetch_add(1, Ordering::Relaxed);
                 started.push(f);
                 break;
+            }
+            if f % 64 == 63 {
+                // A steady pace: let foreground tasks run between batches.
+                sched::yield_now().await;
             }
         }
         // Wait for this flush's writes (and any eviction write-backs).
@@ -758,6 +849,12 @@ impl BufferPool {
 
 impl IoHandler for BufferPool {
     fn complete(&self, c: Completion, t: IoTiming) {
+        if c.tag & TAG_LOG == TAG_LOG {
+            if let Some(w) = self.wal.get() {
+                w.complete(c);
+            }
+            return;
+        }
         let id = c.tag & TAG_ID_MASK;
         match c.tag >> TAG_KIND_SHIFT {
             TAG_READ => self.complete_read(id as u32, c, t),
@@ -776,7 +873,18 @@ impl IoHandler for BufferPool {
     }
 
     fn maintain(&self) -> bool {
-        self.evict_batch()
+        if let Some(e) = self.wal.get().and_then(|w| w.poisoned()) {
+            if !self.poisoned.load(Ordering::Acquire) {
+                // The log failed: no page may be written any more.
+                self.poison_with(&e);
+            }
+        }
+        let flushed = self.wal.get().is_some_and(|w| w.pump());
+        self.evict_batch() | flushed
+    }
+
+    fn sleep_limit(&self) -> Option<std::time::Duration> {
+        self.wal.get().and_then(|w| w.sleep_limit())
     }
 }
 
@@ -844,12 +952,72 @@ pub struct PageMut<'a> {
     pool: &'a BufferPool,
     pid: u64,
     frame: u32,
+    /// The page as it was when latched (with a log only).
+    before: Option<Box<[u8]>>,
+    /// A brand-new page: its first record is a full image.
+    fresh: bool,
+}
+
+thread_local! {
+    /// Spare before-image buffers (one allocation per thread, reused).
+    static SPARE_IMAGES: std::cell::RefCell<Vec<Box<[u8]>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl PageMut<'_> {
     /// The page id.
     pub fn pid(&self) -> u64 {
         self.pid
+    }
+
+    /// Keeps a copy of the page as latched, to log the difference later.
+    fn snapshot(&mut self) {
+        if self.pool.wal.get().is_none() || self.fresh {
+            return;
+        }
+        let ps = self.pool.page_size;
+        let mut b = SPARE_IMAGES
+            .with(|s| s.borrow_mut().pop())
+            .filter(|b| b.len() == ps)
+            .unwrap_or_else(|| vec![0u8; ps].into_boxed_slice());
+        b.copy_from_slice(self);
+        self.before = Some(b);
+    }
+
+    /// Appends this page's change (since it was latched or last logged)
+    /// as an entry to `b`; false if nothing changed.
+    fn encode_change(&mut self, wal: &Wal, b: &mut record::RecordBuilder) -> bool {
+        // SAFETY: the exclusive latch is held while this guard lives.
+        let after = unsafe { self.pool.frame_bytes(self.frame) };
+        let full = self.fresh || page::page_lsn(after) < wal.full_image_below();
+        let segs = if full {
+            record::image(after)
+        } else {
+            match &self.before {
+                Some(before) => record::diff(before, after),
+                None => return false,
+            }
+        };
+        if !full && segs.is_empty() {
+            return false;
+        }
+        let flags = if full { record::FULL_IMAGE } else { 0 };
+        record::put_page_entry(b, self.pid, flags, after, &segs);
+        true
+    }
+
+    /// After a record with this page's change got `lsn` (None: the append
+    /// failed): sets the page LSN and starts a new before-image.
+    fn after_logged(&mut self, lsn: Option<u64>) {
+        self.fresh = false;
+        if let Some(lsn) = lsn {
+            page::set_page_lsn(self, lsn);
+        }
+        if let Some(mut b) = self.before.take() {
+            b.copy_from_slice(self);
+            self.before = Some(b);
+        } else {
+            self.snapshot();
+        }
     }
 
     /// Sets the page LSN (marks the page dirty).
@@ -879,6 +1047,26 @@ impl std::ops::DerefMut for PageMut<'_> {
 
 impl Drop for PageMut<'_> {
     fn drop(&mut self) {
+        if let Some(wal) = self.pool.wal.get() {
+            let mut b = record::RecordBuilder::new(record::Kind::Pages);
+            b.u32(1);
+            if self.encode_change(wal, &mut b) {
+                match wal.append(b.into_unsealed()) {
+                    Ok((lsn, _)) => page::set_page_lsn(self, lsn),
+                    // The change is in memory but not in the log: never let
+                    // it reach storage.
+                    Err(e) => self.pool.poison_with(&e),
+                }
+            }
+            if let Some(b) = self.before.take() {
+                SPARE_IMAGES.with(|s| {
+                    let mut s = s.borrow_mut();
+                    if s.len() < 16 {
+                        s.push(b);
+                    }
+                });
+            }
+        }
         self.pool.table.unlock_exclusive(self.pid);
     }
 }

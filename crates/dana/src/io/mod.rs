@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use aligned::AlignedBuf;
-pub use array::{Array, Backend, Target};
+pub use array::{open_queue, Array, Backend, Target};
 pub use device::Device;
 pub use eventfd::EventFd;
 pub use sim::{

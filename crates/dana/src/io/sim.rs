@@ -619,6 +619,72 @@ pub struct SimDisk {
     config: SimConfig,
     align: Alignment,
     inner: Mutex<Inner>,
+    switch: Mutex<Option<Arc<PowerSwitch>>>,
+}
+
+/// Cuts the power of several disks at once when their requests, counted
+/// together at submission, reach a chosen number: a crash at a chosen I/O.
+#[derive(Debug)]
+pub struct PowerSwitch {
+    count: std::sync::atomic::AtomicU64,
+    at: u64,
+    policy: PowerCutPolicy,
+    seed: u64,
+    disks: Mutex<Vec<std::sync::Weak<SimDisk>>>,
+    fired: std::sync::atomic::AtomicBool,
+}
+
+impl PowerSwitch {
+    /// A switch that cuts the power when the `at`-th request (counting
+    /// from 1) is submitted to any attached disk, with `policy` and `seed`
+    /// (each disk's cut uses `seed` plus its index). `at = 0`: never.
+    pub fn new(at: u64, policy: PowerCutPolicy, seed: u64) -> Arc<PowerSwitch> {
+        Arc::new(PowerSwitch {
+            count: std::sync::atomic::AtomicU64::new(0),
+            at,
+            policy,
+            seed,
+            disks: Mutex::new(Vec::new()),
+            fired: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Counts `disk`'s requests and cuts its power with the others'.
+    pub fn attach(self: &Arc<Self>, disk: &Arc<SimDisk>) {
+        self.disks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(disk));
+        *disk.switch.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.clone());
+    }
+
+    /// Requests counted so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// True once the power was cut.
+    pub fn fired(&self) -> bool {
+        self.fired.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Cuts the power of every attached disk now (once).
+    pub fn cut(&self) {
+        if self.fired.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        let disks = self.disks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for d in disks.iter().filter_map(std::sync::Weak::upgrade) {
+            d.power_cut(self.policy, self.seed.wrapping_add(d.index as u64));
+        }
+    }
+
+    fn tick(&self) {
+        let n = self.count.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
+        if n == self.at {
+            self.cut();
+        }
+    }
 }
 
 impl std::fmt::Debug for SimDisk {
@@ -667,6 +733,7 @@ impl SimDisk {
                 next_start: None,
                 stats: SimStats::default(),
             }),
+            switch: Mutex::new(None),
         })
     }
 
@@ -978,6 +1045,15 @@ impl IoQueue for SimQueue {
     fn push(&mut self, req: Request) -> std::result::Result<(), Rejected> {
         let full = self.queued + self.in_flight >= self.capacity;
         let req = Rejected::admit(req, &self.disk.align, full, self.capacity)?;
+        let switch = self
+            .disk
+            .switch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(sw) = switch {
+            sw.tick();
+        }
         let mut inner = self.disk.lock();
         let seq = inner.next_push_seq;
         inner.next_push_seq += 1;

@@ -48,6 +48,12 @@ pub trait IoHandler: Send + Sync + 'static {
     fn maintain(&self) -> bool {
         false
     }
+
+    /// The longest a worker may sleep before `maintain` has work that
+    /// time alone brings (a log flush window). None: no limit.
+    fn sleep_limit(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// In-flight limits per device, shared by all workers.

@@ -40,7 +40,7 @@ use std::time::Duration;
 
 pub use io::{enqueue, on_worker, DeviceBudgets, IoHandler, IoTiming};
 
-use crate::io::{AlignedBuf, Array, Backend, EventFd};
+use crate::io::{open_queue, AlignedBuf, Backend, EventFd, Target};
 use crate::{Error, Result};
 use task::{Job, Slab, TaskKey, CURRENT_WORKER, LOCAL_READY};
 
@@ -183,12 +183,12 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Starts `config.workers` threads, each with one queue per device of
-    /// `array` over `backend`. `frames`, if given, is registered with every
+    /// Starts `config.workers` threads, each with one queue per target
+    /// (an array's devices, then the log's) over `backend`. `frames`, if given, is registered with every
     /// queue (io_uring fixed buffers). Completions go to `handler`.
     pub fn start(
         config: &RuntimeConfig,
-        array: &Array,
+        targets: &[Target],
         backend: &Backend,
         handler: Arc<dyn IoHandler>,
         frames: Option<&Arc<AlignedBuf>>,
@@ -208,7 +208,7 @@ impl Runtime {
             }
         }
         let budgets = Arc::new(DeviceBudgets::new(
-            array.width(),
+            targets.len(),
             config.device_budget,
             config.workers,
             config.submit_each,
@@ -217,7 +217,10 @@ impl Runtime {
         let mut ios = Vec::new();
         for index in 0..config.workers {
             let eventfd = EventFd::new()?;
-            let queues = array.open_queues(backend, config.queue_depth)?;
+            let queues = targets
+                .iter()
+                .map(|t| open_queue(t, backend, config.queue_depth))
+                .collect::<Result<Vec<_>>>()?;
             let mut wio = io::WorkerIo::new(queues, budgets.clone());
             wio.attach_eventfd(eventfd.raw())?;
             if let Some(f) = frames {
@@ -470,7 +473,13 @@ fn worker_main(
         if !ready_now && !rt.shutdown.load(Ordering::Acquire) {
             // Requests waiting for this worker's budget share are sent when
             // its own completions arrive, which signal the eventfd.
-            let timeout = io::WorkerIo::with(|w| w.ready_in()).flatten();
+            let timeout = match (
+                io::WorkerIo::with(|w| w.ready_in()).flatten(),
+                handler.sleep_limit(),
+            ) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             me.stats.sleeps.fetch_add(1, Ordering::Relaxed);
             me.eventfd.wait(timeout);
         }

@@ -267,6 +267,7 @@ fn options(a: &YcsbArgs, pool_bytes: u64) -> Options {
         .device_budget(a.engine.device_budget)
         .submit_each(a.engine.submit_each)
         .max_tasks_per_worker(a.engine.tasks_per_worker.max(16) * 2)
+        .durability(a.engine.durability)
 }
 
 /// Runs `dana bench ycsb`.

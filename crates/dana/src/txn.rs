@@ -1,0 +1,371 @@
+//! Transactions: writes buffered until commit, committed atomically
+//! through the log.
+//!
+//! Owns: the transaction's read and write sets, the key lock table, and
+//! the commit protocol:
+//! 1. lock the stripes of every written key (in stripe order: no
+//!    deadlock);
+//! 2. validate: every written key the transaction read still has the
+//!    value it read (else [`Error::Conflict`]; no lost update), and every
+//!    `insert` key is still absent (else [`Error::KeyExists`]);
+//! 3. append one commit record holding all the writes (this is the commit
+//!    point: recovery re-applies every commit record it finds);
+//! 4. apply the writes to the trees (their page changes are logged after
+//!    the commit record, so no page change of an uncommitted transaction
+//!    ever reaches the log or the disk);
+//! 5. release the locks, then, with `Sync` durability, await the group
+//!    flush that makes the commit record durable.
+//!
+//! Isolation: read committed, plus validation of every key a transaction
+//! read and then wrote. Reads see committed data and the transaction's own
+//! writes. Another commit's writes become visible to readers once its
+//! record is in the log, before it is durable (early lock release): a
+//! transaction that read them commits after it in the log, so a crash can
+//! never keep the reader and lose the writer. A plain read outside a
+//! transaction can see a write that a crash then loses (it was never
+//! acknowledged). Not serializable: reads of keys a transaction does not
+//! write are not validated, and scans take no range locks.
+//!
+//! Never: applies a write before its commit record is appended, or
+//! acknowledges a `Sync` commit before its record is durable.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::btree::BTree;
+use crate::buffer::BufferPool;
+use crate::sched;
+use crate::wal::record::{self, Write};
+use crate::wal::{Durability, Wal};
+use crate::{Error, Result};
+
+/// Number of key lock stripes.
+const STRIPES: usize = 4096;
+
+/// Striped key locks, held from validation until the writes are applied.
+pub(crate) struct KeyLocks {
+    stripes: Box<[AtomicBool]>,
+}
+
+impl KeyLocks {
+    pub(crate) fn new() -> KeyLocks {
+        KeyLocks {
+            stripes: (0..STRIPES).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    fn stripe(tree: u64, key: &[u8]) -> usize {
+        let h = crc32c::crc32c_append(tree as u32 ^ (tree >> 32) as u32, key);
+        h as usize % STRIPES
+    }
+
+    /// Locks the stripes of `keys`, yielding while one is taken.
+    async fn lock<'a>(&'a self, keys: impl Iterator<Item = (u64, &'a [u8])>) -> StripeGuard<'a> {
+        let mut s: Vec<usize> = keys.map(|(t, k)| Self::stripe(t, k)).collect();
+        s.sort_unstable();
+        s.dedup();
+        let mut g = StripeGuard {
+            locks: self,
+            held: Vec::with_capacity(s.len()),
+        };
+        for i in s {
+            while self.stripes[i].swap(true, Ordering::Acquire) {
+                sched::yield_now().await;
+            }
+            g.held.push(i);
+        }
+        g
+    }
+}
+
+struct StripeGuard<'a> {
+    locks: &'a KeyLocks,
+    held: Vec<usize>,
+}
+
+impl Drop for StripeGuard<'_> {
+    fn drop(&mut self) {
+        for &i in &self.held {
+            self.locks.stripes[i].store(false, Ordering::Release);
+        }
+    }
+}
+
+/// A precondition checked under the locks at commit.
+#[derive(Debug, Clone)]
+pub(crate) enum Expect {
+    /// The key still has this value (None: absent): else `Conflict`.
+    Value(Option<Vec<u8>>),
+    /// The key is absent: else `KeyExists`.
+    Absent,
+}
+
+/// What commits need from the database.
+pub(crate) struct Committer {
+    pub(crate) pool: Arc<BufferPool>,
+    pub(crate) wal: Option<Arc<Wal>>,
+    pub(crate) locks: KeyLocks,
+    pub(crate) durability: Durability,
+}
+
+/// What applying one write found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Applied {
+    /// The key existed before.
+    Replaced,
+    /// The key did not exist.
+    Fresh,
+}
+
+impl Committer {
+    /// Commits `writes` atomically after checking `checks`. Returns, per
+    /// write, whether the key existed. Must run on a worker.
+    pub(crate) async fn commit(
+        &self,
+        writes: Vec<Write>,
+        checks: Vec<(u64, Vec<u8>, Expect)>,
+        durability: Durability,
+    ) -> Result<Vec<Applied>> {
+        if !sched::on_worker() {
+            return Err(Error::WouldBlock);
+        }
+        if let Some(e) = self.pool.poisoned() {
+            return Err(e);
+        }
+        if let Some(w) = &self.wal {
+            w.admit().await?;
+        }
+        let guard = self
+            .locks
+            .lock(writes.iter().map(|w| (w.tree, w.key.as_slice())))
+            .await;
+        for (tree, key, expect) in &checks {
+            let now = BTree::open(&self.pool, *tree).get(key).await?;
+            match expect {
+                Expect::Absent if now.is_some() => return Err(Error::KeyExists),
+                Expect::Value(v) if *v != now => {
+                    return Err(Error::Conflict(format!(
+                        "a key of tree {tree} changed after this transaction read it"
+                    )))
+                }
+                _ => {}
+            }
+        }
+        let logged = match &self.wal {
+            Some(w) if !writes.is_empty() => {
+                Some(w.append_commit(record::commit(&writes).into_unsealed())?)
+            }
+            _ => None,
+        };
+        let applied = apply(&self.pool, &writes).await;
+        if let (Some(w), Some((lsn, _))) = (&self.wal, logged) {
+            w.applied(lsn);
+        }
+        drop(guard);
+        let applied = match applied {
+            Ok(a) => a,
+            Err(e) => {
+                // The commit record is in the log but the trees lack some
+                // of its writes: refuse further writes; recovery on the
+                // next open completes the commit.
+                if logged.is_some() {
+                    self.pool.poison(&Error::Poisoned(format!(
+                        "a commit could not be applied: {e}"
+                    )));
+                }
+                return Err(e);
+            }
+        };
+        if let (Some(w), Some((_, end)), Durability::Sync) = (&self.wal, logged, durability) {
+            w.wait_durable(end).await?;
+        }
+        Ok(applied)
+    }
+}
+
+/// Applies writes to their trees, in order.
+pub(crate) async fn apply(pool: &Arc<BufferPool>, writes: &[Write]) -> Result<Vec<Applied>> {
+    let mut out = Vec::with_capacity(writes.len());
+    for w in writes {
+        let t = BTree::open(pool, w.tree);
+        let existed = match &w.value {
+            Some(v) => t.put(&w.key, v).await?,
+            None => t.delete(&w.key).await?,
+        };
+        out.push(if existed {
+            Applied::Replaced
+        } else {
+            Applied::Fresh
+        });
+    }
+    Ok(out)
+}
+
+/// A transaction: reads see committed data and this transaction's own
+/// writes; writes stay private until [`Transaction::commit`].
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+/// let (a, b) = (db.create_tree("a").unwrap(), db.create_tree("b").unwrap());
+/// a.put(b"alice", &100u64.to_le_bytes()).unwrap();
+/// // Move 30 from alice (tree a) to bob (tree b), atomically.
+/// db.transaction(|tx| {
+///     let v = tx.get(&a, b"alice")?.unwrap();
+///     let n = u64::from_le_bytes(v.try_into().unwrap());
+///     tx.put(&a, b"alice", &(n - 30).to_le_bytes())?;
+///     tx.put(&b, b"bob", &30u64.to_le_bytes())?;
+///     Ok(())
+/// }).unwrap();
+/// assert_eq!(b.get(b"bob").unwrap(), Some(30u64.to_le_bytes().to_vec()));
+/// ```
+pub struct Transaction {
+    committer: Arc<Committer>,
+    reads: BTreeMap<(u64, Vec<u8>), Option<Vec<u8>>>,
+    writes: BTreeMap<(u64, Vec<u8>), Option<Vec<u8>>>,
+    inserts: BTreeMap<(u64, Vec<u8>), ()>,
+    durability: Durability,
+}
+
+impl Transaction {
+    pub(crate) fn new(committer: Arc<Committer>) -> Transaction {
+        let durability = match committer.durability {
+            Durability::Off => Durability::Sync,
+            d => d,
+        };
+        Transaction {
+            committer,
+            reads: BTreeMap::new(),
+            writes: BTreeMap::new(),
+            inserts: BTreeMap::new(),
+            durability,
+        }
+    }
+
+    /// How this transaction's commit waits: [`Durability::Sync`] (the
+    /// database's default) or [`Durability::Async`]. Without a log
+    /// (`Off`), commits are atomic in memory only.
+    pub fn set_durability(&mut self, d: Durability) {
+        self.durability = d;
+    }
+
+    /// The value of `key` in `tree` as this transaction sees it (its own
+    /// write, else the committed value; the latter is remembered and
+    /// validated at commit if the transaction also writes the key).
+    pub async fn get_async(&mut self, tree: &BTree, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let id = (tree.root(), key.to_vec());
+        if let Some(v) = self.writes.get(&id) {
+            return Ok(v.clone());
+        }
+        let v = tree.get(key).await?;
+        self.reads.entry(id).or_insert_with(|| v.clone());
+        Ok(v)
+    }
+
+    /// [`Transaction::get_async`] from any thread.
+    pub fn get(&mut self, tree: &crate::Tree, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let id = (tree.btree().root(), key.to_vec());
+        if let Some(v) = self.writes.get(&id) {
+            return Ok(v.clone());
+        }
+        let v = tree.get(key)?;
+        self.reads.entry(id).or_insert_with(|| v.clone());
+        Ok(v)
+    }
+
+    fn check(tree: &BTree, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        if key.len() > tree.max_key_len() {
+            return Err(Error::TooLarge {
+                what: "key",
+                len: key.len(),
+                max: tree.max_key_len(),
+            });
+        }
+        if let Some(v) = value {
+            if v.len() > tree.max_value_len() {
+                return Err(Error::TooLarge {
+                    what: "value",
+                    len: v.len(),
+                    max: tree.max_value_len(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets `key` to `value` in `tree` at commit.
+    pub fn put_in(&mut self, tree: &BTree, key: &[u8], value: &[u8]) -> Result<()> {
+        Self::check(tree, key, Some(value))?;
+        self.writes
+            .insert((tree.root(), key.to_vec()), Some(value.to_vec()));
+        Ok(())
+    }
+
+    /// Inserts `key` at commit; the commit fails with
+    /// [`Error::KeyExists`] if the key exists then.
+    pub fn insert_in(&mut self, tree: &BTree, key: &[u8], value: &[u8]) -> Result<()> {
+        self.put_in(tree, key, value)?;
+        self.inserts.insert((tree.root(), key.to_vec()), ());
+        Ok(())
+    }
+
+    /// Removes `key` from `tree` at commit.
+    pub fn delete_in(&mut self, tree: &BTree, key: &[u8]) -> Result<()> {
+        Self::check(tree, key, None)?;
+        self.writes.insert((tree.root(), key.to_vec()), None);
+        self.inserts.remove(&(tree.root(), key.to_vec()));
+        Ok(())
+    }
+
+    /// [`Transaction::put_in`] with a [`crate::Tree`].
+    pub fn put(&mut self, tree: &crate::Tree, key: &[u8], value: &[u8]) -> Result<()> {
+        self.put_in(tree.btree(), key, value)
+    }
+
+    /// [`Transaction::insert_in`] with a [`crate::Tree`].
+    pub fn insert(&mut self, tree: &crate::Tree, key: &[u8], value: &[u8]) -> Result<()> {
+        self.insert_in(tree.btree(), key, value)
+    }
+
+    /// [`Transaction::delete_in`] with a [`crate::Tree`].
+    pub fn delete(&mut self, tree: &crate::Tree, key: &[u8]) -> Result<()> {
+        self.delete_in(tree.btree(), key)
+    }
+
+    /// Number of buffered writes.
+    pub fn len(&self) -> usize {
+        self.writes.len()
+    }
+
+    /// True if the transaction writes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+
+    /// Commits inside a task: all writes or none. Fails with
+    /// [`Error::Conflict`] if a key it read and wrote changed meanwhile
+    /// (nothing applied; run the transaction again).
+    pub async fn commit_async(self) -> Result<()> {
+        let mut checks = Vec::new();
+        for (id, v) in &self.reads {
+            if self.writes.contains_key(id) {
+                checks.push((id.0, id.1.clone(), Expect::Value(v.clone())));
+            }
+        }
+        for id in self.inserts.keys() {
+            if !self.reads.contains_key(id) {
+                checks.push((id.0, id.1.clone(), Expect::Absent));
+            }
+        }
+        let writes = self
+            .writes
+            .into_iter()
+            .map(|((tree, key), value)| Write { tree, key, value })
+            .collect();
+        self.committer
+            .commit(writes, checks, self.durability)
+            .await
+            .map(|_| ())
+    }
+}

@@ -1,0 +1,650 @@
+//! The write-ahead log: appending records, group commit, and the state of
+//! checkpoints.
+//!
+//! Owns: the log tail in memory (records not yet handed to a write), the
+//! one flush in flight (write(s), then fdatasync, through the worker's
+//! queue to the log device), the durable LSN, the tasks waiting for it,
+//! the sticky log error, and the LSNs a checkpoint needs (where redo
+//! starts; below which a page's next change logs a full image).
+//!
+//! Group commit: a committing task appends its record, gets its LSN and
+//! awaits [`Wal::wait_durable`]; it never flushes itself. A worker's
+//! system step ([`Wal::pump`]) starts a flush when someone waits, when
+//! write-back needs a page's record durable, or when async commits have
+//! waited a whole window; the flush takes every record appended so far, so
+//! one write and one fdatasync make a whole group durable and wake all of
+//! it. While a flush is in flight new commits gather for the next one. No
+//! thread ever blocks on a flush.
+//!
+//! The log file: two control blocks ([`control`]) then a circular stream
+//! of `capacity` bytes. A record at stream position (LSN) `l` lies at file
+//! offset `CONTROL_BYTES + l % capacity`. Every flush is padded to the
+//! device's block so that no later write rewrites a block holding durable
+//! records (a torn rewrite could destroy them).
+//!
+//! Never: writes a record into space the last completed checkpoint still
+//! needs, acknowledges a commit before its fdatasync completed, or retries
+//! after a failed log write or sync (the error is sticky: every later
+//! append and wait fails with [`Error::Poisoned`]).
+
+pub mod control;
+pub mod record;
+pub mod recover;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use crate::buffer::inflight::IoWait;
+use crate::io::{AlignedBuf, Completion, IoBuf, Request};
+use crate::sched;
+use crate::{Error, Result};
+
+/// Bytes at the start of the log file that hold the control blocks.
+pub const CONTROL_BYTES: u64 = 2 * control::BLOCK;
+
+/// How commits wait for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// A commit returns once its record is on stable storage (default).
+    Sync,
+    /// A commit returns at once; a flush follows within the database's
+    /// async window ([`crate::Options::async_window`]), so a crash loses
+    /// at most the commits of that window.
+    Async,
+    /// No log at all: changes reach storage by write-back and
+    /// [`crate::Db::flush`] only, and a crash can leave any mix of them
+    /// (the mode of the papers' benchmarks).
+    Off,
+}
+
+/// Tag bits the buffer pool routes to the log (the pool owns the top two
+/// bits of a tag; kind 3 is the log's).
+pub(crate) const TAG_LOG: u64 = 3 << 62;
+const SUB_SHIFT: u32 = 58;
+const SUB_WRITE: u64 = 0;
+const SUB_SYNC: u64 = 1;
+const SUB_OP: u64 = 2;
+const ID_MASK: u64 = (1 << SUB_SHIFT) - 1;
+
+/// Counters of the log.
+#[derive(Debug, Default)]
+pub struct WalStats {
+    records: AtomicU64,
+    bytes: AtomicU64,
+    flushes: AtomicU64,
+    commits: AtomicU64,
+    checkpoints: AtomicU64,
+}
+
+/// A copy of the log's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WalStatsSnapshot {
+    /// Records appended.
+    pub records: u64,
+    /// Bytes appended (records and padding).
+    pub bytes: u64,
+    /// Flushes completed (one write + one fdatasync each).
+    pub flushes: u64,
+    /// Commit records appended.
+    pub commits: u64,
+    /// Checkpoints completed.
+    pub checkpoints: u64,
+    /// The durable LSN.
+    pub durable: u64,
+    /// The next LSN to be assigned.
+    pub end: u64,
+}
+
+struct Flushing {
+    end: u64,
+    writes: usize,
+}
+
+struct State {
+    /// Next LSN to assign.
+    end: u64,
+    /// Checksum of the last record (the next record's chain).
+    last_crc: u32,
+    /// Bytes of `[buf_start, end)`, not yet handed to a write.
+    buf: Vec<u8>,
+    buf_start: u64,
+    flushing: Option<Flushing>,
+    /// When the oldest record in `buf` was appended.
+    since: Option<Instant>,
+    /// Redo LSN of the last completed checkpoint: the log before it may
+    /// be overwritten.
+    redo: u64,
+    /// Commit LSNs whose writes are being applied (a checkpoint's redo
+    /// point may not pass them).
+    applying: BTreeMap<u64, u32>,
+}
+
+/// The write-ahead log of one database.
+pub struct Wal {
+    device: usize,
+    block: u64,
+    capacity: u64,
+    window: Duration,
+    state: Mutex<State>,
+    durable: AtomicU64,
+    fpi_below: AtomicU64,
+    wanted: AtomicU64,
+    waiters: Mutex<Vec<(u64, Waker)>>,
+    has_waiters: AtomicBool,
+    poisoned: AtomicBool,
+    poison: Mutex<Option<String>>,
+    ops: Mutex<std::collections::HashMap<u64, Arc<IoWait>>>,
+    next_op: AtomicU64,
+    control_seq: AtomicU64,
+    checkpoint_wanted: AtomicBool,
+    checkpoint_waker: Mutex<Option<Waker>>,
+    stats: WalStats,
+}
+
+/// Where the log resumes, from recovery or a fresh format.
+#[derive(Debug, Clone, Copy)]
+pub struct Resume {
+    /// The next LSN (block aligned).
+    pub end: u64,
+    /// Checksum of the last valid record.
+    pub last_crc: u32,
+    /// Redo LSN of the last completed checkpoint.
+    pub redo: u64,
+    /// Sequence number of the last control block written.
+    pub control_seq: u64,
+}
+
+fn align_up(v: u64, a: u64) -> u64 {
+    v.div_ceil(a) * a
+}
+
+impl Wal {
+    /// A log on queue index `device` (of every worker), with `capacity`
+    /// bytes of stream space, flushes padded to `block` bytes.
+    pub fn new(
+        device: usize,
+        block: u64,
+        capacity: u64,
+        window: Duration,
+        resume: Resume,
+    ) -> Result<Arc<Wal>> {
+        if !block.is_power_of_two() || block > control::BLOCK || capacity % control::BLOCK != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "log block {block} / capacity {capacity}: the block must be a power of two up to \
+                 {} and the capacity a multiple of it",
+                control::BLOCK
+            )));
+        }
+        Ok(Arc::new(Wal {
+            device,
+            block,
+            capacity,
+            window,
+            state: Mutex::new(State {
+                end: resume.end,
+                last_crc: resume.last_crc,
+                buf: Vec::new(),
+                buf_start: resume.end,
+                flushing: None,
+                since: None,
+                redo: resume.redo,
+                applying: BTreeMap::new(),
+            }),
+            durable: AtomicU64::new(resume.end),
+            fpi_below: AtomicU64::new(resume.end),
+            wanted: AtomicU64::new(0),
+            waiters: Mutex::new(Vec::new()),
+            has_waiters: AtomicBool::new(false),
+            poisoned: AtomicBool::new(false),
+            poison: Mutex::new(None),
+            ops: Mutex::new(Default::default()),
+            next_op: AtomicU64::new(0),
+            control_seq: AtomicU64::new(resume.control_seq),
+            checkpoint_wanted: AtomicBool::new(false),
+            checkpoint_waker: Mutex::new(None),
+            stats: WalStats::default(),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stream bytes of the log file.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Everything before this LSN is on stable storage.
+    pub fn durable(&self) -> u64 {
+        self.durable.load(Ordering::Acquire)
+    }
+
+    /// A page whose LSN is below this logs a full image at its next change.
+    pub fn full_image_below(&self) -> u64 {
+        self.fpi_below.load(Ordering::Acquire)
+    }
+
+    /// The error that stopped the log, if any.
+    pub fn poisoned(&self) -> Option<Error> {
+        if !self.poisoned.load(Ordering::Acquire) {
+            return None;
+        }
+        let p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
+        Some(Error::Poisoned(
+            p.clone().unwrap_or_else(|| "log failure".into()),
+        ))
+    }
+
+    /// Stops the log for good: every later append and wait fails.
+    pub fn poison_with(&self, e: &Error) {
+        {
+            let mut p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
+            if p.is_none() {
+                *p = Some(format!("log: {e}"));
+            }
+        }
+        self.poisoned.store(true, Ordering::Release);
+        self.wake_waiters(true);
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> WalStatsSnapshot {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let end = self.lock().end;
+        WalStatsSnapshot {
+            records: l(&self.stats.records),
+            bytes: l(&self.stats.bytes),
+            flushes: l(&self.stats.flushes),
+            commits: l(&self.stats.commits),
+            checkpoints: l(&self.stats.checkpoints),
+            durable: self.durable(),
+            end,
+        }
+    }
+
+    /// Appends an unsealed record; returns its LSN and the LSN after it.
+    pub fn append(&self, record: Vec<u8>) -> Result<(u64, u64)> {
+        self.append_inner(record, false)
+    }
+
+    /// Appends a commit record and registers it as being applied until
+    /// [`Wal::applied`].
+    pub fn append_commit(&self, record: Vec<u8>) -> Result<(u64, u64)> {
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        self.append_inner(record, true)
+    }
+
+    fn append_inner(&self, mut record: Vec<u8>, applying: bool) -> Result<(u64, u64)> {
+        if let Some(e) = self.poisoned() {
+            return Err(e);
+        }
+        let len = record.len() as u64;
+        if len > self.capacity / 8 {
+            return Err(Error::TooLarge {
+                what: "log record",
+                len: record.len(),
+                max: (self.capacity / 8) as usize,
+            });
+        }
+        let mut st = self.lock();
+        let lsn = st.end;
+        st.last_crc = record::seal(&mut record, lsn, st.last_crc);
+        st.buf.extend_from_slice(&record);
+        st.end += len;
+        st.since.get_or_insert_with(Instant::now);
+        if applying {
+            *st.applying.entry(lsn).or_insert(0) += 1;
+        }
+        let end = st.end;
+        drop(st);
+        self.stats.records.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes.fetch_add(len, Ordering::Relaxed);
+        Ok((lsn, end))
+    }
+
+    /// The commit at `lsn` is fully applied to the pages.
+    pub fn applied(&self, lsn: u64) {
+        let mut st = self.lock();
+        if let Some(n) = st.applying.get_mut(&lsn) {
+            *n -= 1;
+            if *n == 0 {
+                st.applying.remove(&lsn);
+            }
+        }
+    }
+
+    /// Waits until the log is durable up to `end` (an LSN returned by an
+    /// append). Fails if the log is poisoned.
+    pub fn wait_durable(self: &Arc<Self>, end: u64) -> DurableWait {
+        DurableWait {
+            wal: self.clone(),
+            end,
+        }
+    }
+
+    /// Asks for a flush up to `lsn` without waiting (write-back of a page
+    /// whose record is not yet durable).
+    pub fn want(&self, lsn: u64) {
+        self.wanted.fetch_max(lsn, Ordering::AcqRel);
+    }
+
+    /// Stream bytes in use: appended since the last checkpoint's redo LSN.
+    pub fn used(&self) -> u64 {
+        let st = self.lock();
+        st.end - st.redo
+    }
+
+    /// Waits while the log is more than half full (asking for a checkpoint),
+    /// so that the operations already running have room to finish.
+    pub async fn admit(&self) -> Result<()> {
+        loop {
+            if let Some(e) = self.poisoned() {
+                return Err(e);
+            }
+            if self.used() <= self.capacity / 2 {
+                return Ok(());
+            }
+            self.request_checkpoint();
+            sched::yield_now().await;
+        }
+    }
+
+    fn wake_waiters(&self, all: bool) {
+        let durable = self.durable();
+        let woken: Vec<Waker> = {
+            let mut w = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+            let mut out = Vec::new();
+            w.retain(|(end, waker)| {
+                if all || *end <= durable {
+                    out.push(waker.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+            self.has_waiters.store(!w.is_empty(), Ordering::Release);
+            out
+        };
+        for w in woken {
+            w.wake();
+        }
+    }
+
+    /// Starts a flush if one is needed and none is in flight. Runs on a
+    /// worker (it queues I/O). Returns true if it started one.
+    pub fn pump(&self) -> bool {
+        if self.poisoned.load(Ordering::Acquire) {
+            return false;
+        }
+        if !self.checkpoint_wanted.load(Ordering::Acquire) && self.used() > self.capacity / 4 {
+            self.request_checkpoint();
+        }
+        let mut st = self.lock();
+        if st.flushing.is_some() || st.buf.is_empty() {
+            return false;
+        }
+        let durable = self.durable();
+        let need = self.has_waiters.load(Ordering::Acquire)
+            || self.wanted.load(Ordering::Acquire) > durable
+            || st.since.is_some_and(|t| t.elapsed() >= self.window);
+        if !need {
+            return false;
+        }
+        let start = st.buf_start;
+        let end = align_up(st.end, self.block);
+        if end - st.redo > self.capacity {
+            // The records would overwrite log space the last checkpoint
+            // still needs. Admission keeps half of the log free for
+            // operations in progress; getting here means it did not.
+            drop(st);
+            self.request_checkpoint();
+            return false;
+        }
+        let pad = (end - st.end) as usize;
+        let new_len = st.buf.len() + pad;
+        st.buf.resize(new_len, 0);
+        st.end = end;
+        st.buf_start = end;
+        st.since = None;
+        let data = std::mem::take(&mut st.buf);
+        // Split at the file's wrap point.
+        let mut pieces = Vec::new();
+        let mut at = start;
+        while at < end {
+            let in_lap = at % self.capacity;
+            let n = (end - at).min(self.capacity - in_lap);
+            pieces.push((CONTROL_BYTES + in_lap, (at - start) as usize, n as usize));
+            at += n;
+        }
+        st.flushing = Some(Flushing {
+            end,
+            writes: pieces.len(),
+        });
+        drop(st);
+        self.stats.bytes.fetch_add(pad as u64, Ordering::Relaxed);
+        for (offset, from, len) in pieces {
+            let queued = AlignedBuf::new(len, control::BLOCK as usize).and_then(|mut b| {
+                b[..len].copy_from_slice(&data[from..from + len]);
+                let tag = TAG_LOG | SUB_WRITE << SUB_SHIFT;
+                sched::enqueue(self.device, Request::write(tag, offset, IoBuf::owned(b)))
+                    .map_err(|_| Error::WouldBlock)
+            });
+            if let Err(e) = queued {
+                self.poison_with(&e);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// A completion of a log request (tag kind [`TAG_LOG`]).
+    pub fn complete(&self, c: Completion) {
+        let sub = (c.tag >> SUB_SHIFT) & 0xF;
+        if sub == SUB_OP {
+            let w = self
+                .ops
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&(c.tag & ID_MASK));
+            if let Some(w) = w {
+                w.complete(c.result.map(|_| ()), Instant::now());
+            }
+            return;
+        }
+        if let Err(e) = c.result {
+            self.lock().flushing = None;
+            self.poison_with(&e);
+            return;
+        }
+        if sub == SUB_WRITE {
+            let all_written = {
+                let mut st = self.lock();
+                match st.flushing.as_mut() {
+                    Some(f) => {
+                        f.writes -= 1;
+                        f.writes == 0
+                    }
+                    None => false,
+                }
+            };
+            if all_written {
+                let tag = TAG_LOG | SUB_SYNC << SUB_SHIFT;
+                if sched::enqueue(self.device, Request::flush(tag)).is_err() {
+                    self.poison_with(&Error::WouldBlock);
+                }
+            }
+            return;
+        }
+        // The fdatasync completed: the flushed range is durable.
+        let end = self.lock().flushing.take().map(|f| f.end);
+        if let Some(end) = end {
+            self.durable.fetch_max(end, Ordering::AcqRel);
+            self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+        }
+        self.wake_waiters(false);
+        self.pump();
+    }
+
+    /// How long a worker may sleep before the log needs it (the async
+    /// window, or checkpoint work).
+    pub fn sleep_limit(&self) -> Option<Duration> {
+        Some(self.window)
+    }
+
+    // ---- checkpoints ----------------------------------------------------
+
+    /// True when a checkpoint should run: a quarter of the log is used, or
+    /// one was requested.
+    pub fn checkpoint_due(&self) -> bool {
+        self.checkpoint_wanted.load(Ordering::Acquire) || self.used() > self.capacity / 4
+    }
+
+    /// Asks the checkpoint task to run.
+    pub fn request_checkpoint(&self) {
+        self.checkpoint_wanted.store(true, Ordering::Release);
+        let w = self
+            .checkpoint_waker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+
+    /// Resolves when a checkpoint is due (or `stop` is set).
+    pub fn checkpoint_signal<'a>(&'a self, stop: &'a AtomicBool) -> CheckpointSignal<'a> {
+        CheckpointSignal { wal: self, stop }
+    }
+
+    /// Starts a checkpoint: its redo LSN (the end of the log, or the
+    /// oldest commit still being applied), from which on every page's
+    /// first change logs a full image.
+    pub fn begin_checkpoint(&self) -> u64 {
+        self.checkpoint_wanted.store(false, Ordering::Release);
+        let st = self.lock();
+        let redo = st
+            .applying
+            .keys()
+            .next()
+            .copied()
+            .unwrap_or(st.end)
+            .min(st.end);
+        self.fpi_below.fetch_max(redo, Ordering::AcqRel);
+        redo
+    }
+
+    /// The LSN after the last record appended.
+    pub fn end(&self) -> u64 {
+        self.lock().end
+    }
+
+    /// Ends a checkpoint whose record is durable at `lsn`: writes the
+    /// control block naming it, syncs it, and frees the log before `redo`.
+    pub async fn finish_checkpoint(&self, lsn: u64, redo: u64) -> Result<()> {
+        let seq = self.control_seq.fetch_add(1, Ordering::AcqRel) + 1;
+        let block = control::Control {
+            seq,
+            checkpoint: lsn,
+            redo,
+            capacity: self.capacity,
+            block: self.block,
+        }
+        .encode();
+        let offset = (seq % 2) * control::BLOCK;
+        let mut buf = AlignedBuf::new(control::BLOCK as usize, control::BLOCK as usize)?;
+        buf[..block.len()].copy_from_slice(&block);
+        self.op(Request::write(0, offset, IoBuf::owned(buf)))
+            .await?;
+        self.op(Request::flush(0)).await?;
+        let mut st = self.lock();
+        st.redo = st.redo.max(redo);
+        drop(st);
+        self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// One request on the log device, awaited; a failure poisons the log.
+    async fn op(&self, mut req: Request) -> Result<()> {
+        let id = self.next_op.fetch_add(1, Ordering::Relaxed) & ID_MASK;
+        req.tag = TAG_LOG | SUB_OP << SUB_SHIFT | id;
+        let w = Arc::new(IoWait::default());
+        self.ops
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, w.clone());
+        if sched::enqueue(self.device, req).is_err() {
+            self.ops
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+            return Err(Error::WouldBlock);
+        }
+        let r = w.wait().await.0;
+        if let Err(e) = &r {
+            self.poison_with(e);
+        }
+        r
+    }
+}
+
+/// Resolves once the log is durable up to an LSN.
+pub struct DurableWait {
+    wal: Arc<Wal>,
+    end: u64,
+}
+
+impl Future for DurableWait {
+    type Output = Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let wal = &self.wal;
+        if let Some(e) = wal.poisoned() {
+            return Poll::Ready(Err(e));
+        }
+        if wal.durable() >= self.end {
+            return Poll::Ready(Ok(()));
+        }
+        {
+            let mut w = wal.waiters.lock().unwrap_or_else(|e| e.into_inner());
+            w.push((self.end, cx.waker().clone()));
+            wal.has_waiters.store(true, Ordering::Release);
+        }
+        // A flush may have completed between the check and the push.
+        if wal.durable() >= self.end || wal.poisoned.load(Ordering::Acquire) {
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    }
+}
+
+/// Resolves when a checkpoint is due or the database is closing.
+pub struct CheckpointSignal<'a> {
+    wal: &'a Wal,
+    stop: &'a AtomicBool,
+}
+
+impl Future for CheckpointSignal<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.stop.load(Ordering::Acquire) || self.wal.checkpoint_due() {
+            return Poll::Ready(());
+        }
+        *self
+            .wal
+            .checkpoint_waker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+        if self.stop.load(Ordering::Acquire) || self.wal.checkpoint_due() {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+}
