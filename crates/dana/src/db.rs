@@ -434,11 +434,7 @@ impl Db {
             (Some(t), Some(resume)) => {
                 targets.push(t.clone());
                 let block = t.alignment().io.max(512);
-                let capacity = recovered
-                    .as_ref()
-                    .and_then(|_| recover::read_control(t).ok().flatten())
-                    .map_or(opts.log_bytes, |c| c.capacity);
-                let w = Wal::new(array.width(), block, capacity, opts.async_window, resume)?;
+                let w = Wal::new(array.width(), block, opts.async_window, resume)?;
                 pool.attach_wal(w.clone())?;
                 Some(w)
             }

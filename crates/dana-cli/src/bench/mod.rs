@@ -91,6 +91,20 @@ pub struct EngineArgs {
     pub durability: dana::Durability,
 }
 
+impl EngineArgs {
+    /// Engine options for a benchmark with `pool_bytes` of buffer pool
+    /// (at least 64 pages) and `tasks_per_worker` clients per worker.
+    pub fn options(&self, pool_bytes: u64) -> dana::Options {
+        dana::Options::default()
+            .pool_bytes(pool_bytes.max(64 * 4096) as usize)
+            .workers(self.workers)
+            .device_budget(self.device_budget)
+            .submit_each(self.submit_each)
+            .max_tasks_per_worker(self.tasks_per_worker.max(16) * 2)
+            .durability(self.durability)
+    }
+}
+
 /// Parses `off`, `async` or `sync`.
 pub fn parse_durability(s: &str) -> Result<dana::Durability, String> {
     match s {

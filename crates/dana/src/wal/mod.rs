@@ -157,6 +157,8 @@ pub struct Resume {
     pub redo: u64,
     /// Sequence number of the last control block written.
     pub control_seq: u64,
+    /// Bytes of the circular record stream.
+    pub capacity: u64,
 }
 
 fn align_up(v: u64, a: u64) -> u64 {
@@ -164,15 +166,10 @@ fn align_up(v: u64, a: u64) -> u64 {
 }
 
 impl Wal {
-    /// A log on queue index `device` (of every worker), with `capacity`
-    /// bytes of stream space, flushes padded to `block` bytes.
-    pub fn new(
-        device: usize,
-        block: u64,
-        capacity: u64,
-        window: Duration,
-        resume: Resume,
-    ) -> Result<Arc<Wal>> {
+    /// A log on queue index `device` (of every worker), resuming at
+    /// `resume` (its capacity included), flushes padded to `block` bytes.
+    pub fn new(device: usize, block: u64, window: Duration, resume: Resume) -> Result<Arc<Wal>> {
+        let capacity = resume.capacity;
         if !block.is_power_of_two() || block > control::BLOCK || capacity % control::BLOCK != 0 {
             return Err(Error::InvalidArgument(format!(
                 "log block {block} / capacity {capacity}: the block must be a power of two up to \
@@ -382,10 +379,12 @@ impl Wal {
         if self.poisoned.load(Ordering::Acquire) {
             return false;
         }
-        if !self.checkpoint_wanted.load(Ordering::Acquire) && self.used() > self.capacity / 4 {
-            self.request_checkpoint();
-        }
         let mut st = self.lock();
+        if !self.checkpoint_wanted.load(Ordering::Acquire) && st.end - st.redo > self.capacity / 4 {
+            drop(st);
+            self.request_checkpoint();
+            st = self.lock();
+        }
         if st.flushing.is_some() || st.buf.is_empty() {
             return false;
         }

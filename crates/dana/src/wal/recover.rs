@@ -116,6 +116,7 @@ pub fn format(log: &Target, capacity: u64, block: u64) -> Result<Resume> {
         last_crc: 0,
         redo: start,
         control_seq: 1,
+        capacity,
     })
 }
 
@@ -259,6 +260,7 @@ pub fn recover(array: &Array, log: &Target, ctl: Control) -> Result<Recovered> {
         last_crc: last.unwrap_or(0),
         redo: ctl.redo,
         control_seq: ctl.seq,
+        capacity: cap,
     });
     Ok(out)
 }

@@ -261,13 +261,7 @@ pub struct YcsbReport {
 }
 
 fn options(a: &YcsbArgs, pool_bytes: u64) -> Options {
-    Options::default()
-        .pool_bytes(pool_bytes.max(64 * PAGE as u64) as usize)
-        .workers(a.engine.workers)
-        .device_budget(a.engine.device_budget)
-        .submit_each(a.engine.submit_each)
-        .max_tasks_per_worker(a.engine.tasks_per_worker.max(16) * 2)
-        .durability(a.engine.durability)
+    a.engine.options(pool_bytes)
 }
 
 /// Runs `dana bench ycsb`.
