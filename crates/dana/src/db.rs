@@ -64,6 +64,7 @@ pub struct Options {
     async_window: Duration,
     log_bytes: u64,
     log_path: Option<PathBuf>,
+    read_only: bool,
 }
 
 impl Default for Options {
@@ -85,6 +86,7 @@ impl Default for Options {
             async_window: Duration::from_millis(10),
             log_bytes: 64 << 20,
             log_path: None,
+            read_only: false,
         }
     }
 }
@@ -196,6 +198,22 @@ impl Options {
     pub fn log_path(mut self, path: impl Into<PathBuf>) -> Self {
         self.log_path = Some(path.into());
         self
+    }
+
+    /// Opens the database read-only (default false): nothing is ever
+    /// written to its files (no recovery, no checkpoint, no log format);
+    /// writes fail with [`Error::ReadOnly`]; a database that needs
+    /// recovery fails to open with [`Error::NeedsRecovery`]. Takes a
+    /// shared lock: many read-only opens may coexist, never with a
+    /// writable one.
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
+        self
+    }
+
+    /// True if [`Options::read_only`] was set.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     fn runtime_config(&self) -> RuntimeConfig {

@@ -148,6 +148,37 @@ pub enum Error {
     /// The engine is shutting down or has shut down.
     #[error("the engine is shut down")]
     Shutdown,
+
+    /// The database was closed ([`crate::Db::close`]); every handle of it
+    /// (trees, transactions) fails with this from then on.
+    #[error("the database is closed")]
+    Closed,
+
+    /// Another open handle (in this process or another) holds the
+    /// database: a writable open needs it alone, a read-only open needs
+    /// no writer. Nothing was touched.
+    #[error("{path} is locked: the database is open elsewhere (this process or another)")]
+    Locked { path: PathBuf },
+
+    /// The files are not a dana database, or were written by a format
+    /// version this build cannot read, or with another page size.
+    #[error("{path}: {what}")]
+    NotADatabase { path: PathBuf, what: String },
+
+    /// A read-only open found a log with changes not yet applied to the
+    /// data files; open it writable once to recover.
+    #[error("the database needs recovery (open it writable once): {0}")]
+    NeedsRecovery(String),
+
+    /// A write was attempted on a database opened read-only.
+    #[error("the database is open read-only")]
+    ReadOnly,
+
+    /// The write-ahead log is damaged where it had been durable (not a
+    /// torn tail): acknowledged commits after `offset` cannot be trusted.
+    /// `offset` is the byte offset in the log file.
+    #[error("corrupt log at file offset {offset}: {what}")]
+    CorruptLog { offset: u64, what: String },
 }
 
 /// dana's result type.
@@ -262,6 +293,18 @@ impl Error {
             Error::Shutdown => Error::Shutdown,
             Error::Log(s) => Error::Log(s.clone()),
             Error::Conflict(s) => Error::Conflict(s.clone()),
+            Error::Closed => Error::Closed,
+            Error::Locked { path } => Error::Locked { path: path.clone() },
+            Error::NotADatabase { path, what } => Error::NotADatabase {
+                path: path.clone(),
+                what: what.clone(),
+            },
+            Error::NeedsRecovery(s) => Error::NeedsRecovery(s.clone()),
+            Error::ReadOnly => Error::ReadOnly,
+            Error::CorruptLog { offset, what } => Error::CorruptLog {
+                offset: *offset,
+                what: what.clone(),
+            },
         }
     }
 }
