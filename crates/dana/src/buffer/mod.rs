@@ -539,7 +539,15 @@ impl BufferPool {
     }
 
     /// Reads page `pid` into a free frame (or waits for whoever does).
+    ///
+    /// Off the workers (a sync call's inline attempt) it fails with
+    /// [`Error::WouldBlock`] before touching anything: publishing LOADING
+    /// and an in-flight entry for a read that cannot be queued would hand
+    /// that `WouldBlock` to every worker task already waiting on the entry.
     async fn load(&self, pid: u64) -> Result<()> {
+        if !sched::on_worker() {
+            return Err(Error::WouldBlock);
+        }
         let Some(f) = self.take_frame() else {
             if let Some(e) = self.poisoned() {
                 // No write-back will free a frame any more.
@@ -565,6 +573,11 @@ impl BufferPool {
     /// Starts reading page `pid` into free frame `f`. Returns None (and
     /// gives the frame back) when another task got there first.
     fn start_read(&self, pid: u64, f: u32) -> Result<Option<Arc<IoWait>>> {
+        // Checked before the page is published as LOADING (see `load`).
+        if !sched::on_worker() {
+            self.return_frames(&[f]);
+            return Err(Error::WouldBlock);
+        }
         if !self.table.try_transition(pid, EVICTED, LOADING) {
             self.return_frames(&[f]);
             return Ok(None);
@@ -603,6 +616,7 @@ impl BufferPool {
     /// Returns true if a read was started.
     pub fn prefetch(&self, pid: u64) -> bool {
         if pid >= self.table.len()
+            || !sched::on_worker()
             || lock_of(self.table.state(pid).load(Ordering::Acquire)) != EVICTED
             || self.free_count.load(Ordering::Acquire) <= self.low_water
         {
