@@ -638,7 +638,20 @@ impl BufferPool {
 
     /// Starts writing frame `f` (page `pid`, latched exclusively by the
     /// caller): seals the checksum, downgrades to shared, queues the write.
-    fn start_writeback(&self, f: u32, pid: u64) {
+    /// On failure (only possible off a worker: a bug) the page stays dirty,
+    /// the latch is released and the error returned.
+    fn start_writeback(&self, f: u32, pid: u64) -> Result<()> {
+        if let Some(wal) = self.wal.get() {
+            // The WAL rule, checked in release builds: a page is written
+            // only once the record of its last change is durable.
+            // SAFETY: the caller holds the exclusive latch on pid (frame f).
+            let lsn = page::page_lsn(unsafe { self.frame_bytes(f) });
+            assert!(
+                lsn < wal.durable(),
+                "write-back of page {pid} with LSN {lsn} before the log is durable past it ({})",
+                wal.durable()
+            );
+        }
         let meta = &self.frames[f as usize];
         meta.writing.store(true, Ordering::Release);
         meta.dirty.store(false, Ordering::Release);
@@ -666,8 +679,9 @@ impl BufferPool {
             meta.dirty.store(true, Ordering::Release);
             meta.writing.store(false, Ordering::Release);
             self.table.unlock_shared(pid);
-            debug_assert!(false, "write-back outside a worker: {e}");
+            return Err(e);
         }
+        Ok(())
     }
 
     /// One batch of second-chance eviction. Returns true if it freed a
@@ -718,7 +732,14 @@ impl BufferPool {
                     self.table.unlock_exclusive(pid);
                     continue;
                 }
-                self.start_writeback(f, pid);
+                if let Err(e) = self.start_writeback(f, pid) {
+                    // Eviction runs on workers only: this is a bug, and the
+                    // page must not be lost; stop writing altogether.
+                    self.poison_with(&Error::Poisoned(format!(
+                        "write-back of page {pid} could not be queued: {e}"
+                    )));
+                    break;
+                }
                 self.stats.writebacks.fetch_add(1, Ordering::Relaxed);
                 writes += 1;
             } else {
@@ -759,7 +780,7 @@ impl BufferPool {
                     sched::yield_now().await;
                     continue;
                 }
-                self.start_writeback(f, pid);
+                self.start_writeback(f, pid)?;
                 self.stats.writebacks.fetch_add(1, Ordering::Relaxed);
                 started.push(f);
                 break;
@@ -1024,7 +1045,7 @@ impl PageMut<'_> {
     fn after_logged(&mut self, lsn: Option<u64>) {
         self.fresh = false;
         if let Some(lsn) = lsn {
-            page::set_page_lsn(self, lsn);
+            self.advance_lsn(lsn);
         }
         if let Some(mut b) = self.before.take() {
             b.copy_from_slice(self);
@@ -1032,6 +1053,20 @@ impl PageMut<'_> {
         } else {
             self.snapshot();
         }
+    }
+
+    /// Sets the page LSN to that of a record just appended with its
+    /// change. Page LSNs only grow (records are appended under the
+    /// exclusive latch): checked in release builds, since redo and the WAL
+    /// rule both rely on it.
+    fn advance_lsn(&mut self, lsn: u64) {
+        let old = page::page_lsn(self);
+        assert!(
+            lsn > old,
+            "page {}: LSN {lsn} logged after LSN {old}",
+            self.pid
+        );
+        page::set_page_lsn(self, lsn);
     }
 
     /// Sets the page LSN (marks the page dirty).
@@ -1066,7 +1101,7 @@ impl Drop for PageMut<'_> {
             b.u32(1);
             if self.encode_change(wal, &mut b) {
                 match wal.append(b.into_unsealed()) {
-                    Ok((lsn, _)) => page::set_page_lsn(self, lsn),
+                    Ok((lsn, _)) => self.advance_lsn(lsn),
                     // The change is in memory but not in the log: never let
                     // it reach storage.
                     Err(e) => self.pool.poison_with(&e),

@@ -101,7 +101,12 @@ impl DeviceBudgets {
 
     fn release(&self, device: usize) {
         let prev = self.in_flight[device].fetch_sub(1, Ordering::AcqRel);
-        debug_assert!(prev > 0, "budget released more often than acquired");
+        // Control-plane invariant, checked in release builds too: a release
+        // without an acquire would let the budget grow past its limit.
+        assert!(
+            prev > 0,
+            "device {device}: budget released more often than acquired"
+        );
     }
 
     /// Requests in flight on `device` across all workers.
