@@ -39,7 +39,7 @@ fn build(dir: &Path) -> u64 {
             t.put(format!("k{i:06}").as_bytes(), &[7u8; 60]).unwrap();
         }
     }
-    let bt = db.tree("t1").unwrap().btree().clone();
+    let bt = db.tree("t1").unwrap().unlogged_btree().clone();
     let leaves = db
         .block_on(async move {
             let mut leaves = Vec::new();
@@ -120,4 +120,49 @@ fn check_refuses_a_directory_without_a_database() {
         !dir.path().join("dana.0").exists(),
         "check created a database"
     );
+}
+
+/// Another process: `dana check` (a shared lock) is refused while this
+/// process holds the database open for writing, changes nothing, and runs
+/// once it is closed; a database left needing recovery is reported as such.
+#[test]
+fn check_is_locked_out_by_a_writer_in_another_process_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default()
+        .pool_bytes(4 << 20)
+        .capacity_bytes(32 << 20);
+    let db = Db::open(dir.path(), opts.clone()).unwrap();
+    db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    let o = dana(&["check"], dir.path());
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("locked"), "{}", text(&o));
+    // Copy the files while open: a crashed database that needs recovery.
+    let copy = dir.path().join("copy");
+    std::fs::create_dir(&copy).unwrap();
+    for f in ["dana.0", "dana.wal"] {
+        std::fs::copy(dir.path().join(f), copy.join(f)).unwrap();
+    }
+    db.close().unwrap();
+    let o = dana(&["check"], &copy);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("needs recovery"), "{}", text(&o));
+    let before: Vec<Vec<u8>> = ["dana.0", "dana.wal"]
+        .iter()
+        .map(|f| std::fs::read(dir.path().join(f)).unwrap())
+        .collect();
+    let o = dana(&["check"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let after: Vec<Vec<u8>> = ["dana.0", "dana.wal"]
+        .iter()
+        .map(|f| std::fs::read(dir.path().join(f)).unwrap())
+        .collect();
+    assert!(before == after, "dana check wrote to the database");
+    // And a writer in this process is refused while `dana check` could
+    // run: a read-only open here excludes writers too.
+    let ro = Db::open(dir.path(), opts.clone().read_only()).unwrap();
+    assert!(matches!(
+        Db::open(dir.path(), opts),
+        Err(dana::Error::Locked { .. })
+    ));
+    drop(ro);
 }

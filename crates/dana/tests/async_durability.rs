@@ -1,0 +1,99 @@
+//! Writes through the async API are commits: with `Durability::Sync`,
+//! every write a task saw acknowledged survives a `kill -9` of the
+//! process. The child is this test binary run again (the ignored test
+//! below), which prints each acknowledged key; the parent kills it with
+//! SIGKILL mid-stream, reopens and looks for every key.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dana::{Db, Durability, Options};
+
+fn opts() -> Options {
+    Options::default()
+        .pool_bytes(4 << 20)
+        .capacity_bytes(64 << 20)
+        .log_bytes(8 << 20)
+        .durability(Durability::Sync)
+}
+
+const DIR_VAR: &str = "DANA_ASYNC_CHILD_DIR";
+
+/// The child: 16 tasks writing through the async API until killed.
+#[test]
+#[ignore = "run by async_writes_survive_kill_9 as its child process"]
+fn async_writer_child() {
+    let Ok(dir) = std::env::var(DIR_VAR) else {
+        return;
+    };
+    let db = Db::open(&dir, opts()).unwrap();
+    let t = db.tree_or_create("t").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<u64>();
+    for task in 0..16u64 {
+        let (t, tx) = (t.clone(), tx.clone());
+        db.spawn(async move {
+            for i in 0..1_000_000u64 {
+                let k = (i * 16 + task).to_be_bytes();
+                if t.put_async(&k, &k).await.is_err() {
+                    return;
+                }
+                if tx.send(i * 16 + task).is_err() {
+                    return;
+                }
+            }
+        })
+        .unwrap();
+    }
+    drop(tx);
+    for k in rx {
+        println!("acked {k}");
+    }
+}
+
+#[test]
+fn async_writes_survive_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut acked = Vec::new();
+    for round in 0..3 {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "async_writer_child", "--nocapture"])
+            .env(DIR_VAR, dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let started = Instant::now();
+        let want = 300 + round * 200;
+        let mut seen = 0;
+        for line in out.lines() {
+            let Ok(line) = line else { break };
+            if let Some(k) = line.strip_prefix("acked ") {
+                acked.push(k.parse::<u64>().unwrap());
+                seen += 1;
+            }
+            if seen >= want || started.elapsed() > Duration::from_secs(20) {
+                break;
+            }
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(seen > 0, "the child acknowledged nothing");
+    }
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let t = db.tree("t").unwrap();
+    let lost: Vec<u64> = acked
+        .iter()
+        .copied()
+        .filter(|k| t.get(&k.to_be_bytes()).unwrap().is_none())
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} acknowledged async writes lost, e.g. {:?}",
+        lost.len(),
+        acked.len(),
+        &lost[..lost.len().min(5)]
+    );
+    assert!(db.check().unwrap().is_ok());
+}

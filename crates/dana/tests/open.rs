@@ -1,0 +1,340 @@
+//! Opening as an outsider would: two opens of one database, closed
+//! handles, foreign files, failed opens, read-only opens that must change
+//! nothing, and a log damaged where it had been durable.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+
+use dana::wal::control::{Control, BLOCK};
+use dana::wal::CONTROL_BYTES;
+use dana::{Db, Durability, Error, Options};
+
+fn opts() -> Options {
+    Options::default()
+        .pool_bytes(4 << 20)
+        .capacity_bytes(16 << 20)
+        .log_bytes(2 << 20)
+}
+
+/// (name -> (length, mtime ns, crc of the bytes)) of every file in `dir`.
+fn snapshot(dir: &Path) -> BTreeMap<String, (u64, i64, u32)> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            let bytes = std::fs::read(e.path()).unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                (
+                    m.len(),
+                    m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+                    crc32c::crc32c(&bytes),
+                ),
+            )
+        })
+        .collect()
+}
+
+fn key(i: u32) -> [u8; 4] {
+    i.to_be_bytes()
+}
+
+#[test]
+fn a_second_writable_open_is_locked_and_close_frees_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    assert!(matches!(
+        Db::open(dir.path(), opts()),
+        Err(Error::Locked { .. })
+    ));
+    assert!(matches!(
+        Db::open(dir.path(), opts().read_only()),
+        Err(Error::Locked { .. })
+    ));
+    db.close().unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    assert_eq!(
+        db.tree("t").unwrap().get(b"k").unwrap(),
+        Some(b"v".to_vec())
+    );
+    db.close().unwrap();
+}
+
+#[test]
+fn read_only_opens_share_and_exclude_writers() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    db.create_tree("t").unwrap();
+    db.close().unwrap();
+    let a = Db::open(dir.path(), opts().read_only()).unwrap();
+    let b = Db::open(dir.path(), opts().read_only()).unwrap();
+    assert!(matches!(
+        Db::open(dir.path(), opts()),
+        Err(Error::Locked { .. })
+    ));
+    let t = a.tree("t").unwrap();
+    assert!(matches!(t.put(b"k", b"v"), Err(Error::ReadOnly)));
+    assert!(matches!(a.create_tree("u"), Err(Error::ReadOnly)));
+    assert!(matches!(a.drop_tree("t"), Err(Error::ReadOnly)));
+    a.close().unwrap();
+    b.close().unwrap();
+    Db::open(dir.path(), opts()).unwrap().close().unwrap();
+}
+
+#[test]
+fn handles_of_a_closed_database_fail_with_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    t.put(b"k", b"v").unwrap();
+    let other = db.clone();
+    db.close().unwrap();
+    assert!(matches!(t.put(b"k", b"w"), Err(Error::Closed)));
+    assert!(matches!(t.get(b"k"), Err(Error::Closed)));
+    assert!(matches!(other.tree("t"), Err(Error::Closed)));
+    assert!(matches!(other.block_on(async {}), Err(Error::Closed)));
+    let mut tx = other.begin();
+    tx.put(&t, b"x", b"y").unwrap();
+    assert!(matches!(other.commit(tx), Err(Error::Closed)));
+    // The old handles are alive, and the database opens again.
+    let db = Db::open(dir.path(), opts()).unwrap();
+    assert_eq!(
+        db.tree("t").unwrap().get(b"k").unwrap(),
+        Some(b"v".to_vec())
+    );
+    drop(other);
+    db.close().unwrap();
+}
+
+#[test]
+fn a_foreign_file_is_not_a_database_and_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk: Vec<u8> = (0..64 * 1024u32).map(|i| (i * 7 + 3) as u8).collect();
+    std::fs::write(dir.path().join("dana.0"), &junk).unwrap();
+    let before = snapshot(dir.path());
+    let e = Db::open(dir.path(), opts()).err().unwrap();
+    assert!(
+        matches!(&e, Error::NotADatabase { what, .. } if what.contains("not a dana database")),
+        "{e}"
+    );
+    assert_eq!(
+        snapshot(dir.path()),
+        before,
+        "the open changed the directory"
+    );
+}
+
+#[test]
+fn a_page_size_mismatch_and_an_old_format_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    Db::open(dir.path(), opts()).unwrap().close().unwrap();
+    let before = snapshot(dir.path());
+    let e = Db::open(dir.path(), opts().page_size(8192)).err().unwrap();
+    assert!(
+        matches!(&e, Error::NotADatabase { what, .. } if what.contains("4096-byte pages")),
+        "{e}"
+    );
+    // Format version 1 in the meta page (bytes 40..44).
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("dana.0"))
+        .unwrap();
+    f.write_all_at(&1u32.to_le_bytes(), 40).unwrap();
+    drop(f);
+    let e = Db::open(dir.path(), opts()).err().unwrap();
+    assert!(
+        matches!(&e, Error::NotADatabase { what, .. } if what.contains("format version 1")),
+        "{e}"
+    );
+    assert_eq!(snapshot(dir.path()).len(), before.len());
+}
+
+#[test]
+fn a_failed_create_leaves_no_trace() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("a").join("db");
+    // Workers are started after the files were created and formatted.
+    let e = Db::open(&dir, opts().workers(0)).err().unwrap();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(
+        !parent.path().join("a").exists(),
+        "the failed open left files"
+    );
+    // A failed open of an existing database creates no log.
+    let dir = parent.path().join("b");
+    Db::open(&dir, opts().durability(Durability::Off))
+        .unwrap()
+        .close()
+        .unwrap();
+    let before = snapshot(&dir);
+    assert!(Db::open(&dir, opts().workers(0)).is_err());
+    assert_eq!(snapshot(&dir), before);
+}
+
+#[test]
+fn a_read_only_open_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for i in 0..500 {
+        t.put(&key(i), &[7; 100]).unwrap();
+    }
+    db.close().unwrap();
+    let before = snapshot(dir.path());
+    let db = Db::open(dir.path(), opts().read_only().pool_bytes(64 * 4096)).unwrap();
+    let t = db.tree("t").unwrap();
+    for i in 0..500 {
+        assert_eq!(t.get(&key(i)).unwrap(), Some(vec![7; 100]));
+    }
+    assert!(db.check().unwrap().is_ok());
+    db.flush().unwrap();
+    db.close().unwrap();
+    assert_eq!(snapshot(dir.path()), before, "a read-only open wrote");
+}
+
+/// A database left as a crash leaves it: the files copied while it is
+/// open, after commits that no checkpoint covers.
+fn crashed_copy(dir: &Path, to: &Path, commits: u32) {
+    let db = Db::open(dir, opts()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for i in 0..commits {
+        t.put(&key(i), &[i as u8; 64]).unwrap();
+    }
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+    drop(db);
+}
+
+#[test]
+fn a_read_only_open_of_a_crashed_database_needs_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("copy");
+    crashed_copy(&dir.path().join("db"), &copy, 20);
+    let e = Db::open(&copy, opts().read_only()).err().unwrap();
+    assert!(matches!(e, Error::NeedsRecovery(_)), "{e}");
+    // A writable open recovers, whatever durability it asks for.
+    let db = Db::open(&copy, opts().durability(Durability::Off)).unwrap();
+    let t = db.tree("t").unwrap();
+    for i in 0..20 {
+        assert_eq!(t.get(&key(i)).unwrap(), Some(vec![i as u8; 64]));
+    }
+    db.close().unwrap();
+    let db = Db::open(&copy, opts().read_only()).unwrap();
+    assert_eq!(
+        db.tree("t").unwrap().get(&key(19)).unwrap(),
+        Some(vec![19; 64])
+    );
+}
+
+/// The log file's control block (the newer one).
+fn control(log: &Path) -> Control {
+    let bytes = std::fs::read(log).unwrap();
+    Control::newest(&bytes[..2 * BLOCK as usize]).unwrap()
+}
+
+fn flip(path: &Path, offset: u64) {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, offset).unwrap();
+    b[0] ^= 0x5a;
+    f.write_all_at(&b, offset).unwrap();
+}
+
+#[test]
+fn damage_to_durable_log_records_is_an_error_not_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("copy");
+    crashed_copy(&dir.path().join("db"), &copy, 30);
+    let log = copy.join("dana.wal");
+    let c = control(&log);
+    // A byte of the open's checkpoint record, after the redo point, which
+    // 30 later synced commits followed.
+    let at = CONTROL_BYTES + (c.checkpoint + 9) % c.capacity;
+    flip(&log, at);
+    let before = snapshot(&copy);
+    let e = Db::open(&copy, opts()).err().unwrap();
+    assert!(
+        matches!(e, Error::CorruptLog { offset, .. } if offset <= at && offset + 4096 > at),
+        "{e}"
+    );
+    let e = Db::open(&copy, opts().read_only()).err().unwrap();
+    assert!(matches!(e, Error::CorruptLog { .. }), "{e}");
+    assert_eq!(snapshot(&copy), before);
+}
+
+#[test]
+fn damage_within_the_last_flush_is_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let db_dir = dir.path().join("db");
+    let copy = dir.path().join("copy");
+    let db = Db::open(&db_dir, opts()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for i in 0..10 {
+        t.put(&key(i), b"v").unwrap();
+    }
+    let last_flush = db.wal_stats().unwrap().durable;
+    t.put(&key(10), b"v").unwrap();
+    std::fs::create_dir_all(&copy).unwrap();
+    for e in std::fs::read_dir(&db_dir).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+    }
+    drop(db);
+    let log = copy.join("dana.wal");
+    let c = control(&log);
+    flip(&log, CONTROL_BYTES + (last_flush + 9) % c.capacity);
+    let db = Db::open(&copy, opts()).unwrap();
+    let t = db.tree("t").unwrap();
+    for i in 0..10 {
+        assert_eq!(t.get(&key(i)).unwrap(), Some(b"v".to_vec()), "key {i}");
+    }
+    assert_eq!(t.get(&key(10)).unwrap(), None);
+}
+
+#[test]
+fn a_missing_damaged_or_foreign_log_is_an_error_never_a_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    for d in [&a, &b] {
+        let db = Db::open(d, opts()).unwrap();
+        db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+        db.close().unwrap();
+    }
+    // Missing.
+    let saved = std::fs::read(a.join("dana.wal")).unwrap();
+    std::fs::remove_file(a.join("dana.wal")).unwrap();
+    let e = Db::open(&a, opts()).err().unwrap();
+    assert!(matches!(e, Error::Log(_)), "{e}");
+    assert!(!a.join("dana.wal").exists(), "the open created a new log");
+    // Both control blocks damaged.
+    std::fs::write(a.join("dana.wal"), &saved).unwrap();
+    flip(&a.join("dana.wal"), 20);
+    flip(&a.join("dana.wal"), BLOCK + 20);
+    let e = Db::open(&a, opts()).err().unwrap();
+    assert!(matches!(e, Error::CorruptLog { offset: 0, .. }), "{e}");
+    // Another database's log.
+    std::fs::copy(b.join("dana.wal"), a.join("dana.wal")).unwrap();
+    let e = Db::open(&a, opts()).err().unwrap();
+    assert!(
+        matches!(&e, Error::Log(m) if m.contains("another database")),
+        "{e}"
+    );
+    // Its own log back: all is well.
+    std::fs::write(a.join("dana.wal"), &saved).unwrap();
+    let db = Db::open(&a, opts()).unwrap();
+    assert_eq!(
+        db.tree("t").unwrap().get(b"k").unwrap(),
+        Some(b"v".to_vec())
+    );
+}
