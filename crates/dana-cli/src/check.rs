@@ -117,8 +117,8 @@ fn json(path: &Path, r: &CheckReport) -> CliResult<String> {
     serde_json::to_string_pretty(&j).context("encoding the report as JSON")
 }
 
-/// Opens the database at `args.path` (never creating one), checks it and
-/// closes it.
+/// Opens the database at `args.path` read-only (never creating or
+/// changing anything), checks it and closes it.
 fn run_checker(args: &CheckArgs) -> CliResult<CheckReport> {
     let first = args.path.join("dana.0");
     if !first.exists() {
@@ -128,7 +128,10 @@ fn run_checker(args: &CheckArgs) -> CliResult<CheckReport> {
             first.display()
         )));
     }
-    let mut opts = Options::default().pool_bytes(POOL_BYTES);
+    // Read-only: nothing is written (no recovery, no checkpoint, no log
+    // format); a database that needs recovery, or whose log is damaged
+    // where it had been durable, is reported as such.
+    let mut opts = Options::default().pool_bytes(POOL_BYTES).read_only();
     if args.blocking {
         opts = opts.backend(Backend::Blocking);
     }

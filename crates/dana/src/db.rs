@@ -26,12 +26,12 @@ use std::time::Duration;
 use crate::btree::{BTree, Cursor};
 use crate::buffer::{BufferPool, PoolConfig, PoolStatsSnapshot};
 use crate::check::{check_pool, CheckReport};
-use crate::io::device::DeviceOptions;
-use crate::io::{Array, Backend, Device, Target};
+use crate::io::{Array, Backend, Target};
+use crate::open::{self, Locks, Undo};
 use crate::sched::{self, Runtime, RuntimeConfig};
 use crate::txn::{Applied, Committer, Expect, KeyLocks, Transaction};
 use crate::wal::record::{self, Write};
-use crate::wal::{control, recover, Durability, Wal, WalStatsSnapshot, CONTROL_BYTES};
+use crate::wal::{control, recover, Durability, Wal, WalStatsSnapshot};
 use crate::{Error, Result};
 
 /// Root slot of the meta page that holds the catalogue's root.
@@ -211,6 +211,36 @@ impl Options {
         self
     }
 
+    /// The page size set.
+    pub fn page_size_value(&self) -> usize {
+        self.page_size
+    }
+
+    /// The capacity set.
+    pub fn capacity_bytes_value(&self) -> u64 {
+        self.capacity_bytes
+    }
+
+    /// The number of devices set.
+    pub fn devices_value(&self) -> usize {
+        self.devices
+    }
+
+    /// Whether `O_DIRECT` is used.
+    pub fn direct_value(&self) -> bool {
+        self.direct
+    }
+
+    /// The log size set.
+    pub fn log_bytes_value(&self) -> u64 {
+        self.log_bytes
+    }
+
+    /// The log path set, if any.
+    pub fn log_path_value(&self) -> Option<&PathBuf> {
+        self.log_path.as_ref()
+    }
+
     /// True if [`Options::read_only`] was set.
     pub fn is_read_only(&self) -> bool {
         self.read_only
@@ -228,6 +258,8 @@ impl Options {
     }
 }
 
+/// Fields drop in order: the workers stop (`rt`) before the locks are
+/// released (`locks`, last).
 struct DbInner {
     pool: Arc<BufferPool>,
     rt: Runtime,
@@ -236,6 +268,7 @@ struct DbInner {
     stop: Arc<AtomicBool>,
     checkpointing: Arc<AtomicBool>,
     recovery: Option<RecoveryReport>,
+    locks: Locks,
 }
 
 impl Drop for DbInner {
@@ -279,19 +312,6 @@ pub struct Db {
     inner: Arc<DbInner>,
 }
 
-/// Opens (creating if missing) the log file, unless durability is off.
-fn open_log(path: PathBuf, opts: &Options, index: usize) -> Result<Option<Target>> {
-    if opts.durability == Durability::Off {
-        return Ok(None);
-    }
-    let dopts = DeviceOptions {
-        direct: opts.direct,
-        create_size: (!path.exists()).then_some(CONTROL_BYTES + opts.log_bytes),
-        read_only: false,
-    };
-    Device::open(path, index, dopts).map(|d| Some(Target::File(Arc::new(d))))
-}
-
 /// A checkpoint: every page dirty when it starts is written back (at the
 /// pace of write-back, after its records are durable), the data devices
 /// are synced, the checkpoint record is made durable and the control block
@@ -320,47 +340,34 @@ async fn exclusive_checkpoint(pool: &BufferPool, wal: &Arc<Wal>, busy: &AtomicBo
     checkpoint(pool, wal).await
 }
 
-fn device_path(dir: &Path, i: usize) -> PathBuf {
-    dir.join(format!("dana.{i}"))
+/// A fresh log identity: nonzero, unlikely to repeat across databases.
+fn new_log_id() -> u64 {
+    use rand::RngCore;
+    loop {
+        let id = rand::rngs::OsRng.next_u64();
+        if id != 0 {
+            return id;
+        }
+    }
 }
 
 impl Db {
     /// Opens the database in directory `dir`, creating the directory and
-    /// its files (`dana.0`, `dana.1`, ...) if they do not exist.
+    /// its files (`dana.0`, `dana.1`, ..., `dana.wal`) if they do not
+    /// exist.
+    ///
+    /// The directory, the data files and the log are locked (`flock`):
+    /// exclusively, or shared with [`Options::read_only`]; another open of
+    /// the same database, in this process or another, fails with
+    /// [`Error::Locked`]. Files that are not a dana database of this
+    /// build's format fail with [`Error::NotADatabase`]. An open that fails
+    /// removes whatever it created and changes no existing file.
     pub fn open(dir: impl AsRef<Path>, opts: Options) -> Result<Db> {
-        let dir = dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(|source| Error::Open {
-            action: "create directory",
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        let exists = device_path(dir, 0).exists();
-        let devices = if exists {
-            (0..).take_while(|&i| device_path(dir, i).exists()).count()
-        } else {
-            opts.devices.max(1)
-        };
-        let per_device =
-            (opts.capacity_bytes / devices as u64) / opts.page_size as u64 * opts.page_size as u64;
-        let targets = (0..devices)
-            .map(|i| {
-                let dopts = DeviceOptions {
-                    direct: opts.direct,
-                    create_size: (!exists).then_some(per_device),
-                    read_only: false,
-                };
-                Device::open(device_path(dir, i), i, dopts).map(|d| Target::File(Arc::new(d)))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let array = Array::new(targets, opts.page_size as u64)?;
-        let log = open_log(
-            opts.log_path
-                .clone()
-                .unwrap_or_else(|| dir.join("dana.wal")),
-            &opts,
-            devices,
-        )?;
-        Db::open_array_with_log(array, log, opts, !exists)
+        let mut undo = Undo::default();
+        let opened = open::open_dir(dir.as_ref(), &opts, &mut undo)?;
+        let db = Db::start(opened, opts)?;
+        undo.keep();
+        Ok(db)
     }
 
     /// Opens a database striped over `paths` (files or block devices, in
@@ -368,6 +375,7 @@ impl Db {
     /// created with `capacity_bytes / paths.len()` bytes each and the
     /// database is formatted (erasing what the devices held as far as dana
     /// is concerned); without it, the devices must hold a dana database.
+    /// Locks as [`Db::open`] does.
     ///
     /// ```
     /// let dir = tempfile::tempdir().unwrap();
@@ -380,73 +388,137 @@ impl Db {
     /// assert_eq!(db.tree("t").unwrap().get(b"k").unwrap(), Some(b"v".to_vec()));
     /// ```
     pub fn open_devices(paths: &[impl AsRef<Path>], opts: Options, create: bool) -> Result<Db> {
-        if paths.is_empty() {
-            return Err(Error::InvalidArgument("no device given".into()));
-        }
-        let per_device = (opts.capacity_bytes / paths.len() as u64) / opts.page_size as u64
-            * opts.page_size as u64;
-        let targets = paths
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let dopts = DeviceOptions {
-                    direct: opts.direct,
-                    create_size: create.then_some(per_device),
-                    read_only: false,
-                };
-                Device::open(p, i, dopts).map(|d| Target::File(Arc::new(d)))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let array = Array::new(targets, opts.page_size as u64)?;
-        let log_path = opts.log_path.clone().unwrap_or_else(|| {
-            let mut p = paths[0].as_ref().as_os_str().to_owned();
-            p.push(".wal");
-            PathBuf::from(p)
-        });
-        let log = open_log(log_path, &opts, paths.len())?;
-        Db::open_array_with_log(array, log, opts, create)
+        let paths: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
+        let mut undo = Undo::default();
+        let opened = open::open_paths(&paths, &opts, create, &mut undo)?;
+        let db = Db::start(opened, opts)?;
+        undo.keep();
+        Ok(db)
     }
 
     /// Opens a database on an array of devices (files, block devices or
     /// simulated devices) without a log ([`Durability::Off`]). With
     /// `create`, formats it first (erasing what the devices held as far as
-    /// dana is concerned).
+    /// dana is concerned). Takes no locks: the caller owns the devices.
     pub fn open_array(array: Array, opts: Options, create: bool) -> Result<Db> {
         Db::open_array_with_log(array, None, opts.durability(Durability::Off), create)
     }
 
     /// Opens a database on an array with its log on `log` (a file or a
-    /// simulated device; `None` or [`Durability::Off`]: no log). On an
-    /// existing database, recovery runs first: redo from the last
-    /// checkpoint, repair of torn pages, re-application of the commits
-    /// found, then a checkpoint.
+    /// simulated device; `None`: no log). On an existing database,
+    /// recovery runs first: redo from the last checkpoint, repair of torn
+    /// pages, re-application of the commits found, then a checkpoint. Takes
+    /// no locks: the caller owns the devices.
     pub fn open_array_with_log(
         array: Array,
         log: Option<Target>,
         opts: Options,
         create: bool,
     ) -> Result<Db> {
-        let log = log.filter(|_| opts.durability != Durability::Off);
+        let meta = if create {
+            None
+        } else {
+            let first = array
+                .targets()
+                .first()
+                .ok_or_else(|| Error::InvalidArgument("an array without devices".into()))?;
+            let facts = open::identify_target(first, &opts)?;
+            if facts.width != array.width() {
+                return Err(Error::NotADatabase {
+                    path: PathBuf::from("device 0"),
+                    what: format!(
+                        "the database is striped over {} devices; {} were given",
+                        facts.width,
+                        array.width()
+                    ),
+                });
+            }
+            Some(facts)
+        };
+        // A database with a log always uses it; one without gets one only
+        // when a log is wanted and it may be written.
+        let has_log = meta.is_some_and(|m| m.log_id != 0);
+        let wanted = opts.durability != Durability::Off && !opts.read_only;
+        let log = log.filter(|_| has_log || wanted);
+        Db::start(
+            open::Opened {
+                array,
+                log,
+                create,
+                meta,
+                locks: Locks::default(),
+                sync_dirs: Vec::new(),
+            },
+            opts,
+        )
+    }
+
+    /// Brings up an opened set of files: recovery (or format), the pool,
+    /// the workers, the open checkpoint and the checkpoint task.
+    fn start(opened: open::Opened, opts: Options) -> Result<Db> {
+        let open::Opened {
+            array,
+            log,
+            create,
+            meta,
+            locks,
+            sync_dirs,
+        } = opened;
+        let read_only = opts.read_only;
+        if create && read_only {
+            return Err(Error::ReadOnly);
+        }
         let mut recovered = None;
+        let mut new_id = None;
         let resume = match &log {
             None => None,
             Some(t) => {
                 let block = t.alignment().io.max(512);
-                match recover::read_control(t)? {
-                    Some(ctl) if !create => {
+                let db_log_id = meta.map_or(0, |m| m.log_id);
+                if create || db_log_id == 0 {
+                    // A new database, or one that never had a log: whatever
+                    // the file holds is not ours; format it.
+                    if read_only {
+                        None
+                    } else {
+                        let id = new_log_id();
+                        new_id = Some(id);
+                        Some(recover::format(t, opts.log_bytes, block, id)?)
+                    }
+                } else {
+                    let ctl = recover::read_control(t)?.ok_or_else(|| Error::CorruptLog {
+                        offset: 0,
+                        what: "both control blocks of the log are damaged; the database's log \
+                               cannot be found"
+                            .into(),
+                    })?;
+                    if ctl.log_id != db_log_id {
+                        return Err(Error::Log(format!(
+                            "the log belongs to another database (log id {:016x}, this \
+                             database's is {db_log_id:016x})",
+                            ctl.log_id
+                        )));
+                    }
+                    if read_only {
+                        if recover::needs_recovery(t, ctl)? {
+                            return Err(Error::NeedsRecovery(
+                                "the log holds changes after the last checkpoint".into(),
+                            ));
+                        }
+                        None
+                    } else {
                         let r = recover::recover(&array, t, ctl)?;
                         let resume = r.resume;
                         recovered = Some(r);
                         resume
                     }
-                    // A new database, or one that never had a log (it was
-                    // closed cleanly without one).
-                    _ => Some(recover::format(t, opts.log_bytes, block)?),
                 }
             }
         };
         let frames = opts.pool_bytes / opts.page_size;
-        let pool = BufferPool::new(array.clone(), &PoolConfig::with_frames(frames))?;
+        let mut pool_config = PoolConfig::with_frames(frames);
+        pool_config.read_only = read_only;
+        let pool = BufferPool::new(array.clone(), &pool_config)?;
         let mut targets = array.targets().to_vec();
         let wal = match (&log, resume) {
             (Some(t), Some(resume)) => {
@@ -491,9 +563,14 @@ impl Db {
                 }
                 p.root(CATALOG_SLOT).await?
             };
-            match &w2 {
-                Some(w) => checkpoint(&p, w).await?,
-                None => p.flush_all().await?,
+            if let Some(id) = new_id {
+                p.set_log_id(id).await?;
+            }
+            if !read_only {
+                match &w2 {
+                    Some(w) => checkpoint(&p, w).await?,
+                    None => p.flush_all().await?,
+                }
             }
             Ok::<_, Error>(root)
         })??;
@@ -503,6 +580,7 @@ impl Db {
                 what: "meta page has no catalogue".into(),
             });
         }
+        open::sync_dirs(&sync_dirs)?;
         let catalog = BTree::open(&pool, catalog_root);
         let stop = Arc::new(AtomicBool::new(false));
         let checkpointing = Arc::new(AtomicBool::new(false));
@@ -529,11 +607,19 @@ impl Db {
             commits: reapplied,
             log_end: r.end,
         });
+        // A database that has a log keeps using it: `Off` then means that
+        // commits do not wait for it (as `Async`).
+        let durability = match (opts.durability, &wal) {
+            (Durability::Off, Some(_)) => Durability::Async,
+            (d, _) => d,
+        };
         let committer = Arc::new(Committer {
             pool: pool.clone(),
             wal,
             locks: KeyLocks::new(),
-            durability: opts.durability,
+            durability,
+            read_only,
+            closed: AtomicBool::new(false),
         });
         Ok(Db {
             inner: Arc::new(DbInner {
@@ -544,8 +630,15 @@ impl Db {
                 stop,
                 checkpointing,
                 recovery,
+                locks,
             }),
         })
+    }
+
+    /// Fails with [`Error::Closed`] once the database was closed, and with
+    /// [`Error::ReadOnly`] for `write` on a read-only database.
+    fn live(&self, write: bool) -> Result<()> {
+        self.inner.committer.live(write)
     }
 
     /// What recovery did when this database opened (None: no log, or a
@@ -599,6 +692,10 @@ impl Db {
     /// Takes a checkpoint now: writes back every dirty page, syncs the
     /// devices, logs the checkpoint and frees the log before it.
     pub fn checkpoint(&self) -> Result<()> {
+        self.live(false)?;
+        if self.inner.committer.read_only {
+            return Ok(());
+        }
         let (pool, busy) = (self.inner.pool.clone(), self.inner.checkpointing.clone());
         match self.inner.committer.wal.clone() {
             Some(w) => {
@@ -611,6 +708,7 @@ impl Db {
     /// Creates the tree `name`. Fails with [`Error::KeyExists`] if it
     /// exists.
     pub fn create_tree(&self, name: &str) -> Result<Tree> {
+        self.live(true)?;
         let (pool, catalog, key, committer) = (
             self.inner.pool.clone(),
             self.inner.catalog.clone(),
@@ -720,6 +818,7 @@ impl Db {
     /// assert!(matches!(db.tree("tmp"), Err(dana::Error::NoSuchTree(_))));
     /// ```
     pub fn drop_tree(&self, name: &str) -> Result<bool> {
+        self.live(true)?;
         let tree = match self.tree(name) {
             Ok(t) => t,
             Err(Error::NoSuchTree(_)) => return Ok(false),
@@ -747,6 +846,10 @@ impl Db {
     /// Writes back every dirty page and syncs the devices (with a log: a
     /// checkpoint).
     pub fn flush(&self) -> Result<()> {
+        self.live(false)?;
+        if self.inner.committer.read_only {
+            return Ok(());
+        }
         if self.inner.committer.wal.is_some() {
             return self.checkpoint();
         }
@@ -754,10 +857,35 @@ impl Db {
         self.block_on(async move { pool.flush_all().await })?
     }
 
-    /// Flushes (a last checkpoint: the next open has nothing to redo) and
-    /// stops the workers.
+    /// Flushes (a last checkpoint: the next open has nothing to redo),
+    /// stops the workers and releases the database's locks. Every handle
+    /// still alive (clones of this `Db`, trees, transactions) fails with
+    /// [`Error::Closed`] from then on, and the database may be opened again
+    /// at once. A failed flush is returned, after the workers stopped.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let opts = dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20);
+    /// let db = dana::Db::open(dir.path(), opts.clone()).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// db.close().unwrap();
+    /// assert!(matches!(t.put(b"k", b"v"), Err(dana::Error::Closed)));
+    /// let db = dana::Db::open(dir.path(), opts).unwrap(); // the locks are free again
+    /// # db.close().unwrap();
+    /// ```
     pub fn close(self) -> Result<()> {
-        self.flush()
+        let flushed = self.flush();
+        if matches!(flushed, Err(Error::Closed)) {
+            return Ok(());
+        }
+        self.inner.committer.closed.store(true, Ordering::Release);
+        self.inner.stop.store(true, Ordering::Release);
+        if let Some(w) = &self.inner.committer.wal {
+            w.request_checkpoint();
+        }
+        self.inner.rt.stop();
+        self.inner.locks.release();
+        flushed
     }
 
     /// Runs `future` on a worker and waits for its output (call from any
@@ -766,10 +894,10 @@ impl Db {
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
-    /// let t = db.create_tree("t").unwrap().btree().clone();
+    /// let t = db.create_tree("t").unwrap();
     /// let v = db.block_on(async move {
-    ///     t.put(b"k", b"v").await?;
-    ///     t.get(b"k").await
+    ///     t.put_async(b"k", b"v").await?;
+    ///     t.get_async(b"k").await
     /// }).unwrap().unwrap();
     /// assert_eq!(v, Some(b"v".to_vec()));
     /// ```
@@ -778,7 +906,19 @@ impl Db {
         T: Send + 'static,
         F: Future<Output = T> + Send + 'static,
     {
-        self.inner.rt.block_on(future)
+        self.live(false)?;
+        self.inner
+            .rt
+            .block_on(future)
+            .map_err(|e| self.closed_or(e))
+    }
+
+    /// `Error::Closed` for a shutdown caused by close, else `e`.
+    fn closed_or(&self, e: Error) -> Error {
+        match e {
+            Error::Shutdown if self.inner.committer.closed.load(Ordering::Acquire) => Error::Closed,
+            e => e,
+        }
     }
 
     /// Runs `future` as a task on the next worker without waiting.
@@ -786,7 +926,8 @@ impl Db {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        self.inner.rt.spawn(future)
+        self.live(false)?;
+        self.inner.rt.spawn(future).map_err(|e| self.closed_or(e))
     }
 
     /// Runs `future` as a task on worker `worker`.
@@ -794,7 +935,11 @@ impl Db {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        self.inner.rt.spawn_on(worker, future)
+        self.live(false)?;
+        self.inner
+            .rt
+            .spawn_on(worker, future)
+            .map_err(|e| self.closed_or(e))
     }
 
     /// The buffer pool's counters.
@@ -836,23 +981,167 @@ impl Tree {
         &self.name
     }
 
-    /// The async API of this tree, for use inside tasks
-    /// ([`Db::spawn`], [`Db::block_on`]).
+    /// The tree's B+tree, bypassing transactions and the log's commit
+    /// protocol: **writes through it are not commits**. For bulk loads and
+    /// benchmarks only. Without a log ([`Durability::Off`]) every write
+    /// works this way anyway (durable at [`Db::flush`]). With a log, its
+    /// writes are logged as page changes but acknowledged before they are
+    /// durable and never re-applied: a crash may lose any of them, in any
+    /// order, until the next [`Db::flush`] or checkpoint. Use the `*_async`
+    /// methods of [`Tree`] inside tasks instead: they commit.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let opts = dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20);
+    /// let db = dana::Db::open(dir.path(), opts.durability(dana::Durability::Off)).unwrap();
+    /// let bulk = db.create_tree("t").unwrap().unlogged_btree().clone();
+    /// db.block_on(async move {
+    ///     for i in 0u32..1000 {
+    ///         bulk.put(&i.to_be_bytes(), b"v").await?;
+    ///     }
+    ///     Ok::<_, dana::Error>(())
+    /// }).unwrap().unwrap();
+    /// db.flush().unwrap(); // now durable
+    /// ```
+    pub fn unlogged_btree(&self) -> &BTree {
+        &self.btree
+    }
+
+    /// The root page id (the tree's identity in commit records).
+    pub(crate) fn root(&self) -> u64 {
+        self.btree.root()
+    }
+
+    /// The longest key this tree accepts.
+    pub fn max_key_len(&self) -> usize {
+        self.btree.max_key_len()
+    }
+
+    /// The longest value this tree accepts.
+    pub fn max_value_len(&self) -> usize {
+        self.btree.max_value_len()
+    }
+
+    /// One write committed on its own, inside a task. Returns whether the
+    /// key existed.
+    async fn commit_one_async(
+        &self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        checks: Vec<(u64, Vec<u8>, Expect)>,
+    ) -> Result<bool> {
+        self.btree.check_sizes(key, value)?;
+        let w = Write {
+            tree: self.btree.root(),
+            key: key.to_vec(),
+            value: value.map(<[u8]>::to_vec),
+        };
+        let c = &self.db.inner.committer;
+        let applied = c.commit(vec![w], checks, c.durability).await?;
+        Ok(applied.first() == Some(&Applied::Replaced))
+    }
+
+    /// [`Tree::get`] inside a task.
+    pub async fn get_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.db.live(false)?;
+        self.btree.get(key).await
+    }
+
+    /// [`Tree::put`] inside a task: a commit of its own, with the
+    /// database's durability (with `Sync` it returns once durable).
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
-    /// let tree = db.create_tree("t").unwrap().btree().clone();
+    /// let tree = db.create_tree("t").unwrap();
+    /// let t = tree.clone();
     /// let n = db.block_on(async move {
     ///     for i in 0u32..100 {
-    ///         tree.put(&i.to_be_bytes(), b"v").await?;
+    ///         t.put_async(&i.to_be_bytes(), b"v").await?; // durable when it returns
     ///     }
-    ///     tree.count(std::ops::Bound::Unbounded, std::ops::Bound::Unbounded).await
+    ///     t.count_async(std::ops::Bound::Unbounded, std::ops::Bound::Unbounded).await
     /// }).unwrap().unwrap();
     /// assert_eq!(n, 100);
     /// ```
-    pub fn btree(&self) -> &BTree {
-        &self.btree
+    pub async fn put_async(&self, key: &[u8], value: &[u8]) -> Result<bool> {
+        self.db.live(true)?;
+        if self.logged() {
+            return self.commit_one_async(key, Some(value), vec![]).await;
+        }
+        self.btree.put(key, value).await
+    }
+
+    /// [`Tree::insert`] inside a task (a commit of its own).
+    pub async fn insert_async(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.db.live(true)?;
+        if self.logged() {
+            let check = (self.btree.root(), key.to_vec(), Expect::Absent);
+            return self
+                .commit_one_async(key, Some(value), vec![check])
+                .await
+                .map(|_| ());
+        }
+        self.btree.insert(key, value).await
+    }
+
+    /// [`Tree::delete`] inside a task (a commit of its own).
+    pub async fn delete_async(&self, key: &[u8]) -> Result<bool> {
+        self.db.live(true)?;
+        if self.logged() {
+            return self.commit_one_async(key, None, vec![]).await;
+        }
+        self.btree.delete(key).await
+    }
+
+    /// [`Tree::update`] inside a task (a commit of its own; `f` may run
+    /// more than once).
+    pub async fn update_async(
+        &self,
+        key: &[u8],
+        f: impl Fn(&[u8]) -> Vec<u8> + Send + Sync,
+    ) -> Result<bool> {
+        self.db.live(true)?;
+        if !self.logged() {
+            return self.btree.update(key, &f).await;
+        }
+        let mut last = String::new();
+        for _ in 0..16 {
+            let Some(old) = self.btree.get(key).await? else {
+                return Ok(false);
+            };
+            let check = (
+                self.btree.root(),
+                key.to_vec(),
+                Expect::Value(Some(old.clone())),
+            );
+            match self
+                .commit_one_async(key, Some(&f(&old)), vec![check])
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(Error::Conflict(m)) => last = m,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Conflict(last))
+    }
+
+    /// [`Tree::count`] inside a task.
+    pub async fn count_async(&self, lower: Bound<&[u8]>, upper: Bound<&[u8]>) -> Result<u64> {
+        self.db.live(false)?;
+        self.btree.count(lower, upper).await
+    }
+
+    /// A cursor over `[lower, upper]`, forward or backward, for use inside
+    /// a task (`cursor.next().await`).
+    pub fn cursor(
+        &self,
+        lower: Bound<&[u8]>,
+        upper: Bound<&[u8]>,
+        forward: bool,
+    ) -> Result<Cursor> {
+        self.db.live(false)?;
+        Ok(self.btree.cursor(lower, upper, forward))
     }
 
     /// True if writes go through the log (one commit each).
@@ -894,6 +1183,7 @@ impl Tree {
         F: Fn(BTree) -> Fut,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
+        self.db.live(false)?;
         let mut fut = Box::pin(op(self.btree.clone()));
         let mut cx = Context::from_waker(Waker::noop());
         match fut.as_mut().poll(&mut cx) {
@@ -931,6 +1221,7 @@ impl Tree {
     /// assert!(matches!(t.insert(b"k", b"w"), Err(dana::Error::KeyExists)));
     /// ```
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.db.live(true)?;
         if self.logged() {
             let check = (self.btree.root(), key.to_vec(), Expect::Absent);
             return self.commit_one(key, Some(value), vec![check]).map(|_| ());
@@ -952,6 +1243,7 @@ impl Tree {
     /// assert!(t.put(b"k", b"v2").unwrap());
     /// ```
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<bool> {
+        self.db.live(true)?;
         if self.logged() {
             return self.commit_one(key, Some(value), vec![]);
         }
@@ -981,6 +1273,7 @@ impl Tree {
         key: &[u8],
         f: impl Fn(&[u8]) -> Vec<u8> + Send + Sync + Clone + 'static,
     ) -> Result<bool> {
+        self.db.live(true)?;
         if self.logged() {
             return self.db.transaction(|tx| {
                 let Some(old) = tx.get(self, key)? else {
@@ -1008,6 +1301,7 @@ impl Tree {
     /// assert!(!t.delete(b"k").unwrap());
     /// ```
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
+        self.db.live(true)?;
         if self.logged() {
             return self.commit_one(key, None, vec![]);
         }

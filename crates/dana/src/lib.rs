@@ -27,6 +27,7 @@ pub mod db;
 pub mod error;
 #[allow(unsafe_code)]
 pub mod io;
+mod open;
 pub mod sched;
 pub mod stats;
 pub mod txn;

@@ -107,6 +107,10 @@ pub(crate) struct Committer {
     pub(crate) wal: Option<Arc<Wal>>,
     pub(crate) locks: KeyLocks,
     pub(crate) durability: Durability,
+    /// The database was opened read-only: every commit fails.
+    pub(crate) read_only: bool,
+    /// The database was closed: every handle fails.
+    pub(crate) closed: AtomicBool,
 }
 
 /// What applying one write found.
@@ -119,6 +123,18 @@ pub(crate) enum Applied {
 }
 
 impl Committer {
+    /// [`Error::Closed`] once closed; [`Error::ReadOnly`] for a write on
+    /// a read-only database.
+    pub(crate) fn live(&self, write: bool) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        if write && self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        Ok(())
+    }
+
     /// Commits `writes` atomically after checking `checks`. Returns, per
     /// write, whether the key existed. Must run on a worker.
     pub(crate) async fn commit(
@@ -127,6 +143,7 @@ impl Committer {
         checks: Vec<(u64, Vec<u8>, Expect)>,
         durability: Durability,
     ) -> Result<Vec<Applied>> {
+        self.live(true)?;
         if !sched::on_worker() {
             return Err(Error::WouldBlock);
         }
@@ -252,20 +269,21 @@ impl Transaction {
 
     /// The value of `key` in `tree` as this transaction sees it (its own
     /// write, else the committed value; the latter is remembered and
-    /// validated at commit if the transaction also writes the key).
-    pub async fn get_async(&mut self, tree: &BTree, key: &[u8]) -> Result<Option<Vec<u8>>> {
+    /// validated at commit if the transaction also writes the key). For
+    /// use inside a task.
+    pub async fn get_async(&mut self, tree: &crate::Tree, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let id = (tree.root(), key.to_vec());
         if let Some(v) = self.writes.get(&id) {
             return Ok(v.clone());
         }
-        let v = tree.get(key).await?;
+        let v = tree.get_async(key).await?;
         self.reads.entry(id).or_insert_with(|| v.clone());
         Ok(v)
     }
 
     /// [`Transaction::get_async`] from any thread.
     pub fn get(&mut self, tree: &crate::Tree, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        let id = (tree.btree().root(), key.to_vec());
+        let id = (tree.root(), key.to_vec());
         if let Some(v) = self.writes.get(&id) {
             return Ok(v.clone());
         }
@@ -274,7 +292,7 @@ impl Transaction {
         Ok(v)
     }
 
-    fn check(tree: &BTree, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+    fn check(tree: &crate::Tree, key: &[u8], value: Option<&[u8]>) -> Result<()> {
         if key.len() > tree.max_key_len() {
             return Err(Error::TooLarge {
                 what: "key",
@@ -295,7 +313,7 @@ impl Transaction {
     }
 
     /// Sets `key` to `value` in `tree` at commit.
-    pub fn put_in(&mut self, tree: &BTree, key: &[u8], value: &[u8]) -> Result<()> {
+    pub fn put(&mut self, tree: &crate::Tree, key: &[u8], value: &[u8]) -> Result<()> {
         Self::check(tree, key, Some(value))?;
         self.writes
             .insert((tree.root(), key.to_vec()), Some(value.to_vec()));
@@ -304,33 +322,18 @@ impl Transaction {
 
     /// Inserts `key` at commit; the commit fails with
     /// [`Error::KeyExists`] if the key exists then.
-    pub fn insert_in(&mut self, tree: &BTree, key: &[u8], value: &[u8]) -> Result<()> {
-        self.put_in(tree, key, value)?;
+    pub fn insert(&mut self, tree: &crate::Tree, key: &[u8], value: &[u8]) -> Result<()> {
+        self.put(tree, key, value)?;
         self.inserts.insert((tree.root(), key.to_vec()), ());
         Ok(())
     }
 
     /// Removes `key` from `tree` at commit.
-    pub fn delete_in(&mut self, tree: &BTree, key: &[u8]) -> Result<()> {
+    pub fn delete(&mut self, tree: &crate::Tree, key: &[u8]) -> Result<()> {
         Self::check(tree, key, None)?;
         self.writes.insert((tree.root(), key.to_vec()), None);
         self.inserts.remove(&(tree.root(), key.to_vec()));
         Ok(())
-    }
-
-    /// [`Transaction::put_in`] with a [`crate::Tree`].
-    pub fn put(&mut self, tree: &crate::Tree, key: &[u8], value: &[u8]) -> Result<()> {
-        self.put_in(tree.btree(), key, value)
-    }
-
-    /// [`Transaction::insert_in`] with a [`crate::Tree`].
-    pub fn insert(&mut self, tree: &crate::Tree, key: &[u8], value: &[u8]) -> Result<()> {
-        self.insert_in(tree.btree(), key, value)
-    }
-
-    /// [`Transaction::delete_in`] with a [`crate::Tree`].
-    pub fn delete(&mut self, tree: &crate::Tree, key: &[u8]) -> Result<()> {
-        self.delete_in(tree.btree(), key)
     }
 
     /// Number of buffered writes.

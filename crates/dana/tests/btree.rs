@@ -188,7 +188,7 @@ fn concurrent_tasks_insert_delete_and_scan() {
         .capacity_bytes(64 << 20)
         .workers(2);
     let db = Db::open(dir.path(), opts.clone()).unwrap();
-    let tree = db.create_tree("c").unwrap().btree().clone();
+    let tree = db.create_tree("c").unwrap().unlogged_btree().clone();
     let tasks = 300u32;
     let (tx, rx) = std::sync::mpsc::channel();
     for t in 0..tasks {
@@ -249,8 +249,8 @@ fn boundaries() {
     let (array, _disk) = sim_array(2048);
     let db = Db::open_array(array, tiny(32), true).unwrap();
     let t = db.create_tree("b").unwrap();
-    let max_key = t.btree().max_key_len();
-    let max_val = t.btree().max_value_len();
+    let max_key = t.unlogged_btree().max_key_len();
+    let max_val = t.unlogged_btree().max_value_len();
 
     // The empty key is a key like any other.
     t.insert(b"", b"empty").unwrap();
@@ -312,7 +312,7 @@ fn ascending_load_fills_leaves() {
     for i in 0..50_000u64 {
         t.insert(&i.to_be_bytes(), &[0u8; 120]).unwrap();
     }
-    let bt = t.btree().clone();
+    let bt = t.unlogged_btree().clone();
     let (leaves, fill) = db
         .block_on(async move {
             let mut leaves = 0usize;

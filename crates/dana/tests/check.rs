@@ -49,7 +49,7 @@ fn build(dir: &Path) -> Db {
 
 /// (page id, is leaf, children) of every page of tree `name`, parents first.
 fn pages(db: &Db, name: &str) -> Vec<(u64, bool, Vec<u64>)> {
-    let bt = db.tree(name).unwrap().btree().clone();
+    let bt = db.tree(name).unwrap().unlogged_btree().clone();
     db.block_on(async move {
         let mut out = Vec::new();
         bt.walk(|pid, bytes| {

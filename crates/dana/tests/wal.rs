@@ -30,7 +30,7 @@ fn committed_writes_survive_without_close_and_a_torn_page_is_repaired() {
         db.checkpoint().unwrap();
         // The first change after the checkpoint logs the leaf's full image.
         t.put(&7u32.to_be_bytes(), b"after").unwrap();
-        leaf = t.btree().root();
+        leaf = t.unlogged_btree().root();
         // The database is dropped without close: no checkpoint, the leaf
         // on disk is the old one.
     }
@@ -60,7 +60,7 @@ fn torn_page_without_an_image_is_a_clear_error() {
         let db = Db::open(dir.path(), opts()).unwrap();
         let t = db.create_tree("t").unwrap();
         t.put(b"k", b"v").unwrap();
-        leaf = t.btree().root();
+        leaf = t.unlogged_btree().root();
         db.close().unwrap();
     }
     let f = std::fs::OpenOptions::new()

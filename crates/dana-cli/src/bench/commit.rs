@@ -55,7 +55,7 @@ fn options(a: &CommitArgs, d: Durability) -> Options {
 /// Runs `tasks` tasks committing one-write transactions for `secs`;
 /// returns (commits/s, flushes, log bytes).
 fn commit_rate(db: &Db, tasks: usize, secs: f64, seed: u64) -> CliResult<(f64, u64, u64)> {
-    let tree = db.tree_or_create("t")?.btree().clone();
+    let tree = db.tree_or_create("t")?;
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
@@ -76,8 +76,8 @@ fn commit_rate(db: &Db, tasks: usize, secs: f64, seed: u64) -> CliResult<(f64, u
             while !stop.load(Ordering::Relaxed) {
                 let mut txn = d.begin();
                 let key = r.next_u64().to_be_bytes();
-                let ok = txn.put_in(&tree, &key, &[7u8; 120]).is_ok()
-                    && txn.commit_async().await.is_ok();
+                let ok =
+                    txn.put(&tree, &key, &[7u8; 120]).is_ok() && txn.commit_async().await.is_ok();
                 if ok {
                     done.fetch_add(1, Ordering::Relaxed);
                 } else {

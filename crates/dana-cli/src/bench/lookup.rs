@@ -519,7 +519,8 @@ fn ensure_loaded(a: &LookupArgs) -> CliResult<LoadInfo> {
     let capacity = estimate * 3 / 2 + (64 << 20);
     let pool = (estimate + estimate / 4).min(12 << 30);
     let db = open_db(a, options(a, pool).capacity_bytes(capacity), true)?;
-    let tree = db.create_tree(TREE)?.btree().clone();
+    // The load is a bulk path: unlogged writes, then a flush.
+    let tree = db.create_tree(TREE)?.unlogged_btree().clone();
     let (order, n) = (a.load_order, a.records);
     let record: super::RecordFn = Arc::new(move |j, v| {
         let i = load_key(j, n, order);
@@ -669,7 +670,7 @@ fn lookups_on(
     warm_all: bool,
     disk: Option<&Disk>,
 ) -> CliResult<Measured> {
-    let tree = db.tree(TREE)?.btree().clone();
+    let tree = db.tree(TREE)?.unlogged_btree().clone();
     if warm_all {
         // Read every leaf once (the cursor reads ahead).
         let t = tree.clone();

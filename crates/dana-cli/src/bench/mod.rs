@@ -161,6 +161,7 @@ pub fn device_limit(
                         direct: true,
                         create_size: None,
                         read_only: true,
+                        lock: false,
                     };
                     let dev = Arc::new(Device::open(f, i, opts)?);
                     random_reads(&dev, per_dev, 4096, span, duration, 7 + i as u64, submit)

@@ -405,6 +405,7 @@ pub fn run_mix(
         direct: cfg.direct,
         create_size: None,
         read_only: false,
+        lock: false,
     };
     let targets = data.devices[..width]
         .iter()
@@ -432,6 +433,7 @@ pub fn run_mix(
             direct: cfg.direct,
             create_size: Some(data.wal_bytes),
             read_only: false,
+            lock: false,
         },
     )?);
 

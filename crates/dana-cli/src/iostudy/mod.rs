@@ -309,6 +309,7 @@ pub fn run(args: &IostudyArgs) -> CliResult<()> {
             direct: true,
             create_size: None,
             read_only: true,
+            lock: false,
         };
         Ok(Arc::new(Device::open(&data.devices[0], 0, opts)?))
     };

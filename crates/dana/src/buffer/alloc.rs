@@ -17,7 +17,13 @@
 //! | 56..64   | next never-used page id                      |
 //! | 64..72   | head of the free list (0: empty)             |
 //! | 72..80   | pages in the free list                       |
+//! | 80..88   | log identity (0: the database has no log)    |
 //! | 128..384 | 32 root slots (u64 page ids) for upper layers|
+//!
+//! Format versions: every change to an on-disk format (meta page, node
+//! pages, log records, control blocks) bumps [`FORMAT_VERSION`]; a build
+//! reads only its own version and names both in the error otherwise (no
+//! silent upgrade). Version 2 added the log identity.
 //!
 //! Never: hands out page 0, or a page beyond the array.
 
@@ -29,7 +35,8 @@ use super::{BufferPool, PageMut};
 use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"DANAMETA";
-const FORMAT_VERSION: u32 = 1;
+/// The on-disk format this build reads and writes (see the module doc).
+pub const FORMAT_VERSION: u32 = 2;
 const OFF_MAGIC: usize = 32;
 const OFF_VERSION: usize = 40;
 const OFF_PAGE_SIZE: usize = 44;
@@ -37,6 +44,7 @@ const OFF_WIDTH: usize = 48;
 const OFF_NEXT: usize = 56;
 const OFF_FREE_HEAD: usize = 64;
 const OFF_FREE_COUNT: usize = 72;
+const OFF_LOG_ID: usize = 80;
 const OFF_ROOTS: usize = 128;
 /// Number of root slots in the meta page.
 pub const ROOT_SLOTS: usize = 32;
@@ -61,6 +69,52 @@ pub struct SpaceInfo {
     pub next_unused: u64,
     /// Pages in the free list.
     pub free_pages: u64,
+}
+
+/// What the meta page says about the database, read from its first bytes
+/// before the buffer pool exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetaFacts {
+    /// Page size in bytes.
+    pub page_size: usize,
+    /// Devices the database is striped over.
+    pub width: usize,
+    /// Identity of the database's log (0: no log).
+    pub log_id: u64,
+}
+
+/// Reads the facts of a meta page from its first bytes (at least 4096).
+/// `Err` says why the bytes are not the meta page of a dana database in
+/// this build's format (the checksum is verified later, by the pool).
+pub fn meta_facts(first: &[u8]) -> std::result::Result<MetaFacts, String> {
+    if first.len() < 4096 {
+        return Err(format!(
+            "not a dana database: {} bytes, shorter than a page",
+            first.len()
+        ));
+    }
+    if &first[OFF_MAGIC..OFF_MAGIC + 8] != MAGIC {
+        return Err("not a dana database (no DANAMETA magic in its first page)".into());
+    }
+    let version = get_u32(first, OFF_VERSION);
+    if version != FORMAT_VERSION {
+        return Err(format!(
+            "dana format version {version}; this build reads version {FORMAT_VERSION} only"
+        ));
+    }
+    let page_size = get_u32(first, OFF_PAGE_SIZE) as usize;
+    if !page_size.is_power_of_two() || !(4096..=65536).contains(&page_size) {
+        return Err(format!("meta page names an invalid page size {page_size}"));
+    }
+    let width = get_u32(first, OFF_WIDTH) as usize;
+    if width == 0 {
+        return Err("meta page names zero devices".into());
+    }
+    Ok(MetaFacts {
+        page_size,
+        width,
+        log_id: get_u64(first, OFF_LOG_ID),
+    })
 }
 
 fn get_u64(p: &[u8], at: usize) -> u64 {
@@ -123,6 +177,20 @@ impl BufferPool {
         put_u64(&mut m, OFF_NEXT, 1);
         drop(m);
         self.alloc.ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// The identity of the database's log (0: none).
+    pub async fn log_id(&self) -> Result<u64> {
+        let m = self.fix_shared(META_PAGE).await?;
+        Ok(get_u64(&m, OFF_LOG_ID))
+    }
+
+    /// Records the identity of the database's log in the meta page (made
+    /// durable by the next checkpoint or flush).
+    pub async fn set_log_id(&self, id: u64) -> Result<()> {
+        let mut m = self.fix_exclusive(META_PAGE).await?;
+        put_u64(&mut m, OFF_LOG_ID, id);
         Ok(())
     }
 

@@ -69,6 +69,9 @@ pub struct PoolConfig {
     pub frames: usize,
     /// Dirty pages one eviction batch may start writing.
     pub max_writes_per_batch: usize,
+    /// Never write a page (a read-only open): a write-back fails with
+    /// [`Error::ReadOnly`].
+    pub read_only: bool,
 }
 
 impl PoolConfig {
@@ -77,6 +80,7 @@ impl PoolConfig {
         PoolConfig {
             frames,
             max_writes_per_batch: 64,
+            read_only: false,
         }
     }
 }
@@ -158,6 +162,7 @@ pub struct BufferPool {
     low_water: usize,
     high_water: usize,
     max_writes_per_batch: usize,
+    read_only: bool,
     waits: Mutex<std::collections::HashMap<u64, Arc<IoWait>>>,
     next_wait: AtomicU64,
     stats: PoolStats,
@@ -218,6 +223,7 @@ impl BufferPool {
             low_water,
             high_water,
             max_writes_per_batch: config.max_writes_per_batch.max(1),
+            read_only: config.read_only,
             waits: Mutex::new(Default::default()),
             next_wait: AtomicU64::new(0),
             stats: PoolStats::default(),
@@ -641,6 +647,11 @@ impl BufferPool {
     /// On failure (only possible off a worker: a bug) the page stays dirty,
     /// the latch is released and the error returned.
     fn start_writeback(&self, f: u32, pid: u64) -> Result<()> {
+        if self.read_only {
+            // The latch is released; the page stays dirty in memory.
+            self.table.unlock_exclusive(pid);
+            return Err(Error::ReadOnly);
+        }
         if let Some(wal) = self.wal.get() {
             // The WAL rule, checked in release builds: a page is written
             // only once the record of its last change is durable.

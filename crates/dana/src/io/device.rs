@@ -40,6 +40,13 @@ pub struct DeviceOptions {
     pub create_size: Option<u64>,
     /// Open read-only.
     pub read_only: bool,
+    /// Take an advisory `flock` on the file before anything else: shared
+    /// when read-only, else exclusive; a conflict fails at once with
+    /// [`Error::Locked`]. The lock lives with the open file description
+    /// (never a classic `fcntl` lock, which any `close` of the same file in
+    /// the process would drop), so a second open in the same process
+    /// conflicts too.
+    pub lock: bool,
 }
 
 impl Default for DeviceOptions {
@@ -48,6 +55,7 @@ impl Default for DeviceOptions {
             direct: true,
             create_size: None,
             read_only: false,
+            lock: false,
         }
     }
 }
@@ -74,6 +82,9 @@ impl Device {
             oo.custom_flags(libc::O_DIRECT);
         }
         let file = oo.open(path).map_err(open_err("open", path))?;
+        if opts.lock {
+            lock_file_patiently(&file, path, opts.read_only, DEVICE_LOCK_PATIENCE)?;
+        }
         let meta = file.metadata().map_err(open_err("stat", path))?;
         let block_device = meta.file_type().is_block_device();
         let fd = file.as_raw_fd();
@@ -111,6 +122,13 @@ impl Device {
             block_device,
             direct: opts.direct,
         })
+    }
+
+    /// Drops the advisory lock taken at open (a closed database lets
+    /// another open take its files while stale handles still hold the
+    /// descriptor).
+    pub fn unlock(&self) {
+        unlock_file(&self.file);
     }
 
     /// The raw file descriptor (stays valid as long as the device lives).
@@ -225,6 +243,61 @@ fn file_dio_alignment(fd: RawFd) -> Option<(u64, u64)> {
         stx.stx_dio_offset_align as u64,
         stx.stx_dio_mem_align.max(1) as u64,
     ))
+}
+
+/// How long [`Device::open`] retries a device lock held by someone else.
+/// A file given to io_uring stays referenced (and its lock held) until the
+/// kernel has torn the ring down, which happens in the background after a
+/// process exits, even after `kill -9`; the database directory's lock (no
+/// ring ever holds it) has already told a live holder from that.
+pub const DEVICE_LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Takes `flock(LOCK_SH or LOCK_EX | LOCK_NB)` on `file`, retrying every
+/// few milliseconds for up to `patience`; a conflict is [`Error::Locked`].
+pub fn lock_file_patiently(
+    file: &File,
+    path: &Path,
+    shared: bool,
+    patience: std::time::Duration,
+) -> Result<()> {
+    let start = std::time::Instant::now();
+    loop {
+        match lock_file(file, path, shared) {
+            Err(Error::Locked { .. }) if start.elapsed() < patience => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Takes `flock(LOCK_SH or LOCK_EX | LOCK_NB)` on `file`; a conflict is
+/// [`Error::Locked`].
+pub fn lock_file(file: &File, path: &Path, shared: bool) -> Result<()> {
+    let op = if shared { libc::LOCK_SH } else { libc::LOCK_EX } | libc::LOCK_NB;
+    loop {
+        // SAFETY: flock on a descriptor this File owns; no memory involved.
+        let r = unsafe { libc::flock(file.as_raw_fd(), op) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EWOULDBLOCK) => {
+                return Err(Error::Locked {
+                    path: path.to_path_buf(),
+                })
+            }
+            _ => return Err(open_err("lock", path)(e)),
+        }
+    }
+}
+
+/// Releases a lock taken by [`lock_file`].
+pub fn unlock_file(file: &File) {
+    // SAFETY: flock on a descriptor this File owns; no memory involved.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
 }
 
 #[cfg(test)]

@@ -179,7 +179,7 @@ struct RuntimeShared {
 /// The running scheduler.
 pub struct Runtime {
     shared: Arc<RuntimeShared>,
-    threads: Vec<JoinHandle<()>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Runtime {
@@ -261,7 +261,10 @@ impl Runtime {
                 })?;
             threads.push(t);
         }
-        Ok(Runtime { shared, threads })
+        Ok(Runtime {
+            shared,
+            threads: Mutex::new(threads),
+        })
     }
 
     /// Number of workers.
@@ -325,16 +328,23 @@ impl Runtime {
     }
 
     /// Stops the workers once their tasks have finished, and waits.
-    pub fn shutdown(mut self) {
+    pub fn shutdown(self) {
         self.stop();
     }
 
-    fn stop(&mut self) {
+    /// Stops the workers once their tasks have finished, and waits (from
+    /// any thread but a worker; later calls return at once). Every later
+    /// spawn fails with [`Error::Shutdown`].
+    pub fn stop(&self) {
         self.shared.shutdown.store(true, Ordering::Release);
         for w in &self.shared.workers {
             w.eventfd.signal();
         }
-        for t in self.threads.drain(..) {
+        if CURRENT_WORKER.with(|c| c.get()).is_some() {
+            return;
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
             let _ = t.join();
         }
     }

@@ -9,21 +9,23 @@
 //! | bytes  | field                                          |
 //! |--------|------------------------------------------------|
 //! | 0..8   | magic `DANAWAL1`                               |
-//! | 8..12  | format version (1)                             |
+//! | 8..12  | format version (2)                             |
 //! | 12..16 | flush block (bytes)                            |
 //! | 16..24 | sequence number                                |
 //! | 24..32 | LSN of the checkpoint record                   |
 //! | 32..40 | redo LSN: recovery starts here                 |
 //! | 40..48 | capacity: bytes of the circular record stream  |
-//! | 48..52 | crc32c of bytes 0..48                          |
+//! | 48..56 | log identity (also in the database's meta page)|
+//! | 56..60 | crc32c of bytes 0..56                          |
 //!
 //! Never: trusts a block whose checksum or magic does not match.
 
 /// Bytes reserved for each control block (and the largest flush block).
 pub const BLOCK: u64 = 4096;
 const MAGIC: &[u8; 8] = b"DANAWAL1";
-const VERSION: u32 = 1;
-const LEN: usize = 52;
+const VERSION: u32 = 2;
+const LEN: usize = 60;
+const CRC_AT: usize = 56;
 
 /// One control block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +40,8 @@ pub struct Control {
     pub capacity: u64,
     /// Flush block size.
     pub block: u64,
+    /// The log's identity, the same in the database's meta page.
+    pub log_id: u64,
 }
 
 impl Control {
@@ -51,6 +55,7 @@ impl Control {
         b.extend_from_slice(&self.checkpoint.to_le_bytes());
         b.extend_from_slice(&self.redo.to_le_bytes());
         b.extend_from_slice(&self.capacity.to_le_bytes());
+        b.extend_from_slice(&self.log_id.to_le_bytes());
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
         b
@@ -61,7 +66,10 @@ impl Control {
         let b = b.get(..LEN)?;
         let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or([0; 4]));
         let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]));
-        if &b[..8] != MAGIC || u32_at(8) != VERSION || crc32c::crc32c(&b[..48]) != u32_at(48) {
+        if &b[..8] != MAGIC
+            || u32_at(8) != VERSION
+            || crc32c::crc32c(&b[..CRC_AT]) != u32_at(CRC_AT)
+        {
             return None;
         }
         Some(Control {
@@ -70,6 +78,7 @@ impl Control {
             checkpoint: u64_at(24),
             redo: u64_at(32),
             capacity: u64_at(40),
+            log_id: u64_at(48),
         })
     }
 
@@ -98,6 +107,7 @@ mod tests {
             redo: seq * 5,
             capacity: 1 << 20,
             block: 512,
+            log_id: 7,
         };
         let mut area = vec![0u8; 2 * BLOCK as usize];
         area[..LEN].copy_from_slice(&c(4).encode());

@@ -127,6 +127,11 @@ struct State {
 /// The write-ahead log of one database.
 pub struct Wal {
     device: usize,
+    log_id: u64,
+    /// Where the log resumed, and the end of the valid records before it:
+    /// a flush marker never claims the gap between them durable.
+    resumed_at: u64,
+    resumed_valid_end: u64,
     block: u64,
     capacity: u64,
     window: Duration,
@@ -159,6 +164,11 @@ pub struct Resume {
     pub control_seq: u64,
     /// Bytes of the circular record stream.
     pub capacity: u64,
+    /// The log's identity (written into every control block).
+    pub log_id: u64,
+    /// The end of the valid records found (at or below `end`: the bytes in
+    /// between are whatever a torn flush left, skipped by recovery).
+    pub valid_end: u64,
 }
 
 fn align_up(v: u64, a: u64) -> u64 {
@@ -179,6 +189,9 @@ impl Wal {
         }
         Ok(Arc::new(Wal {
             device,
+            log_id: resume.log_id,
+            resumed_at: resume.end,
+            resumed_valid_end: resume.valid_end.min(resume.end),
             block,
             capacity,
             window,
@@ -396,7 +409,7 @@ impl Wal {
             return false;
         }
         let start = st.buf_start;
-        let end = align_up(st.end, self.block);
+        let end = align_up(st.end + record::FLUSH_MARKER_LEN as u64, self.block);
         if end - st.redo > self.capacity {
             // The records would overwrite log space the last checkpoint
             // still needs. Admission keeps half of the log free for
@@ -405,6 +418,22 @@ impl Wal {
             self.request_checkpoint();
             return false;
         }
+        // The flush's last record names the LSN durable now: recovery tells
+        // damage to durable records from a torn last flush with it.
+        let proven = if durable <= self.resumed_at {
+            self.resumed_valid_end
+        } else {
+            durable
+        };
+        let mut marker = record::flush_marker(proven).into_unsealed();
+        let at = st.end;
+        st.last_crc = record::seal(&mut marker, at, st.last_crc);
+        st.buf.extend_from_slice(&marker);
+        st.end += marker.len() as u64;
+        self.stats.records.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bytes
+            .fetch_add(marker.len() as u64, Ordering::Relaxed);
         let pad = (end - st.end) as usize;
         let new_len = st.buf.len() + pad;
         st.buf.resize(new_len, 0);
@@ -554,6 +583,7 @@ impl Wal {
             redo,
             capacity: self.capacity,
             block: self.block,
+            log_id: self.log_id,
         }
         .encode();
         let offset = (seq % 2) * control::BLOCK;

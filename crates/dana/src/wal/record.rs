@@ -45,6 +45,11 @@ pub enum Kind {
     Commit = 2,
     /// A completed checkpoint: redo may start at the LSN it names.
     Checkpoint = 3,
+    /// The last record of every flush: the LSN that was durable when the
+    /// flush was issued. A valid marker after a break in the log proves
+    /// that the bytes at the break had been durable (damage, not a torn
+    /// tail).
+    Flush = 4,
 }
 
 impl Kind {
@@ -53,6 +58,7 @@ impl Kind {
             1 => Kind::Pages,
             2 => Kind::Commit,
             3 => Kind::Checkpoint,
+            4 => Kind::Flush,
             _ => return None,
         })
     }
@@ -407,6 +413,21 @@ pub fn checkpoint(redo: u64) -> RecordBuilder {
     let mut b = RecordBuilder::new(Kind::Checkpoint);
     b.u64(redo);
     b
+}
+
+/// Bytes of a [`Kind::Flush`] marker.
+pub const FLUSH_MARKER_LEN: usize = HEADER + 8;
+
+/// A flush marker: `durable` is the LSN durable when the flush was issued.
+pub fn flush_marker(durable: u64) -> RecordBuilder {
+    let mut b = RecordBuilder::new(Kind::Flush);
+    b.u64(durable);
+    b
+}
+
+/// The durable LSN a [`Kind::Flush`] marker names.
+pub fn flush_durable(rec: &Record<'_>) -> Result<u64> {
+    u64_at(rec.body, 0).ok_or_else(|| bad_log(rec.lsn, "flush marker without its LSN"))
 }
 
 /// The redo LSN of a [`Kind::Checkpoint`] record.

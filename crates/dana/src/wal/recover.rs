@@ -84,7 +84,7 @@ fn sync(q: &mut dyn IoQueue) -> Result<()> {
 
 /// Formats a fresh log on `log`: both control blocks name an empty log
 /// whose first record will be at LSN `block`.
-pub fn format(log: &Target, capacity: u64, block: u64) -> Result<Resume> {
+pub fn format(log: &Target, capacity: u64, block: u64, log_id: u64) -> Result<Resume> {
     if log.size() < CONTROL_BYTES + capacity {
         return Err(Error::InvalidArgument(format!(
             "log device of {} bytes cannot hold a log of {capacity} bytes",
@@ -99,6 +99,7 @@ pub fn format(log: &Target, capacity: u64, block: u64) -> Result<Resume> {
         redo: start,
         capacity,
         block,
+        log_id,
     };
     let mut area = vec![0u8; CONTROL_BYTES as usize];
     area[..c.encode().len()].copy_from_slice(&c.encode());
@@ -117,6 +118,8 @@ pub fn format(log: &Target, capacity: u64, block: u64) -> Result<Resume> {
         redo: start,
         control_seq: 1,
         capacity,
+        log_id,
+        valid_end: start,
     })
 }
 
@@ -130,9 +133,9 @@ pub fn read_control(log: &Target) -> Result<Option<Control>> {
     Ok(Control::newest(&area))
 }
 
-/// Scans the log and redoes page changes onto `array`'s devices, then
-/// syncs them. Returns the commits to re-apply and where the log resumes.
-pub fn recover(array: &Array, log: &Target, ctl: Control) -> Result<Recovered> {
+/// Reads the circular stream of the log, rotated so that index 0 is the
+/// control block's redo LSN.
+fn read_stream(log: &Target, ctl: &Control) -> Result<Vec<u8>> {
     let cap = ctl.capacity;
     if cap == 0 || log.size() < CONTROL_BYTES + cap || !ctl.block.is_power_of_two() {
         return Err(Error::Log(format!(
@@ -142,7 +145,6 @@ pub fn recover(array: &Array, log: &Target, ctl: Control) -> Result<Recovered> {
         )));
     }
     let mut lq = open_queue(log, &Backend::Blocking, 4)?;
-    // The stream, rotated so that index 0 is the redo LSN.
     let mut area = Vec::with_capacity(cap as usize);
     let chunk = 1u64 << 20;
     let mut at = 0;
@@ -152,38 +154,139 @@ pub fn recover(array: &Array, log: &Target, ctl: Control) -> Result<Recovered> {
         at += n;
     }
     area.rotate_left((ctl.redo % cap) as usize);
-    let stream = area;
+    Ok(area)
+}
 
-    let mut out = Recovered {
-        redo: ctl.redo,
-        ..Default::default()
-    };
-    // (lsn, record offset in stream) of every Pages record.
-    let mut page_records = Vec::new();
+/// What a scan of the log from the redo LSN found.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Records in the valid log.
+    pub records: u64,
+    /// (LSN, offset in the stream) of every Pages record.
+    pub pages: Vec<(u64, usize)>,
+    /// (LSN, offset in the stream) of every Commit record.
+    pub commits: Vec<(u64, usize)>,
+    /// The LSN after the last valid record.
+    pub end: u64,
+    /// Checksum of the last valid record.
+    pub last_crc: Option<u32>,
+}
+
+/// Scans `stream` (rotated to the redo LSN) for the valid log: records
+/// placed by LSN and chained by checksum. At the first break it looks
+/// further for a flush marker naming a durable LSN past the break: if one
+/// exists the break is damage to durable records ([`Error::CorruptLog`]);
+/// otherwise the break is the torn tail of the last flush, and the end.
+pub fn scan(stream: &[u8], ctl: &Control) -> Result<Scan> {
+    let cap = ctl.capacity;
+    let mut out = Scan::default();
     let mut pos = ctl.redo;
     let mut valid_end = pos;
     let mut last: Option<u32> = None;
+    // Whether what follows the last valid record is zero padding (the
+    // flush's own) rather than other bytes (damage, or the gap a torn
+    // flush left before the log resumed).
+    let mut padded = true;
     while pos - ctl.redo < cap {
         let off = (pos - ctl.redo) as usize;
-        match record::parse(&stream[off..], pos) {
+        let parsed = record::parse(&stream[off..], pos);
+        match parsed {
             Parsed::Record(r) if last.is_none_or(|c| c == r.prev) => {
                 out.records += 1;
                 match r.kind {
-                    Kind::Pages => page_records.push((pos, off)),
-                    Kind::Commit => out.commits.push((pos, record::commit_writes(&r)?)),
-                    Kind::Checkpoint => {}
+                    Kind::Pages => out.pages.push((pos, off)),
+                    Kind::Commit => out.commits.push((pos, off)),
+                    Kind::Checkpoint | Kind::Flush => {}
                 }
                 last = Some(r.crc);
                 pos += r.len as u64;
                 valid_end = pos;
+                continue;
             }
-            // Padding to the end of a block, or a break inside one: the
-            // log may go on at the next block, chained to the last record.
-            _ if pos % ctl.block != 0 => pos = pos.div_ceil(ctl.block) * ctl.block,
-            _ => break,
+            _ if pos == valid_end => padded = matches!(parsed, Parsed::Zero),
+            _ => {}
         }
+        if pos % ctl.block == 0 {
+            break;
+        }
+        // Padding to the end of a block, or a break inside one: the log
+        // may go on at the next block, chained to the last record.
+        pos = pos.div_ceil(ctl.block) * ctl.block;
+    }
+    // Where the log breaks: at the last valid record's end if other bytes
+    // follow it, else (padding) at the block where the next flush failed.
+    let broken_at = if padded { pos } else { valid_end };
+    // Is anything after the break proven durable? A flush marker names
+    // the LSN durable when its flush was issued; markers sit at 8-byte
+    // positions and are valid only at their own LSN (never one from an
+    // earlier lap of the file).
+    let mut at = valid_end.div_ceil(8) * 8;
+    while at - ctl.redo + record::FLUSH_MARKER_LEN as u64 <= cap {
+        let off = (at - ctl.redo) as usize;
+        if stream.get(off + 16) == Some(&(Kind::Flush as u8)) {
+            if let Parsed::Record(r) = record::parse(&stream[off..], at) {
+                let durable = record::flush_durable(&r)?;
+                if r.kind == Kind::Flush && durable > broken_at {
+                    return Err(Error::CorruptLog {
+                        offset: CONTROL_BYTES + broken_at % cap,
+                        what: format!(
+                            "the log breaks at LSN {broken_at}, but a flush at LSN {at} was \
+                             issued after LSN {durable} was durable: records that had been \
+                             durable are damaged"
+                        ),
+                    });
+                }
+            }
+        }
+        at += 8;
     }
     out.end = valid_end;
+    out.last_crc = last;
+    Ok(out)
+}
+
+/// Reads and scans the log read-only: what [`scan`] finds (damage to
+/// durable records is [`Error::CorruptLog`]). For `dana check`.
+pub fn verify(log: &Target) -> Result<Option<Scan>> {
+    let Some(ctl) = read_control(log)? else {
+        return Ok(None);
+    };
+    let stream = read_stream(log, &ctl)?;
+    scan(&stream, &ctl).map(Some)
+}
+
+/// True if the log holds page changes or commits after the last
+/// checkpoint's redo LSN (a read-only open cannot use the database then).
+/// Reads only.
+pub fn needs_recovery(log: &Target, ctl: Control) -> Result<bool> {
+    let stream = read_stream(log, &ctl)?;
+    let s = scan(&stream, &ctl)?;
+    Ok(!s.pages.is_empty() || !s.commits.is_empty())
+}
+
+/// Scans the log and redoes page changes onto `array`'s devices, then
+/// syncs them. Returns the commits to re-apply and where the log resumes.
+pub fn recover(array: &Array, log: &Target, ctl: Control) -> Result<Recovered> {
+    let cap = ctl.capacity;
+    let stream = read_stream(log, &ctl)?;
+    let found = scan(&stream, &ctl)?;
+    let mut out = Recovered {
+        redo: ctl.redo,
+        records: found.records,
+        end: found.end,
+        ..Default::default()
+    };
+    for &(lsn, off) in &found.commits {
+        let Parsed::Record(r) = record::parse(&stream[off..], lsn) else {
+            return Err(Error::Log(format!(
+                "record at LSN {lsn} changed under recovery"
+            )));
+        };
+        out.commits.push((lsn, record::commit_writes(&r)?));
+    }
+    let page_records = found.pages;
+    let last = found.last_crc;
+    let valid_end = found.end;
 
     // Page entries by page, in log order.
     let mut by_page: BTreeMap<u64, Vec<(u64, record::PageEntry<'_>)>> = BTreeMap::new();
@@ -261,6 +364,8 @@ pub fn recover(array: &Array, log: &Target, ctl: Control) -> Result<Recovered> {
         redo: ctl.redo,
         control_seq: ctl.seq,
         capacity: cap,
+        log_id: ctl.log_id,
+        valid_end,
     });
     Ok(out)
 }

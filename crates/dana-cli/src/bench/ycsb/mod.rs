@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use dana::btree::BTree;
 use dana::stats::{Histogram, HistogramSnapshot};
+use dana::Tree;
 use dana::{Db, Error, Options};
 use serde::Serialize;
 
@@ -405,7 +405,8 @@ fn ensure_loaded(a: &YcsbArgs, force: bool) -> CliResult<LoadInfo> {
     let capacity = estimate * 2 + (64 << 20);
     let pool = (estimate + estimate / 4).min(12 << 30);
     let db = Db::open(&a.path, options(a, pool).capacity_bytes(capacity))?;
-    let tree = db.create_tree(TREE)?.btree().clone();
+    // The load is a bulk path: unlogged writes, then a flush.
+    let tree = db.create_tree(TREE)?.unlogged_btree().clone();
     let record: crate::bench::RecordFn = Arc::new(|i, v| {
         fill_value(i, 0, v);
         key_of(i)
@@ -445,7 +446,7 @@ struct KindStats {
 
 /// Executes one op on dana; Err is a failure to count.
 async fn execute(
-    tree: &BTree,
+    tree: &Tree,
     op: Op,
     value_size: usize,
     buf: &mut [u8],
@@ -454,7 +455,11 @@ async fn execute(
     stats: &KindStats,
 ) -> Result<(), String> {
     match op {
+        // Reads go to the B+tree directly (no copy of the value); writes
+        // are commits through the `Tree` (durable per the database's
+        // durability).
         Op::Read(k) => match tree
+            .unlogged_btree()
             .get_with(&key_of(k), |v| value_ok(k, value_size, v))
             .await
         {
@@ -465,7 +470,7 @@ async fn execute(
         },
         Op::Update(k) => {
             fill_value(k, salt, buf);
-            match tree.put(&key_of(k), buf).await {
+            match tree.put_async(&key_of(k), buf).await {
                 Ok(true) => Ok(()),
                 Ok(false) => Err(format!("update {k}: the record was missing")),
                 Err(e) => Err(format!("update {k}: {e}")),
@@ -473,7 +478,7 @@ async fn execute(
         }
         Op::Insert(k) => {
             fill_value(k, 0, buf);
-            let r = tree.insert(&key_of(k), buf).await;
+            let r = tree.insert_async(&key_of(k), buf).await;
             // Acknowledged even on failure, so `latest` does not stall;
             // the failure is counted and the marker is not rewritten.
             shared.counter.acknowledge(k);
@@ -481,7 +486,10 @@ async fn execute(
         }
         Op::Scan(k, len) => {
             let key = key_of(k);
-            let mut c = tree.cursor(Bound::Included(&key[..]), Bound::Unbounded, true);
+            let mut c = match tree.cursor(Bound::Included(&key[..]), Bound::Unbounded, true) {
+                Ok(c) => c,
+                Err(e) => return Err(format!("scan {k}: {e}")),
+            };
             let mut n = 0usize;
             while n < len {
                 match c.next().await {
@@ -502,7 +510,7 @@ async fn execute(
             Ok(())
         }
         Op::Rmw(k) => match tree
-            .update(&key_of(k), |v| {
+            .update_async(&key_of(k), |v| {
                 if value_ok(k, value_size, v) {
                     modify(v)
                 } else {
@@ -529,9 +537,7 @@ fn run_workload(
     let db = Db::open(&a.path, options(a, pool_bytes))?;
     let tree = db
         .tree(TREE)
-        .context(format!("opening tree {TREE:?} of {}", a.path.display()))?
-        .btree()
-        .clone();
+        .context(format!("opening tree {TREE:?} of {}", a.path.display()))?;
     if w.inserts() {
         // Until the run ends cleanly the record count is unknown: an
         // interrupted run makes the next one reload.
