@@ -559,7 +559,7 @@ impl Db {
                 p.open_meta().await?;
                 // Recovery, part two: complete every commit found.
                 for writes in &commits {
-                    crate::txn::apply(&p, writes).await?;
+                    crate::txn::apply(&p, writes, false).await?;
                 }
                 p.root(CATALOG_SLOT).await?
             };

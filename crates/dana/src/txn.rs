@@ -8,12 +8,16 @@
 //! 2. validate: every written key the transaction read still has the
 //!    value it read (else [`Error::Conflict`]; no lost update), and every
 //!    `insert` key is still absent (else [`Error::KeyExists`]);
-//! 3. append one commit record holding all the writes (this is the commit
+//! 3. reserve the most pages the writes' apply can allocate (else
+//!    [`Error::OutOfSpace`], before anything is logged: a commit that can
+//!    fail for space fails here, and recovery, which re-applies logged
+//!    commits, never needs more space than the database had);
+//! 4. append one commit record holding all the writes (this is the commit
 //!    point: recovery re-applies every commit record it finds);
-//! 4. apply the writes to the trees (their page changes are logged after
+//! 5. apply the writes to the trees (their page changes are logged after
 //!    the commit record, so no page change of an uncommitted transaction
 //!    ever reaches the log or the disk);
-//! 5. release the locks, then, with `Sync` durability, await the group
+//! 6. release the locks and the reservation, then, with `Sync` durability, await the group
 //!    flush that makes the commit record durable.
 //!
 //! Isolation: read committed, plus validation of every key a transaction
@@ -169,13 +173,17 @@ impl Committer {
                 _ => {}
             }
         }
+        let space = self
+            .pool
+            .reserve(pages_needed(&self.pool, &writes).await?)?;
         let logged = match &self.wal {
             Some(w) if !writes.is_empty() => {
                 Some(w.append_commit(record::commit(&writes).into_unsealed())?)
             }
             _ => None,
         };
-        let applied = apply(&self.pool, &writes).await;
+        let applied = apply(&self.pool, &writes, true).await;
+        drop(space);
         if let (Some(w), Some((lsn, _))) = (&self.wal, logged) {
             w.applied(lsn);
         }
@@ -201,11 +209,42 @@ impl Committer {
     }
 }
 
-/// Applies writes to their trees, in order.
-pub(crate) async fn apply(pool: &Arc<BufferPool>, writes: &[Write]) -> Result<Vec<Applied>> {
+/// The most pages applying `writes` can allocate: per insert or update,
+/// one split per level plus a second page for a root split, plus one level
+/// of slack for a root split by a concurrent commit; deletes allocate
+/// nothing (merges only free).
+async fn pages_needed(pool: &Arc<BufferPool>, writes: &[Write]) -> Result<u64> {
+    let mut heights: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut pages = 0;
+    for w in writes.iter().filter(|w| w.value.is_some()) {
+        let h = match heights.get(&w.tree) {
+            Some(&h) => h,
+            None => {
+                let h = u64::from(BTree::open(pool, w.tree).height().await?);
+                heights.insert(w.tree, h);
+                h
+            }
+        };
+        pages += h + 2;
+    }
+    Ok(pages)
+}
+
+/// Applies writes to their trees, in order. `reserved`: the caller holds
+/// a reservation covering the pages this may allocate (a commit); false
+/// for recovery, which re-applies commits that had one.
+pub(crate) async fn apply(
+    pool: &Arc<BufferPool>,
+    writes: &[Write],
+    reserved: bool,
+) -> Result<Vec<Applied>> {
     let mut out = Vec::with_capacity(writes.len());
     for w in writes {
-        let t = BTree::open(pool, w.tree);
+        let t = if reserved {
+            BTree::open_reserved(pool, w.tree)
+        } else {
+            BTree::open(pool, w.tree)
+        };
         let existed = match &w.value {
             Some(v) => t.put(&w.key, v).await?,
             None => t.delete(&w.key).await?,

@@ -28,6 +28,8 @@ use crate::{Error, Result};
 
 /// Restarts of one descent before it is reported as a problem.
 const MAX_RESTARTS: usize = 100_000;
+/// No tree is this tall (a fanout of at least 4 at 2^64 pages).
+const MAX_HEIGHT: u32 = 40;
 /// Unexplained descents (see `find_leaf`) before the tree is called corrupt.
 const STABLE_MISSES: u32 = 3;
 /// Latch or validation retries of one operation between two yields.
@@ -45,6 +47,9 @@ const MERGE_BELOW: f64 = 0.25;
 pub struct BTree {
     pool: Arc<BufferPool>,
     root: u64,
+    /// Splits may take pages reserved for a commit (the caller holds a
+    /// [`crate::buffer::alloc::Reservation`] covering them).
+    reserved: bool,
 }
 
 /// What an optimistic look at an inner node found.
@@ -86,6 +91,7 @@ impl BTree {
         Ok(BTree {
             pool: pool.clone(),
             root: pid,
+            reserved: false,
         })
     }
 
@@ -94,6 +100,61 @@ impl BTree {
         BTree {
             pool: pool.clone(),
             root,
+            reserved: false,
+        }
+    }
+
+    /// The tree at `root` for a commit's apply, whose splits may take the
+    /// pages the commit reserved.
+    pub(crate) fn open_reserved(pool: &Arc<BufferPool>, root: u64) -> BTree {
+        BTree {
+            pool: pool.clone(),
+            root,
+            reserved: true,
+        }
+    }
+
+    /// Levels from the root to the leaves (1: the root is a leaf), read
+    /// along the leftmost path without latches.
+    pub async fn height(&self) -> Result<u32> {
+        let mut restarts = 0u64;
+        'restart: loop {
+            restarts += 1;
+            if restarts > 1 {
+                sched::yield_now().await;
+            }
+            if restarts > MAX_RESTARTS as u64 {
+                return Err(Error::Corrupt {
+                    page: self.root,
+                    what: "the leftmost path keeps changing".into(),
+                });
+            }
+            let mut pid = self.root;
+            let mut levels = 1u32;
+            loop {
+                let cur = self.pool.fix_optimistic(pid).await?;
+                let Some(step) = cur.with_bytes(|b| look(b, &[])) else {
+                    continue 'restart;
+                };
+                match step {
+                    Step::Leaf => return Ok(levels),
+                    Step::Child(c) => {
+                        if !cur.validate() {
+                            continue 'restart;
+                        }
+                        pid = c;
+                        levels += 1;
+                        if levels > MAX_HEIGHT {
+                            return Err(Error::Corrupt {
+                                page: self.root,
+                                what: format!("a path longer than {MAX_HEIGHT} levels"),
+                            });
+                        }
+                    }
+                    Step::NotCovered => continue 'restart,
+                    Step::Corrupt(what) => return Err(Error::Corrupt { page: pid, what }),
+                }
+            }
         }
     }
 
@@ -454,7 +515,10 @@ impl BTree {
         }
         let kind = page::page_type(&child).unwrap_or(PageType::Leaf);
         let mut meta = self.pool.fix_exclusive(alloc::META_PAGE).await?;
-        let mut right = self.pool.allocate_in(&mut meta, kind).await?;
+        let mut right = self
+            .pool
+            .allocate_in_for(&mut meta, kind, self.reserved)
+            .await?;
         let right_pid = right.pid();
         right[page::PAGE_HEADER_SIZE..].copy_from_slice(&right_tmp[page::PAGE_HEADER_SIZE..]);
         child[page::PAGE_HEADER_SIZE..].copy_from_slice(&left[page::PAGE_HEADER_SIZE..]);
@@ -499,8 +563,14 @@ impl BTree {
                 what: format!("root split failed: {e}"),
             })?;
         let mut meta = self.pool.fix_exclusive(alloc::META_PAGE).await?;
-        let mut left = self.pool.allocate_in(&mut meta, kind).await?;
-        let mut right = self.pool.allocate_in(&mut meta, kind).await?;
+        let mut left = self
+            .pool
+            .allocate_in_for(&mut meta, kind, self.reserved)
+            .await?;
+        let mut right = self
+            .pool
+            .allocate_in_for(&mut meta, kind, self.reserved)
+            .await?;
         left[page::PAGE_HEADER_SIZE..].copy_from_slice(&left_tmp[page::PAGE_HEADER_SIZE..]);
         right[page::PAGE_HEADER_SIZE..].copy_from_slice(&right_tmp[page::PAGE_HEADER_SIZE..]);
         page::set_page_type(&mut root, PageType::Inner);

@@ -27,7 +27,7 @@
 //!
 //! Never: hands out page 0, or a page beyond the array.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::page::{self, PageType, PAGE_HEADER_SIZE};
 use super::page_table::{EVICTED, EXCLUSIVE};
@@ -58,6 +58,38 @@ pub const META_PAGE: u64 = 0;
 #[derive(Default)]
 pub(crate) struct AllocState {
     ready: AtomicBool,
+    /// Pages that can still be handed out (never used + free list).
+    available: AtomicU64,
+    /// Pages promised to commits in flight ([`BufferPool::reserve`]).
+    reserved: AtomicU64,
+}
+
+/// Pages reserved for one commit's apply; released on drop.
+///
+/// The invariant behind it: a commit reserves the most pages its apply can
+/// allocate before its commit record is written, so a commit that can
+/// fail for space fails before it is logged, and recovery (which re-applies
+/// logged commits) never needs more space than the database had. Only
+/// allocations made for a reservation may use reserved pages.
+pub struct Reservation<'a> {
+    pool: &'a BufferPool,
+    pages: u64,
+}
+
+impl Reservation<'_> {
+    /// Pages reserved.
+    pub fn pages(&self) -> u64 {
+        self.pages
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.pool
+            .alloc
+            .reserved
+            .fetch_sub(self.pages, Ordering::AcqRel);
+    }
 }
 
 /// How much of the array is used.
@@ -176,6 +208,9 @@ impl BufferPool {
         m[OFF_WIDTH..OFF_WIDTH + 4].copy_from_slice(&(self.array.width() as u32).to_le_bytes());
         put_u64(&mut m, OFF_NEXT, 1);
         drop(m);
+        self.alloc
+            .available
+            .store(self.array.pages().saturating_sub(1), Ordering::Release);
         self.alloc.ready.store(true, Ordering::Release);
         Ok(())
     }
@@ -232,6 +267,7 @@ impl BufferPool {
             )));
         }
         drop(m);
+        self.set_available(&info);
         self.alloc.ready.store(true, Ordering::Release);
         Ok(info)
     }
@@ -258,7 +294,22 @@ impl BufferPool {
     /// Allocates a page of type `t` with the meta page latched by the
     /// caller (who logs both in one group with the rest of its change).
     pub async fn allocate_in(&self, m: &mut PageMut<'_>, t: PageType) -> Result<PageMut<'_>> {
+        self.allocate_in_for(m, t, false).await
+    }
+
+    /// [`BufferPool::allocate_in`] for an apply that holds a
+    /// [`Reservation`] (`reserved`: it may take reserved pages) or not (it
+    /// must leave them free).
+    pub async fn allocate_in_for(
+        &self,
+        m: &mut PageMut<'_>,
+        t: PageType,
+        reserved: bool,
+    ) -> Result<PageMut<'_>> {
         self.check_ready()?;
+        if !reserved {
+            self.check_unreserved()?;
+        }
         debug_assert_eq!(m.pid(), META_PAGE);
         let head = get_u64(m, OFF_FREE_HEAD);
         if head != 0 {
@@ -274,6 +325,7 @@ impl BufferPool {
             let count = get_u64(m, OFF_FREE_COUNT);
             put_u64(m, OFF_FREE_COUNT, count.saturating_sub(1));
             page::init_page(&mut p, head, t);
+            self.took_page();
             return Ok(p);
         }
         let pid = get_u64(m, OFF_NEXT);
@@ -284,7 +336,62 @@ impl BufferPool {
             )));
         }
         put_u64(m, OFF_NEXT, pid + 1);
-        self.create_page(pid, t).await
+        let p = self.create_page(pid, t).await?;
+        self.took_page();
+        Ok(p)
+    }
+
+    /// Reserves `pages` for a commit's apply, or fails with
+    /// [`Error::OutOfSpace`] (nothing logged yet, nothing poisoned).
+    pub fn reserve(&self, pages: u64) -> Result<Reservation<'_>> {
+        let a = &self.alloc;
+        let mut cur = a.reserved.load(Ordering::Acquire);
+        loop {
+            let available = a.available.load(Ordering::Acquire);
+            if available < cur + pages {
+                return Err(Error::OutOfSpace(format!(
+                    "{available} pages free, {cur} reserved by commits in flight; this commit \
+                     may need {pages} (delete data to make room)"
+                )));
+            }
+            match a.reserved.compare_exchange_weak(
+                cur,
+                cur + pages,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(Reservation { pool: self, pages }),
+                Err(v) => cur = v,
+            }
+        }
+    }
+
+    /// Fails unless an allocation outside any reservation leaves every
+    /// reserved page free.
+    fn check_unreserved(&self) -> Result<()> {
+        let a = &self.alloc;
+        let (available, reserved) = (
+            a.available.load(Ordering::Acquire),
+            a.reserved.load(Ordering::Acquire),
+        );
+        if available <= reserved {
+            return Err(Error::OutOfSpace(format!(
+                "{available} pages free, all reserved by commits in flight"
+            )));
+        }
+        Ok(())
+    }
+
+    fn took_page(&self) {
+        let _ = self
+            .alloc
+            .available
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
+    }
+
+    fn set_available(&self, info: &SpaceInfo) {
+        let n = info.total_pages.saturating_sub(info.next_unused) + info.free_pages;
+        self.alloc.available.store(n, Ordering::Release);
     }
 
     /// Returns a page to the free list.
@@ -311,6 +418,7 @@ impl BufferPool {
         put_u64(m, OFF_FREE_HEAD, pid);
         let count = get_u64(m, OFF_FREE_COUNT);
         put_u64(m, OFF_FREE_COUNT, count + 1);
+        self.alloc.available.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 

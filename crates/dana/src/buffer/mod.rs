@@ -352,7 +352,11 @@ impl BufferPool {
     fn poison_with(&self, e: &Error) {
         let mut p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
         if p.is_none() {
-            *p = Some(e.to_string());
+            *p = Some(match e {
+                // Not "poisoned by ... poisoned by ...".
+                Error::Poisoned(m) => m.clone(),
+                e => e.to_string(),
+            });
         }
         drop(p);
         self.poisoned.store(true, Ordering::Release);
