@@ -1,29 +1,41 @@
 //! `dana crashtest`: cut the power (simulated) or kill the process
-//! (SIGKILL) in the middle of a transactional workload, recover, and check
-//! that every acknowledged commit is there byte for byte, that no
-//! transaction is there in part, and that the trees are valid.
+//! (SIGKILL) in the middle of a concurrent transactional workload, recover,
+//! and count how many of the commits that had to survive did.
 //!
-//! Owns: the deterministic workload (a seed gives the same transactions),
-//! the oracle (the model of what acknowledged commits wrote), the
-//! simulated runs (crash points enumerated over the I/Os of a run, each
-//! write at the cut kept, dropped or torn at 512 bytes with garbage), the
-//! kill -9 runs (a child process acknowledges commits over a pipe), and
-//! the injected I/O errors. Every failure names its seed and crash point;
-//! `--seed S --point P` replays it.
+//! Owns: the deterministic workload (a seed gives the same transactions;
+//! each committer writes its own keys, in two trees, values up to the
+//! largest a tree takes), the judge (for each committer, the recovered
+//! state must equal its first `j` transactions for some `j` at least the
+//! number that had to survive: every acknowledged commit with `Sync`,
+//! every commit at or below a durable LSN the engine reported with
+//! `Async`; in-doubt ones only as a prefix of what followed), the
+//! simulated runs (crash points over the I/Os of a run, each unsynced
+//! write kept, dropped or torn at 512 bytes), damage outside the crash
+//! model (a flipped byte in a durable log record must be reported as
+//! corruption; a planted loss of one synced log block must make the run
+//! fail), injected I/O errors, and kill -9 cycles on real files, some of
+//! them killing the process while it recovers.
+//!
+//! Every count printed is counted: "found" is the number of commits that
+//! had to survive and were read back and verified, "lost" is the
+//! difference. A run with anything lost, a state that is no prefix, or an
+//! undetected flip exits non-zero, naming the seed; `--seed S --point P`
+//! replays one simulated crash point and prints its trace hash.
 //!
 //! Never: counts a run as passed without comparing the whole database
-//! with the oracle.
+//! with the model.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use dana::io::sim::{Fault, PowerCutPolicy, PowerSwitch, SimConfig, SimDisk};
 use dana::io::{Array, Target};
+use dana::wal::control::Control;
 use dana::wal::CONTROL_BYTES;
 use dana::{Db, Durability, Error, OpKind, Options};
 
@@ -33,57 +45,78 @@ use crate::{CliError, CliResult};
 /// Arguments of `dana crashtest`.
 #[derive(Args, Debug, Clone)]
 pub struct CrashArgs {
-    /// Simulated crash points (spread evenly over the I/Os of a run, then
-    /// random ones).
+    /// Simulated crash points (spread evenly over the I/Os of a run);
+    /// half run with durability Sync, half with Async.
     #[arg(long, default_value_t = 2000)]
     pub points: u64,
-    /// kill -9 cycles on real files with io_uring.
+    /// kill -9 cycles on real files with io_uring (every third one kills
+    /// the process while it opens and recovers).
     #[arg(long, default_value_t = 50)]
     pub kills: u64,
-    /// Transactions per simulated run.
-    #[arg(long, default_value_t = 80)]
+    /// Transactions per committer per simulated run.
+    #[arg(long, default_value_t = 40)]
     pub txns: u64,
+    /// Concurrent committers.
+    #[arg(long, default_value_t = 4)]
+    pub tasks: u64,
+    /// Flipped bytes in durable log records (each must be reported as
+    /// corruption on the next open).
+    #[arg(long, default_value_t = 40)]
+    pub flips: u64,
     /// First seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Replay one simulated crash point (with --seed).
+    /// Replay one simulated crash point (with --seed; --async for Async).
     #[arg(long)]
     pub point: Option<u64>,
+    /// With --point: durability Async.
+    #[arg(long = "async")]
+    pub async_durability: bool,
+    /// Check the checker: drop one synced log block holding a commit that
+    /// had to survive, in each simulated run; the run must then fail.
+    #[arg(long)]
+    pub plant_loss: bool,
     /// Directory for the kill -9 runs (default: a temporary directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Internal: run as the child of a kill -9 cycle.
     #[arg(long, hide = true)]
     pub child: bool,
-    /// Internal: first transaction of the child.
-    #[arg(long, hide = true, default_value_t = 0)]
-    pub start: u64,
+    /// Internal: the first transaction of each committer of the child.
+    #[arg(long, hide = true, value_delimiter = ',')]
+    pub starts: Vec<u64>,
 }
 
 const TREES: [&str; 2] = ["a", "b"];
-const KEYS: u64 = 400;
+/// Keys per committer.
+const KEYS: u64 = 300;
+/// Bytes of the simulated log's record stream.
+const SIM_LOG: u64 = 1 << 20;
 
-/// One transaction of the workload: (tree index, key, value or delete).
+/// One transaction: (tree index, key, value or delete).
 type Txn = Vec<(usize, Vec<u8>, Option<Vec<u8>>)>;
 
-/// Transaction `i` of the workload with `seed`.
-fn txn(seed: u64, i: u64) -> Txn {
-    let mut r = XorShift::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i);
+/// Transaction `i` of committer `task` with `seed`; values up to `max`.
+fn txn(seed: u64, task: u64, i: u64, max: usize) -> Txn {
+    let mut r =
+        XorShift::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (task << 40) ^ i ^ 0x5bd1_e995);
     let n = 1 + r.next_u64() % 4;
     (0..n)
         .map(|_| {
             let t = (r.next_u64() % 2) as usize;
             let k = r.next_u64() % KEYS;
-            let key = format!("key{k:05}").into_bytes();
-            let value = if r.next_u64() % 6 == 0 {
-                None
-            } else {
-                let len = 1 + (r.next_u64() % 300) as usize;
+            let key = format!("c{task:02}k{k:05}").into_bytes();
+            let value = match r.next_u64() % 12 {
+                0 | 1 => None,
+                2 => Some(max),
+                _ => Some(1 + (r.next_u64() % 300) as usize),
+            }
+            .map(|len| {
                 let b = (i as u8).wrapping_mul(31) ^ k as u8;
-                let mut v = format!("t{i}:").into_bytes();
-                v.resize(len.max(v.len()), b);
-                Some(v)
-            };
+                let mut v = format!("{task}:{i}:").into_bytes();
+                v.resize(len.max(v.len()).min(max), b);
+                v
+            });
             (t, key, value)
         })
         .collect()
@@ -101,15 +134,16 @@ fn apply(model: &mut Model, t: &Txn) {
     }
 }
 
-fn commit(db: &Db, trees: &[dana::Tree], t: &Txn) -> dana::Result<()> {
-    let mut tx = db.begin();
-    for (i, k, v) in t {
-        match v {
-            Some(v) => tx.put(&trees[*i], k, v)?,
-            None => tx.delete(&trees[*i], k)?,
-        }
-    }
-    db.commit(tx)
+/// The part of `m` written by committer `task`.
+fn of_task(m: &Model, task: u64) -> Model {
+    let prefix = format!("c{task:02}k").into_bytes();
+    let pick = |t: &BTreeMap<Vec<u8>, Vec<u8>>| {
+        t.iter()
+            .filter(|(k, _)| k.starts_with(&prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    [pick(&m[0]), pick(&m[1])]
 }
 
 fn contents(db: &Db) -> dana::Result<Model> {
@@ -128,10 +162,48 @@ fn contents(db: &Db) -> dana::Result<Model> {
     Ok(out)
 }
 
-/// Checks a recovered database against the oracle: it must equal
-/// `acked`, or `acked` plus the one transaction in doubt, and pass the
-/// checker. Returns which of the two it matched (true: with the doubt).
-fn verify(db: &Db, acked: &Model, doubt: Option<&Txn>) -> Result<bool, String> {
+/// What one committer did before the crash.
+#[derive(Debug, Clone, Default)]
+struct TaskLog {
+    task: u64,
+    /// Its transactions from its start, in order, as far as submitted.
+    txns: Vec<Txn>,
+    /// How many of them had to survive.
+    required: usize,
+}
+
+/// What the judge found.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Judged {
+    /// Commits that had to survive.
+    pub required: u64,
+    /// Of those, read back and verified.
+    pub found: u64,
+    /// In-doubt commits found applied (as a prefix of what followed).
+    pub doubts_applied: u64,
+    /// Committers whose state is no prefix of their transactions.
+    pub not_prefix: u64,
+}
+
+impl Judged {
+    /// required - found.
+    pub fn lost(&self) -> u64 {
+        self.required - self.found
+    }
+
+    fn add(&mut self, o: &Judged) {
+        self.required += o.required;
+        self.found += o.found;
+        self.doubts_applied += o.doubts_applied;
+        self.not_prefix += o.not_prefix;
+    }
+}
+
+/// Judges a recovered database: `base` is the state before these
+/// committers' transactions (per committer, as their own keys). Returns
+/// the counts and, per committer, how many of its transactions the state
+/// holds (None: no prefix matches).
+fn judge(db: &Db, base: &Model, logs: &[TaskLog]) -> Result<(Judged, Vec<Option<usize>>), String> {
     let report = db
         .check()
         .map_err(|e| format!("check failed to run: {e}"))?;
@@ -139,39 +211,97 @@ fn verify(db: &Db, acked: &Model, doubt: Option<&Txn>) -> Result<bool, String> {
         return Err(format!("check found problems: {:?}", report.findings));
     }
     let got = contents(db).map_err(|e| format!("reading the trees: {e}"))?;
-    if &got == acked {
-        return Ok(false);
+    let mut out = Judged::default();
+    let mut matched = Vec::with_capacity(logs.len());
+    for log in logs {
+        let want = of_task(&got, log.task);
+        let mut m = of_task(base, log.task);
+        let mut best = (m == want).then_some(0);
+        let mut models = vec![m.clone()];
+        for (j, t) in log.txns.iter().enumerate() {
+            apply(&mut m, t);
+            if m == want {
+                best = Some(j + 1);
+            }
+            models.push(m.clone());
+        }
+        out.required += log.required as u64;
+        match best {
+            Some(j) if j >= log.required => {
+                out.found += log.required as u64;
+                out.doubts_applied += (j - log.required) as u64;
+            }
+            Some(j) => out.found += j as u64,
+            None => {
+                // No prefix: count the required commits whose last writes
+                // are all there, for the report.
+                out.not_prefix += 1;
+                out.found += verified_commits(&want, &models, &log.txns[..log.required]) as u64;
+            }
+        }
+        matched.push(best);
     }
-    if let Some(t) = doubt {
-        let mut with = acked.clone();
-        apply(&mut with, t);
-        if got == with {
-            return Ok(true);
+    Ok((out, matched))
+}
+
+/// Commits of `txns` each of whose writes not overwritten by a later one
+/// of `txns` is in `got`.
+fn verified_commits(got: &Model, models: &[Model], txns: &[Txn]) -> usize {
+    let Some(end) = models.get(txns.len()) else {
+        return 0;
+    };
+    (0..txns.len())
+        .filter(|&i| {
+            txns[i].iter().all(|(t, k, _)| {
+                let overwritten = txns[i + 1..]
+                    .iter()
+                    .any(|later| later.iter().any(|(t2, k2, _)| t2 == t && k2 == k));
+                overwritten || got[*t].get(k) == end[*t].get(k)
+            })
+        })
+        .count()
+}
+
+/// Commits `t` as committer code would: a transaction, or, for one
+/// write, the tree's async API. Returns the commit's LSN (0 if unknown).
+async fn commit_async(
+    db: &Db,
+    trees: &[dana::Tree],
+    t: &Txn,
+    lsn_needed: bool,
+) -> dana::Result<u64> {
+    if t.len() == 1 && !lsn_needed {
+        let (i, k, v) = &t[0];
+        match v {
+            Some(v) => trees[*i].put_async(k, v).await?,
+            None => trees[*i].delete_async(k).await?,
+        };
+        return Ok(0);
+    }
+    let mut tx = db.begin();
+    for (i, k, v) in t {
+        match v {
+            Some(v) => tx.put(&trees[*i], k, v)?,
+            None => tx.delete(&trees[*i], k)?,
         }
     }
-    let diff = (0..2)
-        .flat_map(|i| {
-            let (g, a) = (&got[i], &acked[i]);
-            let missing = a.iter().filter(|(k, v)| g.get(*k) != Some(v)).count();
-            let extra = g.keys().filter(|k| !a.contains_key(*k)).count();
-            [format!(
-                "tree {}: {missing} acknowledged entries missing or different, {extra} extra",
-                TREES[i]
-            )]
-        })
-        .collect::<Vec<_>>()
-        .join("; ");
-    Err(format!("the database matches neither the acknowledged commits nor them plus the one in doubt: {diff}"))
+    tx.commit_lsn_async().await
 }
 
 // ---- simulated power cuts -------------------------------------------------
 
-fn sim_options() -> Options {
-    Options::default()
-        .pool_bytes(24 * 4096)
+fn sim_options(durability: Durability) -> Options {
+    let o = Options::default()
+        .log_identity(0x51_4d_5e_ed)
+        .pool_bytes(48 * 4096)
         .workers(1)
-        .log_bytes(1 << 20)
-        .durability(Durability::Sync)
+        .log_bytes(SIM_LOG)
+        .durability(durability);
+    match durability {
+        // No timer-driven flush: the schedule depends on the seed only.
+        Durability::Sync => o.async_window(Duration::from_secs(3600)),
+        _ => o.async_window(Duration::from_millis(2)),
+    }
 }
 
 struct SimRig {
@@ -182,54 +312,99 @@ struct SimRig {
 impl SimRig {
     fn new(seed: u64) -> SimRig {
         SimRig {
-            data: SimDisk::new(0, 4 << 20, SimConfig::deterministic(seed)),
+            data: SimDisk::new(0, 16 << 20, SimConfig::deterministic(seed)),
             log: SimDisk::new(
                 1,
-                CONTROL_BYTES + (1 << 20),
+                CONTROL_BYTES + SIM_LOG,
                 SimConfig::deterministic(seed ^ 1),
             ),
         }
     }
 
-    fn open(&self, create: bool) -> dana::Result<Db> {
+    fn open(&self, create: bool, d: Durability) -> dana::Result<Db> {
         let array = Array::new(vec![Target::Sim(self.data.clone())], 4096)?;
         Db::open_array_with_log(
             array,
             Some(Target::Sim(self.log.clone())),
-            sim_options(),
+            sim_options(d),
             create,
         )
     }
+
+    /// Formats the database and creates the trees, then closes it.
+    fn setup(&self) -> dana::Result<()> {
+        let db = self.open(true, Durability::Sync)?;
+        for n in TREES {
+            db.create_tree(n)?;
+        }
+        db.close()
+    }
+
+    /// The log file offset of the byte just before stream LSN `lsn`.
+    fn log_offset(lsn: u64) -> u64 {
+        CONTROL_BYTES + (lsn - 1) % SIM_LOG
+    }
+
+    /// The newest control block of the durable log image.
+    fn control(&self) -> Option<Control> {
+        Control::newest(&self.log.read_durable(0, CONTROL_BYTES as usize))
+    }
 }
 
-/// The outcome of one simulated run.
+/// One simulated run's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct SimRun {
+    /// Seed of the workload, the disks and the tear pattern.
+    pub seed: u64,
+    /// Request at which the power is cut (0: after the run).
+    pub point: u64,
+    /// Transactions per committer.
+    pub txns: u64,
+    /// Concurrent committers.
+    pub tasks: u64,
+    /// Durability of the run.
+    pub durability: Durability,
+    /// Drop the synced log block of the newest commit that had to survive.
+    pub plant_loss: bool,
+}
+
+/// What a simulated run found.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SimOutcome {
-    /// Requests submitted before the cut (the run's length if no cut).
+    /// Requests counted before the cut (the run's length if none).
     pub ios: u64,
-    /// Commits acknowledged before the cut.
-    pub acked: u64,
-    /// Acknowledged commits found after recovery (all, or the run failed).
-    pub found: u64,
-    /// True if the transaction in doubt was found applied.
-    pub doubt_applied: bool,
+    /// The judge's counts.
+    pub judged: Judged,
+    /// The data disk's trace hash after recovery.
+    pub trace: u64,
+    /// With a planted loss: the open after it failed with a corruption
+    /// error, or the checker found the damage (the loss was caught there
+    /// rather than counted).
+    pub open_caught: bool,
 }
 
-/// One run: format, set up the trees, run `txns` transactions with the
-/// power cut at request `point` (0: never), recover and verify.
-pub fn sim_run(seed: u64, point: u64, txns: u64) -> Result<SimOutcome, String> {
+/// One run: format, set up the trees, run `tasks` committers of `txns`
+/// transactions each with the power cut at request `point`, recover and
+/// judge.
+pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
+    let SimRun {
+        seed,
+        point,
+        txns,
+        tasks,
+        durability,
+        plant_loss,
+    } = cfg;
     let rig = SimRig::new(seed);
-    let fail = |what: String| format!("seed {seed} point {point}: {what}");
-    {
-        let db = rig.open(true).map_err(|e| fail(format!("create: {e}")))?;
-        for n in TREES {
-            db.create_tree(n)
-                .map_err(|e| fail(format!("create tree: {e}")))?;
-        }
-        db.checkpoint()
-            .map_err(|e| fail(format!("checkpoint: {e}")))?;
-        db.close().map_err(|e| fail(format!("close: {e}")))?;
-    }
+    let fail = |what: String| {
+        let mode = if durability == Durability::Async {
+            " --async"
+        } else {
+            ""
+        };
+        format!("seed {seed} point {point}{mode}: {what}")
+    };
+    rig.setup().map_err(|e| fail(format!("create: {e}")))?;
     let policy = PowerCutPolicy::Random {
         keep: 1.0,
         drop: 1.0,
@@ -238,11 +413,14 @@ pub fn sim_run(seed: u64, point: u64, txns: u64) -> Result<SimOutcome, String> {
     let switch = PowerSwitch::new(point, policy, seed);
     switch.attach(&rig.data);
     switch.attach(&rig.log);
-    let mut acked: Model = Default::default();
-    let mut doubt = None;
-    let mut n_acked = 0;
+    // (txn, commit LSN) acknowledged per committer, and the submitted ones.
+    let acks: Arc<Mutex<Vec<Vec<u64>>>> = Arc::new(Mutex::new(vec![Vec::new(); tasks as usize]));
+    let submitted = Arc::new(Mutex::new(vec![0u64; tasks as usize]));
+    let durable_seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let mut max = 0;
     // A cut during this open (a crash in recovery) is a crash point too.
-    match rig.open(false) {
+    match rig.open(false, durability) {
         Err(_) if switch.fired() => {}
         Err(e) => return Err(fail(format!("reopen before the run: {e}"))),
         Ok(db) => {
@@ -251,216 +429,453 @@ pub fn sim_run(seed: u64, point: u64, txns: u64) -> Result<SimOutcome, String> {
                 Err(_) if switch.fired() => Vec::new(),
                 Err(e) => return Err(fail(format!("open trees: {e}"))),
             };
-            for i in (0..txns).take_while(|_| !trees.is_empty()) {
-                let t = txn(seed, i);
-                match commit(&db, &trees, &t) {
-                    Ok(()) => {
-                        apply(&mut acked, &t);
-                        n_acked += 1;
-                    }
-                    Err(e) => {
-                        if !switch.fired() {
-                            return Err(fail(format!("commit {i} failed without a crash: {e}")));
+            max = trees.first().map_or(0, |t| t.max_value_len());
+            let (tx, rx) = std::sync::mpsc::channel();
+            type Job = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+            let mut jobs: Vec<Job> = Vec::new();
+            for task in (0..tasks).take_while(|_| !trees.is_empty()) {
+                let (db2, trees, acks, submitted, durable_seen, errors, sw, tx) = (
+                    db.clone(),
+                    trees.clone(),
+                    acks.clone(),
+                    submitted.clone(),
+                    durable_seen.clone(),
+                    errors.clone(),
+                    switch.clone(),
+                    tx.clone(),
+                );
+                jobs.push(Box::pin(async move {
+                    for i in 0..txns {
+                        let t = txn(seed, task, i, max);
+                        submitted.lock().unwrap_or_else(|e| e.into_inner())[task as usize] += 1;
+                        let lsn_needed = durability == Durability::Async || plant_loss;
+                        match commit_async(&db2, &trees, &t, lsn_needed).await {
+                            Ok(lsn) => {
+                                acks.lock().unwrap_or_else(|e| e.into_inner())[task as usize]
+                                    .push(lsn);
+                                if let Some(s) = db2.wal_stats() {
+                                    durable_seen
+                                        .fetch_max(s.durable, std::sync::atomic::Ordering::AcqRel);
+                                }
+                            }
+                            Err(e) => {
+                                if !sw.fired() {
+                                    errors
+                                        .lock()
+                                        .unwrap_or_else(|e| e.into_inner())
+                                        .push(format!(
+                                            "committer {task} txn {i} failed without a crash: {e}"
+                                        ));
+                                }
+                                break;
+                            }
                         }
-                        doubt = Some(t);
-                        break;
                     }
+                    let _ = tx.send(());
+                }));
+            }
+            // Spawned from one task on the (single) worker, so that the
+            // committers start in the same order every time.
+            let d = db.clone();
+            let spawned = db.spawn(async move {
+                for j in jobs {
+                    let _ = d.spawn(j);
                 }
+            });
+            if spawned.is_err() && !switch.fired() {
+                return Err(fail("spawn failed without a crash".into()));
+            }
+            drop(tx);
+            for _ in rx {}
+            // What the engine reports durable now was synced before any
+            // cut (the durable LSN moves only when a sync completed). Async
+            // commits become durable within the window: wait for it.
+            if durability == Durability::Async {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if let Some(s) = db.wal_stats() {
+                durable_seen.fetch_max(s.durable, std::sync::atomic::Ordering::AcqRel);
             }
             // Dropping the database after a cut must not hang or panic.
         }
     }
+    if let Some(e) = errors.lock().unwrap_or_else(|e| e.into_inner()).first() {
+        return Err(fail(e.clone()));
+    }
     let ios = switch.count();
-    if !switch.fired() && point != 0 {
-        // The run ended before the crash point: cut now (nothing pending).
+    let durable = durable_seen.load(std::sync::atomic::Ordering::Acquire);
+    let acks = acks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let submitted = submitted.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if std::env::var_os("DANA_CRASHTEST_DEBUG").is_some() {
+        eprintln!("durable seen {durable}, acks {acks:?}");
+    }
+    let logs: Vec<TaskLog> = (0..tasks)
+        .map(|task| {
+            let a = &acks[task as usize];
+            let required = match durability {
+                Durability::Async => a.iter().take_while(|&&l| l != 0 && l <= durable).count(),
+                _ => a.len(),
+            };
+            TaskLog {
+                task,
+                txns: (0..submitted[task as usize])
+                    .map(|i| txn(seed, task, i, max))
+                    .collect(),
+                required,
+            }
+        })
+        .collect();
+    if !switch.fired() {
+        // The run ended before the crash point: cut now.
         switch.cut();
+    }
+    if plant_loss {
+        // The newest commit that had to survive: zero its synced block.
+        let newest = logs
+            .iter()
+            .filter(|l| l.required > 0)
+            .map(|l| acks[l.task as usize][l.required - 1])
+            .max();
+        if let Some(lsn) = newest.filter(|&l| l > 0) {
+            let at = SimRig::log_offset(lsn) / 512 * 512;
+            rig.log.overwrite_durable(at, &[0u8; 512]);
+        }
     }
     rig.data.power_on();
     rig.log.power_on();
-    let db = rig
-        .open(false)
-        .map_err(|e| fail(format!("recovery: {e}")))?;
-    let doubt_applied = verify(&db, &acked, doubt.as_ref()).map_err(fail)?;
+    let db = match rig.open(false, durability) {
+        Ok(db) => db,
+        Err(e @ (Error::CorruptLog { .. } | Error::Corrupt { .. })) if plant_loss => {
+            let _ = e;
+            return Ok(SimOutcome {
+                ios,
+                judged: Judged::default(),
+                trace: rig.data.trace_hash(),
+                open_caught: true,
+            });
+        }
+        Err(e) => return Err(fail(format!("recovery: {e}"))),
+    };
+    let judged = match judge(&db, &Default::default(), &logs) {
+        Ok((j, _)) => j,
+        // The checker or the trees caught the planted loss.
+        Err(_) if plant_loss => {
+            return Ok(SimOutcome {
+                ios,
+                judged: Judged::default(),
+                trace: rig.data.trace_hash(),
+                open_caught: true,
+            })
+        }
+        Err(e) => return Err(fail(e)),
+    };
     db.close()
         .map_err(|e| fail(format!("close after recovery: {e}")))?;
+    if judged.not_prefix > 0 && !plant_loss {
+        return Err(fail(format!(
+            "{} committers' state is no prefix of their transactions ({} of {} required commits verified)",
+            judged.not_prefix, judged.found, judged.required
+        )));
+    }
     Ok(SimOutcome {
         ios,
-        acked: n_acked,
-        found: n_acked,
-        doubt_applied,
+        judged,
+        trace: rig.data.trace_hash() ^ rig.log.trace_hash().rotate_left(1),
+        open_caught: false,
     })
 }
 
-/// Totals over many runs.
+/// Totals of a sweep.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Totals {
-    /// Runs (crash points).
-    pub points: u64,
-    /// Commits acknowledged.
-    pub acked: u64,
-    /// Acknowledged commits found after recovery.
-    pub found: u64,
-    /// Runs whose transaction in doubt was found applied.
-    pub doubts_applied: u64,
+    /// Runs (crash points, cycles).
+    pub runs: u64,
+    /// Runs with durability Async.
+    pub async_runs: u64,
+    /// Runs whose planted loss the open caught as corruption.
+    pub open_caught: u64,
+    /// kill -9 cycles that killed the process before it had opened.
+    pub early_kills: u64,
+    /// The judge's counts, summed.
+    pub judged: Judged,
 }
 
-/// `points` crash points for `seed`: spread evenly over a run's I/Os,
-/// each with its own tear pattern. Stops at the first failure.
-pub fn sim_sweep(seed: u64, points: u64, txns: u64) -> Result<Totals, String> {
-    let full = sim_run(seed, 0, txns)?;
+/// `points` crash points for `seed`, half Sync and half Async: spread over
+/// a run's I/Os, each with its own tear pattern. Stops at the first
+/// failure.
+pub fn sim_sweep(
+    seed: u64,
+    points: u64,
+    txns: u64,
+    tasks: u64,
+    plant_loss: bool,
+) -> Result<Totals, String> {
     let mut t = Totals::default();
+    let base = SimRun {
+        seed,
+        point: 0,
+        txns,
+        tasks,
+        durability: Durability::Sync,
+        plant_loss: false,
+    };
+    let full = [
+        sim_run(base)?.ios,
+        sim_run(SimRun {
+            durability: Durability::Async,
+            ..base
+        })?
+        .ios,
+    ];
     for p in 0..points {
-        let point = 1 + (p * full.ios.max(1)) / points.max(1);
+        let durability = if p % 2 == 0 {
+            Durability::Sync
+        } else {
+            Durability::Async
+        };
+        let len = full[(p % 2) as usize].max(1);
+        let point = 1 + (p / 2 * 2 * len) / points.max(1) % len;
         // Vary the tear pattern with the point, keep it replayable.
         let s = seed.wrapping_add(p << 20);
         if std::env::var_os("DANA_CRASHTEST_TRACE").is_some() {
-            eprintln!("crash point: --seed {s} --point {point}");
+            eprintln!(
+                "crash point: --seed {s} --point {point}{}",
+                if p % 2 == 1 { " --async" } else { "" }
+            );
         }
-        let o = sim_run(s, point, txns)?;
-        t.points += 1;
-        t.acked += o.acked;
-        t.found += o.found;
-        t.doubts_applied += o.doubt_applied as u64;
+        let o = sim_run(SimRun {
+            seed: s,
+            point,
+            durability,
+            plant_loss,
+            ..base
+        })?;
+        t.runs += 1;
+        t.async_runs += (durability == Durability::Async) as u64;
+        t.open_caught += o.open_caught as u64;
+        t.judged.add(&o.judged);
     }
     Ok(t)
 }
 
+/// `flips` runs: a clean run, then one byte flipped in a durable commit
+/// record that later flushes followed (after the last checkpoint's redo
+/// point); each reopen must fail with a corruption error. Returns
+/// (flips made, detected).
+pub fn flip_sweep(seed: u64, flips: u64, txns: u64) -> Result<(u64, u64), String> {
+    let (mut made, mut detected) = (0, 0);
+    for f in 0..flips {
+        let s = seed.wrapping_add(f << 24) ^ 0xf11;
+        let rig = SimRig::new(s);
+        let fail = |what: String| format!("flip seed {s}: {what}");
+        rig.setup().map_err(|e| fail(format!("create: {e}")))?;
+        let mut lsns = Vec::new();
+        {
+            let db = rig
+                .open(false, Durability::Sync)
+                .map_err(|e| fail(format!("open: {e}")))?;
+            let trees: Vec<_> = TREES
+                .iter()
+                .map(|n| db.tree(n))
+                .collect::<Result<_, _>>()
+                .map_err(|e| fail(format!("trees: {e}")))?;
+            let max = trees[0].max_value_len();
+            for i in 0..txns {
+                let t = txn(s, 0, i, max);
+                let (d2, tr) = (db.clone(), trees.clone());
+                let lsn = db
+                    .block_on(async move { commit_async(&d2, &tr, &t, true).await })
+                    .and_then(|r| r)
+                    .map_err(|e| fail(format!("commit {i}: {e}")))?;
+                lsns.push(lsn);
+            }
+            // Dropped without close: no checkpoint moves the redo point.
+        }
+        let redo = rig.control().map(|c| c.redo).unwrap_or(0);
+        let after: Vec<u64> = lsns.iter().copied().filter(|&l| l > redo + 64).collect();
+        // A commit in the first half of those after the redo point: many
+        // flushes followed it.
+        let Some(&lsn) = after.get((s as usize) % (after.len() / 2).max(1)) else {
+            continue;
+        };
+        let at = SimRig::log_offset(lsn) - (s % 16);
+        let mut b = rig.log.read_durable(at, 1);
+        b[0] ^= 1 << (s % 8);
+        rig.log.overwrite_durable(at, &b);
+        made += 1;
+        match rig.open(false, Durability::Sync) {
+            Err(Error::CorruptLog { .. }) => detected += 1,
+            Err(e) => return Err(fail(format!("the open failed, but not as log damage: {e}"))),
+            Ok(_) => {}
+        }
+    }
+    Ok((made, detected))
+}
+
 // ---- injected I/O errors --------------------------------------------------
 
-/// Injects one failing request (once or forever) at each of `count`
-/// positions into a run and checks that nothing acknowledged is lost and
-/// that errors are clean (no panic, no hang, the database refuses writes
-/// after a failed log write or sync).
+/// Injects one failing request (once or forever) at position `nth` into a
+/// run of one committer: nothing acknowledged may be lost, errors are
+/// clean (no panic, no hang; a failed log write or sync refuses writes).
 pub fn fault_run(
     seed: u64,
     op: OpKind,
     nth: u64,
     sticky: bool,
     txns: u64,
-) -> Result<(u64, u64), String> {
+) -> Result<Judged, String> {
     let rig = SimRig::new(seed);
     let fail = |what: String| format!("seed {seed} fault {op:?} #{nth} sticky={sticky}: {what}");
-    {
-        let db = rig.open(true).map_err(|e| fail(format!("create: {e}")))?;
-        for n in TREES {
-            db.create_tree(n)
-                .map_err(|e| fail(format!("create tree: {e}")))?;
-        }
-        db.close().map_err(|e| fail(format!("close: {e}")))?;
-    }
+    rig.setup().map_err(|e| fail(format!("create: {e}")))?;
     let mut fault = Fault::nth(Some(op), nth);
     if sticky {
         fault = fault.sticky();
     }
     rig.data.inject(fault.clone());
     rig.log.inject(fault);
-    let mut acked: Model = Default::default();
-    let mut doubt: Option<Txn> = None;
-    let mut n_acked = 0;
-    let mut errors = 0;
+    let mut log = TaskLog::default();
+    let mut max = 0;
     // A fault during the open (recovery's own I/O) must fail it cleanly.
-    if let Ok(db) = rig.open(false) {
+    if let Ok(db) = rig.open(false, Durability::Sync) {
         let trees: Vec<_> = TREES
             .iter()
             .map(|n| db.tree(n))
             .collect::<Result<_, _>>()
             .unwrap_or_default();
+        max = trees.first().map_or(0, |t| t.max_value_len());
         for i in (0..txns).take_while(|_| trees.len() == TREES.len()) {
-            let t = txn(seed, i);
-            match commit(&db, &trees, &t) {
-                Ok(()) => {
-                    if doubt.is_some() {
-                        // A commit after a failure is possible only for a
-                        // failed read (which loses nothing); the doubt of a
-                        // failed commit is then settled by this one's order.
-                        if let Some(d) = doubt.take() {
-                            apply(&mut acked, &d);
-                        }
-                    }
-                    apply(&mut acked, &t);
-                    n_acked += 1;
-                }
-                Err(e) => {
-                    errors += 1;
-                    if matches!(e, Error::Poisoned(_)) || doubt.is_some() {
-                        if doubt.is_none() {
-                            doubt = Some(t);
-                        }
-                        break;
-                    }
-                    doubt = Some(t);
-                }
+            let t = txn(seed, 0, i, max);
+            log.txns.push(t.clone());
+            let (d2, tr) = (db.clone(), trees.clone());
+            match db
+                .block_on(async move { commit_async(&d2, &tr, &t, false).await })
+                .and_then(|r| r)
+            {
+                Ok(_) => log.required += 1,
+                // In doubt; nothing more is committed after a failure.
+                Err(_) => break,
             }
         }
     }
+    let _ = max;
     rig.data.clear_faults();
     rig.log.clear_faults();
     let db = rig
-        .open(false)
+        .open(false, Durability::Sync)
         .map_err(|e| fail(format!("recovery: {e}")))?;
-    verify(&db, &acked, doubt.as_ref()).map_err(fail)?;
+    let (j, _) = judge(&db, &Default::default(), &[log]).map_err(fail)?;
     db.close()
         .map_err(|e| fail(format!("close after recovery: {e}")))?;
-    Ok((n_acked, errors))
+    if j.not_prefix > 0 || j.lost() > 0 {
+        return Err(fail(format!(
+            "{} of {} acknowledged commits found",
+            j.found, j.required
+        )));
+    }
+    Ok(j)
 }
 
 // ---- kill -9 --------------------------------------------------------------
 
-fn kill_options() -> Options {
+fn kill_options(durability: Durability) -> Options {
     Options::default()
         .pool_bytes(64 * 4096)
-        .capacity_bytes(32 << 20)
+        .capacity_bytes(64 << 20)
         .log_bytes(4 << 20)
         .workers(2)
-        .durability(Durability::Sync)
+        .durability(durability)
 }
 
-/// The child: commits transactions from `start` on, printing each index
-/// once its commit returned, until killed.
-fn child(dir: &Path, seed: u64, start: u64) -> CliResult<()> {
-    let db = Db::open(dir, kill_options())?;
+/// The durability of kill cycle `c`: odd cycles run Async.
+fn cycle_durability(c: u64) -> Durability {
+    if c % 2 == 1 {
+        Durability::Async
+    } else {
+        Durability::Sync
+    }
+}
+
+/// The child: one thread per committer, committing its transactions from
+/// its start on and printing `ack TASK LSN` once each commit returned and
+/// `durable LSN` after it, until killed.
+fn child(dir: &Path, seed: u64, starts: &[u64], durability: Durability) -> CliResult<()> {
+    let db = Db::open(dir, kill_options(durability))?;
     let trees: Vec<_> = TREES
         .iter()
         .map(|n| db.tree_or_create(n))
         .collect::<Result<_, _>>()?;
+    let max = trees[0].max_value_len();
     println!("ready");
-    let mut out = std::io::stdout().lock();
-    for i in start.. {
-        commit(&db, &trees, &txn(seed, i))?;
-        writeln!(out, "{i}").map_err(|e| CliError(format!("pipe: {e}")))?;
-        out.flush().map_err(|e| CliError(format!("pipe: {e}")))?;
+    let out = Arc::new(Mutex::new(std::io::stdout()));
+    let threads: Vec<_> = starts
+        .iter()
+        .enumerate()
+        .map(|(task, &start)| {
+            let (db, trees, out) = (db.clone(), trees.clone(), out.clone());
+            std::thread::spawn(move || -> CliResult<()> {
+                for i in start.. {
+                    let t = txn(seed, task as u64, i, max);
+                    let mut tx = db.begin();
+                    for (ti, k, v) in &t {
+                        match v {
+                            Some(v) => tx.put(&trees[*ti], k, v)?,
+                            None => tx.delete(&trees[*ti], k)?,
+                        }
+                    }
+                    let lsn = db.commit_lsn(tx)?;
+                    let durable = db.wal_stats().map_or(0, |s| s.durable);
+                    let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
+                    writeln!(o, "ack {task} {lsn}\ndurable {durable}")
+                        .and_then(|_| o.flush())
+                        .map_err(|e| CliError(format!("pipe: {e}")))?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join()
+            .map_err(|_| CliError("a committer panicked".into()))??;
     }
     Ok(())
 }
 
-/// `cycles` kill -9 cycles on `dir`: each starts a child, kills it after a
-/// random delay, reopens the database and checks it against the oracle.
-pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64) -> Result<Totals, String> {
+/// `cycles` kill -9 cycles on `dir` with `tasks` committers: each starts a
+/// child, kills it (every third one while it opens and recovers, the
+/// others after a random delay), reopens the database and judges it.
+pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Totals, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
-    let mut rng = crate::rng::XorShift::new(seed);
+    let mut rng = XorShift::new(seed);
     let mut model: Model = Default::default();
-    let mut next = 0u64;
+    let mut next = vec![0u64; tasks as usize];
+    let mut max = 0usize;
     let mut t = Totals::default();
     for c in 0..cycles {
+        let durability = cycle_durability(c);
         let fail = |what: String| {
             format!(
                 "kill cycle {c} (seed {seed}, dir {}): {what}",
                 dir.display()
             )
         };
-        let mut child = Command::new(&exe)
-            .args([
-                "crashtest",
-                "--child",
-                "--seed",
-                &seed.to_string(),
-                "--start",
-                &next.to_string(),
-                "--dir",
-            ])
+        let starts: Vec<String> = next.iter().map(u64::to_string).collect();
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "crashtest",
+            "--child",
+            "--seed",
+            &seed.to_string(),
+            "--starts",
+            &starts.join(","),
+        ]);
+        if durability == Durability::Async {
+            cmd.arg("--async");
+        }
+        let mut child = cmd
+            .arg("--dir")
             .arg(dir)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::null())
             .spawn()
             .map_err(|e| fail(format!("spawn: {e}")))?;
         let stdout = child.stdout.take().ok_or_else(|| fail("no pipe".into()))?;
@@ -473,75 +888,172 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64) -> Result<Totals, String>
                 }
             }
         });
-        // Wait until the child has opened (and recovered) the database.
-        match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(l) if l == "ready" => {}
-            other => {
-                let _ = child.kill();
-                return Err(fail(format!("child did not start: {other:?}")));
+        let early = c % 3 == 2;
+        if early {
+            // Kill it while it opens: recovery of the last cycle's log.
+            std::thread::sleep(Duration::from_millis(1 + rng.next_u64() % 25));
+        } else {
+            match rx.recv_timeout(Duration::from_secs(60)) {
+                Ok(l) if l == "ready" => {}
+                other => {
+                    let _ = child.kill();
+                    return Err(fail(format!("child did not start: {other:?}")));
+                }
             }
+            std::thread::sleep(Duration::from_millis(20 + rng.next_u64() % 200));
         }
-        let delay = Duration::from_millis(20 + rng.next_u64() % 200);
-        std::thread::sleep(delay);
         // SIGKILL: no destructor, no flush.
         let _ = child.kill();
         let _ = child.wait();
         let _ = reader.join();
-        let acks: Vec<u64> = rx.try_iter().filter_map(|l| l.parse().ok()).collect();
-        let mut acked = model.clone();
-        let mut last = next;
-        for i in &acks {
-            if *i != last {
-                return Err(fail(format!(
-                    "acknowledgement {i} out of order (expected {last})"
-                )));
+        let mut acks = vec![Vec::new(); tasks as usize];
+        let mut durable = 0u64;
+        let mut ready = false;
+        for line in rx.try_iter() {
+            let mut w = line.split_whitespace();
+            match (w.next(), w.next(), w.next()) {
+                (Some("ready"), ..) => ready = true,
+                (Some("ack"), Some(task), Some(lsn)) => {
+                    let (task, lsn): (usize, u64) = (
+                        task.parse()
+                            .map_err(|_| fail(format!("bad line {line:?}")))?,
+                        lsn.parse()
+                            .map_err(|_| fail(format!("bad line {line:?}")))?,
+                    );
+                    acks.get_mut(task)
+                        .ok_or_else(|| fail(format!("bad task in {line:?}")))?
+                        .push(lsn);
+                }
+                (Some("durable"), Some(d), _) => durable = durable.max(d.parse().unwrap_or(0)),
+                _ => {}
             }
-            apply(&mut acked, &txn(seed, *i));
-            last += 1;
         }
-        let doubt = txn(seed, last);
-        let db = Db::open(dir, kill_options()).map_err(|e| fail(format!("recovery: {e}")))?;
-        let applied = verify(&db, &acked, Some(&doubt)).map_err(fail)?;
+        t.early_kills += (early && !ready) as u64;
+        let db = Db::open(dir, kill_options(Durability::Sync))
+            .map_err(|e| fail(format!("recovery: {e}")))?;
+        if max == 0 {
+            max = db.tree(TREES[0]).map(|t| t.max_value_len()).unwrap_or(1024);
+        }
+        let logs: Vec<TaskLog> = (0..tasks)
+            .map(|task| {
+                let a = &acks[task as usize];
+                let required = match durability {
+                    Durability::Async => a.iter().take_while(|&&l| l <= durable).count(),
+                    _ => a.len(),
+                };
+                let from = next[task as usize];
+                TaskLog {
+                    task,
+                    txns: (from..from + a.len() as u64 + 1)
+                        .map(|i| txn(seed, task, i, max))
+                        .collect(),
+                    required,
+                }
+            })
+            .collect();
+        let (judged, matched) = judge(&db, &model, &logs).map_err(fail)?;
         db.close().map_err(|e| fail(format!("close: {e}")))?;
-        if applied {
-            apply(&mut acked, &doubt);
-            last += 1;
-            t.doubts_applied += 1;
+        t.runs += 1;
+        t.async_runs += (durability == Durability::Async) as u64;
+        t.judged.add(&judged);
+        if judged.not_prefix > 0 || judged.lost() > 0 {
+            return Err(fail(format!(
+                "{} of {} commits that had to survive found; {} committers' state is no prefix",
+                judged.found, judged.required, judged.not_prefix
+            )));
         }
-        t.points += 1;
-        t.acked += acks.len() as u64;
-        t.found += acks.len() as u64;
-        model = acked;
-        next = last;
+        // The new base: each committer's transactions as far as found.
+        for (log, j) in logs.iter().zip(matched) {
+            let j = j.unwrap_or(log.required);
+            let mut m = of_task(&model, log.task);
+            for tx in &log.txns[..j] {
+                apply(&mut m, tx);
+            }
+            for (tree, part) in m.into_iter().enumerate() {
+                let prefix = format!("c{:02}k", log.task).into_bytes();
+                model[tree].retain(|k, _| !k.starts_with(&prefix));
+                model[tree].extend(part);
+            }
+            next[log.task as usize] += j as u64;
+        }
     }
     Ok(t)
 }
 
 /// `dana crashtest`.
 pub fn run(args: &CrashArgs) -> CliResult<()> {
+    let durability = if args.async_durability {
+        Durability::Async
+    } else {
+        Durability::Sync
+    };
     if args.child {
         let dir = args
             .dir
             .as_ref()
             .ok_or_else(|| CliError("--child needs --dir".into()))?;
-        return child(dir, args.seed, args.start);
+        return child(dir, args.seed, &args.starts, durability);
     }
     if let Some(point) = args.point {
-        let o = sim_run(args.seed, point, args.txns).map_err(CliError)?;
+        let o = sim_run(SimRun {
+            seed: args.seed,
+            point,
+            txns: args.txns,
+            tasks: args.tasks,
+            durability,
+            plant_loss: args.plant_loss,
+        })
+        .map_err(CliError)?;
+        let j = o.judged;
         println!(
-            "seed {} point {point}: passed ({} commits acknowledged, all found)",
-            args.seed, o.acked
+            "seed {} point {point}: {} commits required, {} found, lost {}, {} in-doubt found applied; trace {:016x}",
+            args.seed, j.required, j.found, j.lost(), j.doubts_applied, o.trace
         );
-        return Ok(());
+        return lost_is_failure(j.lost(), o.open_caught);
     }
     let started = Instant::now();
-    let sim = sim_sweep(args.seed, args.points, args.txns).map_err(CliError)?;
+    let sim = sim_sweep(
+        args.seed,
+        args.points,
+        args.txns,
+        args.tasks,
+        args.plant_loss,
+    )
+    .map_err(CliError)?;
+    let j = sim.judged;
     println!(
-        "simulated power cuts: {} crash points, {} commits acknowledged, {} found, lost 0 ({} in-doubt commits found applied) in {:.1} s",
-        sim.points, sim.acked, sim.found, sim.doubts_applied, started.elapsed().as_secs_f64()
+        "simulated power cuts: {} crash points ({} sync, {} async), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied in {:.1} s",
+        sim.runs,
+        sim.runs - sim.async_runs,
+        sim.async_runs,
+        args.tasks,
+        j.required,
+        j.found,
+        j.lost(),
+        j.doubts_applied,
+        started.elapsed().as_secs_f64()
+    );
+    if args.plant_loss {
+        println!(
+            "planted losses: {} runs, lost {} (counted), {} caught by the open or the checker as damage",
+            sim.runs,
+            j.lost(),
+            sim.open_caught
+        );
+        return lost_is_failure(j.lost(), sim.open_caught > 0);
+    }
+    let mut lost = j.lost();
+    let started = Instant::now();
+    let (made, detected) =
+        flip_sweep(args.seed, args.flips, args.txns.max(20)).map_err(CliError)?;
+    println!(
+        "log damage: {made} bytes flipped in durable commit records, {detected} detected, missed {} in {:.1} s",
+        made - detected,
+        started.elapsed().as_secs_f64()
     );
     let started = Instant::now();
-    let mut faults = 0;
+    let mut faults = Judged::default();
+    let mut runs = 0;
     for (op, sticky) in [
         (OpKind::Write, false),
         (OpKind::Write, true),
@@ -551,12 +1063,17 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         (OpKind::Read, true),
     ] {
         for nth in [0, 3, 10, 30, 100] {
-            fault_run(args.seed, op, nth, sticky, args.txns.min(40)).map_err(CliError)?;
-            faults += 1;
+            faults
+                .add(&fault_run(args.seed, op, nth, sticky, args.txns.min(40)).map_err(CliError)?);
+            runs += 1;
         }
     }
+    lost += faults.lost();
     println!(
-        "injected I/O errors: {faults} runs (reads, writes, syncs; once and forever), nothing acknowledged lost, in {:.1} s",
+        "injected I/O errors: {runs} runs (reads, writes, syncs; once and forever): {} commits acknowledged, {} found, lost {} in {:.1} s",
+        faults.required,
+        faults.found,
+        faults.lost(),
         started.elapsed().as_secs_f64()
     );
     if args.kills > 0 {
@@ -569,14 +1086,44 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
             }
         };
         let started = Instant::now();
-        let k = kill_cycles(&dir, args.seed, args.kills).map_err(CliError)?;
+        let k = kill_cycles(&dir, args.seed, args.kills, args.tasks).map_err(CliError)?;
+        lost += k.judged.lost();
         println!(
-            "kill -9: {} cycles, {} commits acknowledged, {} found, lost 0 ({} in-doubt commits found applied) in {:.1} s",
-            k.points, k.acked, k.found, k.doubts_applied, started.elapsed().as_secs_f64()
+            "kill -9: {} cycles ({} async, {} killed while opening), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied in {:.1} s",
+            k.runs,
+            k.async_runs,
+            k.early_kills,
+            args.tasks,
+            k.judged.required,
+            k.judged.found,
+            k.judged.lost(),
+            k.judged.doubts_applied,
+            started.elapsed().as_secs_f64()
         );
         if args.dir.is_none() {
             let _ = std::fs::remove_dir_all(&dir);
         }
+    }
+    if made != detected {
+        return Err(CliError(format!(
+            "{} flipped log bytes went undetected",
+            made - detected
+        )));
+    }
+    lost_is_failure(lost, false)
+}
+
+/// Exit status: any loss (counted, or caught by an open as damage) fails.
+fn lost_is_failure(lost: u64, caught: bool) -> CliResult<()> {
+    if lost > 0 || caught {
+        return Err(CliError(format!(
+            "lost {lost} commits that had to survive{}",
+            if caught {
+                "; an open reported log damage"
+            } else {
+                ""
+            }
+        )));
     }
     Ok(())
 }

@@ -65,6 +65,7 @@ pub struct Options {
     log_bytes: u64,
     log_path: Option<PathBuf>,
     read_only: bool,
+    log_identity: Option<u64>,
 }
 
 impl Default for Options {
@@ -87,6 +88,7 @@ impl Default for Options {
             log_bytes: 64 << 20,
             log_path: None,
             read_only: false,
+            log_identity: None,
         }
     }
 }
@@ -239,6 +241,14 @@ impl Options {
     /// The log path set, if any.
     pub fn log_path_value(&self) -> Option<&PathBuf> {
         self.log_path.as_ref()
+    }
+
+    /// The identity given to a log this open formats (default: random).
+    /// For deterministic simulation, where two runs with one seed must
+    /// write the same bytes; never share one identity between databases.
+    pub fn log_identity(mut self, id: u64) -> Self {
+        self.log_identity = Some(id.max(1));
+        self
     }
 
     /// True if [`Options::read_only`] was set.
@@ -422,7 +432,12 @@ impl Db {
                 .targets()
                 .first()
                 .ok_or_else(|| Error::InvalidArgument("an array without devices".into()))?;
-            let facts = open::identify_target(first, &opts)?;
+            let facts = match open::identify_target(first, &opts) {
+                Ok(f) => f,
+                Err(e) => {
+                    open::torn_meta_fallback(&e, log.as_ref(), array.width(), &opts).ok_or(e)?
+                }
+            };
             if facts.width != array.width() {
                 return Err(Error::NotADatabase {
                     path: PathBuf::from("device 0"),
@@ -481,7 +496,7 @@ impl Db {
                     if read_only {
                         None
                     } else {
-                        let id = new_log_id();
+                        let id = opts.log_identity.unwrap_or_else(new_log_id);
                         new_id = Some(id);
                         Some(recover::format(t, opts.log_bytes, block, id)?)
                     }
@@ -670,6 +685,12 @@ impl Db {
     /// Commits `tx` from any thread but a worker.
     pub fn commit(&self, tx: Transaction) -> Result<()> {
         self.block_on(tx.commit_async())?
+    }
+
+    /// [`Db::commit`], returning the LSN just after the commit record (see
+    /// [`Transaction::commit_lsn_async`]).
+    pub fn commit_lsn(&self, tx: Transaction) -> Result<u64> {
+        self.block_on(tx.commit_lsn_async())?
     }
 
     /// Runs `f` in a transaction and commits it: all its writes or none.

@@ -155,6 +155,41 @@ fn read_first_page(t: &Target) -> Result<Vec<u8>> {
     Ok(b[..4096].to_vec())
 }
 
+/// When the meta page does not identify the database, a meta page torn
+/// by a crash (its first sector garbage) is still ours if the log beside
+/// it is valid: recovery repairs the page from the log's full image, and
+/// the pool checks it after. Returns the facts to go on with, or None.
+pub(crate) fn torn_meta_fallback(
+    e: &Error,
+    log: Option<&Target>,
+    width: usize,
+    opts: &Options,
+) -> Option<MetaFacts> {
+    match e {
+        Error::NotADatabase { what, .. } if what.contains("no DANAMETA magic") => {}
+        _ => return None,
+    }
+    let ctl = crate::wal::recover::read_control(log?).ok()??;
+    Some(MetaFacts {
+        page_size: opts.page_size_value(),
+        width,
+        log_id: ctl.log_id,
+    })
+}
+
+/// Opens `path` read-only, unlocked, to look at a log's control block.
+fn peek_log(path: &Path, index: usize) -> Option<Target> {
+    let dopts = DeviceOptions {
+        direct: false,
+        create_size: None,
+        read_only: true,
+        lock: false,
+    };
+    Device::open(path, index, dopts)
+        .ok()
+        .map(|d| Target::File(Arc::new(d)))
+}
+
 /// The meta page facts of an array's first device (no path known: a
 /// simulated or caller-owned device), checked against `opts`.
 pub(crate) fn identify_target(t: &Target, opts: &Options) -> Result<MetaFacts> {
@@ -305,16 +340,22 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
         locks.device(&t);
         targets.push(t);
     }
-    let meta = if exists {
-        Some(identify(&targets, &paths, opts)?)
-    } else {
-        None
-    };
-    let array = Array::new(targets, opts.page_size_value() as u64)?;
     let log_path = opts
         .log_path_value()
         .cloned()
         .unwrap_or_else(|| dir.join("dana.wal"));
+    let meta = if exists {
+        match identify(&targets, &paths, opts) {
+            Ok(m) => Some(m),
+            Err(e) => Some(
+                torn_meta_fallback(&e, peek_log(&log_path, count).as_ref(), count, opts)
+                    .ok_or(e)?,
+            ),
+        }
+    } else {
+        None
+    };
+    let array = Array::new(targets, opts.page_size_value() as u64)?;
     let log = open_log(&log_path, count, opts, meta.as_ref(), undo)?;
     if let Some(t) = &log {
         locks.device(t);
@@ -361,17 +402,28 @@ pub(crate) fn open_paths(
         locks.device(&t);
         targets.push(t);
     }
-    let meta = if create {
-        None
-    } else {
-        Some(identify(&targets, paths, opts)?)
-    };
-    let array = Array::new(targets, opts.page_size_value() as u64)?;
     let log_path = opts.log_path_value().cloned().unwrap_or_else(|| {
         let mut p = paths[0].as_os_str().to_owned();
         p.push(".wal");
         PathBuf::from(p)
     });
+    let meta = if create {
+        None
+    } else {
+        match identify(&targets, paths, opts) {
+            Ok(m) => Some(m),
+            Err(e) => Some(
+                torn_meta_fallback(
+                    &e,
+                    peek_log(&log_path, paths.len()).as_ref(),
+                    paths.len(),
+                    opts,
+                )
+                .ok_or(e)?,
+            ),
+        }
+    };
+    let array = Array::new(targets, opts.page_size_value() as u64)?;
     let log = open_log(&log_path, paths.len(), opts, meta.as_ref(), undo)?;
     if let Some(t) = &log {
         locks.device(t);

@@ -147,6 +147,19 @@ impl Committer {
         checks: Vec<(u64, Vec<u8>, Expect)>,
         durability: Durability,
     ) -> Result<Vec<Applied>> {
+        self.commit_at(writes, checks, durability)
+            .await
+            .map(|(a, _)| a)
+    }
+
+    /// [`Committer::commit`], also returning the LSN just after the commit
+    /// record (0 without a log or without writes).
+    pub(crate) async fn commit_at(
+        &self,
+        writes: Vec<Write>,
+        checks: Vec<(u64, Vec<u8>, Expect)>,
+        durability: Durability,
+    ) -> Result<(Vec<Applied>, u64)> {
         self.live(true)?;
         if !sched::on_worker() {
             return Err(Error::WouldBlock);
@@ -205,7 +218,7 @@ impl Committer {
         if let (Some(w), Some((_, end)), Durability::Sync) = (&self.wal, logged, durability) {
             w.wait_durable(end).await?;
         }
-        Ok(applied)
+        Ok((applied, logged.map_or(0, |(_, end)| end)))
     }
 }
 
@@ -389,6 +402,14 @@ impl Transaction {
     /// [`Error::Conflict`] if a key it read and wrote changed meanwhile
     /// (nothing applied; run the transaction again).
     pub async fn commit_async(self) -> Result<()> {
+        self.commit_lsn_async().await.map(|_| ())
+    }
+
+    /// [`Transaction::commit_async`], returning the LSN just after its
+    /// commit record (0 without a log, or for a transaction that writes
+    /// nothing). With [`Durability::Async`] the commit is durable once the
+    /// log's durable LSN ([`crate::Db::wal_stats`]) reaches it.
+    pub async fn commit_lsn_async(self) -> Result<u64> {
         let mut checks = Vec::new();
         for (id, v) in &self.reads {
             if self.writes.contains_key(id) {
@@ -406,8 +427,8 @@ impl Transaction {
             .map(|((tree, key), value)| Write { tree, key, value })
             .collect();
         self.committer
-            .commit(writes, checks, self.durability)
+            .commit_at(writes, checks, self.durability)
             .await
-            .map(|_| ())
+            .map(|(_, lsn)| lsn)
     }
 }

@@ -344,6 +344,12 @@ impl BufferPool {
         p.as_ref().map(|m| Error::Poisoned(m.clone()))
     }
 
+    /// The pool's error, or the log's.
+    fn poisoned_with_log(&self) -> Option<Error> {
+        self.poisoned()
+            .or_else(|| self.wal.get().and_then(|w| w.poisoned()))
+    }
+
     /// Makes the pool refuse every later write-back and flush.
     pub(crate) fn poison(&self, e: &Error) {
         self.poison_with(e)
@@ -782,6 +788,11 @@ impl BufferPool {
                 if pid == NO_PAGE || !meta.dirty.load(Ordering::Acquire) {
                     break;
                 }
+                // A failed log or write stops the flush (it could wait
+                // forever for a durable log or a write that never comes).
+                if let Some(e) = self.poisoned_with_log() {
+                    return Err(e);
+                }
                 if meta.writing.load(Ordering::Acquire) || !self.table.try_lock_exclusive(pid) {
                     sched::yield_now().await;
                     continue;
@@ -810,6 +821,9 @@ impl BufferPool {
             while self.frames[f as usize].writing.load(Ordering::Acquire) {
                 sched::yield_now().await;
             }
+        }
+        if let Some(e) = self.poisoned_with_log() {
+            return Err(e);
         }
         if let Some(e) = self.poisoned() {
             return Err(e);

@@ -428,6 +428,17 @@ struct Inner {
     /// Earliest start of the next request (IOPS token bucket).
     next_start: Option<Instant>,
     stats: SimStats,
+    /// Hash of every request pushed (kind, offset, length) and every write
+    /// and flush completed (offset, checksum of the data; the flush point),
+    /// in order: equal traces replay equally.
+    trace: u64,
+}
+
+/// Mixes `v` into the trace hash `h` (FNV-1a over its bytes).
+fn trace_mix(h: u64, v: u64) -> u64 {
+    v.to_le_bytes()
+        .iter()
+        .fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 impl Inner {
@@ -469,6 +480,10 @@ impl Inner {
 
     /// A write completed: it joins the volatile layer.
     fn write_volatile(&mut self, offset: u64, data: Box<[u8]>) {
+        self.trace = trace_mix(
+            trace_mix(self.trace, offset),
+            u64::from(crc32c::crc32c(&data)),
+        );
         let Inner { durable, dirty, .. } = self;
         for_each_chunk(offset, data.len(), |idx, within, r| {
             let n = r.len();
@@ -486,6 +501,7 @@ impl Inner {
 
     /// A flush completed: volatile writes before `upto` become durable.
     fn make_durable(&mut self, upto: u64) {
+        self.trace = trace_mix(trace_mix(self.trace, u64::MAX), upto);
         while self.volatile.front().is_some_and(|w| w.seq < upto) {
             let Some(w) = self.volatile.pop_front() else {
                 break;
@@ -731,6 +747,7 @@ impl SimDisk {
                 faults: Vec::new(),
                 rng: SmallRng::seed_from_u64(config.seed),
                 next_start: None,
+                trace: 0xcbf2_9ce4_8422_2325,
                 stats: SimStats::default(),
             }),
             switch: Mutex::new(None),
@@ -800,6 +817,20 @@ impl SimDisk {
     /// Writes that completed but are not durable yet.
     pub fn unflushed_writes(&self) -> usize {
         self.lock().volatile.len()
+    }
+
+    /// The trace hash: every request pushed and every write and flush
+    /// completed so far, in order. Two runs with the same seed and the same
+    /// schedule have the same hash.
+    pub fn trace_hash(&self) -> u64 {
+        self.lock().trace
+    }
+
+    /// Overwrites durable bytes behind the engine's back: damage outside
+    /// the crash model (a flipped bit, a lost synced block), for tests
+    /// that check it is detected.
+    pub fn overwrite_durable(&self, offset: u64, data: &[u8]) {
+        self.lock().write_durable(offset, data);
     }
 
     /// The durable image: what would survive a power cut that drops every
@@ -1057,6 +1088,17 @@ impl IoQueue for SimQueue {
         let mut inner = self.disk.lock();
         let seq = inner.next_push_seq;
         inner.next_push_seq += 1;
+        inner.trace = trace_mix(
+            trace_mix(
+                trace_mix(inner.trace, req.op as u64),
+                if req.op == OpKind::Flush {
+                    0
+                } else {
+                    req.offset
+                },
+            ),
+            req.len() as u64,
+        );
         let q = inner
             .queues
             .get_mut(&self.id)
