@@ -3,7 +3,8 @@
 //! log records (commit and page entries, redo onto a page), the control
 //! block and the log scan. Each must return a value or a typed error,
 //! never panic, hang or allocate in proportion to a length read from the
-//! bytes. (`dana fuzz`-style long runs: see docs/TESTING.md.)
+//! bytes. Long runs: `DANA_FUZZ_CASES=200000 cargo test --release -p dana
+//! --test fuzz_decoders` (docs/TESTING.md).
 
 use dana::btree::node::{self, Node};
 use dana::buffer::alloc::{free_list_next, meta_facts};
@@ -14,6 +15,15 @@ use dana::wal::recover;
 use proptest::prelude::*;
 
 const PS: usize = 4096;
+
+/// Cases per property: 1,000 in `cargo test`, `DANA_FUZZ_CASES` for long
+/// runs.
+fn cases() -> u32 {
+    std::env::var("DANA_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000)
+}
 
 /// Decodes `bytes` as a log record at LSN 4096 and everything in it.
 fn decode_record(bytes: &[u8]) {
@@ -105,7 +115,8 @@ fn a_commit_record_claiming_four_billion_writes_is_an_error() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    // DANA_FUZZ_CASES=N for a long run (docs/TESTING.md).
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
 
     #[test]
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..9000)) {

@@ -59,7 +59,8 @@ fn u64_at(page: &[u8], at: usize) -> u64 {
 
 /// The page type field.
 pub fn page_type(page: &[u8]) -> Option<PageType> {
-    PageType::from_u16(u16::from_le_bytes([page[4], page[5]]))
+    let t = page.get(4..6)?;
+    PageType::from_u16(u16::from_le_bytes([t[0], t[1]]))
 }
 
 /// Sets the page type field.
@@ -97,6 +98,12 @@ pub fn seal(page: &mut [u8]) {
 
 /// Verifies checksum and page id of a page just read from storage.
 pub fn verify(page: &[u8], pid: u64) -> Result<()> {
+    if page.len() < PAGE_HEADER_SIZE {
+        return Err(Error::Corrupt {
+            page: pid,
+            what: format!("{} bytes, shorter than a page header", page.len()),
+        });
+    }
     let stored = u32::from_le_bytes([page[0], page[1], page[2], page[3]]);
     let actual = crc32c::crc32c(&page[4..]);
     if stored != actual {

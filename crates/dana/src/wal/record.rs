@@ -317,7 +317,8 @@ pub fn page_entries<'a>(rec: &Record<'a>) -> Result<Vec<PageEntry<'a>>> {
     let b = rec.body;
     let n = u32_at(b, 0).ok_or_else(|| bad_log(rec.lsn, "no entry count"))?;
     let mut at = 4;
-    let mut out = Vec::with_capacity(n as usize);
+    // Never trust a count for an allocation: an entry takes 16 bytes.
+    let mut out = Vec::with_capacity((n as usize).min(b.len() / 16));
     for _ in 0..n {
         let (Some(pid), Some(flags), Some(nsegs)) =
             (u64_at(b, at), u32_at(b, at + 8), u32_at(b, at + 12))
@@ -380,7 +381,8 @@ pub fn commit_writes(rec: &Record<'_>) -> Result<Vec<Write>> {
     let b = rec.body;
     let n = u32_at(b, 0).ok_or_else(|| bad_log(rec.lsn, "no write count"))?;
     let mut at = 4;
-    let mut out = Vec::with_capacity(n as usize);
+    // Never trust a count for an allocation: a write takes 16 bytes.
+    let mut out = Vec::with_capacity((n as usize).min(b.len() / 16));
     for _ in 0..n {
         let (Some(tree), Some(klen), Some(vlen)) =
             (u64_at(b, at), u32_at(b, at + 8), u32_at(b, at + 12))
