@@ -1170,26 +1170,17 @@ impl Tree {
         self.db.inner.committer.wal.is_some()
     }
 
-    /// One write committed on its own (with the database's durability).
-    /// Returns whether the key existed.
+    /// One write committed on its own (with the database's durability),
+    /// from any thread but a worker. Returns whether the key existed.
     fn commit_one(
         &self,
         key: &[u8],
         value: Option<&[u8]>,
         checks: Vec<(u64, Vec<u8>, Expect)>,
     ) -> Result<bool> {
-        self.btree.check_sizes(key, value)?;
-        let w = Write {
-            tree: self.btree.root(),
-            key: key.to_vec(),
-            value: value.map(<[u8]>::to_vec),
-        };
-        let c = self.db.inner.committer.clone();
-        let d = c.durability;
-        let applied = self
-            .db
-            .block_on(async move { c.commit(vec![w], checks, d).await })??;
-        Ok(applied.first() == Some(&Applied::Replaced))
+        let (t, key, value) = (self.clone(), key.to_vec(), value.map(<[u8]>::to_vec));
+        self.db
+            .block_on(async move { t.commit_one_async(&key, value.as_deref(), checks).await })?
     }
 
     /// Runs an operation: inline if it completes without I/O, else on a

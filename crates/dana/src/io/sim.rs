@@ -1088,17 +1088,21 @@ impl IoQueue for SimQueue {
         let mut inner = self.disk.lock();
         let seq = inner.next_push_seq;
         inner.next_push_seq += 1;
-        inner.trace = trace_mix(
-            trace_mix(
-                trace_mix(inner.trace, req.op as u64),
-                if req.op == OpKind::Flush {
-                    0
-                } else {
-                    req.offset
-                },
-            ),
-            req.len() as u64,
-        );
+        // Requests pushed while the power is off do nothing, and how many
+        // there are depends on timing: they stay out of the trace.
+        if inner.powered {
+            inner.trace = trace_mix(
+                trace_mix(
+                    trace_mix(inner.trace, req.op as u64),
+                    if req.op == OpKind::Flush {
+                        0
+                    } else {
+                        req.offset
+                    },
+                ),
+                req.len() as u64,
+            );
+        }
         let q = inner
             .queues
             .get_mut(&self.id)
