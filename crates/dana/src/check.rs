@@ -42,14 +42,17 @@ use std::sync::Arc;
 use crate::btree::node::{self, Node};
 use crate::buffer::alloc::{self, SpaceInfo, ROOT_SLOTS};
 use crate::buffer::{page, BufferPool, PageType};
+use crate::catalog::{CATALOG_SLOT, CREATING_SLOT, DROPPING_SLOT};
 use crate::{Error, Result};
 
 /// The name used for the catalogue in [`Finding::tree`] and
 /// [`CheckReport::catalog`].
 pub const CATALOG_TREE: &str = "(catalogue)";
 
-/// Root slot of the meta page holding the catalogue's root.
-const CATALOG_SLOT: usize = 0;
+/// Owner name of the pages of a tree whose creation is under way.
+pub const CREATING_TREE: &str = "(tree being created)";
+/// Owner name of the pages of a tree whose drop is under way.
+pub const DROPPING_TREE: &str = "(tree being dropped)";
 
 /// Owner value for pages in the free list.
 const FREE_OWNER: u32 = u32::MAX;
@@ -168,6 +171,9 @@ struct Checker {
     owners: Vec<u32>,
     names: Vec<String>,
     findings: Vec<Finding>,
+    /// Walking a tree being dropped: a zero child pointer is a page
+    /// already freed, not damage.
+    holes: bool,
 }
 
 /// Accumulates one tree's statistics.
@@ -435,6 +441,9 @@ impl Checker {
             lower,
             upper: v.upper.clone(),
         });
+        if self.holes {
+            out.retain(|c| c.pid != 0);
+        }
         out
     }
 
@@ -565,6 +574,7 @@ pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
         owners: Vec::new(),
         names: vec![CATALOG_TREE.to_string()],
         findings: Vec::new(),
+        holes: false,
     };
     if space.next_unused > space.total_pages || space.next_unused == 0 {
         c.find(
@@ -588,7 +598,7 @@ pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
     for slot in 0..ROOT_SLOTS {
         roots.push(pool.root(slot).await?);
     }
-    for (slot, &r) in roots.iter().enumerate().skip(CATALOG_SLOT + 1) {
+    for (slot, &r) in roots.iter().enumerate().skip(DROPPING_SLOT + 1) {
         if r != 0 {
             c.find(
                 Some(alloc::META_PAGE),
@@ -643,6 +653,23 @@ pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
         let owner = c.names.len() as u32;
         let (stats, _) = c.walk(owner, root, false).await;
         trees.push(stats);
+    }
+
+    // A create or drop under way (or interrupted: the next writable open
+    // completes it) owns the pages reachable from its intent slot.
+    for (slot, name, holes) in [
+        (CREATING_SLOT, CREATING_TREE, false),
+        (DROPPING_SLOT, DROPPING_TREE, true),
+    ] {
+        let r = roots[slot];
+        if r == 0 || trees.iter().any(|t| t.root == r) {
+            continue;
+        }
+        c.names.push(name.to_string());
+        let owner = c.names.len() as u32;
+        c.holes = holes;
+        let _ = c.walk(owner, r, false).await;
+        c.holes = false;
     }
 
     let free_list_pages = c.walk_free_list(space.free_pages).await;

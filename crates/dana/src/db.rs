@@ -14,13 +14,14 @@
 //! Never: blocks a worker thread on another worker, or performs I/O outside
 //! the workers.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::btree::{BTree, Cursor};
@@ -34,8 +35,7 @@ use crate::wal::record::{self, Write};
 use crate::wal::{control, recover, Durability, Wal, WalStatsSnapshot};
 use crate::{Error, Result};
 
-/// Root slot of the meta page that holds the catalogue's root.
-const CATALOG_SLOT: usize = 0;
+use crate::catalog::{self, CATALOG_SLOT};
 
 /// How to open a database. Start from [`Options::default`] and chain the
 /// setters.
@@ -279,6 +279,9 @@ struct DbInner {
     checkpointing: Arc<AtomicBool>,
     recovery: Option<RecoveryReport>,
     locks: Locks,
+    /// Serializes `create_tree` and `drop_tree` (one intent slot each in
+    /// the meta page). Taken by the calling thread, never on a worker.
+    ddl: Mutex<()>,
 }
 
 impl Drop for DbInner {
@@ -586,6 +589,9 @@ impl Db {
                     Some(w) => checkpoint(&p, w).await?,
                     None => p.flush_all().await?,
                 }
+                // After the checkpoint: no commit that wrote to a tree
+                // being dropped is re-applied once its pages are freed.
+                catalog::finish_interrupted(&p, &BTree::open(&p, root)).await?;
             }
             Ok::<_, Error>(root)
         })??;
@@ -635,6 +641,8 @@ impl Db {
             durability,
             read_only,
             closed: AtomicBool::new(false),
+            dropped: Mutex::new(HashSet::new()),
+            drops: AtomicU64::new(0),
         });
         Ok(Db {
             inner: Arc::new(DbInner {
@@ -646,6 +654,7 @@ impl Db {
                 checkpointing,
                 recovery,
                 locks,
+                ddl: Mutex::new(()),
             }),
         })
     }
@@ -730,28 +739,14 @@ impl Db {
     /// exists.
     pub fn create_tree(&self, name: &str) -> Result<Tree> {
         self.live(true)?;
-        let (pool, catalog, key, committer) = (
-            self.inner.pool.clone(),
+        let _ddl = self.inner.ddl.lock().unwrap_or_else(|e| e.into_inner());
+        let (catalog, key, committer) = (
             self.inner.catalog.clone(),
             name.as_bytes().to_vec(),
             self.inner.committer.clone(),
         );
-        let root = self.block_on(async move {
-            if catalog.get(&key).await?.is_some() {
-                return Err(Error::KeyExists);
-            }
-            let t = BTree::create(&pool).await?;
-            let w = Write {
-                tree: catalog.root(),
-                key: key.clone(),
-                value: Some(t.root().to_le_bytes().to_vec()),
-            };
-            let check = (catalog.root(), key, Expect::Absent);
-            committer
-                .commit(vec![w], vec![check], Durability::Sync)
-                .await?;
-            Ok(t.root())
-        })??;
+        let root =
+            self.block_on(async move { catalog::create(&committer, &catalog, &key).await })??;
         Ok(self.tree_at(name, root))
     }
 
@@ -840,27 +835,24 @@ impl Db {
     /// ```
     pub fn drop_tree(&self, name: &str) -> Result<bool> {
         self.live(true)?;
+        let _ddl = self.inner.ddl.lock().unwrap_or_else(|e| e.into_inner());
         let tree = match self.tree(name) {
             Ok(t) => t,
             Err(Error::NoSuchTree(_)) => return Ok(false),
             Err(e) => return Err(e),
         };
-        let (catalog, key, bt) = (
+        let root = tree.btree.root();
+        let (catalog, key, c) = (
             self.inner.catalog.clone(),
             name.as_bytes().to_vec(),
-            tree.btree,
+            self.inner.committer.clone(),
         );
-        let w = Write {
-            tree: catalog.root(),
-            key,
-            value: None,
-        };
-        let c = self.inner.committer.clone();
-        self.block_on(async move { c.commit(vec![w], vec![], Durability::Sync).await })??;
+        self.block_on(async move { catalog::begin_drop(&c, &catalog, &key, root).await })??;
         // No commit record from before this point may be re-applied to the
         // tree's pages once they are freed (and maybe reused).
         self.checkpoint()?;
-        self.block_on(async move { bt.destroy().await })??;
+        let pool = self.inner.pool.clone();
+        self.block_on(async move { catalog::destroy(&pool, root).await })??;
         Ok(true)
     }
 
@@ -988,7 +980,7 @@ impl Db {
 }
 
 /// A named, ordered key-value tree. Cheap to clone; methods block the
-/// calling thread (use [`Tree::btree`] for the async API inside tasks).
+/// calling thread (the `*_async` methods are the async API inside tasks).
 #[derive(Clone)]
 pub struct Tree {
     db: Db,
@@ -1000,6 +992,12 @@ impl Tree {
     /// The tree's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// [`Db::live`], and [`Error::NoSuchTree`] once the tree was dropped.
+    fn live(&self, write: bool) -> Result<()> {
+        self.db.live(write)?;
+        self.db.inner.committer.tree_alive(self.btree.root())
     }
 
     /// The tree's B+tree, bypassing transactions and the log's commit
@@ -1064,7 +1062,7 @@ impl Tree {
 
     /// [`Tree::get`] inside a task.
     pub async fn get_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.db.live(false)?;
+        self.live(false)?;
         self.btree.get(key).await
     }
 
@@ -1085,7 +1083,7 @@ impl Tree {
     /// assert_eq!(n, 100);
     /// ```
     pub async fn put_async(&self, key: &[u8], value: &[u8]) -> Result<bool> {
-        self.db.live(true)?;
+        self.live(true)?;
         if self.logged() {
             return self.commit_one_async(key, Some(value), vec![]).await;
         }
@@ -1094,7 +1092,7 @@ impl Tree {
 
     /// [`Tree::insert`] inside a task (a commit of its own).
     pub async fn insert_async(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.db.live(true)?;
+        self.live(true)?;
         if self.logged() {
             let check = (self.btree.root(), key.to_vec(), Expect::Absent);
             return self
@@ -1107,7 +1105,7 @@ impl Tree {
 
     /// [`Tree::delete`] inside a task (a commit of its own).
     pub async fn delete_async(&self, key: &[u8]) -> Result<bool> {
-        self.db.live(true)?;
+        self.live(true)?;
         if self.logged() {
             return self.commit_one_async(key, None, vec![]).await;
         }
@@ -1121,7 +1119,7 @@ impl Tree {
         key: &[u8],
         f: impl Fn(&[u8]) -> Vec<u8> + Send + Sync,
     ) -> Result<bool> {
-        self.db.live(true)?;
+        self.live(true)?;
         if !self.logged() {
             return self.btree.update(key, &f).await;
         }
@@ -1149,7 +1147,7 @@ impl Tree {
 
     /// [`Tree::count`] inside a task.
     pub async fn count_async(&self, lower: Bound<&[u8]>, upper: Bound<&[u8]>) -> Result<u64> {
-        self.db.live(false)?;
+        self.live(false)?;
         self.btree.count(lower, upper).await
     }
 
@@ -1161,7 +1159,7 @@ impl Tree {
         upper: Bound<&[u8]>,
         forward: bool,
     ) -> Result<Cursor> {
-        self.db.live(false)?;
+        self.live(false)?;
         Ok(self.btree.cursor(lower, upper, forward))
     }
 
@@ -1195,7 +1193,7 @@ impl Tree {
         F: Fn(BTree) -> Fut,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
-        self.db.live(false)?;
+        self.live(false)?;
         let mut fut = Box::pin(op(self.btree.clone()));
         let mut cx = Context::from_waker(Waker::noop());
         match fut.as_mut().poll(&mut cx) {
@@ -1233,7 +1231,7 @@ impl Tree {
     /// assert!(matches!(t.insert(b"k", b"w"), Err(dana::Error::KeyExists)));
     /// ```
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.db.live(true)?;
+        self.live(true)?;
         if self.logged() {
             let check = (self.btree.root(), key.to_vec(), Expect::Absent);
             return self.commit_one(key, Some(value), vec![check]).map(|_| ());
@@ -1255,7 +1253,7 @@ impl Tree {
     /// assert!(t.put(b"k", b"v2").unwrap());
     /// ```
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<bool> {
-        self.db.live(true)?;
+        self.live(true)?;
         if self.logged() {
             return self.commit_one(key, Some(value), vec![]);
         }
@@ -1285,7 +1283,7 @@ impl Tree {
         key: &[u8],
         f: impl Fn(&[u8]) -> Vec<u8> + Send + Sync + Clone + 'static,
     ) -> Result<bool> {
-        self.db.live(true)?;
+        self.live(true)?;
         if self.logged() {
             return self.db.transaction(|tx| {
                 let Some(old) = tx.get(self, key)? else {
@@ -1313,7 +1311,7 @@ impl Tree {
     /// assert!(!t.delete(b"k").unwrap());
     /// ```
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
-        self.db.live(true)?;
+        self.live(true)?;
         if self.logged() {
             return self.commit_one(key, None, vec![]);
         }

@@ -12,6 +12,7 @@
 //! - [`btree`]: B+tree nodes and trees on buffer-pool pages.
 //! - [`wal`]: the write-ahead log, group commit, checkpoints and recovery.
 //! - [`txn`]: transactions over one or more trees.
+//! - [`catalog`]: creating and dropping trees without leaking a page.
 //! - [`check`]: the read-only consistency checker (`dana check`).
 //!
 //! `unsafe` is denied here and allowed only in the modules that own raw
@@ -22,6 +23,7 @@
 pub mod btree;
 #[allow(unsafe_code)]
 pub mod buffer;
+pub mod catalog;
 pub mod check;
 pub mod db;
 pub mod error;

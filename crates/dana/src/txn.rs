@@ -33,9 +33,9 @@
 //! Never: applies a write before its commit record is appended, or
 //! acknowledges a `Sync` commit before its record is durable.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::btree::BTree;
 use crate::buffer::BufferPool;
@@ -62,6 +62,17 @@ impl KeyLocks {
     fn stripe(tree: u64, key: &[u8]) -> usize {
         let h = crc32c::crc32c_append(tree as u32 ^ (tree >> 32) as u32, key);
         h as usize % STRIPES
+    }
+
+    /// Takes every stripe once, in order, and releases them: every commit
+    /// that held a stripe when this began has finished applying.
+    async fn barrier(&self) {
+        for s in self.stripes.iter() {
+            while s.swap(true, Ordering::Acquire) {
+                sched::yield_now().await;
+            }
+            s.store(false, Ordering::Release);
+        }
     }
 
     /// Locks the stripes of `keys`, yielding while one is taken.
@@ -115,6 +126,12 @@ pub(crate) struct Committer {
     pub(crate) read_only: bool,
     /// The database was closed: every handle fails.
     pub(crate) closed: AtomicBool,
+    /// Roots of the trees dropped since open: reads and commits through a
+    /// stale handle fail with [`Error::NoSuchTree`], and none is handed
+    /// out as a new tree's root.
+    pub(crate) dropped: Mutex<HashSet<u64>>,
+    /// Number of entries in `dropped` (0: the common case, no lock taken).
+    pub(crate) drops: AtomicU64,
 }
 
 /// What applying one write found.
@@ -137,6 +154,37 @@ impl Committer {
             return Err(Error::ReadOnly);
         }
         Ok(())
+    }
+
+    /// [`Error::NoSuchTree`] if the tree at `root` was dropped.
+    pub(crate) fn tree_alive(&self, root: u64) -> Result<()> {
+        if self.was_dropped(root) {
+            return Err(Error::NoSuchTree(format!(
+                "the tree whose root was page {root} (dropped)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// True if the tree at `root` was dropped since open.
+    pub(crate) fn was_dropped(&self, root: u64) -> bool {
+        self.drops.load(Ordering::Acquire) != 0
+            && self
+                .dropped
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&root)
+    }
+
+    /// Refuses every later commit to the tree at `root` and waits for the
+    /// commits writing to it now. Must run on a worker.
+    pub(crate) async fn mark_dropped(&self, root: u64) {
+        {
+            let mut d = self.dropped.lock().unwrap_or_else(|e| e.into_inner());
+            d.insert(root);
+            self.drops.store(d.len() as u64, Ordering::Release);
+        }
+        self.locks.barrier().await;
     }
 
     /// Commits `writes` atomically after checking `checks`. Returns, per
@@ -174,6 +222,9 @@ impl Committer {
             .locks
             .lock(writes.iter().map(|w| (w.tree, w.key.as_slice())))
             .await;
+        for w in &writes {
+            self.tree_alive(w.tree)?;
+        }
         for (tree, key, expect) in &checks {
             let now = BTree::open(&self.pool, *tree).get(key).await?;
             match expect {

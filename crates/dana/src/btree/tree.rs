@@ -29,7 +29,7 @@ use crate::{Error, Result};
 /// Restarts of one descent before it is reported as a problem.
 const MAX_RESTARTS: usize = 100_000;
 /// No tree is this tall (a fanout of at least 4 at 2^64 pages).
-const MAX_HEIGHT: u32 = 40;
+pub const MAX_HEIGHT: u32 = 40;
 /// Unexplained descents (see `find_leaf`) before the tree is called corrupt.
 const STABLE_MISSES: u32 = 3;
 /// Latch or validation retries of one operation between two yields.

@@ -437,6 +437,23 @@ impl BufferPool {
         Ok(())
     }
 
+    /// The page id in root slot `slot`, with the meta page latched by the
+    /// caller.
+    pub fn root_in(&self, m: &PageMut<'_>, slot: usize) -> Result<u64> {
+        check_slot(slot)?;
+        debug_assert_eq!(m.pid(), META_PAGE);
+        Ok(get_u64(m, OFF_ROOTS + 8 * slot))
+    }
+
+    /// Stores a page id in root slot `slot`, with the meta page latched by
+    /// the caller (who logs it, in one group with the rest of its change).
+    pub fn set_root_in(&self, m: &mut PageMut<'_>, slot: usize, pid: u64) -> Result<()> {
+        check_slot(slot)?;
+        debug_assert_eq!(m.pid(), META_PAGE);
+        put_u64(m, OFF_ROOTS + 8 * slot, pid);
+        Ok(())
+    }
+
     /// How much of the array is used.
     pub async fn space(&self) -> Result<SpaceInfo> {
         let m = self.fix_shared(META_PAGE).await?;

@@ -1,0 +1,328 @@
+//! Creating and dropping trees so that a crash at any point leaks no page.
+//!
+//! Owns: the catalogue's root slot and the two intent slots of the meta
+//! page, the crash-safe order of `create_tree` and `drop_tree`, and the
+//! completion of an interrupted one when a database opens. Never: runs
+//! two of these at once (the caller serializes them), or frees a page that
+//! anything still reachable points to.
+//!
+//! A tree's root page is allocated before the catalogue commit that names
+//! it, and a dropped tree's pages are freed after the commit that removes
+//! its name; a crash in between would leave pages that nothing owns. So
+//! each operation first records its intent in the meta page, in the same
+//! log group as its first page change:
+//! - **create**: the root is allocated, initialised and named in slot
+//!   [`CREATING_SLOT`] in one group; then the catalogue commit; then the
+//!   slot is cleared (or, if the commit failed, the root freed with it).
+//!   At open, a set slot whose page the catalogue names is cleared, and
+//!   one the catalogue does not name is freed.
+//! - **drop**: the root is named in [`DROPPING_SLOT`]; the catalogue
+//!   commit removes the name; every commit still writing to the tree is
+//!   waited for (all key stripes taken once) and later ones are refused;
+//!   a checkpoint moves the redo point past every commit that wrote to the
+//!   tree; then the pages are freed bottom-up, each in one group with the
+//!   zeroing of its parent's pointer to it, the root last with the slot
+//!   cleared. At any crash the tree still reachable from the slot holds
+//!   only live pages, so the next open resumes the frees after its own
+//!   checkpoint. A set slot that the catalogue still names (the drop's
+//!   commit did not survive) is simply cleared.
+
+use std::sync::Arc;
+
+use crate::btree::node::{self, Node};
+use crate::btree::BTree;
+use crate::buffer::alloc::META_PAGE;
+use crate::buffer::page::PageType;
+use crate::buffer::{BufferPool, PageMut};
+use crate::txn::{Committer, Expect};
+use crate::wal::record::Write;
+use crate::wal::Durability;
+use crate::{Error, Result};
+
+/// Root slot of the catalogue (tree name -> root page id).
+pub(crate) const CATALOG_SLOT: usize = 0;
+/// Root slot naming the root of a tree being created (0: none).
+pub const CREATING_SLOT: usize = 1;
+/// Root slot naming the root of a tree being dropped (0: none).
+pub const DROPPING_SLOT: usize = 2;
+
+/// Creates the tree `name` and returns its root page id. Runs on a worker.
+pub(crate) async fn create(committer: &Committer, catalog: &BTree, name: &[u8]) -> Result<u64> {
+    let pool = &committer.pool;
+    if catalog.get(name).await?.is_some() {
+        return Err(Error::KeyExists);
+    }
+    let root = allocate_root(committer).await?;
+    let w = Write {
+        tree: catalog.root(),
+        key: name.to_vec(),
+        value: Some(root.to_le_bytes().to_vec()),
+    };
+    let check = (catalog.root(), name.to_vec(), Expect::Absent);
+    let done = committer
+        .commit(vec![w], vec![check], Durability::Sync)
+        .await;
+    if done.is_err() && pool.poisoned().is_some() {
+        // The commit may be in the log: the next open decides.
+        return done.map(|_| root);
+    }
+    let mut m = pool.fix_exclusive(META_PAGE).await?;
+    pool.set_root_in(&mut m, CREATING_SLOT, 0)?;
+    match done {
+        Ok(_) => {
+            pool.log_group(&mut [&mut m])?;
+            Ok(root)
+        }
+        Err(e) => {
+            let mut p = pool.fix_exclusive(root).await?;
+            pool.free_in(&mut m, &mut p)?;
+            pool.log_group(&mut [&mut m, &mut p])?;
+            Err(e)
+        }
+    }
+}
+
+/// Allocates and initialises a root leaf named in [`CREATING_SLOT`], all
+/// in one log group. A page that was the root of a tree dropped since
+/// open is never handed out as a new root (a stale handle of the dropped
+/// tree would write into the new one); such pages go back to the free
+/// list in the same group.
+async fn allocate_root(committer: &Committer) -> Result<u64> {
+    let pool = &committer.pool;
+    let mut m = pool.fix_exclusive(META_PAGE).await?;
+    if pool.root_in(&m, CREATING_SLOT)? != 0 {
+        return Err(Error::Corrupt {
+            page: META_PAGE,
+            what: "a tree creation is already recorded in the meta page".into(),
+        });
+    }
+    let mut aside: Vec<PageMut<'_>> = Vec::new();
+    let mut root = loop {
+        let p = pool.allocate_in(&mut m, PageType::Leaf).await?;
+        if !committer.was_dropped(p.pid()) {
+            break p;
+        }
+        // Bounded: each turn takes a different page, and only roots
+        // dropped since open are set aside.
+        aside.push(p);
+    };
+    for p in &mut aside {
+        pool.free_in(&mut m, p)?;
+    }
+    node::init(&mut root, true, None, None, 0);
+    let pid = root.pid();
+    pool.set_root_in(&mut m, CREATING_SLOT, pid)?;
+    let mut group: Vec<&mut PageMut<'_>> = vec![&mut m, &mut root];
+    group.extend(aside.iter_mut());
+    pool.log_group(&mut group)?;
+    Ok(pid)
+}
+
+/// The first part of dropping the tree `name` at `root`: the intent, the
+/// catalogue commit, the barrier against writers. The caller then takes
+/// a checkpoint and calls [`destroy`]. Runs on a worker.
+pub(crate) async fn begin_drop(
+    committer: &Committer,
+    catalog: &BTree,
+    name: &[u8],
+    root: u64,
+) -> Result<()> {
+    let pool = &committer.pool;
+    {
+        let mut m = pool.fix_exclusive(META_PAGE).await?;
+        if pool.root_in(&m, DROPPING_SLOT)? != 0 {
+            return Err(Error::Corrupt {
+                page: META_PAGE,
+                what: "a tree drop is already recorded in the meta page".into(),
+            });
+        }
+        pool.set_root_in(&mut m, DROPPING_SLOT, root)?;
+        pool.log_group(&mut [&mut m])?;
+    }
+    let w = Write {
+        tree: catalog.root(),
+        key: name.to_vec(),
+        value: None,
+    };
+    let check = (
+        catalog.root(),
+        name.to_vec(),
+        Expect::Value(Some(root.to_le_bytes().to_vec())),
+    );
+    if let Err(e) = committer
+        .commit(vec![w], vec![check], Durability::Sync)
+        .await
+    {
+        if pool.poisoned().is_none() {
+            let mut m = pool.fix_exclusive(META_PAGE).await?;
+            pool.set_root_in(&mut m, DROPPING_SLOT, 0)?;
+            pool.log_group(&mut [&mut m])?;
+        }
+        return Err(e);
+    }
+    committer.mark_dropped(root).await;
+    Ok(())
+}
+
+/// Frees every page of the tree at `root` (named in [`DROPPING_SLOT`]),
+/// bottom-up: each page in one log group with the zeroing of its parent's
+/// pointer to it, the root last with the slot cleared. Resumable after a
+/// crash at any point. Runs on a worker; nothing else may use the tree.
+pub(crate) async fn destroy(pool: &Arc<BufferPool>, root: u64) -> Result<()> {
+    // Each turn frees at least one page; a tree has fewer pages than the
+    // array.
+    for _ in 0..=pool.array().pages() {
+        // Descend along the first remaining child to a leaf, or to an
+        // inner node whose children are all gone.
+        let mut parent = None;
+        let mut pid = root;
+        let mut leaves_below = false;
+        for _ in 0..crate::btree::tree::MAX_HEIGHT {
+            let g = pool.fix_shared(pid).await?;
+            let n = Node::new(&g).map_err(|c| c.into_error(pid))?;
+            if n.is_leaf() {
+                break;
+            }
+            let Some((slot, child)) = first_child(&n) else {
+                break;
+            };
+            let child_is_leaf = {
+                drop(g);
+                let c = pool.fix_shared(child).await?;
+                let cn = Node::new(&c).map_err(|e| e.into_error(child))?;
+                cn.is_leaf()
+            };
+            if child_is_leaf {
+                leaves_below = true;
+                break;
+            }
+            parent = Some((pid, slot));
+            pid = child;
+        }
+        if leaves_below {
+            free_leaf_children(pool, pid).await?;
+            continue;
+        }
+        let mut m = pool.fix_exclusive(META_PAGE).await?;
+        match parent {
+            None => {
+                let mut p = pool.fix_exclusive(root).await?;
+                pool.free_in(&mut m, &mut p)?;
+                pool.set_root_in(&mut m, DROPPING_SLOT, 0)?;
+                pool.log_group(&mut [&mut m, &mut p])?;
+                return Ok(());
+            }
+            Some((ppid, slot)) => {
+                let mut par = pool.fix_exclusive(ppid).await?;
+                let mut c = pool.fix_exclusive(pid).await?;
+                clear_child(&mut par, ppid, slot)?;
+                pool.free_in(&mut m, &mut c)?;
+                pool.log_group(&mut [&mut m, &mut par, &mut c])?;
+            }
+        }
+    }
+    Err(Error::Corrupt {
+        page: root,
+        what: "dropping the tree freed more pages than the array has (a cycle)".into(),
+    })
+}
+
+/// Frees every child of inner node `pid` (all leaves), each in one group
+/// with the zeroing of its pointer.
+async fn free_leaf_children(pool: &Arc<BufferPool>, pid: u64) -> Result<()> {
+    loop {
+        let next = {
+            let g = pool.fix_shared(pid).await?;
+            let n = Node::new(&g).map_err(|c| c.into_error(pid))?;
+            first_child(&n)
+        };
+        let Some((slot, child)) = next else {
+            return Ok(());
+        };
+        let mut m = pool.fix_exclusive(META_PAGE).await?;
+        let mut par = pool.fix_exclusive(pid).await?;
+        let mut c = pool.fix_exclusive(child).await?;
+        clear_child(&mut par, pid, slot)?;
+        pool.free_in(&mut m, &mut c)?;
+        pool.log_group(&mut [&mut m, &mut par, &mut c])?;
+    }
+}
+
+/// Which child pointer of an inner node: entry `i`, or the upper child.
+#[derive(Clone, Copy)]
+enum ChildSlot {
+    Entry(usize),
+    Upper,
+}
+
+/// The first child pointer of inner node `n` that is not zero.
+fn first_child(n: &Node<'_>) -> Option<(ChildSlot, u64)> {
+    (0..n.len())
+        .map(|i| (ChildSlot::Entry(i), n.child_at(i)))
+        .chain(std::iter::once((ChildSlot::Upper, n.upper_child())))
+        .find(|&(_, c)| c != 0)
+}
+
+fn clear_child(page: &mut PageMut<'_>, pid: u64, slot: ChildSlot) -> Result<()> {
+    let mut n = node::NodeMut::new(page).map_err(|c| c.into_error(pid))?;
+    match slot {
+        ChildSlot::Entry(i) => {
+            if n.as_node().payload_at(i).len() != 8 {
+                return Err(Error::Corrupt {
+                    page: pid,
+                    what: format!("inner entry {i} does not hold a page id"),
+                });
+            }
+            n.set_child_at(i, 0);
+        }
+        ChildSlot::Upper => n.set_upper_child(0),
+    }
+    Ok(())
+}
+
+/// Completes a create or drop that a crash interrupted (see the module
+/// doc). Runs on a worker at open, after recovery and the open
+/// checkpoint, before any user operation.
+pub(crate) async fn finish_interrupted(pool: &Arc<BufferPool>, catalog: &BTree) -> Result<()> {
+    let (creating, dropping) = (
+        pool.root(CREATING_SLOT).await?,
+        pool.root(DROPPING_SLOT).await?,
+    );
+    if creating == 0 && dropping == 0 {
+        return Ok(());
+    }
+    let named = catalogue_roots(catalog).await?;
+    if creating != 0 {
+        let mut m = pool.fix_exclusive(META_PAGE).await?;
+        pool.set_root_in(&mut m, CREATING_SLOT, 0)?;
+        if named.contains(&creating) {
+            pool.log_group(&mut [&mut m])?;
+        } else {
+            let mut p = pool.fix_exclusive(creating).await?;
+            pool.free_in(&mut m, &mut p)?;
+            pool.log_group(&mut [&mut m, &mut p])?;
+        }
+    }
+    if dropping != 0 {
+        if named.contains(&dropping) {
+            let mut m = pool.fix_exclusive(META_PAGE).await?;
+            pool.set_root_in(&mut m, DROPPING_SLOT, 0)?;
+            pool.log_group(&mut [&mut m])?;
+        } else {
+            destroy(pool, dropping).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Root page ids of every tree the catalogue names.
+async fn catalogue_roots(catalog: &BTree) -> Result<Vec<u64>> {
+    let mut c = catalog.cursor(std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, true);
+    let mut out = Vec::new();
+    while let Some((_, v)) = c.next().await? {
+        if let Ok(b) = <[u8; 8]>::try_from(v.as_slice()) {
+            out.push(u64::from_le_bytes(b));
+        }
+    }
+    Ok(out)
+}
