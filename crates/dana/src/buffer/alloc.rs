@@ -11,7 +11,7 @@
 //! | bytes    | field                                        |
 //! |----------|----------------------------------------------|
 //! | 32..40   | magic `DANAMETA`                             |
-//! | 40..44   | format version (1)                           |
+//! | 40..44   | format version ([`FORMAT_VERSION`])          |
 //! | 44..48   | page size                                    |
 //! | 48..52   | array width (devices)                        |
 //! | 56..64   | next never-used page id                      |
@@ -20,10 +20,14 @@
 //! | 80..88   | log identity (0: the database has no log)    |
 //! | 128..384 | 32 root slots (u64 page ids) for upper layers|
 //!
+//! (Upper layers give the slots their meaning: the catalogue in slot 0,
+//! a create's and a drop's intent in slots 1 and 2; see `catalog.rs`.)
+//!
 //! Format versions: every change to an on-disk format (meta page, node
 //! pages, log records, control blocks) bumps [`FORMAT_VERSION`]; a build
 //! reads only its own version and names both in the error otherwise (no
-//! silent upgrade). Version 2 added the log identity.
+//! silent upgrade). Version 2 added the log identity; version 3 the intent
+//! slots of `catalog.rs`.
 //!
 //! Never: hands out page 0, or a page beyond the array.
 
@@ -36,7 +40,7 @@ use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"DANAMETA";
 /// The on-disk format this build reads and writes (see the module doc).
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 const OFF_MAGIC: usize = 32;
 const OFF_VERSION: usize = 40;
 const OFF_PAGE_SIZE: usize = 44;
