@@ -170,6 +170,8 @@ struct TaskLog {
     txns: Vec<Txn>,
     /// How many of them had to survive.
     required: usize,
+    /// The commit LSN of each acknowledged one, in order (0: unknown).
+    lsns: Vec<u64>,
 }
 
 /// What the judge found.
@@ -183,6 +185,9 @@ pub struct Judged {
     pub doubts_applied: u64,
     /// Committers whose state is no prefix of their transactions.
     pub not_prefix: u64,
+    /// Acknowledged commits missing while one with a later LSN (of any
+    /// committer) is there: the state is no prefix of the log order.
+    pub out_of_order: u64,
 }
 
 impl Judged {
@@ -196,6 +201,13 @@ impl Judged {
         self.found += o.found;
         self.doubts_applied += o.doubts_applied;
         self.not_prefix += o.not_prefix;
+        self.out_of_order += o.out_of_order;
+    }
+
+    /// Every committer's state is a prefix of its transactions, and all
+    /// together a prefix of the log order.
+    pub fn ordered(&self) -> bool {
+        self.not_prefix == 0 && self.out_of_order == 0
     }
 }
 
@@ -241,7 +253,28 @@ fn judge(db: &Db, base: &Model, logs: &[TaskLog]) -> Result<(Judged, Vec<Option<
         }
         matched.push(best);
     }
+    out.out_of_order = out_of_order(logs, &matched);
     Ok((out, matched))
+}
+
+/// Across committers: the acknowledged commits (with a known LSN) that
+/// are missing although one with a later LSN survived. `matched`: per
+/// committer, how many of its transactions the state holds.
+fn out_of_order(logs: &[TaskLog], matched: &[Option<usize>]) -> u64 {
+    let (mut present, mut absent) = (Vec::new(), Vec::new());
+    for (log, best) in logs.iter().zip(matched) {
+        let Some(j) = *best else { continue };
+        for (i, &lsn) in log.lsns.iter().enumerate().filter(|(_, &l)| l != 0) {
+            if i < j {
+                present.push(lsn);
+            } else {
+                absent.push(lsn);
+            }
+        }
+    }
+    present.iter().max().map_or(0, |&newest| {
+        absent.iter().filter(|&&l| l < newest).count() as u64
+    })
 }
 
 /// Commits of `txns` each of whose writes not overwritten by a later one
@@ -528,6 +561,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
                     .map(|i| txn(seed, task, i, max))
                     .collect(),
                 required,
+                lsns: a.clone(),
             }
         })
         .collect();
@@ -577,10 +611,10 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
     };
     db.close()
         .map_err(|e| fail(format!("close after recovery: {e}")))?;
-    if judged.not_prefix > 0 && !plant_loss {
+    if !judged.ordered() && !plant_loss {
         return Err(fail(format!(
-            "{} committers' state is no prefix of their transactions ({} of {} required commits verified)",
-            judged.not_prefix, judged.found, judged.required
+            "{} committers' state is no prefix of their transactions, {} acknowledged commits missing before a later one that survived ({} of {} required commits verified)",
+            judged.not_prefix, judged.out_of_order, judged.found, judged.required
         )));
     }
     Ok(SimOutcome {
@@ -772,7 +806,7 @@ pub fn fault_run(
     let (j, _) = judge(&db, &Default::default(), &[log]).map_err(fail)?;
     db.close()
         .map_err(|e| fail(format!("close after recovery: {e}")))?;
-    if j.not_prefix > 0 || j.lost() > 0 {
+    if !j.ordered() || j.lost() > 0 {
         return Err(fail(format!(
             "{} of {} acknowledged commits found",
             j.found, j.required
@@ -954,6 +988,7 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
                         .map(|i| txn(seed, task, i, max))
                         .collect(),
                     required,
+                    lsns: a.clone(),
                 }
             })
             .collect();
@@ -962,10 +997,10 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
         t.runs += 1;
         t.async_runs += (durability == Durability::Async) as u64;
         t.judged.add(&judged);
-        if judged.not_prefix > 0 || judged.lost() > 0 {
+        if !judged.ordered() || judged.lost() > 0 {
             return Err(fail(format!(
-                "{} of {} commits that had to survive found; {} committers' state is no prefix",
-                judged.found, judged.required, judged.not_prefix
+                "{} of {} commits that had to survive found; {} committers' state is no prefix; {} acknowledged commits missing before a later one that survived",
+                judged.found, judged.required, judged.not_prefix, judged.out_of_order
             )));
         }
         // The new base: each committer's transactions as far as found.
@@ -1028,7 +1063,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
     .map_err(CliError)?;
     let j = sim.judged;
     println!(
-        "simulated power cuts: {} crash points ({} sync, {} async), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied in {:.1} s",
+        "simulated power cuts: {} crash points ({} sync, {} async), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied, {} missing before a later survivor in {:.1} s",
         sim.runs,
         sim.runs - sim.async_runs,
         sim.async_runs,
@@ -1037,6 +1072,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         j.found,
         j.lost(),
         j.doubts_applied,
+        j.out_of_order,
         started.elapsed().as_secs_f64()
     );
     if args.plant_loss {
@@ -1138,4 +1174,37 @@ fn tempdir() -> CliResult<PathBuf> {
     let base = std::env::temp_dir().join(format!("dana-crashtest-{}", std::process::id()));
     std::fs::create_dir_all(&base).map_err(|e| CliError(format!("{}: {e}", base.display())))?;
     Ok(base)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{out_of_order, TaskLog};
+
+    fn log(task: u64, lsns: &[u64]) -> TaskLog {
+        TaskLog {
+            task,
+            txns: Vec::new(),
+            required: lsns.len(),
+            lsns: lsns.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_state_that_is_a_prefix_of_the_log_order_is_in_order() {
+        let logs = [log(0, &[10, 30, 50]), log(1, &[20, 40, 60])];
+        // Everything up to LSN 40 survived.
+        assert_eq!(out_of_order(&logs, &[Some(2), Some(2)]), 0);
+        // Unknown LSNs (0) are not judged.
+        let logs = [log(0, &[10, 0, 50]), log(1, &[20, 40])];
+        assert_eq!(out_of_order(&logs, &[Some(1), Some(2)]), 0);
+    }
+
+    #[test]
+    fn a_missing_commit_before_a_survivor_of_another_committer_is_out_of_order() {
+        let logs = [log(0, &[10, 30, 50]), log(1, &[20, 40, 60])];
+        // Committer 0 lost LSN 30 and 50, committer 1 kept 40 and 60.
+        assert_eq!(out_of_order(&logs, &[Some(1), Some(3)]), 2);
+        // A committer with no matching prefix is left to the prefix check.
+        assert_eq!(out_of_order(&logs, &[None, Some(3)]), 0);
+    }
 }
