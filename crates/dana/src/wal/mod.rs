@@ -552,8 +552,12 @@ impl Wal {
     }
 
     /// Starts a checkpoint: its redo LSN (the end of the log, or the
-    /// oldest commit still being applied), from which on every page's
-    /// first change logs a full image.
+    /// oldest commit still being applied). From now on the first change
+    /// of every page last changed before the log end logs a full image:
+    /// the bound is the log end, not the redo LSN, because a page changed
+    /// between the two is written back by this checkpoint and its next
+    /// change is the first record after the redo LSN that can rebuild it
+    /// from a torn write.
     pub fn begin_checkpoint(&self) -> u64 {
         self.checkpoint_wanted.store(false, Ordering::Release);
         let st = self.lock();
@@ -564,7 +568,7 @@ impl Wal {
             .copied()
             .unwrap_or(st.end)
             .min(st.end);
-        self.fpi_below.fetch_max(redo, Ordering::AcqRel);
+        self.fpi_below.fetch_max(st.end, Ordering::AcqRel);
         redo
     }
 
@@ -725,7 +729,10 @@ mod tests {
         let (_, end) = w.append_commit(commit()).unwrap();
         w.applied(end - 1); // not the slow one's LSN: no effect
         let redo = w.begin_checkpoint();
-        assert_eq!(redo, slow, "the redo LSN waits for the commit being applied");
+        assert_eq!(
+            redo, slow,
+            "the redo LSN waits for the commit being applied"
+        );
         assert!(
             w.full_image_below() >= end,
             "pages changed up to the log end ({end}) must log a full image at their next change, \
