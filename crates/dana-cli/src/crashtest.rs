@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -90,6 +90,40 @@ pub struct CrashArgs {
 const TREES: [&str; 2] = ["a", "b"];
 /// Keys per committer.
 const KEYS: u64 = 300;
+/// Keys preloaded in each tree of a simulated run (no committer's): they
+/// make the trees three levels deep, so cuts hit splits and merges below
+/// inner nodes, and must all be there after every recovery.
+const PRELOAD: u64 = 6000;
+
+fn preload_key(k: u64) -> Vec<u8> {
+    format!("b{k:05}").into_bytes()
+}
+
+fn preload_value(k: u64) -> Vec<u8> {
+    vec![(k % 251) as u8; 100 + (k % 200) as usize]
+}
+
+/// Fails unless both trees hold exactly the preloaded keys and values.
+fn preload_intact(got: &Model) -> Result<(), String> {
+    for (i, t) in got.iter().enumerate() {
+        let pre: Vec<_> = t.range(b"b".to_vec()..b"c".to_vec()).collect();
+        let bad = (0..PRELOAD)
+            .filter(|&k| {
+                pre.get(k as usize)
+                    .is_none_or(|(key, v)| **key != preload_key(k) || **v != preload_value(k))
+            })
+            .count();
+        if bad > 0 || pre.len() as u64 != PRELOAD {
+            return Err(format!(
+                "tree {}: {} of {PRELOAD} preloaded keys missing or changed ({} there)",
+                TREES[i],
+                bad,
+                pre.len()
+            ));
+        }
+    }
+    Ok(())
+}
 /// Bytes of the simulated log's record stream.
 const SIM_LOG: u64 = 1 << 20;
 
@@ -215,7 +249,12 @@ impl Judged {
 /// committers' transactions (per committer, as their own keys). Returns
 /// the counts and, per committer, how many of its transactions the state
 /// holds (None: no prefix matches).
-fn judge(db: &Db, base: &Model, logs: &[TaskLog]) -> Result<(Judged, Vec<Option<usize>>), String> {
+fn judge(
+    db: &Db,
+    base: &Model,
+    logs: &[TaskLog],
+    preloaded: bool,
+) -> Result<(Judged, Vec<Option<usize>>), String> {
     let report = db
         .check()
         .map_err(|e| format!("check failed to run: {e}"))?;
@@ -223,17 +262,23 @@ fn judge(db: &Db, base: &Model, logs: &[TaskLog]) -> Result<(Judged, Vec<Option<
         return Err(format!("check found problems: {:?}", report.findings));
     }
     let got = contents(db).map_err(|e| format!("reading the trees: {e}"))?;
+    if preloaded {
+        preload_intact(&got)?;
+    }
     let mut out = Judged::default();
     let mut matched = Vec::with_capacity(logs.len());
+    let mut spans = Vec::with_capacity(logs.len());
     for log in logs {
         let want = of_task(&got, log.task);
         let mut m = of_task(base, log.task);
         let mut best = (m == want).then_some(0);
+        let mut first = best;
         let mut models = vec![m.clone()];
         for (j, t) in log.txns.iter().enumerate() {
             apply(&mut m, t);
             if m == want {
                 best = Some(j + 1);
+                first.get_or_insert(j + 1);
             }
             models.push(m.clone());
         }
@@ -252,22 +297,28 @@ fn judge(db: &Db, base: &Model, logs: &[TaskLog]) -> Result<(Judged, Vec<Option<
             }
         }
         matched.push(best);
+        spans.push(first.zip(best));
     }
-    out.out_of_order = out_of_order(logs, &matched);
+    out.out_of_order = out_of_order(logs, &spans);
     Ok((out, matched))
 }
 
 /// Across committers: the acknowledged commits (with a known LSN) that
-/// are missing although one with a later LSN survived. `matched`: per
-/// committer, how many of its transactions the state holds.
-fn out_of_order(logs: &[TaskLog], matched: &[Option<usize>]) -> u64 {
+/// are missing although one with a later LSN survived. `spans`: per
+/// committer, the fewest and the most of its transactions whose prefix
+/// equals the state (they differ when transactions change nothing, such
+/// as deletes of absent keys; those in between are neither counted
+/// present nor absent).
+fn out_of_order(logs: &[TaskLog], spans: &[Option<(usize, usize)>]) -> u64 {
     let (mut present, mut absent) = (Vec::new(), Vec::new());
-    for (log, best) in logs.iter().zip(matched) {
-        let Some(j) = *best else { continue };
+    for (log, span) in logs.iter().zip(spans) {
+        let Some((fewest, most)) = *span else {
+            continue;
+        };
         for (i, &lsn) in log.lsns.iter().enumerate().filter(|(_, &l)| l != 0) {
-            if i < j {
+            if i < fewest {
                 present.push(lsn);
-            } else {
+            } else if i >= most {
                 absent.push(lsn);
             }
         }
@@ -370,11 +421,53 @@ impl SimRig {
         )
     }
 
-    /// Formats the database and creates the trees, then closes it.
+    /// Puts the base image on the disks: the trees, each preloaded with
+    /// [`PRELOAD`] keys (built once per process).
     fn setup(&self) -> dana::Result<()> {
+        static BASE: OnceLock<Result<(Vec<u8>, Vec<u8>), String>> = OnceLock::new();
+        let base = BASE.get_or_init(|| {
+            let rig = SimRig::new(0);
+            rig.build_base().map_err(|e| e.to_string())?;
+            let data = rig.data.read_durable(0, rig.data.size() as usize);
+            let log = rig.log.read_durable(0, rig.log.size() as usize);
+            Ok((data, log))
+        });
+        let (data, log) = base
+            .as_ref()
+            .map_err(|e| Error::InvalidArgument(format!("building the base image: {e}")))?;
+        self.data.overwrite_durable(0, data);
+        self.log.overwrite_durable(0, log);
+        Ok(())
+    }
+
+    /// Formats the database, creates the trees and preloads them.
+    fn build_base(&self) -> dana::Result<()> {
         let db = self.open(true, Durability::Sync)?;
-        for n in TREES {
-            db.create_tree(n)?;
+        let trees = TREES
+            .iter()
+            .map(|n| db.create_tree(n))
+            .collect::<dana::Result<Vec<_>>>()?;
+        // One task on the one worker, the trees created before it (no
+        // background checkpoint yet): the image is the same every time.
+        let d = db.clone();
+        db.block_on(async move {
+            for t in &trees {
+                for from in (0..PRELOAD).step_by(200) {
+                    let mut tx = d.begin();
+                    for k in from..(from + 200).min(PRELOAD) {
+                        tx.put(t, &preload_key(k), &preload_value(k))?;
+                    }
+                    tx.commit_async().await?;
+                }
+            }
+            Ok::<_, Error>(())
+        })??;
+        let report = db.check()?;
+        if let Some(t) = report.trees.iter().find(|t| t.height < 3) {
+            return Err(Error::InvalidArgument(format!(
+                "the preloaded tree {} is {} levels deep, not 3",
+                t.name, t.height
+            )));
         }
         db.close()
     }
@@ -583,27 +676,31 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
     }
     rig.data.power_on();
     rig.log.power_on();
-    let db = match rig.open(false, durability) {
+    let reopened = rig.open(false, durability);
+    // The trace up to the end of recovery: what follows (the judge's reads
+    // from this thread racing the worker's evictions) is not seeded.
+    let trace = rig.data.trace_hash() ^ rig.log.trace_hash().rotate_left(1);
+    let db = match reopened {
         Ok(db) => db,
         Err(e @ (Error::CorruptLog { .. } | Error::Corrupt { .. })) if plant_loss => {
             let _ = e;
             return Ok(SimOutcome {
                 ios,
                 judged: Judged::default(),
-                trace: rig.data.trace_hash(),
+                trace,
                 open_caught: true,
             });
         }
         Err(e) => return Err(fail(format!("recovery: {e}"))),
     };
-    let judged = match judge(&db, &Default::default(), &logs) {
+    let judged = match judge(&db, &Default::default(), &logs, true) {
         Ok((j, _)) => j,
         // The checker or the trees caught the planted loss.
         Err(_) if plant_loss => {
             return Ok(SimOutcome {
                 ios,
                 judged: Judged::default(),
-                trace: rig.data.trace_hash(),
+                trace,
                 open_caught: true,
             })
         }
@@ -620,7 +717,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
     Ok(SimOutcome {
         ios,
         judged,
-        trace: rig.data.trace_hash() ^ rig.log.trace_hash().rotate_left(1),
+        trace,
         open_caught: false,
     })
 }
@@ -803,7 +900,7 @@ pub fn fault_run(
     let db = rig
         .open(false, Durability::Sync)
         .map_err(|e| fail(format!("recovery: {e}")))?;
-    let (j, _) = judge(&db, &Default::default(), &[log]).map_err(fail)?;
+    let (j, _) = judge(&db, &Default::default(), &[log], true).map_err(fail)?;
     db.close()
         .map_err(|e| fail(format!("close after recovery: {e}")))?;
     if !j.ordered() || j.lost() > 0 {
@@ -992,7 +1089,7 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
                 }
             })
             .collect();
-        let (judged, matched) = judge(&db, &model, &logs).map_err(fail)?;
+        let (judged, matched) = judge(&db, &model, &logs, false).map_err(fail)?;
         db.close().map_err(|e| fail(format!("close: {e}")))?;
         t.runs += 1;
         t.async_runs += (durability == Durability::Async) as u64;
@@ -1193,18 +1290,21 @@ mod tests {
     fn a_state_that_is_a_prefix_of_the_log_order_is_in_order() {
         let logs = [log(0, &[10, 30, 50]), log(1, &[20, 40, 60])];
         // Everything up to LSN 40 survived.
-        assert_eq!(out_of_order(&logs, &[Some(2), Some(2)]), 0);
+        assert_eq!(out_of_order(&logs, &[Some((2, 2)), Some((2, 2))]), 0);
         // Unknown LSNs (0) are not judged.
         let logs = [log(0, &[10, 0, 50]), log(1, &[20, 40])];
-        assert_eq!(out_of_order(&logs, &[Some(1), Some(2)]), 0);
+        assert_eq!(out_of_order(&logs, &[Some((1, 1)), Some((2, 2))]), 0);
     }
 
     #[test]
     fn a_missing_commit_before_a_survivor_of_another_committer_is_out_of_order() {
         let logs = [log(0, &[10, 30, 50]), log(1, &[20, 40, 60])];
         // Committer 0 lost LSN 30 and 50, committer 1 kept 40 and 60.
-        assert_eq!(out_of_order(&logs, &[Some(1), Some(3)]), 2);
+        assert_eq!(out_of_order(&logs, &[Some((1, 1)), Some((3, 3))]), 2);
         // A committer with no matching prefix is left to the prefix check.
-        assert_eq!(out_of_order(&logs, &[None, Some(3)]), 0);
+        assert_eq!(out_of_order(&logs, &[None, Some((3, 3))]), 0);
+        // Transactions that change nothing (1..3 match equally) are
+        // neither present nor absent.
+        assert_eq!(out_of_order(&logs, &[Some((1, 3)), Some((3, 3))]), 0);
     }
 }

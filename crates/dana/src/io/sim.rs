@@ -1088,9 +1088,11 @@ impl IoQueue for SimQueue {
         let mut inner = self.disk.lock();
         let seq = inner.next_push_seq;
         inner.next_push_seq += 1;
-        // Requests pushed while the power is off do nothing, and how many
-        // there are depends on timing: they stay out of the trace.
-        if inner.powered {
+        // Requests pushed while the power is off, or to a queue opened
+        // before the last power cut (a crashed engine's workers still
+        // winding down), do nothing, and how many there are depends on
+        // timing: they stay out of the trace.
+        if inner.alive(self.generation) {
             inner.trace = trace_mix(
                 trace_mix(
                     trace_mix(inner.trace, req.op as u64),
