@@ -120,3 +120,78 @@ fn a_seeded_crash_point_replays_exactly() {
     assert_eq!(a, trace("7"), "the same seed gave another trace");
     assert_ne!(a, trace("8"), "another seed gave the same trace");
 }
+
+/// Runs `dana args`, killing it if it has not finished after `secs`.
+fn dana_within(args: &[&str], secs: u64) -> (bool, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dana"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            let out = child.wait_with_output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return (out.status.success(), text);
+        }
+        if started.elapsed().as_secs() >= secs {
+            let _ = child.kill();
+            let _ = child.wait();
+            return (
+                false,
+                format!("dana {args:?} still ran after {secs} s (hung)"),
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// 32 committers overran the log: the crashed run's commits needed more
+/// log to re-apply than there was, and the open hung (two points found by
+/// a 32-committer sweep); admission now bounds the log in use and
+/// recovery checkpoints as it goes. Plus a short 32-committer sweep.
+#[test]
+fn thirty_two_committers_never_fill_the_log_and_recovery_finishes() {
+    for (seed, point) in [("218103907", "2114"), ("4194403", "78")] {
+        let (ok, text) = dana_within(
+            &[
+                "crashtest",
+                "--seed",
+                seed,
+                "--point",
+                point,
+                "--tasks",
+                "32",
+            ],
+            120,
+        );
+        assert!(ok, "{text}");
+        assert_eq!(number_after(&text, "seed", "lost"), 0, "{text}");
+    }
+    let (ok, text) = dana_within(
+        &[
+            "crashtest",
+            "--points",
+            "16",
+            "--tasks",
+            "32",
+            "--kills",
+            "0",
+            "--flips",
+            "0",
+        ],
+        300,
+    );
+    assert!(ok, "{text}");
+    assert_eq!(
+        number_after(&text, "simulated power cuts", "lost"),
+        0,
+        "{text}"
+    );
+}
