@@ -338,6 +338,47 @@ async fn checkpoint(pool: &BufferPool, wal: &Arc<Wal>) -> Result<()> {
     wal.finish_checkpoint(lsn, redo).await
 }
 
+/// Recovery, part two: re-applies `commits` (LSN, writes), in log order.
+///
+/// Their page changes are logged (full images first: a page written back
+/// now may tear), so the log grows. When it is three quarters full, the
+/// commits still to re-apply are appended again at the log end and a
+/// checkpoint moves the redo LSN to the first of them: everything before
+/// is on the pages, and the log is back to those commit records. (The
+/// first version re-applied everything in one go: with 32 committers a
+/// crashed run's commits needed more log than there was, the log could not
+/// be flushed, and the open hung. Checkpoints with the redo LSN at the
+/// next old commit freed too little: the new records sit after the old
+/// ones.)
+async fn reapply(
+    pool: &Arc<BufferPool>,
+    wal: Option<&Arc<Wal>>,
+    commits: &[(u64, Vec<Write>)],
+) -> Result<()> {
+    // LSN of each commit's record, and whether the log counts it as being
+    // applied (only after it was appended again).
+    let mut lsns: Vec<u64> = commits.iter().map(|c| c.0).collect();
+    let mut registered = false;
+    for i in 0..commits.len() {
+        if let Some(w) = wal.filter(|w| w.used() > w.capacity() / 4 * 3) {
+            for j in i..commits.len() {
+                let (lsn, _) = w.append_commit(record::commit(&commits[j].1).into_unsealed())?;
+                if registered {
+                    w.applied(lsns[j]);
+                }
+                lsns[j] = lsn;
+            }
+            registered = true;
+            checkpoint(pool, w).await?;
+        }
+        crate::txn::apply(pool, &commits[i].1, false).await?;
+        if let (Some(w), true) = (wal, registered) {
+            w.applied(lsns[i]);
+        }
+    }
+    Ok(())
+}
+
 /// [`checkpoint`], one at a time.
 async fn exclusive_checkpoint(pool: &BufferPool, wal: &Arc<Wal>, busy: &AtomicBool) -> Result<()> {
     struct Busy<'a>(&'a AtomicBool);
@@ -556,14 +597,9 @@ impl Db {
             Some(pool.memory()),
         )?;
         let p = pool.clone();
-        let commits: Vec<Vec<Write>> = recovered
+        let commits: Vec<(u64, Vec<Write>)> = recovered
             .as_mut()
-            .map(|r| {
-                std::mem::take(&mut r.commits)
-                    .into_iter()
-                    .map(|c| c.1)
-                    .collect()
-            })
+            .map(|r| std::mem::take(&mut r.commits))
             .unwrap_or_default();
         let reapplied = commits.len() as u64;
         let w2 = wal.clone();
@@ -576,9 +612,7 @@ impl Db {
             } else {
                 p.open_meta().await?;
                 // Recovery, part two: complete every commit found.
-                for writes in &commits {
-                    crate::txn::apply(&p, writes, false).await?;
-                }
+                reapply(&p, w2.as_ref(), &commits).await?;
                 p.root(CATALOG_SLOT).await?
             };
             if let Some(id) = new_id {

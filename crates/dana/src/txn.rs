@@ -11,7 +11,9 @@
 //! 3. reserve the most pages the writes' apply can allocate (else
 //!    [`Error::OutOfSpace`], before anything is logged: a commit that can
 //!    fail for space fails here, and recovery, which re-applies logged
-//!    commits, never needs more space than the database had);
+//!    commits, never needs more space than the database had), then the
+//!    most log bytes it can append ([`Wal::admit`]: waits for a
+//!    checkpoint if the log is too full);
 //! 4. append one commit record holding all the writes (this is the commit
 //!    point: recovery re-applies every commit record it finds);
 //! 5. apply the writes to the trees (their page changes are logged after
@@ -215,9 +217,6 @@ impl Committer {
         if let Some(e) = self.pool.poisoned() {
             return Err(e);
         }
-        if let Some(w) = &self.wal {
-            w.admit().await?;
-        }
         let guard = self
             .locks
             .lock(writes.iter().map(|w| (w.tree, w.key.as_slice())))
@@ -237,17 +236,23 @@ impl Committer {
                 _ => {}
             }
         }
-        let space = self
-            .pool
-            .reserve(pages_needed(&self.pool, &writes).await?)?;
-        let logged = match &self.wal {
+        let pages = pages_needed(&self.pool, &writes).await?;
+        let space = self.pool.reserve(pages)?;
+        let (logged, log_space) = match &self.wal {
             Some(w) if !writes.is_empty() => {
-                Some(w.append_commit(record::commit(&writes).into_unsealed())?)
+                let rec = record::commit(&writes).into_unsealed();
+                // Every page the apply touches or allocates may log a full
+                // image.
+                let page_bytes = (self.pool.page_size() + record::HEADER + 16) as u64;
+                let touched = pages + writes.len() as u64;
+                let r = w.admit(rec.len() as u64 + touched * page_bytes).await?;
+                (Some(w.append_commit(rec)?), Some(r))
             }
-            _ => None,
+            _ => (None, None),
         };
         let applied = apply(&self.pool, &writes, true).await;
         drop(space);
+        drop(log_space);
         if let (Some(w), Some((lsn, _))) = (&self.wal, logged) {
             w.applied(lsn);
         }

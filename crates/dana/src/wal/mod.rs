@@ -138,6 +138,8 @@ pub struct Wal {
     state: Mutex<State>,
     durable: AtomicU64,
     fpi_below: AtomicU64,
+    /// Log bytes promised to commits admitted and not yet applied.
+    reserved: AtomicU64,
     wanted: AtomicU64,
     waiters: Mutex<Vec<(u64, Waker)>>,
     has_waiters: AtomicBool,
@@ -149,6 +151,20 @@ pub struct Wal {
     checkpoint_wanted: AtomicBool,
     checkpoint_waker: Mutex<Option<Waker>>,
     stats: WalStats,
+}
+
+/// Log bytes promised to one admitted commit ([`Wal::admit`]); released on
+/// drop.
+pub struct LogReservation<'a> {
+    wal: &'a Wal,
+    bytes: u64,
+}
+
+impl Drop for LogReservation<'_> {
+    fn drop(&mut self) {
+        let prev = self.wal.reserved.fetch_sub(self.bytes, Ordering::AcqRel);
+        assert!(prev >= self.bytes, "log reservations released twice");
+    }
 }
 
 /// Where the log resumes, from recovery or a fresh format.
@@ -207,6 +223,7 @@ impl Wal {
             }),
             durable: AtomicU64::new(resume.end),
             fpi_below: AtomicU64::new(resume.end),
+            reserved: AtomicU64::new(0),
             wanted: AtomicU64::new(0),
             waiters: Mutex::new(Vec::new()),
             has_waiters: AtomicBool::new(false),
@@ -350,17 +367,39 @@ impl Wal {
         st.end - st.redo
     }
 
-    /// Waits while the log is more than half full (asking for a checkpoint),
-    /// so that the operations already running have room to finish.
-    pub async fn admit(&self) -> Result<()> {
+    /// Admits a commit that may append up to `bytes` (its record and the
+    /// page changes of its apply): waits (asking for a checkpoint) until
+    /// the log in use plus every admitted commit's promise plus `bytes`
+    /// fits in three quarters of the log. So however many commits run at
+    /// once, the log never fills with records a checkpoint cannot get
+    /// past: a full log could not be flushed, and a checkpoint needs a
+    /// flush (the first version admitted whoever came while the log was
+    /// under half full; 32 committers overran it). A promise larger than
+    /// a quarter of the log counts as a quarter (one huge transaction
+    /// still runs, with less margin). Released when the returned
+    /// reservation drops.
+    pub async fn admit(&self, bytes: u64) -> Result<LogReservation<'_>> {
+        let bytes = bytes.min(self.capacity / 4);
+        let limit = self.capacity / 4 * 3;
         loop {
             if let Some(e) = self.poisoned() {
                 return Err(e);
             }
-            if self.used() <= self.capacity / 2 {
-                return Ok(());
+            let used = self.used();
+            if used > self.capacity / 2 {
+                self.request_checkpoint();
             }
-            self.request_checkpoint();
+            let cur = self.reserved.load(Ordering::Acquire);
+            if used + cur + bytes <= limit {
+                if self
+                    .reserved
+                    .compare_exchange(cur, cur + bytes, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    return Ok(LogReservation { wal: self, bytes });
+                }
+                continue;
+            }
             sched::yield_now().await;
         }
     }
