@@ -388,6 +388,9 @@ fn sim_options(durability: Durability) -> Options {
     }
 }
 
+/// Durable images of a data disk and a log disk.
+type Image = (Vec<u8>, Vec<u8>);
+
 struct SimRig {
     data: Arc<SimDisk>,
     log: Arc<SimDisk>,
@@ -424,7 +427,7 @@ impl SimRig {
     /// Puts the base image on the disks: the trees, each preloaded with
     /// [`PRELOAD`] keys (built once per process).
     fn setup(&self) -> dana::Result<()> {
-        static BASE: OnceLock<Result<(Vec<u8>, Vec<u8>), String>> = OnceLock::new();
+        static BASE: OnceLock<Result<Image, String>> = OnceLock::new();
         let base = BASE.get_or_init(|| {
             let rig = SimRig::new(0);
             rig.build_base().map_err(|e| e.to_string())?;
