@@ -30,12 +30,14 @@ pub mod error;
 #[allow(unsafe_code)]
 pub mod io;
 mod open;
+pub mod options;
 pub mod sched;
 pub mod stats;
 pub mod txn;
 pub mod wal;
 
-pub use db::{Db, Options, Tree};
+pub use db::{Db, Tree};
 pub use error::{Error, OpKind, Result};
+pub use options::Options;
 pub use txn::Transaction;
 pub use wal::Durability;
