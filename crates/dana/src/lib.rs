@@ -11,7 +11,9 @@
 //!   flight, clock eviction, write-back, page allocation.
 //! - [`btree`]: B+tree nodes and trees on buffer-pool pages.
 //! - [`wal`]: the write-ahead log, group commit, checkpoints and recovery.
-//! - [`txn`]: transactions over one or more trees.
+//! - [`txn`]: the commit protocol: key locks, validation, reservations,
+//!   the commit record, apply.
+//! - [`transaction`]: the public transaction over one or more trees.
 //! - [`catalog`]: creating and dropping trees without leaking a page.
 //! - [`check`]: the read-only consistency checker (`dana check`).
 //!
@@ -33,11 +35,12 @@ mod open;
 pub mod options;
 pub mod sched;
 pub mod stats;
+pub mod transaction;
 pub mod txn;
 pub mod wal;
 
 pub use db::{Db, Tree};
 pub use error::{Error, OpKind, Result};
 pub use options::Options;
-pub use txn::Transaction;
+pub use transaction::Transaction;
 pub use wal::Durability;

@@ -1,5 +1,6 @@
 //! The layers import downward only: io < sched < buffer < btree, wal <
-//! txn < catalog < check, open < db (error and stats serve every layer).
+//! txn < options, catalog < check, open < db, transaction (error and
+//! stats serve every layer).
 //! This test reads every source file of the library and fails on an
 //! import of a higher (or equal, other) layer that is not in the list of
 //! known exceptions below, so no new one can land unnoticed. Each known
@@ -25,31 +26,33 @@ fn rank(module: &str) -> Option<u32> {
     })
 }
 
+/// The layer a module belongs to: the public transaction is part of the
+/// public API (it takes `Tree` handles, `Db` hands it out).
+fn layer(module: &str) -> &str {
+    match module {
+        "transaction" => "db",
+        m => m,
+    }
+}
+
 /// The module behind a name re-exported at the crate root.
 fn reexport(name: &str) -> Option<&'static str> {
     Some(match name {
         "Error" | "Result" | "OpKind" => "error",
         "Db" | "Tree" => "db",
         "Options" => "options",
-        "Transaction" => "txn",
+        "Transaction" => "transaction",
         "Durability" => "wal",
         _ => return None,
     })
 }
 
 /// Upward imports that exist today, each with the issue that removes it.
-const KNOWN: &[(&str, &str, &str)] = &[
-    (
-        "buffer",
-        "wal",
-        "#11: the buffer pool builds the log's page records and pumps its flushes",
-    ),
-    (
-        "txn",
-        "db",
-        "#11: Transaction::put takes the public Tree handle",
-    ),
-];
+const KNOWN: &[(&str, &str, &str)] = &[(
+    "buffer",
+    "wal",
+    "#11: the buffer pool builds the log's page records and pumps its flushes",
+)];
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {
@@ -117,7 +120,7 @@ fn layers_import_downward_only() {
     let mut found = BTreeSet::new();
     let mut unknown = Vec::new();
     for f in &files {
-        let module = module_of(&src, f);
+        let module = layer(&module_of(&src, f)).to_string();
         if module == "lib" {
             continue;
         }
@@ -127,8 +130,8 @@ fn layers_import_downward_only() {
         };
         let code = std::fs::read_to_string(f).unwrap();
         for seg in imports(&code) {
-            let target = match rank(&seg) {
-                Some(_) => seg.clone(),
+            let target = match rank(layer(&seg)) {
+                Some(_) => layer(&seg).to_string(),
                 None => match reexport(&seg) {
                     Some(m) => m.to_string(),
                     None => {
