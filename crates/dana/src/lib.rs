@@ -33,6 +33,7 @@ pub mod error;
 pub mod io;
 mod open;
 pub mod options;
+mod recovery;
 pub mod sched;
 pub mod stats;
 pub mod transaction;

@@ -20,7 +20,7 @@ fn rank(module: &str) -> Option<u32> {
         "txn" => 5,
         "options" => 6,
         "catalog" => 6,
-        "check" | "open" => 7,
+        "check" | "open" | "recovery" => 7,
         "db" => 8,
         _ => return None,
     })
