@@ -34,6 +34,7 @@
 pub mod alloc;
 pub mod inflight;
 pub mod page;
+pub mod page_log;
 mod page_table;
 
 use std::future::Future;
@@ -46,9 +47,9 @@ use std::time::Instant;
 use crate::io::{AlignedBuf, Array, Completion, IoBuf, Request};
 use crate::sched::{self, IoHandler, IoTiming};
 use crate::stats::{Histogram, HistogramSnapshot};
-use crate::wal::{record, Wal, TAG_LOG};
 use crate::{Error, Result};
 use inflight::{InFlight, IoWait};
+use page_log::{PageChange, PageLog};
 use page_table::{
     lock_of, version_of, PageTable, EVICTED, EXCLUSIVE, LOADING, MAX_SHARED, UNLOCKED,
 };
@@ -169,7 +170,7 @@ pub struct BufferPool {
     poison: Mutex<Option<String>>,
     poisoned: AtomicBool,
     alloc: alloc::AllocState,
-    wal: std::sync::OnceLock<Arc<Wal>>,
+    wal: std::sync::OnceLock<Arc<dyn PageLog>>,
 }
 
 /// How a page is latched.
@@ -280,15 +281,10 @@ impl BufferPool {
     /// Attaches the write-ahead log: from now on every page change is
     /// logged when its exclusive latch is released, and write-back waits
     /// for a page's records to be durable. Set once, before use.
-    pub fn attach_wal(&self, wal: Arc<Wal>) -> Result<()> {
+    pub fn attach_wal(&self, wal: Arc<dyn PageLog>) -> Result<()> {
         self.wal
             .set(wal)
             .map_err(|_| Error::InvalidArgument("the pool already has a log".into()))
-    }
-
-    /// The write-ahead log, if attached.
-    pub fn wal(&self) -> Option<&Arc<Wal>> {
-        self.wal.get()
     }
 
     /// True if write-back may write frame `f` (latched by the caller) now:
@@ -315,24 +311,26 @@ impl BufferPool {
         let Some(wal) = self.wal.get() else {
             return Ok(());
         };
-        let mut b = record::RecordBuilder::new(record::Kind::Pages);
-        b.u32(0);
-        let mut n = 0u32;
-        for g in pages.iter_mut() {
-            if g.encode_change(wal, &mut b) {
-                n += 1;
+        let logged = {
+            let changes: Vec<PageChange<'_>> = pages.iter().map(|g| g.change()).collect();
+            wal.log_changes(&changes)
+        };
+        match logged {
+            Ok(None) => Ok(()),
+            Ok(Some(lsn)) => {
+                for g in pages.iter_mut() {
+                    g.after_logged(Some(lsn));
+                }
+                Ok(())
+            }
+            Err(e) => {
+                for g in pages.iter_mut() {
+                    g.after_logged(None);
+                }
+                self.poison_with(&e);
+                Err(e)
             }
         }
-        if n == 0 {
-            return Ok(());
-        }
-        let mut rec = b.into_unsealed();
-        rec[record::HEADER..record::HEADER + 4].copy_from_slice(&n.to_le_bytes());
-        let logged = wal.append(rec);
-        for g in pages.iter_mut() {
-            g.after_logged(logged.as_ref().ok().map(|l| l.0));
-        }
-        logged.map(|_| ()).inspect_err(|e| self.poison_with(e))
     }
 
     /// The error that poisoned the pool, if any.
@@ -913,10 +911,8 @@ impl BufferPool {
 
 impl IoHandler for BufferPool {
     fn complete(&self, c: Completion, t: IoTiming) {
-        if c.tag & TAG_LOG == TAG_LOG {
-            if let Some(w) = self.wal.get() {
-                w.complete(c);
-            }
+        if let Some(w) = self.wal.get().filter(|w| w.owns_tag(c.tag)) {
+            w.complete(c);
             return;
         }
         let id = c.tag & TAG_ID_MASK;
@@ -1047,26 +1043,16 @@ impl PageMut<'_> {
         self.before = Some(b);
     }
 
-    /// Appends this page's change (since it was latched or last logged)
-    /// as an entry to `b`; false if nothing changed.
-    fn encode_change(&mut self, wal: &Wal, b: &mut record::RecordBuilder) -> bool {
-        // SAFETY: the exclusive latch is held while this guard lives.
-        let after = unsafe { self.pool.frame_bytes(self.frame) };
-        let full = self.fresh || page::page_lsn(after) < wal.full_image_below();
-        let segs = if full {
-            record::image(after)
-        } else {
-            match &self.before {
-                Some(before) => record::diff(before, after),
-                None => return false,
-            }
-        };
-        if !full && segs.is_empty() {
-            return false;
+    /// This page's change since it was latched or last logged, for the
+    /// log.
+    fn change(&self) -> PageChange<'_> {
+        PageChange {
+            pid: self.pid,
+            before: self.before.as_deref(),
+            // SAFETY: the exclusive latch is held while this guard lives.
+            after: unsafe { self.pool.frame_bytes(self.frame) },
+            fresh: self.fresh,
         }
-        let flags = if full { record::FULL_IMAGE } else { 0 };
-        record::put_page_entry(b, self.pid, flags, after, &segs);
-        true
     }
 
     /// After a record with this page's change got `lsn` (None: the append
@@ -1126,15 +1112,12 @@ impl std::ops::DerefMut for PageMut<'_> {
 impl Drop for PageMut<'_> {
     fn drop(&mut self) {
         if let Some(wal) = self.pool.wal.get() {
-            let mut b = record::RecordBuilder::new(record::Kind::Pages);
-            b.u32(1);
-            if self.encode_change(wal, &mut b) {
-                match wal.append(b.into_unsealed()) {
-                    Ok((lsn, _)) => self.advance_lsn(lsn),
-                    // The change is in memory but not in the log: never let
-                    // it reach storage.
-                    Err(e) => self.pool.poison_with(&e),
-                }
+            match wal.log_changes(&[self.change()]) {
+                Ok(Some(lsn)) => self.advance_lsn(lsn),
+                Ok(None) => {}
+                // The change is in memory but not in the log: never let it
+                // reach storage.
+                Err(e) => self.pool.poison_with(&e),
             }
             if let Some(b) = self.before.take() {
                 SPARE_IMAGES.with(|s| {

@@ -40,6 +40,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::buffer::inflight::IoWait;
+use crate::buffer::page;
+use crate::buffer::page_log::PageChange;
 use crate::io::{AlignedBuf, Completion, IoBuf, Request};
 use crate::sched;
 use crate::{Error, Result};
@@ -151,6 +153,68 @@ pub struct Wal {
     checkpoint_wanted: AtomicBool,
     checkpoint_waker: Mutex<Option<Waker>>,
     stats: WalStats,
+}
+
+impl crate::buffer::page_log::PageLog for Wal {
+    fn log_changes(&self, changes: &[PageChange<'_>]) -> Result<Option<u64>> {
+        let mut b = record::RecordBuilder::new(record::Kind::Pages);
+        b.u32(0);
+        let mut n = 0u32;
+        let fpi_below = self.full_image_below();
+        for c in changes {
+            // A new page, or the first change since a checkpoint began:
+            // the whole page (a torn write-back of it can be rebuilt).
+            let full = c.fresh || page::page_lsn(c.after) < fpi_below;
+            let segs = if full {
+                record::image(c.after)
+            } else {
+                match c.before {
+                    Some(before) => record::diff(before, c.after),
+                    None => continue,
+                }
+            };
+            if !full && segs.is_empty() {
+                continue;
+            }
+            let flags = if full { record::FULL_IMAGE } else { 0 };
+            record::put_page_entry(&mut b, c.pid, flags, c.after, &segs);
+            n += 1;
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        let mut rec = b.into_unsealed();
+        rec[record::HEADER..record::HEADER + 4].copy_from_slice(&n.to_le_bytes());
+        self.append(rec).map(|(lsn, _)| Some(lsn))
+    }
+
+    fn durable(&self) -> u64 {
+        Wal::durable(self)
+    }
+
+    fn want(&self, lsn: u64) {
+        Wal::want(self, lsn);
+    }
+
+    fn poisoned(&self) -> Option<Error> {
+        Wal::poisoned(self)
+    }
+
+    fn owns_tag(&self, tag: u64) -> bool {
+        tag & TAG_LOG == TAG_LOG
+    }
+
+    fn complete(&self, c: Completion) {
+        Wal::complete(self, c);
+    }
+
+    fn pump(&self) -> bool {
+        Wal::pump(self)
+    }
+
+    fn sleep_limit(&self) -> Option<Duration> {
+        Wal::sleep_limit(self)
+    }
 }
 
 /// Log bytes promised to one admitted commit ([`Wal::admit`]); released on
