@@ -45,10 +45,11 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use crate::io::{AlignedBuf, Array, Completion, IoBuf, Request};
+use crate::sched::IoWait;
 use crate::sched::{self, IoHandler, IoTiming};
 use crate::stats::{Histogram, HistogramSnapshot};
 use crate::{Error, Result};
-use inflight::{InFlight, IoWait};
+use inflight::InFlight;
 use page_log::{PageChange, PageLog};
 use page_table::{
     lock_of, version_of, PageTable, EVICTED, EXCLUSIVE, LOADING, MAX_SHARED, UNLOCKED,

@@ -27,6 +27,7 @@
 
 pub mod io;
 mod task;
+mod wait;
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -39,6 +40,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub use io::{enqueue, on_worker, DeviceBudgets, IoHandler, IoTiming};
+pub use wait::{IoWait, WaitFuture};
 
 use crate::io::{open_queue, AlignedBuf, Backend, EventFd, Target};
 use crate::{Error, Result};

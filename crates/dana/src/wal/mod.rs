@@ -39,11 +39,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use crate::buffer::inflight::IoWait;
 use crate::buffer::page;
 use crate::buffer::page_log::PageChange;
 use crate::io::{AlignedBuf, Completion, IoBuf, Request};
 use crate::sched;
+use crate::sched::IoWait;
 use crate::{Error, Result};
 
 /// Bytes at the start of the log file that hold the control blocks.
