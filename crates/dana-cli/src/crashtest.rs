@@ -398,16 +398,8 @@ struct SimRig {
 
 impl SimRig {
     fn new(seed: u64) -> SimRig {
-        // Every request in flight completes at the worker's next reap (in a
-        // seeded order): how many reaps a busy or idle worker makes does
-        // not change the schedule, so a seed replays exactly.
-        let config = |seed| SimConfig {
-            clock: dana::io::Clock::Deterministic {
-                complete_probability: 1.0,
-            },
-            seed,
-            ..SimConfig::default()
-        };
+        // Replayable: every request completes at the next reap.
+        let config = SimConfig::replayable;
         SimRig {
             data: SimDisk::new(0, 16 << 20, config(seed)),
             log: SimDisk::new(1, CONTROL_BYTES + SIM_LOG, config(seed ^ 1)),

@@ -62,22 +62,39 @@ pub(crate) async fn create(committer: &Committer, catalog: &BTree, name: &[u8]) 
     let done = committer
         .commit(vec![w], vec![check], Durability::Sync)
         .await;
-    if done.is_err() && pool.poisoned().is_some() {
-        // The commit may be in the log: the next open decides.
-        return done.map(|_| root);
-    }
-    let mut m = pool.fix_exclusive(META_PAGE).await?;
-    pool.set_root_in(&mut m, CREATING_SLOT, 0)?;
     match done {
-        Ok(_) => {
-            pool.log_group(&mut [&mut m])?;
-            Ok(root)
-        }
+        // The commit may be in the log: the next open decides.
+        Err(e) if pool.poisoned().is_some() => Err(e),
+        Ok(_) => clear_intent(pool, CREATING_SLOT, None).await.map(|_| root),
         Err(e) => {
-            let mut p = pool.fix_exclusive(root).await?;
-            pool.free_in(&mut m, &mut p)?;
-            pool.log_group(&mut [&mut m, &mut p])?;
+            clear_intent(pool, CREATING_SLOT, Some(root)).await?;
             Err(e)
+        }
+    }
+}
+
+/// Fails unless root slot `slot` of the latched meta page `m` is clear
+/// (the caller serializes creates and drops; a set slot is damage).
+fn no_intent(pool: &BufferPool, m: &PageMut<'_>, slot: usize) -> Result<()> {
+    match pool.root_in(m, slot)? {
+        0 => Ok(()),
+        pid => Err(Error::Corrupt {
+            page: META_PAGE,
+            what: format!("root slot {slot} already records a create or drop (page {pid})"),
+        }),
+    }
+}
+
+/// Clears intent slot `slot`, freeing page `free` in the same log group.
+async fn clear_intent(pool: &BufferPool, slot: usize, free: Option<u64>) -> Result<()> {
+    let mut m = pool.fix_exclusive(META_PAGE).await?;
+    pool.set_root_in(&mut m, slot, 0)?;
+    match free {
+        None => pool.log_group(&mut [&mut m]),
+        Some(pid) => {
+            let mut p = pool.fix_exclusive(pid).await?;
+            pool.free_in(&mut m, &mut p)?;
+            pool.log_group(&mut [&mut m, &mut p])
         }
     }
 }
@@ -90,12 +107,7 @@ pub(crate) async fn create(committer: &Committer, catalog: &BTree, name: &[u8]) 
 async fn allocate_root(committer: &Committer) -> Result<u64> {
     let pool = &committer.pool;
     let mut m = pool.fix_exclusive(META_PAGE).await?;
-    if pool.root_in(&m, CREATING_SLOT)? != 0 {
-        return Err(Error::Corrupt {
-            page: META_PAGE,
-            what: "a tree creation is already recorded in the meta page".into(),
-        });
-    }
+    no_intent(pool, &m, CREATING_SLOT)?;
     let mut aside: Vec<PageMut<'_>> = Vec::new();
     let mut root = loop {
         let p = pool.allocate_in(&mut m, PageType::Leaf).await?;
@@ -130,12 +142,7 @@ pub(crate) async fn begin_drop(
     let pool = &committer.pool;
     {
         let mut m = pool.fix_exclusive(META_PAGE).await?;
-        if pool.root_in(&m, DROPPING_SLOT)? != 0 {
-            return Err(Error::Corrupt {
-                page: META_PAGE,
-                what: "a tree drop is already recorded in the meta page".into(),
-            });
-        }
+        no_intent(pool, &m, DROPPING_SLOT)?;
         pool.set_root_in(&mut m, DROPPING_SLOT, root)?;
         pool.log_group(&mut [&mut m])?;
     }
@@ -154,9 +161,7 @@ pub(crate) async fn begin_drop(
         .await
     {
         if pool.poisoned().is_none() {
-            let mut m = pool.fix_exclusive(META_PAGE).await?;
-            pool.set_root_in(&mut m, DROPPING_SLOT, 0)?;
-            pool.log_group(&mut [&mut m])?;
+            clear_intent(pool, DROPPING_SLOT, None).await?;
         }
         return Err(e);
     }
@@ -174,57 +179,40 @@ pub(crate) async fn destroy(pool: &Arc<BufferPool>, root: u64) -> Result<()> {
     for _ in 0..=pool.array().pages() {
         // Descend along the first remaining child to a leaf, or to an
         // inner node whose children are all gone.
-        let mut parent = None;
-        let mut pid = root;
-        let mut leaves_below = false;
+        let (mut parent, mut pid, mut leaf) = (None, root, false);
         for _ in 0..crate::btree::tree::MAX_HEIGHT {
             let g = pool.fix_shared(pid).await?;
             let n = Node::new(&g).map_err(|c| c.into_error(pid))?;
-            if n.is_leaf() {
-                break;
-            }
-            let Some((slot, child)) = first_child(&n) else {
+            leaf = n.is_leaf();
+            let Some((slot, child)) = first_child(&n).filter(|_| !leaf) else {
                 break;
             };
-            let child_is_leaf = {
-                drop(g);
-                let c = pool.fix_shared(child).await?;
-                let cn = Node::new(&c).map_err(|e| e.into_error(child))?;
-                cn.is_leaf()
-            };
-            if child_is_leaf {
-                leaves_below = true;
-                break;
-            }
             parent = Some((pid, slot));
             pid = child;
         }
-        if leaves_below {
-            free_leaf_children(pool, pid).await?;
-            continue;
-        }
-        let mut m = pool.fix_exclusive(META_PAGE).await?;
         match parent {
-            None => {
-                let mut p = pool.fix_exclusive(root).await?;
-                pool.free_in(&mut m, &mut p)?;
-                pool.set_root_in(&mut m, DROPPING_SLOT, 0)?;
-                pool.log_group(&mut [&mut m, &mut p])?;
-                return Ok(());
-            }
-            Some((ppid, slot)) => {
-                let mut par = pool.fix_exclusive(ppid).await?;
-                let mut c = pool.fix_exclusive(pid).await?;
-                clear_child(&mut par, ppid, slot)?;
-                pool.free_in(&mut m, &mut c)?;
-                pool.log_group(&mut [&mut m, &mut par, &mut c])?;
-            }
+            // The root, last (a leaf, or an inner node emptied).
+            None => return clear_intent(pool, DROPPING_SLOT, Some(root)).await,
+            // A leaf: its parent's children are all leaves; free them all.
+            Some((ppid, _)) if leaf => free_leaf_children(pool, ppid).await?,
+            Some((ppid, slot)) => free_child(pool, ppid, slot, pid).await?,
         }
     }
     Err(Error::Corrupt {
         page: root,
         what: "dropping the tree freed more pages than the array has (a cycle)".into(),
     })
+}
+
+/// Frees `child`, the child at `slot` of inner node `pid`, in one group
+/// with the zeroing of the pointer to it.
+async fn free_child(pool: &BufferPool, pid: u64, slot: ChildSlot, child: u64) -> Result<()> {
+    let mut m = pool.fix_exclusive(META_PAGE).await?;
+    let mut par = pool.fix_exclusive(pid).await?;
+    let mut c = pool.fix_exclusive(child).await?;
+    clear_child(&mut par, pid, slot)?;
+    pool.free_in(&mut m, &mut c)?;
+    pool.log_group(&mut [&mut m, &mut par, &mut c])
 }
 
 /// Frees every child of inner node `pid` (all leaves), each in one group
@@ -239,12 +227,7 @@ async fn free_leaf_children(pool: &Arc<BufferPool>, pid: u64) -> Result<()> {
         let Some((slot, child)) = next else {
             return Ok(());
         };
-        let mut m = pool.fix_exclusive(META_PAGE).await?;
-        let mut par = pool.fix_exclusive(pid).await?;
-        let mut c = pool.fix_exclusive(child).await?;
-        clear_child(&mut par, pid, slot)?;
-        pool.free_in(&mut m, &mut c)?;
-        pool.log_group(&mut [&mut m, &mut par, &mut c])?;
+        free_child(pool, pid, slot, child).await?;
     }
 }
 
@@ -293,21 +276,12 @@ pub(crate) async fn finish_interrupted(pool: &Arc<BufferPool>, catalog: &BTree) 
     }
     let named = catalogue_roots(catalog).await?;
     if creating != 0 {
-        let mut m = pool.fix_exclusive(META_PAGE).await?;
-        pool.set_root_in(&mut m, CREATING_SLOT, 0)?;
-        if named.contains(&creating) {
-            pool.log_group(&mut [&mut m])?;
-        } else {
-            let mut p = pool.fix_exclusive(creating).await?;
-            pool.free_in(&mut m, &mut p)?;
-            pool.log_group(&mut [&mut m, &mut p])?;
-        }
+        let orphan = (!named.contains(&creating)).then_some(creating);
+        clear_intent(pool, CREATING_SLOT, orphan).await?;
     }
     if dropping != 0 {
         if named.contains(&dropping) {
-            let mut m = pool.fix_exclusive(META_PAGE).await?;
-            pool.set_root_in(&mut m, DROPPING_SLOT, 0)?;
-            pool.log_group(&mut [&mut m])?;
+            clear_intent(pool, DROPPING_SLOT, None).await?;
         } else {
             destroy(pool, dropping).await?;
         }

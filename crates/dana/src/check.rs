@@ -171,9 +171,6 @@ struct Checker {
     owners: Vec<u32>,
     names: Vec<String>,
     findings: Vec<Finding>,
-    /// Walking a tree being dropped: a zero child pointer is a page
-    /// already freed, not damage.
-    holes: bool,
 }
 
 /// Accumulates one tree's statistics.
@@ -267,7 +264,15 @@ impl Checker {
 
     /// Walks one tree from `root`; with `collect`, returns its leaf entries
     /// (for the catalogue).
-    async fn walk(&mut self, owner: u32, root: u64, collect: bool) -> (TreeStats, Vec<LeafEntry>) {
+    /// With `holes` (a tree being dropped), a zero child pointer is a page
+    /// already freed, not damage.
+    async fn walk(
+        &mut self,
+        owner: u32,
+        root: u64,
+        collect: bool,
+        holes: bool,
+    ) -> (TreeStats, Vec<LeafEntry>) {
         let name = self.names[owner as usize - 1].clone();
         let mut acc = Acc::default();
         let mut entries = Vec::new();
@@ -290,9 +295,12 @@ impl Checker {
                     continue;
                 }
             };
-            let children =
+            let mut children =
                 self.visit_page(&g, &v, &name, &mut acc, collect.then_some(&mut entries));
             drop(g);
+            if holes {
+                children.retain(|c| c.pid != 0);
+            }
             for c in &children {
                 if c.pid < self.next_unused {
                     pool.prefetch(c.pid);
@@ -441,9 +449,6 @@ impl Checker {
             lower,
             upper: v.upper.clone(),
         });
-        if self.holes {
-            out.retain(|c| c.pid != 0);
-        }
         out
     }
 
@@ -574,7 +579,6 @@ pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
         owners: Vec::new(),
         names: vec![CATALOG_TREE.to_string()],
         findings: Vec::new(),
-        holes: false,
     };
     if space.next_unused > space.total_pages || space.next_unused == 0 {
         c.find(
@@ -629,7 +633,7 @@ pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
             Vec::new(),
         )
     } else {
-        c.walk(1, catalog_root, true).await
+        c.walk(1, catalog_root, true, false).await
     };
 
     let mut tree_roots = Vec::with_capacity(entries.len());
@@ -651,7 +655,7 @@ pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
     for (name, root) in tree_roots {
         c.names.push(name);
         let owner = c.names.len() as u32;
-        let (stats, _) = c.walk(owner, root, false).await;
+        let (stats, _) = c.walk(owner, root, false, false).await;
         trees.push(stats);
     }
 
@@ -667,9 +671,7 @@ pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
         }
         c.names.push(name.to_string());
         let owner = c.names.len() as u32;
-        c.holes = holes;
-        let _ = c.walk(owner, r, false).await;
-        c.holes = false;
+        let _ = c.walk(owner, r, false, holes).await;
     }
 
     let free_list_pages = c.walk_free_list(space.free_pages).await;

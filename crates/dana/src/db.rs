@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::btree::{BTree, Cursor};
 use crate::buffer::{BufferPool, PoolConfig, PoolStatsSnapshot};
@@ -326,7 +326,7 @@ impl Db {
             read_only,
             closed: AtomicBool::new(false),
             dropped: Mutex::new(HashSet::new()),
-            drops: AtomicU64::new(0),
+            any_dropped: AtomicBool::new(false),
         });
         Ok(Db {
             inner: Arc::new(DbInner {

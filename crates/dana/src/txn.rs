@@ -36,7 +36,7 @@
 //! acknowledges a `Sync` commit before its record is durable.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::btree::BTree;
@@ -69,11 +69,16 @@ impl KeyLocks {
     /// Takes every stripe once, in order, and releases them: every commit
     /// that held a stripe when this began has finished applying.
     async fn barrier(&self) {
-        for s in self.stripes.iter() {
-            while s.swap(true, Ordering::Acquire) {
-                sched::yield_now().await;
-            }
-            s.store(false, Ordering::Release);
+        for i in 0..STRIPES {
+            self.acquire(i).await;
+            self.stripes[i].store(false, Ordering::Release);
+        }
+    }
+
+    /// Takes stripe `i`, yielding while another holds it.
+    async fn acquire(&self, i: usize) {
+        while self.stripes[i].swap(true, Ordering::Acquire) {
+            sched::yield_now().await;
         }
     }
 
@@ -87,9 +92,7 @@ impl KeyLocks {
             held: Vec::with_capacity(s.len()),
         };
         for i in s {
-            while self.stripes[i].swap(true, Ordering::Acquire) {
-                sched::yield_now().await;
-            }
+            self.acquire(i).await;
             g.held.push(i);
         }
         g
@@ -132,8 +135,9 @@ pub(crate) struct Committer {
     /// stale handle fail with [`Error::NoSuchTree`], and none is handed
     /// out as a new tree's root.
     pub(crate) dropped: Mutex<HashSet<u64>>,
-    /// Number of entries in `dropped` (0: the common case, no lock taken).
-    pub(crate) drops: AtomicU64,
+    /// True once `dropped` has an entry (false, the common case: no lock
+    /// taken).
+    pub(crate) any_dropped: AtomicBool,
 }
 
 /// What applying one write found.
@@ -170,7 +174,7 @@ impl Committer {
 
     /// True if the tree at `root` was dropped since open.
     pub(crate) fn was_dropped(&self, root: u64) -> bool {
-        self.drops.load(Ordering::Acquire) != 0
+        self.any_dropped.load(Ordering::Acquire)
             && self
                 .dropped
                 .lock()
@@ -184,7 +188,7 @@ impl Committer {
         {
             let mut d = self.dropped.lock().unwrap_or_else(|e| e.into_inner());
             d.insert(root);
-            self.drops.store(d.len() as u64, Ordering::Release);
+            self.any_dropped.store(true, Ordering::Release);
         }
         self.locks.barrier().await;
     }

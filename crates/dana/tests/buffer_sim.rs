@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dana::buffer::{BufferPool, PoolConfig, PAGE_HEADER_SIZE};
-use dana::io::{Array, Backend, Clock, Fault, Latency, PowerCutPolicy, SimConfig, SimDisk, Target};
+use dana::io::{Array, Backend, Fault, Latency, PowerCutPolicy, SimConfig, SimDisk, Target};
 use dana::sched::{Runtime, RuntimeConfig};
 use dana::{Error, OpKind};
 
@@ -139,15 +139,7 @@ fn random_latencies_tiny_pool_many_tasks() {
 /// One worker, a deterministic clock, the tasks spawned in a fixed order
 /// from one task: the disk's trace hash after the run.
 fn seeded_run(seed: u64) -> u64 {
-    let cfg = SimConfig {
-        // Every request completes at the next reap (in a seeded order), so
-        // the number of reaps an idle worker makes cannot change the run.
-        clock: Clock::Deterministic {
-            complete_probability: 1.0,
-        },
-        seed,
-        ..Default::default()
-    };
+    let cfg = SimConfig::replayable(seed);
     let disk = SimDisk::new(0, 1024 * 4096, cfg);
     let (pool, rt) = start_with(&disk, 16, 1);
     let pids = Arc::new(fill(&pool, &rt, 500));

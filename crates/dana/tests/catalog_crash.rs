@@ -30,13 +30,7 @@ struct Rig {
 
 impl Rig {
     fn new(seed: u64) -> Rig {
-        let config = |seed| SimConfig {
-            clock: dana::io::Clock::Deterministic {
-                complete_probability: 1.0,
-            },
-            seed,
-            ..SimConfig::default()
-        };
+        let config = SimConfig::replayable;
         Rig {
             data: SimDisk::new(0, 8 << 20, config(seed)),
             log: SimDisk::new(1, CONTROL_BYTES + LOG, config(seed ^ 1)),

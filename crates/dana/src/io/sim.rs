@@ -165,6 +165,20 @@ impl SimConfig {
             ..SimConfig::default()
         }
     }
+
+    /// Deterministic mode in which every request in flight completes at
+    /// the next reap (in a seeded order): how many reaps a busy or idle
+    /// worker makes cannot change the schedule, so one seed replays
+    /// exactly (with one worker and tasks started in a fixed order).
+    pub fn replayable(seed: u64) -> SimConfig {
+        SimConfig {
+            clock: Clock::Deterministic {
+                complete_probability: 1.0,
+            },
+            seed,
+            ..SimConfig::default()
+        }
+    }
 }
 
 /// Which requests a [`Fault`] hits.

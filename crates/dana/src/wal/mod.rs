@@ -4,8 +4,10 @@
 //! Owns: the log tail in memory (records not yet handed to a write), the
 //! one flush in flight (write(s), then fdatasync, through the worker's
 //! queue to the log device), the durable LSN, the tasks waiting for it,
-//! the sticky log error, and the LSNs a checkpoint needs (where redo
-//! starts; below which a page's next change logs a full image).
+//! the sticky log error, the LSNs a checkpoint needs (where redo starts;
+//! below which a page's next change logs a full image), the log space
+//! promised to admitted commits ([`Wal::admit`]), and the encoding of the
+//! page changes the buffer pool hands over (its `PageLog` implementation).
 //!
 //! Group commit: a committing task appends its record, gets its LSN and
 //! awaits [`Wal::wait_durable`]; it never flushes itself. A worker's
