@@ -127,7 +127,10 @@ pub(crate) async fn reapply(
             registered = true;
             checkpoint(pool, w).await?;
         }
-        crate::txn::apply(pool, &commits[i].1, false).await?;
+        // Without a log (`Durability::Off` on a database that has none)
+        // nothing is logged, so no LSN covers the changes.
+        let cover = if wal.is_some() { lsns[i] } else { 0 };
+        crate::txn::apply(pool, &commits[i].1, false, cover).await?;
         if let (Some(w), true) = (wal, registered) {
             w.applied(lsns[i]);
         }

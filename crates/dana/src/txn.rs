@@ -254,7 +254,8 @@ impl Committer {
             }
             _ => (None, None),
         };
-        let applied = apply(&self.pool, &writes, true).await;
+        let cover = logged.map_or(0, |(lsn, _)| lsn);
+        let applied = apply(&self.pool, &writes, true, cover).await;
         drop(space);
         drop(log_space);
         if let (Some(w), Some((lsn, _))) = (&self.wal, logged) {
@@ -305,19 +306,18 @@ async fn pages_needed(pool: &Arc<BufferPool>, writes: &[Write]) -> Result<u64> {
 
 /// Applies writes to their trees, in order. `reserved`: the caller holds
 /// a reservation covering the pages this may allocate (a commit); false
-/// for recovery, which re-applies commits that had one.
+/// for recovery, which re-applies commits that had one. `commit`: the LSN
+/// of the commit record holding `writes` (0: no log), which covers their
+/// leaf changes (the log's format: FORMAT.md).
 pub(crate) async fn apply(
     pool: &Arc<BufferPool>,
     writes: &[Write],
     reserved: bool,
+    commit: u64,
 ) -> Result<Vec<Applied>> {
     let mut out = Vec::with_capacity(writes.len());
     for w in writes {
-        let t = if reserved {
-            BTree::open_reserved(pool, w.tree)
-        } else {
-            BTree::open(pool, w.tree)
-        };
+        let t = BTree::for_commit(pool, w.tree, commit, reserved);
         let existed = match &w.value {
             Some(v) => t.put(&w.key, v).await?,
             None => t.delete(&w.key).await?,

@@ -50,6 +50,9 @@ pub struct BTree {
     /// Splits may take pages reserved for a commit (the caller holds a
     /// [`crate::buffer::alloc::Reservation`] covering them).
     reserved: bool,
+    /// Nonzero: the LSN of the commit record whose apply this is; leaf
+    /// changes are covered by it (not logged again).
+    cover: u64,
 }
 
 /// What an optimistic look at an inner node found.
@@ -88,11 +91,7 @@ impl BTree {
         node::init(&mut root, true, None, None, 0);
         let pid = root.pid();
         drop(root);
-        Ok(BTree {
-            pool: pool.clone(),
-            root: pid,
-            reserved: false,
-        })
+        Ok(BTree::open(pool, pid))
     }
 
     /// The tree whose root is page `root`.
@@ -101,16 +100,25 @@ impl BTree {
             pool: pool.clone(),
             root,
             reserved: false,
+            cover: 0,
         }
     }
 
-    /// The tree at `root` for a commit's apply, whose splits may take the
-    /// pages the commit reserved.
-    pub(crate) fn open_reserved(pool: &Arc<BufferPool>, root: u64) -> BTree {
+    /// The tree at `root` for applying the commit whose record is at LSN
+    /// `commit` (0: no log): its leaf changes are covered by that record
+    /// (see [`PageMut::cover`]: not logged again), and with `reserved` its
+    /// splits may take the pages the commit reserved.
+    pub(crate) fn for_commit(
+        pool: &Arc<BufferPool>,
+        root: u64,
+        commit: u64,
+        reserved: bool,
+    ) -> BTree {
         BTree {
             pool: pool.clone(),
             root,
-            reserved: true,
+            reserved,
+            cover: commit,
         }
     }
 
@@ -318,7 +326,12 @@ impl BTree {
         loop {
             tries = tries.wrapping_add(1);
             let (pid, parent) = self.find_leaf(key, None).await?;
-            let g = self.pool.fix_exclusive(pid).await?;
+            // A commit's apply: the change is covered, no page copy needed.
+            let g = if self.cover != 0 {
+                self.pool.fix_exclusive_covered(pid).await?
+            } else {
+                self.pool.fix_exclusive(pid).await?
+            };
             if parent.as_ref().is_none_or(|p| p.validate()) {
                 let n = Node::new(&g).map_err(corrupt(pid))?;
                 if n.is_leaf() && n.covers(key) {
@@ -369,13 +382,21 @@ impl BTree {
             let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
             let present = n.as_node().lower_bound(key).1;
             let res = match (present, mode) {
-                (true, WriteMode::Insert) => return Err(Error::KeyExists),
+                (true, WriteMode::Insert) => {
+                    leaf.unchanged();
+                    return Err(Error::KeyExists);
+                }
                 (true, WriteMode::Put) => n.update(key, value).map(|_| true),
                 (false, _) => n.insert(key, value).map(|_| false),
             };
             match res {
-                Ok(replaced) => return Ok(replaced),
+                Ok(replaced) => {
+                    leaf.cover(self.cover);
+                    return Ok(replaced);
+                }
                 Err(node::Full) => {
+                    // Full is found before anything moves.
+                    leaf.unchanged();
                     drop(leaf);
                     self.split(pid, key).await?;
                 }
@@ -393,13 +414,22 @@ impl BTree {
             let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
             let (i, found) = n.as_node().lower_bound(key);
             if !found {
+                leaf.unchanged();
                 return Ok(false);
             }
             let new = f(n.as_node().payload_at(i));
-            self.check_value(&new)?;
+            if let Err(e) = self.check_value(&new) {
+                leaf.unchanged();
+                return Err(e);
+            }
             match n.update_at(i, &new) {
-                Ok(()) => return Ok(true),
+                Ok(()) => {
+                    leaf.cover(self.cover);
+                    return Ok(true);
+                }
                 Err(node::Full) => {
+                    // Full is found before anything moves.
+                    leaf.unchanged();
                     drop(leaf);
                     self.split(pid, key).await?;
                 }
@@ -414,9 +444,11 @@ impl BTree {
         let pid = leaf.pid();
         let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
         if !n.remove(key) {
+            leaf.unchanged();
             return Ok(false);
         }
         let underfull = n.as_node().fill_factor() < MERGE_BELOW;
+        leaf.cover(self.cover);
         drop(leaf);
         if underfull && pid != self.root {
             // Best effort: a merge that would need I/O off a worker is

@@ -27,7 +27,9 @@
 //! pages, log records, control blocks) bumps [`FORMAT_VERSION`]; a build
 //! reads only its own version and names both in the error otherwise (no
 //! silent upgrade). Version 2 added the log identity; version 3 the intent
-//! slots of `catalog.rs`.
+//! slots of `catalog.rs`; version 4 the log format in which a commit's
+//! leaf changes are logged only by its commit record (the page header's
+//! `UNLOGGED` flag).
 //!
 //! Never: hands out page 0, or a page beyond the array.
 
@@ -40,7 +42,7 @@ use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"DANAMETA";
 /// The on-disk format this build reads and writes (see the module doc).
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 const OFF_MAGIC: usize = 32;
 const OFF_VERSION: usize = 40;
 const OFF_PAGE_SIZE: usize = 44;
@@ -198,6 +200,8 @@ impl BufferPool {
             frame: f,
             before: None,
             fresh: true,
+            touched: false,
+            cover: 0,
         };
         page::init_page(&mut g, pid, t);
         Ok(g)

@@ -312,15 +312,30 @@ impl BufferPool {
         let Some(wal) = self.wal.get() else {
             return Ok(());
         };
+        // Which pages the record holds: only they take its LSN. (A page
+        // whose LSN moved without a record of it could skip the full image
+        // its first change after a checkpoint owes: a crash run found
+        // such a torn page that recovery could not rebuild.)
+        let mut held = [false; 8];
+        assert!(
+            pages.len() <= held.len(),
+            "a log group holds at most 8 pages"
+        );
         let logged = {
-            let changes: Vec<PageChange<'_>> = pages.iter().map(|g| g.change()).collect();
+            let mut changes: Vec<PageChange<'_>> = Vec::with_capacity(pages.len());
+            for (i, g) in pages.iter_mut().enumerate() {
+                if let Some(c) = g.change() {
+                    held[i] = true;
+                    changes.push(c);
+                }
+            }
             wal.log_changes(&changes)
         };
         match logged {
             Ok(None) => Ok(()),
             Ok(Some(lsn)) => {
-                for g in pages.iter_mut() {
-                    g.after_logged(Some(lsn));
+                for (i, g) in pages.iter_mut().enumerate() {
+                    g.after_logged(held[i].then_some(lsn));
                 }
                 Ok(())
             }
@@ -480,16 +495,26 @@ impl BufferPool {
 
     /// Fixes page `pid` with the exclusive latch (one writer).
     pub async fn fix_exclusive(&self, pid: u64) -> Result<PageMut<'_>> {
+        let mut g = self.fix_exclusive_covered(pid).await?;
+        g.snapshot();
+        Ok(g)
+    }
+
+    /// Fixes page `pid` with the exclusive latch for a change that a
+    /// commit record will cover ([`PageMut::cover`]): keeps no copy of the
+    /// page (a covered change is not diffed; any physical change made
+    /// through this guard is logged as a full image).
+    pub async fn fix_exclusive_covered(&self, pid: u64) -> Result<PageMut<'_>> {
         let frame = self.fix(pid, Mode::Exclusive).await?;
-        let mut g = PageMut {
+        Ok(PageMut {
             pool: self,
             pid,
             frame,
             before: None,
             fresh: false,
-        };
-        g.snapshot();
-        Ok(g)
+            touched: false,
+            cover: 0,
+        })
     }
 
     /// Makes page `pid` resident and returns an optimistic handle: reads
@@ -1022,15 +1047,31 @@ pub struct PageMut<'a> {
     pool: &'a BufferPool,
     pid: u64,
     frame: u32,
-    /// The page as it was when latched (with a log only).
+    /// The page as it was when latched or last logged (with a log only,
+    /// and never for a leaf: see [`PageMut::snapshot`]).
     before: Option<Box<[u8]>>,
     /// A brand-new page: its first record is a full image.
     fresh: bool,
+    /// Written through this guard since it was latched or last logged.
+    touched: bool,
+    /// Nonzero: the changes since the last record are covered by the
+    /// commit record at this LSN ([`PageMut::cover`]).
+    cover: u64,
 }
 
 thread_local! {
     /// Spare before-image buffers (one allocation per thread, reused).
     static SPARE_IMAGES: std::cell::RefCell<Vec<Box<[u8]>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Keeps a before-image buffer for the next latch on this thread.
+fn recycle_image(b: Box<[u8]>) {
+    SPARE_IMAGES.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < 16 {
+            s.push(b);
+        }
+    });
 }
 
 impl PageMut<'_> {
@@ -1040,8 +1081,11 @@ impl PageMut<'_> {
     }
 
     /// Keeps a copy of the page as latched, to log the difference later.
+    /// Not for a page with covered changes since its last record
+    /// ([`page::UNLOGGED`]): a difference against it would not compose at
+    /// redo, so its next physical change is logged as a full image.
     fn snapshot(&mut self) {
-        if self.pool.wal.get().is_none() || self.fresh {
+        if self.pool.wal.get().is_none() || self.fresh || page::unlogged(self) {
             return;
         }
         let ps = self.pool.page_size;
@@ -1054,30 +1098,85 @@ impl PageMut<'_> {
     }
 
     /// This page's change since it was latched or last logged, for the
-    /// log.
-    fn change(&self) -> PageChange<'_> {
-        PageChange {
+    /// log (None: not written since). Clears [`page::UNLOGGED`]: the record
+    /// holds the page (a page without a copy is logged whole).
+    fn change(&mut self) -> Option<PageChange<'_>> {
+        if !self.touched && !self.fresh {
+            return None;
+        }
+        if page::unlogged(self) {
+            debug_assert!(self.before.is_none());
+            page::set_unlogged(self, false);
+        }
+        Some(PageChange {
             pid: self.pid,
             before: self.before.as_deref(),
             // SAFETY: the exclusive latch is held while this guard lives.
             after: unsafe { self.pool.frame_bytes(self.frame) },
             fresh: self.fresh,
+        })
+    }
+
+    /// Declares the changes made through this guard so far redone by the
+    /// commit record at LSN `commit` (already appended): recovery
+    /// re-applies that record through the trees, so the change is not
+    /// logged again, except as a full image if it is the page's first
+    /// change since a checkpoint began. For leaf changes made by a
+    /// commit's apply only; `commit` 0 does nothing.
+    pub fn cover(&mut self, commit: u64) {
+        debug_assert!(
+            commit == 0 || self.before.is_none(),
+            "page {}: a covered change needs a guard without a copy (fix_exclusive_covered)",
+            self.pid
+        );
+        self.cover = commit;
+    }
+
+    /// Declares that no byte was written through this guard since it was
+    /// latched or last logged, although it was borrowed mutably (a node
+    /// opened for a change that turned out not to be needed): its drop
+    /// logs nothing.
+    pub fn unchanged(&mut self) {
+        self.touched = false;
+    }
+
+    /// Logs a covered change: a full image if the log asks for one; the
+    /// page LSN becomes the newest of its own, the commit's and the
+    /// image's (never smaller: records of this page below it are in it).
+    fn log_covered(&mut self, wal: &dyn PageLog) -> Result<()> {
+        // An image (if the log takes one) holds the page with the flag
+        // clear; without one, the change is in no page record.
+        page::set_unlogged(self, false);
+        // SAFETY: the exclusive latch is held while this guard lives.
+        let bytes = unsafe { self.pool.frame_bytes(self.frame) };
+        let image = wal.log_covered(self.pid, bytes, self.cover)?;
+        if image.is_none() {
+            page::set_unlogged(self, true);
         }
+        let lsn = image.unwrap_or(0).max(self.cover);
+        if lsn > page::page_lsn(self) {
+            page::set_page_lsn(self, lsn);
+        }
+        self.mark_dirty();
+        self.touched = false;
+        self.cover = 0;
+        Ok(())
     }
 
     /// After a record with this page's change got `lsn` (None: the append
     /// failed): sets the page LSN and starts a new before-image.
     fn after_logged(&mut self, lsn: Option<u64>) {
         self.fresh = false;
+        self.cover = 0;
         if let Some(lsn) = lsn {
             self.advance_lsn(lsn);
+            self.mark_dirty();
         }
-        if let Some(mut b) = self.before.take() {
-            b.copy_from_slice(self);
-            self.before = Some(b);
-        } else {
-            self.snapshot();
+        self.touched = false;
+        if let Some(b) = self.before.take() {
+            recycle_image(b);
         }
+        self.snapshot();
     }
 
     /// Sets the page LSN to that of a record just appended with its
@@ -1094,9 +1193,16 @@ impl PageMut<'_> {
         page::set_page_lsn(self, lsn);
     }
 
-    /// Sets the page LSN (marks the page dirty).
-    pub fn set_lsn(&mut self, lsn: u64) {
-        page::set_page_lsn(self, lsn);
+    /// Marks the page dirty: its change is logged (or there is no log).
+    /// Only then: a page borrowed mutably but left unchanged
+    /// ([`PageMut::unchanged`]) or whose difference came out empty stays
+    /// clean, because writing it again could tear it after a checkpoint
+    /// while no record since that checkpoint's redo LSN can rebuild it (a
+    /// crash run lost a commit's covered change that way).
+    fn mark_dirty(&self) {
+        self.pool.frames[self.frame as usize]
+            .dirty
+            .store(true, Ordering::Release);
     }
 }
 
@@ -1110,9 +1216,7 @@ impl std::ops::Deref for PageMut<'_> {
 
 impl std::ops::DerefMut for PageMut<'_> {
     fn deref_mut(&mut self) -> &mut [u8] {
-        self.pool.frames[self.frame as usize]
-            .dirty
-            .store(true, Ordering::Release);
+        self.touched = true;
         // SAFETY: the exclusive latch is held and &mut self makes this the
         // only reference handed out by the guard.
         unsafe { self.pool.frame_bytes_mut(self.frame) }
@@ -1122,21 +1226,30 @@ impl std::ops::DerefMut for PageMut<'_> {
 impl Drop for PageMut<'_> {
     fn drop(&mut self) {
         if let Some(wal) = self.pool.wal.get() {
-            match wal.log_changes(&[self.change()]) {
-                Ok(Some(lsn)) => self.advance_lsn(lsn),
-                Ok(None) => {}
-                // The change is in memory but not in the log: never let it
-                // reach storage.
-                Err(e) => self.pool.poison_with(&e),
+            let logged = if self.cover != 0 && self.touched {
+                self.log_covered(wal.as_ref())
+            } else {
+                let logged = self.change().map(|c| wal.log_changes(&[c]));
+                match logged {
+                    Some(Ok(Some(lsn))) => {
+                        self.advance_lsn(lsn);
+                        self.mark_dirty();
+                        Ok(())
+                    }
+                    Some(Err(e)) => Err(e),
+                    None | Some(Ok(None)) => Ok(()),
+                }
+            };
+            // The change is in memory but not in the log: never let it
+            // reach storage.
+            if let Err(e) = logged {
+                self.pool.poison_with(&e);
             }
             if let Some(b) = self.before.take() {
-                SPARE_IMAGES.with(|s| {
-                    let mut s = s.borrow_mut();
-                    if s.len() < 16 {
-                        s.push(b);
-                    }
-                });
+                recycle_image(b);
             }
+        } else if self.touched || self.fresh {
+            self.mark_dirty();
         }
         self.pool.table.unlock_exclusive(self.pid);
     }

@@ -4,7 +4,8 @@
 //! |--------|---------------------------------------------------|
 //! | 0..4   | crc32c of bytes 4..page_size (little endian)      |
 //! | 4..6   | page type ([`PageType`])                          |
-//! | 6..8   | reserved (zero)                                   |
+//! | 6      | flags: bit 0 [`UNLOGGED`]                         |
+//! | 7      | reserved (zero)                                   |
 //! | 8..16  | page LSN: log position of the last change         |
 //! | 16..24 | page id (detects misdirected or lost writes)      |
 //! | 24..32 | reserved (zero)                                   |
@@ -76,6 +77,28 @@ pub fn page_lsn(page: &[u8]) -> u64 {
 /// Sets the page LSN field.
 pub fn set_page_lsn(page: &mut [u8], lsn: u64) {
     page[8..16].copy_from_slice(&lsn.to_le_bytes());
+}
+
+/// Flag bit: the page has changes since its last page record that no page
+/// record holds (a leaf changed by commits' applies, whose commit records
+/// redo them: see `buffer/page_log.rs`). A later physical change of such a
+/// page must be logged as a full image, since a difference would not
+/// compose with its last record at redo. Kept in the page so that it
+/// survives eviction.
+pub const UNLOGGED: u8 = 1;
+
+/// True if the page has changes that no page record holds ([`UNLOGGED`]).
+pub fn unlogged(page: &[u8]) -> bool {
+    page[6] & UNLOGGED != 0
+}
+
+/// Sets or clears [`UNLOGGED`].
+pub fn set_unlogged(page: &mut [u8], on: bool) {
+    if on {
+        page[6] |= UNLOGGED;
+    } else {
+        page[6] &= !UNLOGGED;
+    }
 }
 
 /// The page id field.

@@ -2,15 +2,25 @@
 //! implements (`wal::Wal`), so that the pool never depends on the log's
 //! code or its record format.
 //!
-//! Owns: the contract between a latched page's change and the log: when
-//! an exclusive latch is released (or a group of latched pages is
-//! released together), the pool hands the log each page's bytes as
-//! latched and as they are now; the log decides how to record them (diff
-//! or full image) and returns the record's LSN, which the pool stores in
-//! the page before the latch drops. Write-back then waits until the log
-//! is durable past a page's LSN (the WAL rule). Never: encodes a record
-//! (the log does) or does I/O (the log's requests go through the worker
-//! queues; their completions come back through the pool's handler).
+//! Owns: the contract between a latched page's change and the log. A
+//! change comes in one of two kinds:
+//! - **covered**: a leaf change made by applying a commit whose record is
+//!   already in the log (recovery re-applies that record through the
+//!   trees, so the change itself is not logged again). The pool tells the
+//!   log the commit's LSN ([`PageLog::log_covered`]); the log appends a
+//!   full image only if this is the page's first change since a
+//!   checkpoint began (a torn write-back of it must be rebuildable).
+//! - **physical**: any other change (a split, a merge, an allocation, the
+//!   meta page, a catalogue change). When the exclusive latch is released
+//!   (or a group of latched pages is released together), the pool hands
+//!   the log each changed page as latched (if it kept a copy) and as it
+//!   is now; the log records a difference or a full image.
+//!
+//! Either way the record's LSN (or the commit's) becomes the page LSN
+//! before the latch drops; write-back then waits until the log is durable
+//! past a page's LSN (the WAL rule). Never: encodes a record (the log
+//! does) or does I/O (the log's requests go through the worker queues;
+//! their completions come back through the pool's handler).
 
 use std::time::Duration;
 
@@ -21,7 +31,10 @@ use crate::Result;
 pub struct PageChange<'a> {
     /// The page id.
     pub pid: u64,
-    /// The page as it was latched (None: no copy kept, a brand-new page).
+    /// The page as it was latched or last logged (None: no copy kept: a
+    /// brand-new page, or a leaf, whose changes since its last image may be
+    /// covered ones that no physical record holds; the log then records
+    /// the whole page).
     pub before: Option<&'a [u8]>,
     /// The page now.
     pub after: &'a [u8],
@@ -35,6 +48,11 @@ pub trait PageLog: Send + Sync {
     /// `Ok(None)`: nothing changed, nothing appended; `Ok(Some(lsn))`: the
     /// record's LSN, which becomes every page's LSN.
     fn log_changes(&self, changes: &[PageChange<'_>]) -> Result<Option<u64>>;
+    /// A covered change of page `page` (its bytes now, its page LSN still
+    /// the one before the change), redone at recovery by the commit record
+    /// at `commit`. Returns the LSN of a full image if the log appended one
+    /// (the page's first change since a checkpoint began), else None.
+    fn log_covered(&self, pid: u64, page: &[u8], commit: u64) -> Result<Option<u64>>;
     /// Everything before this LSN is on stable storage.
     fn durable(&self) -> u64;
     /// Asks for a flush up to `lsn` without waiting.

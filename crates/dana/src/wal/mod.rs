@@ -164,16 +164,19 @@ impl crate::buffer::page_log::PageLog for Wal {
         let mut n = 0u32;
         let fpi_below = self.full_image_below();
         for c in changes {
-            // A new page, or the first change since a checkpoint began:
-            // the whole page (a torn write-back of it can be rebuilt).
-            let full = c.fresh || page::page_lsn(c.after) < fpi_below;
-            let segs = if full {
-                record::image(c.after)
-            } else {
-                match c.before {
-                    Some(before) => record::diff(before, c.after),
-                    None => continue,
-                }
+            // A new page, the first change since a checkpoint began (a
+            // torn write-back of it can be rebuilt), or a page the pool
+            // kept no copy of (covered changes since its last record are
+            // in no page record, so a difference would not compose at
+            // redo): the whole page.
+            let before = match c.before {
+                Some(b) if !c.fresh && page::page_lsn(c.after) >= fpi_below => Some(b),
+                _ => None,
+            };
+            let full = before.is_none();
+            let segs = match before {
+                Some(b) => record::diff(b, c.after),
+                None => record::image(c.after),
             };
             if !full && segs.is_empty() {
                 continue;
@@ -188,6 +191,18 @@ impl crate::buffer::page_log::PageLog for Wal {
         let mut rec = b.into_unsealed();
         rec[record::HEADER..record::HEADER + 4].copy_from_slice(&n.to_le_bytes());
         self.append(rec).map(|(lsn, _)| Some(lsn))
+    }
+
+    fn log_covered(&self, pid: u64, page: &[u8], _commit: u64) -> Result<Option<u64>> {
+        if page::page_lsn(page) >= self.full_image_below() {
+            return Ok(None);
+        }
+        self.log_changes(&[PageChange {
+            pid,
+            before: None,
+            after: page,
+            fresh: true,
+        }])
     }
 
     fn durable(&self) -> u64 {

@@ -214,22 +214,42 @@ pub const FULL_IMAGE: u32 = 1;
 /// the page checksum and LSN fields, with runs closer than 16 bytes merged.
 pub fn diff(before: &[u8], after: &[u8]) -> Vec<(usize, usize)> {
     debug_assert_eq!(before.len(), after.len());
+    runs(
+        after.len(),
+        |i| before[i] == after[i],
+        |i| before[i..i + 8] == after[i..i + 8],
+    )
+}
+
+/// Non-zero byte ranges of `page` (a full image without its holes),
+/// skipping the checksum and LSN fields.
+pub fn image(page: &[u8]) -> Vec<(usize, usize)> {
+    runs(page.len(), |i| page[i] == 0, |i| page[i..i + 8] == [0u8; 8])
+}
+
+/// The ranges of `0..n` where `same(i)` is false (`same8(i)`: the 8 bytes
+/// from `i` are all the same), outside the checksum and LSN fields, runs
+/// closer than [`MERGE_GAP`] merged.
+fn runs(
+    n: usize,
+    same: impl Fn(usize) -> bool,
+    same8: impl Fn(usize) -> bool,
+) -> Vec<(usize, usize)> {
     let mut out: Vec<(usize, usize)> = Vec::new();
-    let n = after.len();
     let mut i = 0;
     while i < n {
         // Skip equal bytes a word at a time.
-        if i % 8 == 0 && i + 8 <= n && before[i..i + 8] == after[i..i + 8] {
+        if i % 8 == 0 && i + 8 <= n && same8(i) {
             i += 8;
             continue;
         }
-        if before[i] == after[i] || SKIP_CRC.contains(&i) || SKIP_LSN.contains(&i) {
+        if same(i) || SKIP_CRC.contains(&i) || SKIP_LSN.contains(&i) {
             i += 1;
             continue;
         }
         let start = i;
         let mut end = i + 1;
-        while end < n && before[end] != after[end] {
+        while end < n && !same(end) {
             end += 1;
         }
         match out.last_mut() {
@@ -239,13 +259,6 @@ pub fn diff(before: &[u8], after: &[u8]) -> Vec<(usize, usize)> {
         i = end;
     }
     out
-}
-
-/// Non-zero byte ranges of `page` (a full image without its holes),
-/// skipping the checksum and LSN fields.
-pub fn image(page: &[u8]) -> Vec<(usize, usize)> {
-    let zero = vec![0u8; page.len()];
-    diff(&zero, page)
 }
 
 /// Appends one page entry (page id, flags, segments of `after`) to `b`.
