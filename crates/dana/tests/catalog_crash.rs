@@ -3,13 +3,14 @@
 //! catalogue names are whole, and a stale handle of a dropped tree fails
 //! instead of writing into pages that now belong to someone else.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use dana::io::sim::{PowerCutPolicy, PowerSwitch, SimConfig, SimDisk};
-use dana::io::{Array, Target};
-use dana::wal::CONTROL_BYTES;
+#[path = "common/sim_rig.rs"]
+mod sim_rig;
+
+use dana::io::sim::{PowerCutPolicy, PowerSwitch};
 use dana::{Db, Durability, Error, Options};
+use sim_rig::Rig;
 
 const LOG: u64 = 1 << 20;
 
@@ -23,24 +24,9 @@ fn opts() -> Options {
         .async_window(Duration::from_secs(3600))
 }
 
-struct Rig {
-    data: Arc<SimDisk>,
-    log: Arc<SimDisk>,
-}
-
-impl Rig {
-    fn new(seed: u64) -> Rig {
-        let config = SimConfig::replayable;
-        Rig {
-            data: SimDisk::new(0, 8 << 20, config(seed)),
-            log: SimDisk::new(1, CONTROL_BYTES + LOG, config(seed ^ 1)),
-        }
-    }
-
-    fn open(&self, create: bool) -> dana::Result<Db> {
-        let array = Array::new(vec![Target::Sim(self.data.clone())], 4096)?;
-        Db::open_array_with_log(array, Some(Target::Sim(self.log.clone())), opts(), create)
-    }
+/// The simulated disks of one run.
+fn rig(seed: u64) -> Rig {
+    Rig::new(seed, 8 << 20, LOG)
 }
 
 fn fill(db: &Db, name: &str, n: u32) -> dana::Result<()> {
@@ -54,9 +40,9 @@ fn fill(db: &Db, name: &str, n: u32) -> dana::Result<()> {
 /// The workload cut at request `point` (0: never). Returns the number of
 /// requests it made.
 fn run(seed: u64, point: u64) -> u64 {
-    let rig = Rig::new(seed);
+    let rig = rig(seed);
     {
-        let db = rig.open(true).unwrap();
+        let db = rig.open(opts(), true).unwrap();
         fill(&db, "keep", 50).unwrap();
         fill(&db, "old", 120).unwrap();
         db.close().unwrap();
@@ -70,7 +56,7 @@ fn run(seed: u64, point: u64) -> u64 {
     switch.attach(&rig.data);
     switch.attach(&rig.log);
     let work = || -> dana::Result<()> {
-        let db = rig.open(false)?;
+        let db = rig.open(opts(), false)?;
         db.create_tree("a")?;
         fill(&db, "b", 120)?;
         db.drop_tree("old")?;
@@ -88,7 +74,7 @@ fn run(seed: u64, point: u64) -> u64 {
     rig.data.power_on();
     rig.log.power_on();
     let db = rig
-        .open(false)
+        .open(opts(), false)
         .unwrap_or_else(|e| panic!("point {point}: reopen: {e}"));
     let report = db.check().unwrap();
     assert!(
@@ -137,8 +123,8 @@ fn a_crash_during_create_or_drop_leaks_no_page() {
 
 #[test]
 fn a_dropped_trees_stale_handle_fails_and_never_writes_elsewhere() {
-    let rig = Rig::new(3);
-    let db = rig.open(true).unwrap();
+    let rig = rig(3);
+    let db = rig.open(opts(), true).unwrap();
     let t = db.create_tree("t").unwrap();
     t.put(b"k", b"v").unwrap();
     assert!(db.drop_tree("t").unwrap());

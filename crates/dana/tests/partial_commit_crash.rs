@@ -11,13 +11,14 @@
 
 use std::collections::BTreeMap;
 use std::ops::Bound::Unbounded;
-use std::sync::Arc;
 use std::time::Duration;
 
-use dana::io::sim::{PowerCutPolicy, PowerSwitch, SimConfig, SimDisk};
-use dana::io::{Array, Target};
-use dana::wal::CONTROL_BYTES;
+#[path = "common/sim_rig.rs"]
+mod sim_rig;
+
+use dana::io::sim::{PowerCutPolicy, PowerSwitch};
 use dana::{Db, Durability, Options};
+use sim_rig::Rig;
 
 const LOG: u64 = 2 << 20;
 
@@ -33,24 +34,9 @@ fn opts() -> Options {
         .async_window(Duration::from_secs(3600))
 }
 
-struct Rig {
-    data: Arc<SimDisk>,
-    log: Arc<SimDisk>,
-}
-
-impl Rig {
-    fn new(seed: u64) -> Rig {
-        let config = SimConfig::replayable;
-        Rig {
-            data: SimDisk::new(0, 8 << 20, config(seed)),
-            log: SimDisk::new(1, CONTROL_BYTES + LOG, config(seed ^ 1)),
-        }
-    }
-
-    fn open(&self, create: bool) -> dana::Result<Db> {
-        let array = Array::new(vec![Target::Sim(self.data.clone())], 4096)?;
-        Db::open_array_with_log(array, Some(Target::Sim(self.log.clone())), opts(), create)
-    }
+/// The simulated disks of one run.
+fn rig(seed: u64) -> Rig {
+    Rig::new(seed, 8 << 20, LOG)
 }
 
 fn key(i: u32) -> Vec<u8> {
@@ -118,10 +104,10 @@ fn contents(tree: &dana::Tree) -> Model {
 /// of requests it made.
 fn run(seed: u64, point: u64, checkpoint: bool) -> u64 {
     let (preload, txs) = plan();
-    let rig = Rig::new(seed);
+    let rig = rig(seed);
     let keep: Writes = (0..60).map(|i| (key(i), Some(value(i, 9)))).collect();
     {
-        let db = rig.open(true).unwrap();
+        let db = rig.open(opts(), true).unwrap();
         let k = db.create_tree("keep").unwrap();
         commit(&db, &k, &keep).unwrap();
         let t = db.create_tree("t").unwrap();
@@ -148,7 +134,7 @@ fn run(seed: u64, point: u64, checkpoint: bool) -> u64 {
     switch.attach(&rig.log);
     let mut acked = 0;
     let outcome = (|| -> dana::Result<()> {
-        let db = rig.open(false)?;
+        let db = rig.open(opts(), false)?;
         let t = db.tree("t")?;
         for (i, tx) in txs.iter().enumerate() {
             commit(&db, &t, tx)?;
@@ -168,7 +154,7 @@ fn run(seed: u64, point: u64, checkpoint: bool) -> u64 {
     rig.log.power_on();
 
     let db = rig
-        .open(false)
+        .open(opts(), false)
         .unwrap_or_else(|e| panic!("point {point}: reopen: {e}"));
     let report = db.check().unwrap();
     assert!(
@@ -197,7 +183,7 @@ fn run(seed: u64, point: u64, checkpoint: bool) -> u64 {
     // The recovered database takes writes and survives a clean reopen.
     commit(&db, &db.tree("t").unwrap(), &txs[2]).unwrap();
     db.close().unwrap();
-    let db = rig.open(false).unwrap();
+    let db = rig.open(opts(), false).unwrap();
     assert!(db.check().unwrap().is_ok(), "point {point}: after a write");
     db.close().unwrap();
     ios
