@@ -52,9 +52,20 @@ fn options(a: &CommitArgs, d: Durability) -> Options {
         .durability(d)
 }
 
+/// What the log did during one measurement.
+struct LogUse {
+    commits: u64,
+    flushes: u64,
+    bytes: u64,
+    commit_bytes: u64,
+    page_bytes: u64,
+    images: u64,
+    checkpoints: u64,
+}
+
 /// Runs `tasks` tasks committing one-write transactions for `secs`;
-/// returns (commits/s, flushes, log bytes).
-fn commit_rate(db: &Db, tasks: usize, secs: f64, seed: u64) -> CliResult<(f64, u64, u64)> {
+/// returns commits/s and what the log did.
+fn commit_rate(db: &Db, tasks: usize, secs: f64, seed: u64) -> CliResult<(f64, LogUse)> {
     let tree = db.tree_or_create("t")?;
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
@@ -102,8 +113,15 @@ fn commit_rate(db: &Db, tasks: usize, secs: f64, seed: u64) -> CliResult<(f64, u
     }
     Ok((
         n as f64 / elapsed,
-        after.flushes - before.flushes,
-        after.bytes - before.bytes,
+        LogUse {
+            commits: n,
+            flushes: after.flushes - before.flushes,
+            bytes: after.bytes - before.bytes,
+            commit_bytes: after.commit_bytes - before.commit_bytes,
+            page_bytes: after.page_bytes - before.page_bytes,
+            images: after.images - before.images,
+            checkpoints: after.checkpoints - before.checkpoints,
+        },
     ))
 }
 
@@ -150,13 +168,13 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
     {
         let db = Db::open(a.path.join("db"), options(a, Durability::Sync))?;
         for &t in &a.tasks {
-            let (rate, flushes, bytes) = commit_rate(&db, t, a.seconds, t as u64)?;
-            let commits = rate * a.seconds;
+            let (rate, u) = commit_rate(&db, t, a.seconds, t as u64)?;
+            let commits = u.commits.max(1) as f64;
             println!(
                 "{t:>6} {rate:>12.0} {:>10.2} {:>14.1} {:>10.0}",
                 rate / base,
-                commits / flushes.max(1) as f64,
-                bytes as f64 / commits.max(1.0)
+                commits / u.flushes.max(1) as f64,
+                u.bytes as f64 / commits
             );
         }
         db.close()?;
@@ -171,14 +189,21 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
     ] {
         let dir = a.path.join(format!("insert-{name}"));
         let db = Db::open(&dir, options(a, d))?;
-        let (rate, _, bytes) = commit_rate(&db, t, a.seconds, 99)?;
+        let (rate, u) = commit_rate(&db, t, a.seconds, 99)?;
         if d == Durability::Off {
             off = rate;
         }
+        let n = u.commits.max(1) as f64;
         println!(
-            "  log {name:<5} {rate:>10.0} inserts/s  {:>5.2} of log off  {:>6.0} log bytes/insert",
+            "  log {name:<5} {rate:>10.0} inserts/s  {:>5.2} of log off  {:>6.0} log bytes/insert \
+             (commit records {:.0}, page records {:.0}, full images per 1,000 inserts {:.0}, \
+             checkpoints {})",
             rate / off.max(1.0),
-            bytes as f64 / (rate * a.seconds).max(1.0)
+            u.bytes as f64 / n,
+            u.commit_bytes as f64 / n,
+            u.page_bytes as f64 / n,
+            u.images as f64 * 1000.0 / n,
+            u.checkpoints
         );
         db.close()?;
         let _ = std::fs::remove_dir_all(&dir);

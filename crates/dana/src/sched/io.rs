@@ -225,6 +225,15 @@ impl WorkerIo {
     /// queue capacity allow, then submits each device's batch with one call.
     pub(crate) fn submit_all(&mut self) -> usize {
         let mut total = 0;
+        // Read the clock only when something waits (a worker's loop calls
+        // this every round, mostly with nothing to do).
+        if self
+            .devices
+            .iter()
+            .all(|d| d.waiting.is_empty() && d.queue.queued() == 0)
+        {
+            return 0;
+        }
         let now = Instant::now();
         for (d, dev) in self.devices.iter_mut().enumerate() {
             let mut pushed = 0;
@@ -305,11 +314,13 @@ impl WorkerIo {
     pub(crate) fn reap_all(&mut self, out: &mut Vec<(Completion, IoTiming)>) -> usize {
         let before = out.len();
         out.append(&mut self.rejected);
-        let now = Instant::now();
+        // Read the clock only once something completed.
+        let mut now = None;
         for (d, dev) in self.devices.iter_mut().enumerate() {
             self.scratch.clear();
             dev.queue.reap(&mut self.scratch);
             for mut c in self.scratch.drain(..) {
+                let now = *now.get_or_insert_with(Instant::now);
                 let slot = c.tag as usize;
                 let Some(meta) = dev.meta.get_mut(slot).and_then(Option::take) else {
                     debug_assert!(false, "completion for unknown slot {slot}");

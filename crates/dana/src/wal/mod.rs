@@ -82,6 +82,9 @@ pub struct WalStats {
     bytes: AtomicU64,
     flushes: AtomicU64,
     commits: AtomicU64,
+    commit_bytes: AtomicU64,
+    page_bytes: AtomicU64,
+    images: AtomicU64,
     checkpoints: AtomicU64,
 }
 
@@ -96,6 +99,13 @@ pub struct WalStatsSnapshot {
     pub flushes: u64,
     /// Commit records appended.
     pub commits: u64,
+    /// Bytes of commit records.
+    pub commit_bytes: u64,
+    /// Bytes of page records (physical changes and full images).
+    pub page_bytes: u64,
+    /// Full page images logged (new pages, first changes since a
+    /// checkpoint, structure changes of pages with covered changes).
+    pub images: u64,
     /// Checkpoints completed.
     pub checkpoints: u64,
     /// The durable LSN.
@@ -162,6 +172,7 @@ impl crate::buffer::page_log::PageLog for Wal {
         let mut b = record::RecordBuilder::new(record::Kind::Pages);
         b.u32(0);
         let mut n = 0u32;
+        let mut images = 0;
         let fpi_below = self.full_image_below();
         for c in changes {
             // A new page, the first change since a checkpoint began (a
@@ -184,12 +195,17 @@ impl crate::buffer::page_log::PageLog for Wal {
             let flags = if full { record::FULL_IMAGE } else { 0 };
             record::put_page_entry(&mut b, c.pid, flags, c.after, &segs);
             n += 1;
+            images += u64::from(full);
         }
         if n == 0 {
             return Ok(None);
         }
+        self.stats.images.fetch_add(images, Ordering::Relaxed);
         let mut rec = b.into_unsealed();
         rec[record::HEADER..record::HEADER + 4].copy_from_slice(&n.to_le_bytes());
+        self.stats
+            .page_bytes
+            .fetch_add(rec.len() as u64, Ordering::Relaxed);
         self.append(rec).map(|(lsn, _)| Some(lsn))
     }
 
@@ -370,6 +386,9 @@ impl Wal {
             bytes: l(&self.stats.bytes),
             flushes: l(&self.stats.flushes),
             commits: l(&self.stats.commits),
+            commit_bytes: l(&self.stats.commit_bytes),
+            page_bytes: l(&self.stats.page_bytes),
+            images: l(&self.stats.images),
             checkpoints: l(&self.stats.checkpoints),
             durable: self.durable(),
             end,
@@ -385,6 +404,9 @@ impl Wal {
     /// [`Wal::applied`].
     pub fn append_commit(&self, record: Vec<u8>) -> Result<(u64, u64)> {
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .commit_bytes
+            .fetch_add(record.len() as u64, Ordering::Relaxed);
         self.append_inner(record, true)
     }
 

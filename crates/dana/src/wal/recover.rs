@@ -107,10 +107,26 @@ pub fn format(log: &Target, capacity: u64, block: u64, log_id: u64) -> Result<Re
     let at = control::BLOCK as usize;
     area[at..at + c0.encode().len()].copy_from_slice(&c0.encode());
     write_at(q.as_mut(), 0, &area)?;
-    // Zero the block where the first record goes (a recycled file may hold
-    // records of an earlier database there).
-    let first = CONTROL_BYTES + start % capacity;
-    write_at(q.as_mut(), first, &vec![0u8; control::BLOCK as usize])?;
+    if matches!(log, Target::File(d) if !d.is_block_device()) {
+        // Write the whole log area once. A file's preallocated blocks are
+        // unwritten extents: the first write to each converts it, which
+        // makes ext4 hand an O_DIRECT write to an io_uring worker thread
+        // and makes the flush's fdatasync commit its journal. Log writes
+        // stay data-only writes from the first on (PostgreSQL zero-fills
+        // its WAL segments for the same reason).
+        let chunk = vec![0u8; (1 << 20).min(capacity) as usize];
+        let mut at = 0;
+        while at < capacity {
+            let n = (capacity - at).min(chunk.len() as u64) as usize;
+            write_at(q.as_mut(), CONTROL_BYTES + at, &chunk[..n])?;
+            at += n as u64;
+        }
+    } else {
+        // Zero the block where the first record goes (a recycled device may
+        // hold records of an earlier database there).
+        let first = CONTROL_BYTES + start % capacity;
+        write_at(q.as_mut(), first, &vec![0u8; control::BLOCK as usize])?;
+    }
     sync(q.as_mut())?;
     Ok(Resume {
         end: start,
