@@ -60,6 +60,7 @@ struct LogUse {
     commit_bytes: u64,
     page_bytes: u64,
     images: u64,
+    admit_waits: u64,
     checkpoints: u64,
 }
 
@@ -120,6 +121,7 @@ fn commit_rate(db: &Db, tasks: usize, secs: f64, seed: u64) -> CliResult<(f64, L
             commit_bytes: after.commit_bytes - before.commit_bytes,
             page_bytes: after.page_bytes - before.page_bytes,
             images: after.images - before.images,
+            admit_waits: after.admit_waits - before.admit_waits,
             checkpoints: after.checkpoints - before.checkpoints,
         },
     ))
@@ -197,13 +199,14 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
         println!(
             "  log {name:<5} {rate:>10.0} inserts/s  {:>5.2} of log off  {:>6.0} log bytes/insert \
              (commit records {:.0}, page records {:.0}, full images per 1,000 inserts {:.0}, \
-             checkpoints {})",
+             checkpoints {}, commits that waited for log space {})",
             rate / off.max(1.0),
             u.bytes as f64 / n,
             u.commit_bytes as f64 / n,
             u.page_bytes as f64 / n,
             u.images as f64 * 1000.0 / n,
-            u.checkpoints
+            u.checkpoints,
+            u.admit_waits
         );
         db.close()?;
         let _ = std::fs::remove_dir_all(&dir);

@@ -85,6 +85,7 @@ pub struct WalStats {
     commit_bytes: AtomicU64,
     page_bytes: AtomicU64,
     images: AtomicU64,
+    admit_waits: AtomicU64,
     checkpoints: AtomicU64,
 }
 
@@ -106,6 +107,8 @@ pub struct WalStatsSnapshot {
     /// Full page images logged (new pages, first changes since a
     /// checkpoint, structure changes of pages with covered changes).
     pub images: u64,
+    /// Commits that waited for log space (for a checkpoint to free some).
+    pub admit_waits: u64,
     /// Checkpoints completed.
     pub checkpoints: u64,
     /// The durable LSN.
@@ -157,6 +160,9 @@ pub struct Wal {
     wanted: AtomicU64,
     waiters: Mutex<Vec<(u64, Waker)>>,
     has_waiters: AtomicBool,
+    /// Commits waiting in [`Wal::admit`] for log space.
+    space_waiters: Mutex<Vec<Waker>>,
+    has_space_waiters: AtomicBool,
     poisoned: AtomicBool,
     poison: Mutex<Option<String>>,
     ops: Mutex<std::collections::HashMap<u64, Arc<IoWait>>>,
@@ -261,6 +267,7 @@ impl Drop for LogReservation<'_> {
     fn drop(&mut self) {
         let prev = self.wal.reserved.fetch_sub(self.bytes, Ordering::AcqRel);
         assert!(prev >= self.bytes, "log reservations released twice");
+        self.wal.wake_space_waiters();
     }
 }
 
@@ -324,6 +331,8 @@ impl Wal {
             wanted: AtomicU64::new(0),
             waiters: Mutex::new(Vec::new()),
             has_waiters: AtomicBool::new(false),
+            space_waiters: Mutex::new(Vec::new()),
+            has_space_waiters: AtomicBool::new(false),
             poisoned: AtomicBool::new(false),
             poison: Mutex::new(None),
             ops: Mutex::new(Default::default()),
@@ -375,6 +384,7 @@ impl Wal {
         }
         self.poisoned.store(true, Ordering::Release);
         self.wake_waiters(true);
+        self.wake_space_waiters();
     }
 
     /// Counters.
@@ -389,6 +399,7 @@ impl Wal {
             commit_bytes: l(&self.stats.commit_bytes),
             page_bytes: l(&self.stats.page_bytes),
             images: l(&self.stats.images),
+            admit_waits: l(&self.stats.admit_waits),
             checkpoints: l(&self.stats.checkpoints),
             durable: self.durable(),
             end,
@@ -483,27 +494,69 @@ impl Wal {
     /// reservation drops.
     pub async fn admit(&self, bytes: u64) -> Result<LogReservation<'_>> {
         let bytes = bytes.min(self.capacity / 4);
+        let mut waited = false;
+        std::future::poll_fn(|cx| {
+            // Bounded: each round either admits, fails, or parks the task
+            // until a reservation drops, a checkpoint frees log or the log
+            // fails (a waker registered before the second look, so no
+            // wake-up is lost in between).
+            for look in 0..2 {
+                if let Some(r) = self.try_admit(bytes) {
+                    return std::task::Poll::Ready(r);
+                }
+                if look == 0 {
+                    if !waited {
+                        waited = true;
+                        self.stats.admit_waits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let mut w = self.space_waiters.lock().unwrap_or_else(|e| e.into_inner());
+                    w.push(cx.waker().clone());
+                    self.has_space_waiters.store(true, Ordering::Release);
+                }
+            }
+            std::task::Poll::Pending
+        })
+        .await
+    }
+
+    /// One attempt of [`Wal::admit`]: None if the log has no room now.
+    fn try_admit(&self, bytes: u64) -> Option<Result<LogReservation<'_>>> {
         let limit = self.capacity / 4 * 3;
+        // Loops only when another commit changed `reserved` in between.
         loop {
             if let Some(e) = self.poisoned() {
-                return Err(e);
+                return Some(Err(e));
             }
             let used = self.used();
             if used > self.capacity / 2 {
                 self.request_checkpoint();
             }
             let cur = self.reserved.load(Ordering::Acquire);
-            if used + cur + bytes <= limit {
-                if self
-                    .reserved
-                    .compare_exchange(cur, cur + bytes, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    return Ok(LogReservation { wal: self, bytes });
-                }
-                continue;
+            if used + cur + bytes > limit {
+                return None;
             }
-            sched::yield_now().await;
+            if self
+                .reserved
+                .compare_exchange(cur, cur + bytes, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return Some(Ok(LogReservation { wal: self, bytes }));
+            }
+        }
+    }
+
+    /// Wakes the commits waiting for log space (they look again).
+    fn wake_space_waiters(&self) {
+        if !self.has_space_waiters.load(Ordering::Acquire) {
+            return;
+        }
+        let woken = {
+            let mut w = self.space_waiters.lock().unwrap_or_else(|e| e.into_inner());
+            self.has_space_waiters.store(false, Ordering::Release);
+            std::mem::take(&mut *w)
+        };
+        for w in woken {
+            w.wake();
         }
     }
 
@@ -741,6 +794,7 @@ impl Wal {
         let mut st = self.lock();
         st.redo = st.redo.max(redo);
         drop(st);
+        self.wake_space_waiters();
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -854,6 +908,45 @@ mod tests {
             value: Some(b"v".to_vec()),
         };
         record::commit(&[w]).into_unsealed()
+    }
+
+    /// A waker that counts its wake-ups.
+    struct CountingWaker(AtomicU64);
+
+    impl std::task::Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A commit that finds no room in the log parks (no spinning) and is
+    /// woken when a reservation drops; it then gets in.
+    #[test]
+    fn admit_parks_until_a_reservation_drops() {
+        let w = wal();
+        let quarter = w.capacity() / 4;
+        let held: Vec<_> = (0..3)
+            .map(|_| {
+                let mut f = std::pin::pin!(w.admit(quarter));
+                let noop = std::task::Waker::noop();
+                match f.as_mut().poll(&mut std::task::Context::from_waker(noop)) {
+                    std::task::Poll::Ready(r) => r.unwrap(),
+                    std::task::Poll::Pending => panic!("three quarters fit"),
+                }
+            })
+            .collect();
+        let counter = Arc::new(CountingWaker(AtomicU64::new(0)));
+        let waker = std::task::Waker::from(counter.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut f = std::pin::pin!(w.admit(64));
+        assert!(f.as_mut().poll(&mut cx).is_pending(), "the log is full");
+        assert!(f.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(counter.0.load(Ordering::Relaxed), 0);
+        assert_eq!(w.stats().admit_waits, 1, "one commit waited");
+        drop(held);
+        assert!(counter.0.load(Ordering::Relaxed) >= 1, "woken");
+        let admitted = matches!(f.as_mut().poll(&mut cx), std::task::Poll::Ready(Ok(_)));
+        assert!(admitted, "room after the drop");
     }
 
     /// A checkpoint whose redo LSN stays at a commit still being applied
