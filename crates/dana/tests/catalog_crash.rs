@@ -8,7 +8,6 @@ use std::time::Duration;
 #[path = "common/sim_rig.rs"]
 mod sim_rig;
 
-use dana::io::sim::{PowerCutPolicy, PowerSwitch};
 use dana::{Db, Durability, Error, Options};
 use sim_rig::Rig;
 
@@ -47,15 +46,7 @@ fn run(seed: u64, point: u64) -> u64 {
         fill(&db, "old", 120).unwrap();
         db.close().unwrap();
     }
-    let policy = PowerCutPolicy::Random {
-        keep: 1.0,
-        drop: 1.0,
-        tear: 1.0,
-    };
-    let switch = PowerSwitch::new(point, policy, seed);
-    switch.attach(&rig.data);
-    switch.attach(&rig.log);
-    let work = || -> dana::Result<()> {
+    let ios = rig.cut_during(point, seed, || {
         let db = rig.open(opts(), false)?;
         db.create_tree("a")?;
         fill(&db, "b", 120)?;
@@ -64,25 +55,8 @@ fn run(seed: u64, point: u64) -> u64 {
         db.create_tree("c")?;
         db.drop_tree("b")?;
         Ok(())
-    };
-    let outcome = work();
-    if !switch.fired() {
-        outcome.unwrap();
-        switch.cut();
-    }
-    let ios = switch.count();
-    rig.data.power_on();
-    rig.log.power_on();
-    let db = rig
-        .open(opts(), false)
-        .unwrap_or_else(|e| panic!("point {point}: reopen: {e}"));
-    let report = db.check().unwrap();
-    assert!(
-        report.is_ok() && report.lost_pages == 0,
-        "point {point}: {} lost pages, findings {:?}",
-        report.lost_pages,
-        report.findings
-    );
+    });
+    let db = rig.reopen_checked(opts(), point);
     let keep = db.tree("keep").unwrap();
     assert_eq!(
         keep.count(std::ops::Bound::Unbounded, std::ops::Bound::Unbounded)

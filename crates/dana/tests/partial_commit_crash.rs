@@ -16,7 +16,6 @@ use std::time::Duration;
 #[path = "common/sim_rig.rs"]
 mod sim_rig;
 
-use dana::io::sim::{PowerCutPolicy, PowerSwitch};
 use dana::{Db, Durability, Options};
 use sim_rig::Rig;
 
@@ -124,16 +123,8 @@ fn run(seed: u64, point: u64, checkpoint: bool) -> u64 {
         states.push(next);
     }
 
-    let policy = PowerCutPolicy::Random {
-        keep: 1.0,
-        drop: 1.0,
-        tear: 1.0,
-    };
-    let switch = PowerSwitch::new(point, policy, seed);
-    switch.attach(&rig.data);
-    switch.attach(&rig.log);
     let mut acked = 0;
-    let outcome = (|| -> dana::Result<()> {
+    let ios = rig.cut_during(point, seed, || {
         let db = rig.open(opts(), false)?;
         let t = db.tree("t")?;
         for (i, tx) in txs.iter().enumerate() {
@@ -144,25 +135,8 @@ fn run(seed: u64, point: u64, checkpoint: bool) -> u64 {
             }
         }
         db.close()
-    })();
-    if !switch.fired() {
-        outcome.unwrap();
-        switch.cut();
-    }
-    let ios = switch.count();
-    rig.data.power_on();
-    rig.log.power_on();
-
-    let db = rig
-        .open(opts(), false)
-        .unwrap_or_else(|e| panic!("point {point}: reopen: {e}"));
-    let report = db.check().unwrap();
-    assert!(
-        report.is_ok() && report.lost_pages == 0,
-        "point {point}: {} lost pages, findings {:?}",
-        report.lost_pages,
-        report.findings
-    );
+    });
+    let db = rig.reopen_checked(opts(), point);
     let mut keep_model = Model::new();
     apply(&mut keep_model, &keep);
     assert_eq!(
