@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use dana::io::AlignedBuf;
+use dana::wal::WalStatsSnapshot;
 use dana::{Db, Durability, Options};
 
 use crate::rng::XorShift;
@@ -52,21 +53,14 @@ fn options(a: &CommitArgs, d: Durability) -> Options {
         .durability(d)
 }
 
-/// What the log did during one measurement.
-struct LogUse {
-    commits: u64,
-    flushes: u64,
-    bytes: u64,
-    commit_bytes: u64,
-    page_bytes: u64,
-    images: u64,
-    admit_waits: u64,
-    checkpoints: u64,
-}
-
 /// Runs `tasks` tasks committing one-write transactions for `secs`;
-/// returns commits/s and what the log did.
-fn commit_rate(db: &Db, tasks: usize, secs: f64, seed: u64) -> CliResult<(f64, LogUse)> {
+/// returns commits/s, the commits counted and what the log did meanwhile.
+fn commit_rate(
+    db: &Db,
+    tasks: usize,
+    secs: f64,
+    seed: u64,
+) -> CliResult<(f64, u64, WalStatsSnapshot)> {
     let tree = db.tree_or_create("t")?;
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
@@ -112,19 +106,7 @@ fn commit_rate(db: &Db, tasks: usize, secs: f64, seed: u64) -> CliResult<(f64, L
             failed.load(Ordering::Relaxed)
         )));
     }
-    Ok((
-        n as f64 / elapsed,
-        LogUse {
-            commits: n,
-            flushes: after.flushes - before.flushes,
-            bytes: after.bytes - before.bytes,
-            commit_bytes: after.commit_bytes - before.commit_bytes,
-            page_bytes: after.page_bytes - before.page_bytes,
-            images: after.images - before.images,
-            admit_waits: after.admit_waits - before.admit_waits,
-            checkpoints: after.checkpoints - before.checkpoints,
-        },
-    ))
+    Ok((n as f64 / elapsed, n, after.since(&before)))
 }
 
 /// One 4 KiB O_DIRECT write plus fdatasync per commit, for `secs`.
@@ -170,8 +152,8 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
     {
         let db = Db::open(a.path.join("db"), options(a, Durability::Sync))?;
         for &t in &a.tasks {
-            let (rate, u) = commit_rate(&db, t, a.seconds, t as u64)?;
-            let commits = u.commits.max(1) as f64;
+            let (rate, n, u) = commit_rate(&db, t, a.seconds, t as u64)?;
+            let commits = n.max(1) as f64;
             println!(
                 "{t:>6} {rate:>12.0} {:>10.2} {:>14.1} {:>10.0}",
                 rate / base,
@@ -191,11 +173,11 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
     ] {
         let dir = a.path.join(format!("insert-{name}"));
         let db = Db::open(&dir, options(a, d))?;
-        let (rate, u) = commit_rate(&db, t, a.seconds, 99)?;
+        let (rate, n, u) = commit_rate(&db, t, a.seconds, 99)?;
         if d == Durability::Off {
             off = rate;
         }
-        let n = u.commits.max(1) as f64;
+        let n = n.max(1) as f64;
         println!(
             "  log {name:<5} {rate:>10.0} inserts/s  {:>5.2} of log off  {:>6.0} log bytes/insert \
              (commit records {:.0}, page records {:.0}, full images per 1,000 inserts {:.0}, \

@@ -41,12 +41,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use crate::io::{AlignedBuf, Array, Completion, IoBuf, Request};
-use crate::sched::IoWait;
 use crate::sched::{self, IoHandler, IoTiming};
+use crate::sched::{IoWait, WakerList};
 use crate::stats::{Histogram, HistogramSnapshot};
 use crate::{Error, Result};
 use inflight::InFlight;
@@ -158,8 +158,7 @@ pub struct BufferPool {
     inflight: InFlight,
     free: Mutex<Vec<u32>>,
     free_count: AtomicUsize,
-    frame_waiters: Mutex<Vec<Waker>>,
-    has_frame_waiters: AtomicBool,
+    frame_waiters: WakerList,
     clock: AtomicUsize,
     low_water: usize,
     high_water: usize,
@@ -219,8 +218,7 @@ impl BufferPool {
             inflight: InFlight::new(),
             free: Mutex::new((0..config.frames as u32).rev().collect()),
             free_count: AtomicUsize::new(config.frames),
-            frame_waiters: Mutex::new(Vec::new()),
-            has_frame_waiters: AtomicBool::new(false),
+            frame_waiters: WakerList::default(),
             clock: AtomicUsize::new(0),
             low_water,
             high_water,
@@ -381,11 +379,7 @@ impl BufferPool {
         drop(p);
         self.poisoned.store(true, Ordering::Release);
         // Tasks waiting for a frame: none may come (no more write-back).
-        let waiters =
-            std::mem::take(&mut *self.frame_waiters.lock().unwrap_or_else(|e| e.into_inner()));
-        for w in waiters {
-            w.wake();
-        }
+        self.frame_waiters.wake_all();
     }
 
     fn check_pid(&self, pid: u64) -> Result<()> {
@@ -464,13 +458,7 @@ impl BufferPool {
             .unwrap_or_else(|e| e.into_inner())
             .extend_from_slice(fs);
         self.free_count.fetch_add(fs.len(), Ordering::AcqRel);
-        if self.has_frame_waiters.swap(false, Ordering::AcqRel) {
-            let waiters =
-                std::mem::take(&mut *self.frame_waiters.lock().unwrap_or_else(|e| e.into_inner()));
-            for w in waiters {
-                w.wake();
-            }
-        }
+        self.frame_waiters.wake_all();
     }
 
     fn wait_for_frame(&self) -> FrameWait<'_> {
@@ -733,7 +721,7 @@ impl BufferPool {
     /// frame or started a write.
     fn evict_batch(&self) -> bool {
         let free = self.free_count.load(Ordering::Acquire);
-        let waiters = self.has_frame_waiters.load(Ordering::Acquire);
+        let waiters = self.frame_waiters.has_waiters();
         if free >= self.low_water && !waiters {
             return false;
         }
@@ -996,12 +984,7 @@ impl Future for FrameWait<'_> {
         if self.registered || self.pool.free_count.load(Ordering::Acquire) > 0 {
             return Poll::Ready(());
         }
-        self.pool
-            .frame_waiters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(cx.waker().clone());
-        self.pool.has_frame_waiters.store(true, Ordering::Release);
+        self.pool.frame_waiters.register(cx.waker());
         self.registered = true;
         // A frame freed between the check and the registration would not
         // wake us: look again.
@@ -1149,7 +1132,7 @@ impl PageMut<'_> {
         page::set_unlogged(self, false);
         // SAFETY: the exclusive latch is held while this guard lives.
         let bytes = unsafe { self.pool.frame_bytes(self.frame) };
-        let image = wal.log_covered(self.pid, bytes, self.cover)?;
+        let image = wal.log_covered(self.pid, bytes)?;
         if image.is_none() {
             page::set_unlogged(self, true);
         }
@@ -1170,7 +1153,6 @@ impl PageMut<'_> {
         self.cover = 0;
         if let Some(lsn) = lsn {
             self.advance_lsn(lsn);
-            self.mark_dirty();
         }
         self.touched = false;
         if let Some(b) = self.before.take() {
@@ -1180,9 +1162,9 @@ impl PageMut<'_> {
     }
 
     /// Sets the page LSN to that of a record just appended with its
-    /// change. Page LSNs only grow (records are appended under the
-    /// exclusive latch): checked in release builds, since redo and the WAL
-    /// rule both rely on it.
+    /// change, and marks the page dirty. Page LSNs only grow (records are
+    /// appended under the exclusive latch): checked in release builds,
+    /// since redo and the WAL rule both rely on it.
     fn advance_lsn(&mut self, lsn: u64) {
         let old = page::page_lsn(self);
         assert!(
@@ -1191,6 +1173,7 @@ impl PageMut<'_> {
             self.pid
         );
         page::set_page_lsn(self, lsn);
+        self.mark_dirty();
     }
 
     /// Marks the page dirty: its change is logged (or there is no log).
@@ -1233,7 +1216,6 @@ impl Drop for PageMut<'_> {
                 match logged {
                     Some(Ok(Some(lsn))) => {
                         self.advance_lsn(lsn);
-                        self.mark_dirty();
                         Ok(())
                     }
                     Some(Err(e)) => Err(e),

@@ -6,10 +6,11 @@
 //! change comes in one of two kinds:
 //! - **covered**: a leaf change made by applying a commit whose record is
 //!   already in the log (recovery re-applies that record through the
-//!   trees, so the change itself is not logged again). The pool tells the
-//!   log the commit's LSN ([`PageLog::log_covered`]); the log appends a
-//!   full image only if this is the page's first change since a
-//!   checkpoint began (a torn write-back of it must be rebuildable).
+//!   trees, so the change itself is not logged again). The pool hands the
+//!   log the page ([`PageLog::log_covered`]) and gives it the commit's LSN
+//!   itself; the log appends a full image only if this is the page's
+//!   first change since a checkpoint began (a torn write-back of it must
+//!   be rebuildable).
 //! - **physical**: any other change (a split, a merge, an allocation, the
 //!   meta page, a catalogue change). When the exclusive latch is released
 //!   (or a group of latched pages is released together), the pool hands
@@ -50,9 +51,9 @@ pub trait PageLog: Send + Sync {
     fn log_changes(&self, changes: &[PageChange<'_>]) -> Result<Option<u64>>;
     /// A covered change of page `page` (its bytes now, its page LSN still
     /// the one before the change), redone at recovery by the commit record
-    /// at `commit`. Returns the LSN of a full image if the log appended one
-    /// (the page's first change since a checkpoint began), else None.
-    fn log_covered(&self, pid: u64, page: &[u8], commit: u64) -> Result<Option<u64>>;
+    /// that covers it. Returns the LSN of a full image if the log appended
+    /// one (the page's first change since a checkpoint began), else None.
+    fn log_covered(&self, pid: u64, page: &[u8]) -> Result<Option<u64>>;
     /// Everything before this LSN is on stable storage.
     fn durable(&self) -> u64;
     /// Asks for a flush up to `lsn` without waiting.

@@ -40,7 +40,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub use io::{enqueue, on_worker, DeviceBudgets, IoHandler, IoTiming};
-pub use wait::{IoWait, WaitFuture};
+pub use wait::{IoWait, WaitFuture, WakerList};
 
 use crate::io::{open_queue, AlignedBuf, Backend, EventFd, Target};
 use crate::{Error, Result};

@@ -1,11 +1,15 @@
-//! [`IoWait`]: the outcome of one I/O that any number of tasks await.
+//! [`IoWait`]: the outcome of one I/O that any number of tasks await;
+//! [`WakerList`]: tasks parked until a condition may have changed (a free
+//! frame, room in the log).
 //!
 //! Owns: the waiters of one request and its result, completed once by the
-//! worker that reaps it. Never: completes a wait twice, or blocks a
-//! thread (waiters are tasks, woken by their wakers).
+//! worker that reaps it; the wakers of a parked condition. Never:
+//! completes a wait twice, or blocks a thread (waiters are tasks, woken by
+//! their wakers).
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
@@ -64,5 +68,76 @@ impl Future for WaitFuture {
                 Poll::Pending
             }
         }
+    }
+}
+
+/// Tasks parked until a condition may have changed, woken all at once.
+///
+/// The protocol, which loses no wake-up: a waiter checks the condition,
+/// [`WakerList::register`]s, checks again, and only then returns
+/// `Pending`; whoever changes the condition then calls
+/// [`WakerList::wake_all`]. Both touch the flag with a read-modify-write,
+/// so a `wake_all` that finds no waiter is ordered before the register,
+/// and the waiter's second check sees the change.
+#[derive(Default)]
+pub struct WakerList {
+    wakers: Mutex<Vec<Waker>>,
+    any: AtomicBool,
+}
+
+impl WakerList {
+    /// Parks `waker` until the next [`WakerList::wake_all`].
+    pub fn register(&self, waker: &Waker) {
+        let mut w = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
+        if !w.iter().any(|x| x.will_wake(waker)) {
+            w.push(waker.clone());
+        }
+        self.any.swap(true, Ordering::AcqRel);
+    }
+
+    /// True if some task is parked (a hint: it may be woken meanwhile).
+    pub fn has_waiters(&self) -> bool {
+        self.any.load(Ordering::Acquire)
+    }
+
+    /// Wakes every parked task (cheap when none is).
+    pub fn wake_all(&self) {
+        if !self.any.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let woken = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in woken {
+            w.wake();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    struct Count(AtomicU64);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_waker_registered_twice_is_woken_once_and_only_by_the_next_wake_all() {
+        let list = WakerList::default();
+        list.wake_all();
+        let c = Arc::new(Count(AtomicU64::new(0)));
+        let w = Waker::from(c.clone());
+        list.register(&w);
+        list.register(&w);
+        assert!(list.has_waiters());
+        list.wake_all();
+        assert_eq!(c.0.load(Ordering::Relaxed), 1);
+        assert!(!list.has_waiters());
+        list.wake_all();
+        assert_eq!(c.0.load(Ordering::Relaxed), 1);
     }
 }

@@ -45,7 +45,7 @@ use crate::buffer::page;
 use crate::buffer::page_log::PageChange;
 use crate::io::{AlignedBuf, Completion, IoBuf, Request};
 use crate::sched;
-use crate::sched::IoWait;
+use crate::sched::{IoWait, WakerList};
 use crate::{Error, Result};
 
 /// Bytes at the start of the log file that hold the control blocks.
@@ -117,6 +117,25 @@ pub struct WalStatsSnapshot {
     pub end: u64,
 }
 
+impl WalStatsSnapshot {
+    /// Counters accumulated since `earlier` (`durable` and `end` stay
+    /// this snapshot's).
+    pub fn since(&self, earlier: &WalStatsSnapshot) -> WalStatsSnapshot {
+        WalStatsSnapshot {
+            records: self.records - earlier.records,
+            bytes: self.bytes - earlier.bytes,
+            flushes: self.flushes - earlier.flushes,
+            commits: self.commits - earlier.commits,
+            commit_bytes: self.commit_bytes - earlier.commit_bytes,
+            page_bytes: self.page_bytes - earlier.page_bytes,
+            images: self.images - earlier.images,
+            admit_waits: self.admit_waits - earlier.admit_waits,
+            checkpoints: self.checkpoints - earlier.checkpoints,
+            ..*self
+        }
+    }
+}
+
 struct Flushing {
     end: u64,
     writes: usize,
@@ -161,8 +180,7 @@ pub struct Wal {
     waiters: Mutex<Vec<(u64, Waker)>>,
     has_waiters: AtomicBool,
     /// Commits waiting in [`Wal::admit`] for log space.
-    space_waiters: Mutex<Vec<Waker>>,
-    has_space_waiters: AtomicBool,
+    space_waiters: WakerList,
     poisoned: AtomicBool,
     poison: Mutex<Option<String>>,
     ops: Mutex<std::collections::HashMap<u64, Arc<IoWait>>>,
@@ -215,7 +233,7 @@ impl crate::buffer::page_log::PageLog for Wal {
         self.append(rec).map(|(lsn, _)| Some(lsn))
     }
 
-    fn log_covered(&self, pid: u64, page: &[u8], _commit: u64) -> Result<Option<u64>> {
+    fn log_covered(&self, pid: u64, page: &[u8]) -> Result<Option<u64>> {
         if page::page_lsn(page) >= self.full_image_below() {
             return Ok(None);
         }
@@ -267,7 +285,7 @@ impl Drop for LogReservation<'_> {
     fn drop(&mut self) {
         let prev = self.wal.reserved.fetch_sub(self.bytes, Ordering::AcqRel);
         assert!(prev >= self.bytes, "log reservations released twice");
-        self.wal.wake_space_waiters();
+        self.wal.space_waiters.wake_all();
     }
 }
 
@@ -331,8 +349,7 @@ impl Wal {
             wanted: AtomicU64::new(0),
             waiters: Mutex::new(Vec::new()),
             has_waiters: AtomicBool::new(false),
-            space_waiters: Mutex::new(Vec::new()),
-            has_space_waiters: AtomicBool::new(false),
+            space_waiters: WakerList::default(),
             poisoned: AtomicBool::new(false),
             poison: Mutex::new(None),
             ops: Mutex::new(Default::default()),
@@ -384,7 +401,7 @@ impl Wal {
         }
         self.poisoned.store(true, Ordering::Release);
         self.wake_waiters(true);
-        self.wake_space_waiters();
+        self.space_waiters.wake_all();
     }
 
     /// Counters.
@@ -496,25 +513,21 @@ impl Wal {
         let bytes = bytes.min(self.capacity / 4);
         let mut waited = false;
         std::future::poll_fn(|cx| {
-            // Bounded: each round either admits, fails, or parks the task
-            // until a reservation drops, a checkpoint frees log or the log
-            // fails (a waker registered before the second look, so no
-            // wake-up is lost in between).
-            for look in 0..2 {
-                if let Some(r) = self.try_admit(bytes) {
-                    return std::task::Poll::Ready(r);
-                }
-                if look == 0 {
-                    if !waited {
-                        waited = true;
-                        self.stats.admit_waits.fetch_add(1, Ordering::Relaxed);
-                    }
-                    let mut w = self.space_waiters.lock().unwrap_or_else(|e| e.into_inner());
-                    w.push(cx.waker().clone());
-                    self.has_space_waiters.store(true, Ordering::Release);
-                }
+            if let Some(r) = self.try_admit(bytes) {
+                return std::task::Poll::Ready(r);
             }
-            std::task::Poll::Pending
+            if !waited {
+                waited = true;
+                self.stats.admit_waits.fetch_add(1, Ordering::Relaxed);
+            }
+            // Parked until a reservation drops, a checkpoint frees log or
+            // the log fails; the second look catches a change made before
+            // the registration.
+            self.space_waiters.register(cx.waker());
+            match self.try_admit(bytes) {
+                Some(r) => std::task::Poll::Ready(r),
+                None => std::task::Poll::Pending,
+            }
         })
         .await
     }
@@ -542,21 +555,6 @@ impl Wal {
             {
                 return Some(Ok(LogReservation { wal: self, bytes }));
             }
-        }
-    }
-
-    /// Wakes the commits waiting for log space (they look again).
-    fn wake_space_waiters(&self) {
-        if !self.has_space_waiters.load(Ordering::Acquire) {
-            return;
-        }
-        let woken = {
-            let mut w = self.space_waiters.lock().unwrap_or_else(|e| e.into_inner());
-            self.has_space_waiters.store(false, Ordering::Release);
-            std::mem::take(&mut *w)
-        };
-        for w in woken {
-            w.wake();
         }
     }
 
@@ -794,7 +792,7 @@ impl Wal {
         let mut st = self.lock();
         st.redo = st.redo.max(redo);
         drop(st);
-        self.wake_space_waiters();
+        self.space_waiters.wake_all();
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
