@@ -28,7 +28,7 @@ use crate::buffer::{BufferPool, PoolConfig, PoolStatsSnapshot};
 use crate::check::{check_pool, CheckReport};
 use crate::io::{Array, Target};
 use crate::open::{self, Locks, Undo};
-use crate::sched::Runtime;
+use crate::sched::{RequestKind, Runtime};
 use crate::transaction::Transaction;
 use crate::txn::{Applied, Committer, Expect, KeyLocks};
 use crate::wal::record::Write;
@@ -36,7 +36,8 @@ use crate::wal::{Durability, Wal, WalStatsSnapshot};
 use crate::{Error, Options, Result};
 
 use crate::catalog::{self, CATALOG_SLOT};
-use crate::recovery::{self, checkpoint, exclusive_checkpoint, reapply};
+use crate::checkpoint::{checkpoint, exclusive_checkpoint, Checkpointer};
+use crate::recovery::{self, reapply};
 
 /// Fields drop in order: the workers stop (`rt`) before the locks are
 /// released (`locks`, last).
@@ -56,11 +57,8 @@ struct DbInner {
 
 impl Drop for DbInner {
     fn drop(&mut self) {
-        // Ends the checkpoint task so that the workers can stop.
+        // No checkpoint starts while the workers stop.
         self.stop.store(true, Ordering::Release);
-        if let Some(w) = &self.committer.wal {
-            w.request_checkpoint();
-        }
     }
 }
 
@@ -239,11 +237,29 @@ impl Db {
             }
             _ => None,
         };
+        // Completions go to their owners; every worker steps eviction, the
+        // log's flush and the checkpoint starter between tasks.
+        // Held by the open (recovery runs its own checkpoints) until it is
+        // done: no background checkpoint runs beside them.
+        let checkpointing = Arc::new(AtomicBool::new(true));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut services = pool.services();
+        if let Some(w) = &wal {
+            services = services
+                .handle(RequestKind::Log, w.clone())
+                .system_task(w.clone())
+                .system_task(Arc::new(Checkpointer {
+                    pool: pool.clone(),
+                    wal: w.clone(),
+                    busy: checkpointing.clone(),
+                    stop: stop.clone(),
+                }));
+        }
         let rt = Runtime::start(
             &opts.runtime_config(),
             &targets,
             &opts.backend,
-            pool.clone(),
+            services,
             Some(pool.memory()),
         )?;
         let p = pool.clone();
@@ -286,25 +302,8 @@ impl Db {
             });
         }
         open::sync_dirs(&sync_dirs)?;
+        checkpointing.store(false, Ordering::Release);
         let catalog = BTree::open(&pool, catalog_root);
-        let stop = Arc::new(AtomicBool::new(false));
-        let checkpointing = Arc::new(AtomicBool::new(false));
-        if let Some(w) = &wal {
-            let (p, w, stop, busy) = (pool.clone(), w.clone(), stop.clone(), checkpointing.clone());
-            rt.spawn_on(0, async move {
-                loop {
-                    w.checkpoint_signal(&stop).await;
-                    if stop.load(Ordering::Acquire) {
-                        break;
-                    }
-                    if let Err(e) = exclusive_checkpoint(&p, &w, &busy).await {
-                        p.poison(&e);
-                        w.poison_with(&e);
-                        break;
-                    }
-                }
-            })?;
-        }
         let recovery = recovered.map(|r| RecoveryReport {
             records: r.records,
             pages_redone: r.pages_redone,
@@ -577,9 +576,6 @@ impl Db {
         }
         self.inner.committer.closed.store(true, Ordering::Release);
         self.inner.stop.store(true, Ordering::Release);
-        if let Some(w) = &self.inner.committer.wal {
-            w.request_checkpoint();
-        }
         self.inner.rt.stop();
         self.inner.locks.release();
         flushed

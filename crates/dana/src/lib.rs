@@ -27,6 +27,7 @@ pub mod btree;
 pub mod buffer;
 pub mod catalog;
 pub mod check;
+mod checkpoint;
 pub mod db;
 pub mod error;
 #[allow(unsafe_code)]

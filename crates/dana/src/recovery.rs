@@ -1,18 +1,14 @@
-//! Checkpoints and recovery: finding the log at open, redoing it,
-//! re-applying its commits, and the checkpoints that bound all of it.
+//! Recovery: finding the log at open, redoing it, re-applying its commits.
 //!
-//! Owns: the order of a checkpoint (full images from the log end, write
-//! back, sync, record, control block), the open's log decisions (format,
-//! identity, read-only refusal), and recovery's second part (`reapply`).
-//! Never: decides when a checkpoint is due (the log asks) or opens files
-//! (`open.rs` does).
+//! Owns: the open's log decisions (format, identity, read-only refusal)
+//! and recovery's second part (`reapply`). Never: opens files (`open.rs`
+//! does) or decides when a checkpoint runs (`checkpoint.rs`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::buffer::BufferPool;
+use crate::checkpoint::checkpoint;
 use crate::io::{Array, Target};
-use crate::sched;
 use crate::wal::record::{self, Write};
 use crate::wal::recover::{self, Recovered};
 use crate::wal::{Resume, Wal};
@@ -81,19 +77,6 @@ pub(crate) fn prepare_log(
     Ok((resume, recovered, new_id))
 }
 
-/// A checkpoint: every page dirty when it starts is written back (at the
-/// pace of write-back, after its records are durable), the data devices
-/// are synced, the checkpoint record is made durable and the control block
-/// names it. Recovery then starts at its redo LSN.
-pub(crate) async fn checkpoint(pool: &BufferPool, wal: &Arc<Wal>) -> Result<()> {
-    let redo = wal.begin_checkpoint();
-    pool.flush_all().await?;
-    let (lsn, end) = wal.append(record::checkpoint(redo).into_unsealed())?;
-    wal.want(end);
-    wal.wait_durable(end).await?;
-    wal.finish_checkpoint(lsn, redo).await
-}
-
 /// Recovery, part two: re-applies `commits` (LSN, writes), in log order.
 ///
 /// Their page changes are logged (full images first: a page written back
@@ -136,25 +119,6 @@ pub(crate) async fn reapply(
         }
     }
     Ok(())
-}
-
-/// [`checkpoint`], one at a time.
-pub(crate) async fn exclusive_checkpoint(
-    pool: &BufferPool,
-    wal: &Arc<Wal>,
-    busy: &AtomicBool,
-) -> Result<()> {
-    struct Busy<'a>(&'a AtomicBool);
-    impl Drop for Busy<'_> {
-        fn drop(&mut self) {
-            self.0.store(false, Ordering::Release);
-        }
-    }
-    while busy.swap(true, Ordering::AcqRel) {
-        sched::yield_now().await;
-    }
-    let _busy = Busy(busy);
-    checkpoint(pool, wal).await
 }
 
 /// A fresh log identity: nonzero, unlikely to repeat across databases.

@@ -43,7 +43,7 @@ fn start(array: Array, frames: usize, workers: usize) -> (Arc<BufferPool>, Runti
         &config,
         array.targets(),
         &Backend::default(),
-        pool.clone(),
+        pool.services(),
         Some(pool.memory()),
     )
     .unwrap();

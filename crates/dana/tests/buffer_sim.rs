@@ -31,7 +31,7 @@ fn start_with(disk: &Arc<SimDisk>, frames: usize, workers: usize) -> (Arc<Buffer
         &config,
         array.targets(),
         &Backend::default(),
-        pool.clone(),
+        pool.services(),
         None,
     )
     .unwrap();

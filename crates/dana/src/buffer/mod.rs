@@ -45,7 +45,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use crate::io::{AlignedBuf, Array, Completion, IoBuf, Request};
-use crate::sched::{self, IoHandler, IoTiming};
+use crate::sched::{self, CompletionHandler, IoTiming, RequestKind, SystemTask};
 use crate::sched::{IoWait, WakerList};
 use crate::stats::{Histogram, HistogramSnapshot};
 use crate::{Error, Result};
@@ -58,11 +58,6 @@ use page_table::{
 pub use page::{PageType, PAGE_HEADER_SIZE};
 
 const NO_PAGE: u64 = u64::MAX;
-const TAG_KIND_SHIFT: u32 = 62;
-const TAG_READ: u64 = 0;
-const TAG_WRITE: u64 = 1;
-const TAG_FLUSH: u64 = 2;
-const TAG_ID_MASK: u64 = (1 << TAG_KIND_SHIFT) - 1;
 
 /// Buffer pool settings.
 #[derive(Debug, Clone)]
@@ -164,8 +159,6 @@ pub struct BufferPool {
     high_water: usize,
     max_writes_per_batch: usize,
     read_only: bool,
-    waits: Mutex<std::collections::HashMap<u64, Arc<IoWait>>>,
-    next_wait: AtomicU64,
     stats: PoolStats,
     poison: Mutex<Option<String>>,
     poisoned: AtomicBool,
@@ -224,8 +217,6 @@ impl BufferPool {
             high_water,
             max_writes_per_batch: config.max_writes_per_batch.max(1),
             read_only: config.read_only,
-            waits: Mutex::new(Default::default()),
-            next_wait: AtomicU64::new(0),
             stats: PoolStats::default(),
             poison: Mutex::new(None),
             poisoned: AtomicBool::new(false),
@@ -275,6 +266,15 @@ impl BufferPool {
             resume: s.resume.snapshot(),
             miss: s.miss.snapshot(),
         }
+    }
+
+    /// What a runtime serving this pool routes to it: the completions of
+    /// page reads and write-backs, and the eviction step.
+    pub fn services(self: &Arc<Self>) -> sched::Services {
+        sched::Services::new()
+            .handle(RequestKind::PageRead, self.clone())
+            .handle(RequestKind::PageWrite, self.clone())
+            .system_task(self.clone())
     }
 
     /// Attaches the write-ahead log: from now on every page change is
@@ -622,7 +622,7 @@ impl BufferPool {
                 self.page_size,
             )
         };
-        let tag = TAG_READ << TAG_KIND_SHIFT | f as u64;
+        let tag = RequestKind::PageRead.tag(f as u64);
         let queued = buf.and_then(|b| {
             sched::enqueue(device, Request::read(tag, offset, b)).map_err(|_| Error::WouldBlock)
         });
@@ -704,7 +704,7 @@ impl BufferPool {
                 self.page_size,
             )
         };
-        let tag = TAG_WRITE << TAG_KIND_SHIFT | f as u64;
+        let tag = RequestKind::PageWrite.tag(f as u64);
         let queued = buf.and_then(|b| {
             sched::enqueue(device, Request::write(tag, offset, b)).map_err(|_| Error::WouldBlock)
         });
@@ -852,29 +852,15 @@ impl BufferPool {
         self.sync_devices().await
     }
 
-    /// One fdatasync per device, awaited.
+    /// One fdatasync per device, awaited (all in flight together).
     pub async fn sync_devices(&self) -> Result<()> {
-        let mut waits = Vec::new();
+        let mut syncs = Vec::new();
         for d in 0..self.array.width() {
-            let id = self.next_wait.fetch_add(1, Ordering::Relaxed) & TAG_ID_MASK;
-            let w = Arc::new(IoWait::default());
-            self.waits
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(id, w.clone());
-            let tag = TAG_FLUSH << TAG_KIND_SHIFT | id;
-            if sched::enqueue(d, Request::flush(tag)).is_err() {
-                self.waits
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
-                return Err(Error::WouldBlock);
-            }
-            waits.push(w);
+            syncs.push(sched::perform(d, Request::flush(0)));
         }
         let mut first_err = None;
-        for w in waits {
-            if let Err(e) = w.wait().await.0 {
+        for s in syncs {
+            if let Err(e) = s.await {
                 self.poison_with(&e);
                 first_err.get_or_insert(e);
             }
@@ -932,42 +918,31 @@ impl BufferPool {
     }
 }
 
-impl IoHandler for BufferPool {
-    fn complete(&self, c: Completion, t: IoTiming) {
-        if let Some(w) = self.wal.get().filter(|w| w.owns_tag(c.tag)) {
-            w.complete(c);
-            return;
-        }
-        let id = c.tag & TAG_ID_MASK;
-        match c.tag >> TAG_KIND_SHIFT {
-            TAG_READ => self.complete_read(id as u32, c, t),
-            TAG_WRITE => self.complete_write(id as u32, c),
-            _ => {
-                let w = self
-                    .waits
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
-                if let Some(w) = w {
-                    w.complete(c.result.map(|_| ()), t.reaped);
-                }
-            }
+/// The pool owns the completions of page reads and write-backs.
+impl CompletionHandler for BufferPool {
+    fn complete(&self, kind: RequestKind, id: u64, c: Completion, t: IoTiming) {
+        match kind {
+            RequestKind::PageRead => self.complete_read(id as u32, c, t),
+            RequestKind::PageWrite => self.complete_write(id as u32, c),
+            _ => unreachable!("the pool is registered for page reads and writes only"),
         }
     }
+}
 
-    fn maintain(&self) -> bool {
+/// Eviction and write-back, a system task every worker steps.
+impl SystemTask for BufferPool {
+    fn name(&self) -> &'static str {
+        "eviction"
+    }
+
+    fn step(&self) -> bool {
         if let Some(e) = self.wal.get().and_then(|w| w.poisoned()) {
             if !self.poisoned.load(Ordering::Acquire) {
                 // The log failed: no page may be written any more.
                 self.poison_with(&e);
             }
         }
-        let flushed = self.wal.get().is_some_and(|w| w.pump());
-        self.evict_batch() | flushed
-    }
-
-    fn sleep_limit(&self) -> Option<std::time::Duration> {
-        self.wal.get().and_then(|w| w.sleep_limit())
+        self.evict_batch()
     }
 }
 

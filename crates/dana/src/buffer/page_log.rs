@@ -20,12 +20,9 @@
 //! Either way the record's LSN (or the commit's) becomes the page LSN
 //! before the latch drops; write-back then waits until the log is durable
 //! past a page's LSN (the WAL rule). Never: encodes a record (the log
-//! does) or does I/O (the log's requests go through the worker queues;
-//! their completions come back through the pool's handler).
+//! does) or does the log's I/O (the log's requests and their completions
+//! are routed by the scheduler to the log itself).
 
-use std::time::Duration;
-
-use crate::io::Completion;
 use crate::Result;
 
 /// One exclusively latched page's change.
@@ -61,13 +58,4 @@ pub trait PageLog: Send + Sync {
     /// The error that stopped the log, if any (the pool then writes no
     /// page any more).
     fn poisoned(&self) -> Option<crate::Error>;
-    /// True if a completion with this tag is the log's.
-    fn owns_tag(&self, tag: u64) -> bool;
-    /// A completion of one of the log's requests.
-    fn complete(&self, c: Completion);
-    /// Starts a flush if one is due (a worker's system step); true if it
-    /// started one.
-    fn pump(&self) -> bool;
-    /// How long an idle worker may sleep before the log needs it.
-    fn sleep_limit(&self) -> Option<Duration>;
 }

@@ -37,25 +37,6 @@ pub struct IoTiming {
     pub reaped: Instant,
 }
 
-/// Receives the completions of requests issued with [`enqueue`], on the
-/// worker that issued them, and runs the system work between tasks.
-pub trait IoHandler: Send + Sync + 'static {
-    /// A request completed (or failed).
-    fn complete(&self, completion: Completion, timing: IoTiming);
-
-    /// System work (eviction, write-back) run by every worker loop between
-    /// tasks. Returns true when it did something.
-    fn maintain(&self) -> bool {
-        false
-    }
-
-    /// The longest a worker may sleep before `maintain` has work that
-    /// time alone brings (a log flush window). None: no limit.
-    fn sleep_limit(&self) -> Option<Duration> {
-        None
-    }
-}
-
 /// In-flight limits per device, shared by all workers.
 pub struct DeviceBudgets {
     in_flight: Vec<AtomicUsize>,

@@ -16,9 +16,10 @@
 //! moves to another worker.
 //!
 //! The worker loop: admit new tasks; run every ready task once; submit all
-//! queued I/O in one batch per device; run system work (eviction) via
-//! [`IoHandler::maintain`]; reap completions and hand them to the handler,
-//! which wakes exactly the tasks waiting for them. With nothing to run it
+//! queued I/O in one batch per device; run the step of every system task
+//! (eviction, log flush, checkpoint start; see [`route`]); reap
+//! completions and hand each to the handler of its request kind, which
+//! wakes exactly the tasks waiting for it. With nothing to run it
 //! sleeps in the kernel on its eventfd, which io_uring, other workers and
 //! spawners signal: an idle worker burns no CPU.
 //!
@@ -26,6 +27,7 @@
 //! task on another worker's thread.
 
 pub mod io;
+mod route;
 mod task;
 mod wait;
 
@@ -39,12 +41,13 @@ use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use io::{enqueue, on_worker, DeviceBudgets, IoHandler, IoTiming};
+pub use io::{enqueue, on_worker, DeviceBudgets, IoTiming};
+pub use route::{perform, CompletionHandler, RequestKind, Services, SystemTask, TAG_ID_MASK};
 pub use wait::{IoWait, WaitFuture, WakerList};
 
 use crate::io::{open_queue, AlignedBuf, Backend, EventFd, Target};
 use crate::{Error, Result};
-use task::{Job, Slab, TaskKey, CURRENT_WORKER, LOCAL_READY};
+use task::{Job, Slab, TaskKey, CURRENT_WORKER, LOCAL_READY, LOCAL_SPAWNED};
 
 /// Task polls between two looks at the completion queues.
 const POLLS_BETWEEN_REAPS: usize = 8;
@@ -187,12 +190,13 @@ pub struct Runtime {
 impl Runtime {
     /// Starts `config.workers` threads, each with one queue per target
     /// (an array's devices, then the log's) over `backend`. `frames`, if given, is registered with every
-    /// queue (io_uring fixed buffers). Completions go to `handler`.
+    /// queue (io_uring fixed buffers). Completions go to the handler of
+    /// their kind in `services`, whose system tasks every worker runs.
     pub fn start(
         config: &RuntimeConfig,
         targets: &[Target],
         backend: &Backend,
-        handler: Arc<dyn IoHandler>,
+        services: Services,
         frames: Option<&Arc<AlignedBuf>>,
     ) -> Result<Runtime> {
         if config.workers == 0 {
@@ -249,13 +253,14 @@ impl Runtime {
             budgets,
             max_tasks: config.max_tasks_per_worker.max(1),
         });
+        let services = Arc::new(services);
         let mut threads = Vec::new();
         for (index, wio) in ios.into_iter().enumerate() {
             let shared = shared.clone();
-            let handler = handler.clone();
+            let services = services.clone();
             let t = std::thread::Builder::new()
                 .name(format!("dana-worker-{index}"))
-                .spawn(move || worker_main(index, shared, wio, handler))
+                .spawn(move || worker_main(index, shared, wio, services))
                 .map_err(|source| Error::Backend {
                     backend: "sched",
                     what: "starting a worker thread".into(),
@@ -375,17 +380,28 @@ pub fn yield_now() -> impl Future<Output = ()> {
     YieldNow(false)
 }
 
+/// Runs `future` as a task on the current worker, admitted at the start
+/// of its next loop round (for system steps that start long work, such as
+/// a checkpoint; never blocks). Fails off a worker.
+pub fn spawn_here<F>(future: F) -> Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    if CURRENT_WORKER.with(|c| c.get()).is_none() {
+        return Err(Error::InvalidArgument(
+            "spawn_here runs only on a worker".into(),
+        ));
+    }
+    LOCAL_SPAWNED.with(|s| s.borrow_mut().push(Box::pin(future)));
+    Ok(())
+}
+
 /// Index of the worker running the current thread, if any.
 pub fn current_worker() -> Option<usize> {
     CURRENT_WORKER.with(|c| c.get())
 }
 
-fn worker_main(
-    index: usize,
-    rt: Arc<RuntimeShared>,
-    wio: io::WorkerIo,
-    handler: Arc<dyn IoHandler>,
-) {
+fn worker_main(index: usize, rt: Arc<RuntimeShared>, wio: io::WorkerIo, services: Arc<Services>) {
     let me = rt.workers[index].clone();
     CURRENT_WORKER.with(|c| c.set(Some(index)));
     wio.install();
@@ -395,7 +411,14 @@ fn worker_main(
     loop {
         let mut progress = false;
 
-        // Admit new tasks while there is room.
+        // Tasks the system steps started (bounded by them: one checkpoint
+        // at a time), then new tasks while there is room.
+        LOCAL_SPAWNED.with(|s| {
+            for job in s.borrow_mut().drain(..) {
+                let key = slab.insert(&me, job);
+                LOCAL_READY.with(|r| r.borrow_mut().push_back(key));
+            }
+        });
         while slab.live() < rt.max_tasks {
             let Some(job) = me.pop_job() else { break };
             let key = slab.insert(&me, job);
@@ -417,7 +440,7 @@ fn worker_main(
                     w.reap_all(&mut completions)
                 });
                 for (c, t) in completions.drain(..) {
-                    handler.complete(c, t);
+                    services.complete(c, t);
                 }
             }
             let Some(key) = LOCAL_READY.with(|r| r.borrow_mut().pop_front()) else {
@@ -446,15 +469,16 @@ fn worker_main(
             }
         }
 
-        // System tasks: submit, evict, reap.
+        // System tasks (eviction, log flush, checkpoint start): submit,
+        // step each, reap.
         io::WorkerIo::with(|w| w.submit_all());
-        progress |= handler.maintain();
+        progress |= services.step_all();
         io::WorkerIo::with(|w| w.submit_all());
         io::WorkerIo::with(|w| w.reap_all(&mut completions));
         if !completions.is_empty() {
             progress = true;
             for (c, t) in completions.drain(..) {
-                handler.complete(c, t);
+                services.complete(c, t);
             }
             // The completions freed budget: send requests already waiting
             // in the engine now, not after the woken tasks have run.
@@ -471,6 +495,7 @@ fn worker_main(
             && in_flight == 0
             && waiting == 0
             && !me.has_work()
+            && LOCAL_SPAWNED.with(|s| s.borrow().is_empty())
         {
             break;
         }
@@ -487,7 +512,7 @@ fn worker_main(
             // its own completions arrive, which signal the eventfd.
             let timeout = match (
                 io::WorkerIo::with(|w| w.ready_in()).flatten(),
-                handler.sleep_limit(),
+                services.due_in(),
             ) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -499,7 +524,7 @@ fn worker_main(
         io::WorkerIo::with(|w| w.set_notify(false));
         if !completions.is_empty() {
             for (c, t) in completions.drain(..) {
-                handler.complete(c, t);
+                services.complete(c, t);
             }
             io::WorkerIo::with(|w| w.submit_all());
         }

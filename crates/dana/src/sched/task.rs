@@ -27,6 +27,8 @@ thread_local! {
     pub(crate) static CURRENT_WORKER: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
     /// Tasks woken on their own worker's thread.
     pub(crate) static LOCAL_READY: RefCell<VecDeque<TaskKey>> = const { RefCell::new(VecDeque::new()) };
+    /// Tasks spawned on this worker by its system steps, to be admitted.
+    pub(crate) static LOCAL_SPAWNED: RefCell<Vec<Job>> = const { RefCell::new(Vec::new()) };
 }
 
 /// What a task's waker points to.

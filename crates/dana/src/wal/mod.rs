@@ -45,7 +45,7 @@ use crate::buffer::page;
 use crate::buffer::page_log::PageChange;
 use crate::io::{AlignedBuf, Completion, IoBuf, Request};
 use crate::sched;
-use crate::sched::{IoWait, WakerList};
+use crate::sched::{CompletionHandler, IoTiming, RequestKind, SystemTask, WakerList};
 use crate::{Error, Result};
 
 /// Bytes at the start of the log file that hold the control blocks.
@@ -66,14 +66,10 @@ pub enum Durability {
     Off,
 }
 
-/// Tag bits the buffer pool routes to the log (the pool owns the top two
-/// bits of a tag; kind 3 is the log's).
-pub(crate) const TAG_LOG: u64 = 3 << 62;
-const SUB_SHIFT: u32 = 58;
-const SUB_WRITE: u64 = 0;
-const SUB_SYNC: u64 = 1;
-const SUB_OP: u64 = 2;
-const ID_MASK: u64 = (1 << SUB_SHIFT) - 1;
+/// The log's own ids of its requests (kind [`RequestKind::Log`]): a
+/// flush's write(s) and its sync.
+const FLUSH_WRITE: u64 = 0;
+const FLUSH_SYNC: u64 = 1;
 
 /// Counters of the log.
 #[derive(Debug, Default)]
@@ -183,11 +179,10 @@ pub struct Wal {
     space_waiters: WakerList,
     poisoned: AtomicBool,
     poison: Mutex<Option<String>>,
-    ops: Mutex<std::collections::HashMap<u64, Arc<IoWait>>>,
-    next_op: AtomicU64,
     control_seq: AtomicU64,
     checkpoint_wanted: AtomicBool,
-    checkpoint_waker: Mutex<Option<Waker>>,
+    /// Between `begin_checkpoint` and `finish_checkpoint`.
+    in_checkpoint: AtomicBool,
     stats: WalStats,
 }
 
@@ -256,21 +251,35 @@ impl crate::buffer::page_log::PageLog for Wal {
     fn poisoned(&self) -> Option<Error> {
         Wal::poisoned(self)
     }
+}
 
-    fn owns_tag(&self, tag: u64) -> bool {
-        tag & TAG_LOG == TAG_LOG
+/// The log owns the completions of its flushes' writes and syncs.
+impl CompletionHandler for Wal {
+    fn complete(&self, kind: RequestKind, id: u64, c: Completion, _: IoTiming) {
+        debug_assert_eq!(kind, RequestKind::Log);
+        self.flush_completed(id, c);
+    }
+}
+
+/// Group commit's flush, a system task every worker steps.
+impl SystemTask for Wal {
+    fn name(&self) -> &'static str {
+        "log flush"
     }
 
-    fn complete(&self, c: Completion) {
-        Wal::complete(self, c);
+    fn step(&self) -> bool {
+        self.pump()
     }
 
-    fn pump(&self) -> bool {
-        Wal::pump(self)
-    }
-
-    fn sleep_limit(&self) -> Option<Duration> {
-        Wal::sleep_limit(self)
+    /// The end of the async window of the oldest unflushed record (no
+    /// deadline while a flush is in flight: its completion wakes the
+    /// worker, and nothing to flush needs none).
+    fn due_in(&self) -> Option<Duration> {
+        let st = self.lock();
+        match (&st.flushing, st.since) {
+            (None, Some(t)) => Some(self.window.saturating_sub(t.elapsed())),
+            _ => None,
+        }
     }
 }
 
@@ -352,11 +361,9 @@ impl Wal {
             space_waiters: WakerList::default(),
             poisoned: AtomicBool::new(false),
             poison: Mutex::new(None),
-            ops: Mutex::new(Default::default()),
-            next_op: AtomicU64::new(0),
             control_seq: AtomicU64::new(resume.control_seq),
             checkpoint_wanted: AtomicBool::new(false),
-            checkpoint_waker: Mutex::new(None),
+            in_checkpoint: AtomicBool::new(false),
             stats: WalStats::default(),
         }))
     }
@@ -586,7 +593,13 @@ impl Wal {
             return false;
         }
         let mut st = self.lock();
-        if !self.checkpoint_wanted.load(Ordering::Acquire) && st.end - st.redo > self.capacity / 4 {
+        // A quarter of the log in use asks for a checkpoint, unless one is
+        // running (it frees the log only when it finishes; asking again
+        // would start a second one right after it).
+        if !self.checkpoint_wanted.load(Ordering::Acquire)
+            && !self.in_checkpoint.load(Ordering::Acquire)
+            && st.end - st.redo > self.capacity / 4
+        {
             drop(st);
             self.request_checkpoint();
             st = self.lock();
@@ -652,7 +665,7 @@ impl Wal {
         for (offset, from, len) in pieces {
             let queued = AlignedBuf::new(len, control::BLOCK as usize).and_then(|mut b| {
                 b[..len].copy_from_slice(&data[from..from + len]);
-                let tag = TAG_LOG | SUB_WRITE << SUB_SHIFT;
+                let tag = RequestKind::Log.tag(FLUSH_WRITE);
                 sched::enqueue(self.device, Request::write(tag, offset, IoBuf::owned(b)))
                     .map_err(|_| Error::WouldBlock)
             });
@@ -664,26 +677,14 @@ impl Wal {
         true
     }
 
-    /// A completion of a log request (tag kind [`TAG_LOG`]).
-    pub fn complete(&self, c: Completion) {
-        let sub = (c.tag >> SUB_SHIFT) & 0xF;
-        if sub == SUB_OP {
-            let w = self
-                .ops
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&(c.tag & ID_MASK));
-            if let Some(w) = w {
-                w.complete(c.result.map(|_| ()), Instant::now());
-            }
-            return;
-        }
+    /// A completion of one of a flush's requests (`id`: which).
+    fn flush_completed(&self, id: u64, c: Completion) {
         if let Err(e) = c.result {
             self.lock().flushing = None;
             self.poison_with(&e);
             return;
         }
-        if sub == SUB_WRITE {
+        if id == FLUSH_WRITE {
             let all_written = {
                 let mut st = self.lock();
                 match st.flushing.as_mut() {
@@ -695,7 +696,7 @@ impl Wal {
                 }
             };
             if all_written {
-                let tag = TAG_LOG | SUB_SYNC << SUB_SHIFT;
+                let tag = RequestKind::Log.tag(FLUSH_SYNC);
                 if sched::enqueue(self.device, Request::flush(tag)).is_err() {
                     self.poison_with(&Error::WouldBlock);
                 }
@@ -712,36 +713,18 @@ impl Wal {
         self.pump();
     }
 
-    /// How long a worker may sleep before the log needs it (the async
-    /// window, or checkpoint work).
-    pub fn sleep_limit(&self) -> Option<Duration> {
-        Some(self.window)
-    }
-
     // ---- checkpoints ----------------------------------------------------
 
-    /// True when a checkpoint should run: a quarter of the log is used, or
-    /// one was requested.
+    /// True when a checkpoint should run: the flush step saw a quarter of
+    /// the log in use, or a commit short of space asked (one atomic load:
+    /// every worker's checkpoint step asks every round).
     pub fn checkpoint_due(&self) -> bool {
-        self.checkpoint_wanted.load(Ordering::Acquire) || self.used() > self.capacity / 4
+        self.checkpoint_wanted.load(Ordering::Acquire)
     }
 
-    /// Asks the checkpoint task to run.
+    /// Asks for a checkpoint (the checkpoint step starts one).
     pub fn request_checkpoint(&self) {
         self.checkpoint_wanted.store(true, Ordering::Release);
-        let w = self
-            .checkpoint_waker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(w) = w {
-            w.wake();
-        }
-    }
-
-    /// Resolves when a checkpoint is due (or `stop` is set).
-    pub fn checkpoint_signal<'a>(&'a self, stop: &'a AtomicBool) -> CheckpointSignal<'a> {
-        CheckpointSignal { wal: self, stop }
     }
 
     /// Starts a checkpoint: its redo LSN (the end of the log, or the
@@ -753,6 +736,7 @@ impl Wal {
     /// from a torn write.
     pub fn begin_checkpoint(&self) -> u64 {
         self.checkpoint_wanted.store(false, Ordering::Release);
+        self.in_checkpoint.store(true, Ordering::Release);
         let st = self.lock();
         let redo = st
             .applying
@@ -792,28 +776,15 @@ impl Wal {
         let mut st = self.lock();
         st.redo = st.redo.max(redo);
         drop(st);
+        self.in_checkpoint.store(false, Ordering::Release);
         self.space_waiters.wake_all();
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     /// One request on the log device, awaited; a failure poisons the log.
-    async fn op(&self, mut req: Request) -> Result<()> {
-        let id = self.next_op.fetch_add(1, Ordering::Relaxed) & ID_MASK;
-        req.tag = TAG_LOG | SUB_OP << SUB_SHIFT | id;
-        let w = Arc::new(IoWait::default());
-        self.ops
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, w.clone());
-        if sched::enqueue(self.device, req).is_err() {
-            self.ops
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id);
-            return Err(Error::WouldBlock);
-        }
-        let r = w.wait().await.0;
+    async fn op(&self, req: Request) -> Result<()> {
+        let r = sched::perform(self.device, req).await;
         if let Err(e) = &r {
             self.poison_with(e);
         }
@@ -846,31 +817,6 @@ impl Future for DurableWait {
         // A flush may have completed between the check and the push.
         if wal.durable() >= self.end || wal.poisoned.load(Ordering::Acquire) {
             cx.waker().wake_by_ref();
-        }
-        Poll::Pending
-    }
-}
-
-/// Resolves when a checkpoint is due or the database is closing.
-pub struct CheckpointSignal<'a> {
-    wal: &'a Wal,
-    stop: &'a AtomicBool,
-}
-
-impl Future for CheckpointSignal<'_> {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.stop.load(Ordering::Acquire) || self.wal.checkpoint_due() {
-            return Poll::Ready(());
-        }
-        *self
-            .wal
-            .checkpoint_waker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
-        if self.stop.load(Ordering::Acquire) || self.wal.checkpoint_due() {
-            return Poll::Ready(());
         }
         Poll::Pending
     }

@@ -1,0 +1,95 @@
+//! Checkpoints: what one does, one at a time, and the system task that
+//! starts one when the log asks.
+//!
+//! Owns: the order of a checkpoint (full images from the log end, write
+//! back, sync, record, control block), the flag that keeps checkpoints
+//! one at a time, and [`Checkpointer`], the system task every worker
+//! steps. Never: decides when one is due (the log does: a quarter of it in
+//! use, or a commit short of space) or blocks a worker (a checkpoint runs
+//! as a task; the step only starts it).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::buffer::BufferPool;
+use crate::sched::{self, SystemTask};
+use crate::wal::record;
+use crate::wal::Wal;
+use crate::Result;
+
+/// A checkpoint: every page dirty when it starts is written back (at the
+/// pace of write-back, after its records are durable), the data devices
+/// are synced, the checkpoint record is made durable and the control block
+/// names it. Recovery then starts at its redo LSN.
+pub(crate) async fn checkpoint(pool: &BufferPool, wal: &Arc<Wal>) -> Result<()> {
+    let redo = wal.begin_checkpoint();
+    pool.flush_all().await?;
+    let (lsn, end) = wal.append(record::checkpoint(redo).into_unsealed())?;
+    wal.want(end);
+    wal.wait_durable(end).await?;
+    wal.finish_checkpoint(lsn, redo).await
+}
+
+/// [`checkpoint`], one at a time.
+pub(crate) async fn exclusive_checkpoint(
+    pool: &BufferPool,
+    wal: &Arc<Wal>,
+    busy: &AtomicBool,
+) -> Result<()> {
+    while busy.swap(true, Ordering::AcqRel) {
+        sched::yield_now().await;
+    }
+    let _busy = Busy(busy);
+    checkpoint(pool, wal).await
+}
+
+/// Clears the one-at-a-time flag when a checkpoint ends, however it ends.
+struct Busy<'a>(&'a AtomicBool);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// The system task that starts a checkpoint (as a task on the worker that
+/// steps it) when the log asks for one and none runs. A failed checkpoint
+/// stops the pool and the log (the next open recovers).
+pub(crate) struct Checkpointer {
+    pub(crate) pool: Arc<BufferPool>,
+    pub(crate) wal: Arc<Wal>,
+    /// Set while a checkpoint runs (shared with `Db::checkpoint`).
+    pub(crate) busy: Arc<AtomicBool>,
+    /// Set when the database closes: no checkpoint starts any more.
+    pub(crate) stop: Arc<AtomicBool>,
+}
+
+impl SystemTask for Checkpointer {
+    fn name(&self) -> &'static str {
+        "checkpoint"
+    }
+
+    fn step(&self) -> bool {
+        if !self.wal.checkpoint_due()
+            || self.stop.load(Ordering::Acquire)
+            || self.wal.poisoned().is_some()
+            || self.busy.swap(true, Ordering::AcqRel)
+        {
+            return false;
+        }
+        let (pool, wal, busy) = (self.pool.clone(), self.wal.clone(), self.busy.clone());
+        let started = sched::spawn_here(async move {
+            let _busy = Busy(&busy);
+            if let Err(e) = checkpoint(&pool, &wal).await {
+                pool.poison(&e);
+                wal.poison_with(&e);
+            }
+        });
+        if started.is_err() {
+            // Only off a worker, where no system task is stepped.
+            self.busy.store(false, Ordering::Release);
+            return false;
+        }
+        true
+    }
+}
