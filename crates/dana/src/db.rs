@@ -225,6 +225,8 @@ impl Db {
         let frames = opts.pool_bytes / opts.page_size;
         let mut pool_config = PoolConfig::with_frames(frames);
         pool_config.read_only = read_only;
+        pool_config.eviction = opts.eviction;
+        pool_config.max_writes_in_flight = (opts.device_budget / 2).max(1);
         let pool = BufferPool::new(array.clone(), &pool_config)?;
         let mut targets = array.targets().to_vec();
         let wal = match (&log, resume) {

@@ -41,6 +41,7 @@ pub mod transaction;
 pub mod txn;
 pub mod wal;
 
+pub use buffer::EvictionPolicy;
 pub use db::{Db, Tree};
 pub use error::{Error, OpKind, Result};
 pub use options::Options;

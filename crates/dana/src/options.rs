@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::buffer::EvictionPolicy;
 use crate::io::Backend;
 use crate::sched::RuntimeConfig;
 use crate::wal::{control, Durability};
@@ -39,6 +40,7 @@ pub struct Options {
     pub(crate) log_path: Option<PathBuf>,
     pub(crate) read_only: bool,
     pub(crate) log_identity: Option<u64>,
+    pub(crate) eviction: EvictionPolicy,
 }
 
 impl Default for Options {
@@ -62,6 +64,7 @@ impl Default for Options {
             log_path: None,
             read_only: false,
             log_identity: None,
+            eviction: EvictionPolicy::default(),
         }
     }
 }
@@ -121,6 +124,20 @@ impl Options {
     pub fn device_budget(mut self, n: usize) -> Self {
         self.device_budget = n;
         self
+    }
+
+    /// How the buffer pool picks pages to evict and dirty pages to write
+    /// back (default [`EvictionPolicy::Watt`], write-aware; `Clock` is
+    /// second chance, kept as the benchmarks' baseline). Eviction write-backs
+    /// use at most half of the device budget, so reads keep the rest.
+    pub fn eviction(mut self, policy: EvictionPolicy) -> Self {
+        self.eviction = policy;
+        self
+    }
+
+    /// The eviction policy set.
+    pub fn eviction_value(&self) -> EvictionPolicy {
+        self.eviction
     }
 
     /// Capacity of each worker's queue to each device (default 128).

@@ -10,7 +10,7 @@ use dana::buffer::{BufferPool, PageType, PoolConfig, PAGE_HEADER_SIZE};
 use dana::io::device::DeviceOptions;
 use dana::io::{Array, Backend, Device, Target};
 use dana::sched::{Runtime, RuntimeConfig};
-use dana::Error;
+use dana::{Error, EvictionPolicy};
 
 mod common;
 use common::{counter, fill};
@@ -32,7 +32,18 @@ fn open_array(dir: &Path, devices: usize, pages_per_device: u64) -> Array {
 }
 
 fn start(array: Array, frames: usize, workers: usize) -> (Arc<BufferPool>, Runtime) {
-    let pool = BufferPool::new(array.clone(), &PoolConfig::with_frames(frames)).unwrap();
+    start_with(array, frames, workers, EvictionPolicy::default())
+}
+
+fn start_with(
+    array: Array,
+    frames: usize,
+    workers: usize,
+    eviction: EvictionPolicy,
+) -> (Arc<BufferPool>, Runtime) {
+    let mut config = PoolConfig::with_frames(frames);
+    config.eviction = eviction;
+    let pool = BufferPool::new(array.clone(), &config).unwrap();
     let config = RuntimeConfig {
         workers,
         queue_depth: 64,
@@ -51,11 +62,20 @@ fn start(array: Array, frames: usize, workers: usize) -> (Arc<BufferPool>, Runti
 }
 
 #[test]
-fn many_tasks_update_pages_through_a_tiny_pool() {
+fn many_tasks_update_pages_through_a_tiny_pool_watt() {
+    update_through_a_tiny_pool(EvictionPolicy::Watt);
+}
+
+#[test]
+fn many_tasks_update_pages_through_a_tiny_pool_clock() {
+    update_through_a_tiny_pool(EvictionPolicy::Clock);
+}
+
+fn update_through_a_tiny_pool(eviction: EvictionPolicy) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let pages = 2000;
     let array = open_array(dir.path(), 2, pages);
-    let (pool, rt) = start(array.clone(), 48, 2);
+    let (pool, rt) = start_with(array.clone(), 48, 2, eviction);
     let pids = Arc::new(fill(&pool, &rt, pages - 1));
     let expected: Arc<Vec<AtomicU64>> = Arc::new((0..pages).map(|_| AtomicU64::new(0)).collect());
 
@@ -131,6 +151,52 @@ fn many_tasks_update_pages_through_a_tiny_pool() {
     })
     .unwrap()
     .unwrap();
+}
+
+/// WATT keeps a page fixed on every step (an inner node) resident while
+/// every other page it meets is dirty and cold: a first version evicted
+/// the coldest *clean* page of each sample, which in a mostly dirty pool
+/// was the hot one.
+#[test]
+fn watt_keeps_a_hot_clean_page_among_dirty_cold_ones() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let pages = 1200;
+    let array = open_array(dir.path(), 1, pages);
+    let (pool, rt) = start_with(array, 64, 1, EvictionPolicy::Watt);
+    let pids = fill(&pool, &rt, pages - 1);
+    let p = pool.clone();
+    let rounds = 3000;
+    let before = pool.stats();
+    rt.block_on(async move {
+        let hot = pids[0];
+        for i in 0..rounds {
+            let g = p.fix_shared(hot).await?;
+            assert_eq!(counter(&g).0, hot);
+            drop(g);
+            let cold = pids[1 + i % (pids.len() - 1)];
+            let mut g = p.fix_exclusive(cold).await?;
+            let (id, n) = counter(&g);
+            assert_eq!(id, cold);
+            let at = PAGE_HEADER_SIZE + 8;
+            g[at..at + 8].copy_from_slice(&(n + 1).to_le_bytes());
+        }
+        Ok::<_, Error>(())
+    })
+    .unwrap()
+    .unwrap();
+    let s = pool.stats();
+    let misses = s.misses - before.misses;
+    // Every cold fix misses (1,199 pages cycle through 64 frames); the hot
+    // page may miss once (after the fill's flush), not once per lap.
+    assert!(
+        misses <= rounds as u64 + 2,
+        "{misses} misses for {rounds} cold fixes: the hot page was evicted"
+    );
+    assert!(
+        s.writebacks > 1000,
+        "cold dirty pages are written back: {s:?}"
+    );
+    rt.shutdown();
 }
 
 #[test]

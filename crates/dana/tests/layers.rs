@@ -44,6 +44,7 @@ fn reexport(name: &str) -> Option<&'static str> {
         "Options" => "options",
         "Transaction" => "transaction",
         "Durability" => "wal",
+        "EvictionPolicy" => "buffer",
         _ => return None,
     })
 }

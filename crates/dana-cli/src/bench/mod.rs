@@ -89,6 +89,10 @@ pub struct EngineArgs {
     /// benchmarks), async or sync.
     #[arg(long, default_value = "off", value_parser = parse_durability)]
     pub durability: dana::Durability,
+    /// The buffer pool's eviction policy: watt (write-aware, the default)
+    /// or clock (second chance, the baseline).
+    #[arg(long, default_value = "watt", value_parser = parse_eviction)]
+    pub eviction: dana::EvictionPolicy,
 }
 
 impl EngineArgs {
@@ -102,6 +106,16 @@ impl EngineArgs {
             .submit_each(self.submit_each)
             .max_tasks_per_worker(self.tasks_per_worker.max(16) * 2)
             .durability(self.durability)
+            .eviction(self.eviction)
+    }
+}
+
+/// Parses `watt` or `clock`.
+pub fn parse_eviction(s: &str) -> Result<dana::EvictionPolicy, String> {
+    match s {
+        "watt" => Ok(dana::EvictionPolicy::Watt),
+        "clock" => Ok(dana::EvictionPolicy::Clock),
+        _ => Err(format!("eviction must be watt or clock, not {s:?}")),
     }
 }
 
@@ -265,6 +279,16 @@ pub struct Measured {
     pub disk_read_mb_per_s: Option<f64>,
     /// Device reads per operation.
     pub reads_per_op: f64,
+    /// Page writes (write-back) per operation.
+    pub writes_per_op: f64,
+    /// Log bytes appended per operation (0 without a log).
+    pub log_bytes_per_op: f64,
+    /// Waits for a free frame per page miss.
+    pub frame_waits_per_miss: f64,
+    /// How long the waits for a free frame took.
+    pub frame_wait: Latency,
+    /// Share of the pool's frames dirty at the end of the window.
+    pub dirty_fraction: f64,
     /// Share of page fixes served from the pool.
     pub hit_rate: f64,
     /// Process CPU seconds in the window (user + system, all threads).
@@ -379,6 +403,8 @@ struct Base {
     errors: u64,
     cpu: f64,
     pool: PoolStatsSnapshot,
+    frames: usize,
+    log_bytes: u64,
     queue: HistogramSnapshot,
     lat: HistogramSnapshot,
     disk: Option<DiskCounters>,
@@ -392,6 +418,8 @@ impl Base {
             errors: state.errors.load(Ordering::Relaxed),
             cpu: process_cpu_seconds(),
             pool: db.pool_stats(),
+            frames: db.pool().frames(),
+            log_bytes: db.wal_stats().map_or(0, |w| w.bytes),
             queue: db.runtime().budgets().queue_wait.snapshot(),
             lat: state.latency.snapshot(),
             disk: disk.and_then(Disk::read),
@@ -432,6 +460,14 @@ impl Base {
             disk_reads_per_s: disk.map(|d| d.reads as f64 / secs),
             disk_read_mb_per_s: disk.map(|d| d.read_bytes as f64 / 1e6 / secs),
             reads_per_op: per(reads as f64, ops),
+            writes_per_op: per((self.pool.writes - b.pool.writes) as f64, ops),
+            log_bytes_per_op: per((self.log_bytes - b.log_bytes) as f64, ops),
+            frame_waits_per_miss: per(
+                (self.pool.frame_waits - b.pool.frame_waits) as f64,
+                self.pool.misses - b.pool.misses,
+            ),
+            frame_wait: Latency::from(&self.pool.frame_wait.since(&b.pool.frame_wait)),
+            dirty_fraction: per(self.pool.dirty_frames as f64, self.frames as u64),
             hit_rate: per((self.pool.hits - b.pool.hits) as f64, fixes),
             cpu_s: cpu,
             cpu_us_per_op: per(cpu * 1e6, ops),

@@ -193,6 +193,7 @@ impl BufferPool {
             });
         }
         self.frames[f as usize].pid.store(pid, Ordering::Release);
+        self.arrived(f, true);
         self.table.set_frame(pid, f);
         let mut g = PageMut {
             pool: self,

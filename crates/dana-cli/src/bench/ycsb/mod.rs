@@ -246,6 +246,8 @@ pub struct YcsbReport {
     pub tasks_per_worker: usize,
     /// Device budget (reads in flight per device).
     pub device_budget: usize,
+    /// The buffer pool's eviction policy.
+    pub eviction: String,
     /// Key size, bytes.
     pub key_bytes: usize,
     /// Value size, bytes.
@@ -302,6 +304,7 @@ pub fn run(args: &YcsbArgs) -> CliResult<()> {
         workers: a.engine.workers,
         tasks_per_worker: a.engine.tasks_per_worker,
         device_budget: a.engine.device_budget,
+        eviction: format!("{:?}", a.engine.eviction).to_lowercase(),
         key_bytes: KEY_BYTES,
         value_size: a.value_size,
         insert_order: "hashed (key = big-endian splitmix64 finaliser of the key number)",
@@ -700,6 +703,15 @@ pub fn render(r: &YcsbReport) -> String {
             m.hit_rate,
             m.cpu_us_per_op,
             m.cpu_us_per_io
+        );
+        s += &format!(
+            "  eviction {}: {:.3} page writes/op, {:.0} log bytes/op; frame waits {:.2} per 100 misses, p99 wait {:.0} us; {:.0}% of frames dirty at the end\n",
+            r.eviction,
+            m.writes_per_op,
+            m.log_bytes_per_op,
+            m.frame_waits_per_miss * 100.0,
+            m.frame_wait.p99_us,
+            m.dirty_fraction * 100.0
         );
         s += "  op        count       ops/s   p50 us   p99 us  p99.9 us\n";
         for kind in OpKind::ALL {
