@@ -68,6 +68,14 @@ const NO_PAGE: u64 = u64::MAX;
 /// WATT: frames compared for each eviction.
 const WATT_SAMPLE: usize = 8;
 
+/// A frame of a WATT sample.
+struct Candidate {
+    value: u32,
+    frame: u32,
+    pid: u64,
+    dirty: bool,
+}
+
 /// Buffer pool settings.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
@@ -499,9 +507,15 @@ impl BufferPool {
         }
     }
 
-    /// Marks frame `f` dirty or clean, keeping the count of dirty frames.
+    /// Marks frame `f` dirty or clean, keeping the count of dirty frames
+    /// (no read-modify-write when the flag already says so: most changes
+    /// are to a page dirty already).
     fn set_dirty(&self, f: u32, dirty: bool) {
-        let was = self.frames[f as usize].dirty.swap(dirty, Ordering::AcqRel);
+        let flag = &self.frames[f as usize].dirty;
+        if flag.load(Ordering::Acquire) == dirty {
+            return;
+        }
+        let was = flag.swap(dirty, Ordering::AcqRel);
         match (was, dirty) {
             (false, true) => {
                 self.dirty_frames.fetch_add(1, Ordering::Relaxed);
@@ -964,11 +978,13 @@ impl BufferPool {
     }
 
     /// WATT: the hand visits frames in samples of [`WATT_SAMPLE`]. In
-    /// each, only pages worth little more than the sample's least valuable
-    /// one (at most twice its value plus one access this epoch) may go:
-    /// the least valuable clean one of those is evicted, and the dirty
-    /// ones are written back (to be evicted when next met, if still cold),
-    /// while fewer than `max_writes_in_flight` write-backs are in flight.
+    /// each, the least valuable clean page is evicted if it is worth
+    /// little more than the sample's least valuable page (at most twice its
+    /// value plus one access this epoch); the least valuable page, if
+    /// dirty, is written back (to be evicted when next met, if still cold),
+    /// and so is the least valuable dirty page once more than
+    /// `dirty_limit` frames are dirty; while fewer than
+    /// `max_writes_in_flight` write-backs are in flight.
     /// So a write-hot page (its writes weigh `write_weight` reads) stays
     /// dirty in memory instead of being written again and again, and a hot
     /// clean page (an inner node) is never evicted because the cold pages
@@ -985,7 +1001,7 @@ impl BufferPool {
         let mut freed = Vec::new();
         let mut writes = 0;
         let mut visits = 0;
-        let mut sample: Vec<(u32, u32, u64, bool)> = Vec::with_capacity(WATT_SAMPLE);
+        let mut sample: Vec<Candidate> = Vec::with_capacity(WATT_SAMPLE);
         while freed.len() < want && visits < budget {
             sample.clear();
             while sample.len() < WATT_SAMPLE && visits < budget {
@@ -997,35 +1013,43 @@ impl BufferPool {
                 let meta = &self.frames[f as usize];
                 meta.reads.scrub(now);
                 meta.writes.scrub(now);
-                let v = watt_value(&meta.reads, &meta.writes, now, self.write_weight);
-                sample.push((v, f, pid, meta.dirty.load(Ordering::Acquire)));
+                sample.push(Candidate {
+                    value: watt_value(&meta.reads, &meta.writes, now, self.write_weight),
+                    frame: f,
+                    pid,
+                    dirty: meta.dirty.load(Ordering::Acquire),
+                });
             }
-            let Some(coldest) = sample.iter().map(|c| c.0).min() else {
+            let Some(coldest) = sample.iter().map(|c| c.value).min() else {
                 continue;
             };
             let bar = coldest.saturating_mul(2).saturating_add(1 << 10);
             let clean = sample
                 .iter()
-                .filter(|c| !c.3 && c.0 <= bar)
-                .min_by_key(|c| c.0);
-            if let Some(&(_, f, pid, _)) = clean {
-                if self.try_evict(f, pid) {
-                    freed.push(f);
+                .filter(|c| !c.dirty && c.value <= bar)
+                .min_by_key(|c| c.value);
+            if let Some(c) = clean {
+                if self.try_evict(c.frame, c.pid) {
+                    freed.push(c.frame);
                 }
             }
-            // Too many dirty pages: the coldest dirty one goes too, however
+            // Written back: the sample's least valuable page if dirty; with
+            // too many dirty pages, the least valuable dirty one however
             // valuable (frames must keep coming without every eviction
             // waiting for a write).
-            let over = self.dirty_frames.load(Ordering::Relaxed) > self.dirty_limit;
-            let coldest_dirty = sample.iter().filter(|c| c.3).map(|c| c.0).min();
-            for &(v, f, pid, dirty) in &sample {
-                if !dirty || (v > coldest && !(over && Some(v) == coldest_dirty)) {
+            let write_bar = if self.dirty_frames.load(Ordering::Relaxed) > self.dirty_limit {
+                sample.iter().filter(|c| c.dirty).map(|c| c.value).min()
+            } else {
+                Some(coldest)
+            };
+            for c in &sample {
+                if !c.dirty || write_bar.is_none_or(|b| c.value > b) {
                     continue;
                 }
                 if self.writes_in_flight.load(Ordering::Acquire) >= self.max_writes_in_flight {
                     break;
                 }
-                match self.try_write_back(f, pid) {
+                match self.try_write_back(c.frame, c.pid) {
                     Ok(started) => writes += usize::from(started),
                     Err(_) => return (freed, writes),
                 }
