@@ -114,7 +114,8 @@ impl Db {
 
     /// Opens a database striped over `paths` (files or block devices, in
     /// this order every time). With `create`, files that do not exist are
-    /// created with `capacity_bytes / paths.len()` bytes each and the
+    /// created small (see [`crate::INITIAL_DATA_BYTES`]; they grow on
+    /// demand, up to [`Options::capacity_bytes`] if set) and the
     /// database is formatted (erasing what the devices held as far as dana
     /// is concerned); without it, the devices must hold a dana database.
     /// Locks as [`Db::open`] does.
@@ -215,6 +216,7 @@ impl Db {
         if create && read_only {
             return Err(Error::ReadOnly);
         }
+        let array = array.with_max_bytes(opts.capacity_bytes);
         let (resume, mut recovered, new_id) = recovery::prepare_log(
             &array,
             log.as_ref(),

@@ -120,9 +120,13 @@ pub enum Error {
         max: usize,
     },
 
-    /// The database has no free page left on its devices.
-    #[error("out of space: {0}")]
-    OutOfSpace(String),
+    /// No space for this write: the database reached its maximum size
+    /// ([`crate::Options::capacity_bytes`], or a block device's size), or
+    /// the file system is full (`ENOSPC` while growing a file). Nothing of
+    /// the failed write is logged; every commit acknowledged before stays,
+    /// reads go on, and writes succeed again once space is freed.
+    #[error("no space: {0}")]
+    NoSpace(String),
 
     /// An earlier failed write or sync made the database refuse further
     /// writes (the failure is never silently retried).
@@ -285,7 +289,7 @@ impl Error {
                 len: *len,
                 max: *max,
             },
-            Error::OutOfSpace(s) => Error::OutOfSpace(s.clone()),
+            Error::NoSpace(s) => Error::NoSpace(s.clone()),
             Error::Poisoned(s) => Error::Poisoned(s.clone()),
             Error::WouldBlock => Error::WouldBlock,
             Error::KeyExists => Error::KeyExists,

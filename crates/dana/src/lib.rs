@@ -44,6 +44,6 @@ pub mod wal;
 pub use buffer::EvictionPolicy;
 pub use db::{Db, Tree};
 pub use error::{Error, OpKind, Result};
-pub use options::Options;
+pub use options::{Options, INITIAL_DATA_BYTES};
 pub use transaction::Transaction;
 pub use wal::Durability;

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use crate::buffer::alloc::{meta_facts, MetaFacts};
 use crate::io::device::{lock_file, unlock_file, DeviceOptions};
 use crate::io::{open_queue, AlignedBuf, Array, Backend, Device, IoBuf, Request, Target};
+use crate::options::INITIAL_DATA_BYTES;
 use crate::wal::{Durability, CONTROL_BYTES};
 use crate::{Error, Options, Result};
 
@@ -137,9 +138,15 @@ fn device_path(dir: &Path, i: usize) -> PathBuf {
     dir.join(format!("dana.{i}"))
 }
 
+/// Bytes each file of a new database starts with: a share of
+/// [`INITIAL_DATA_BYTES`] (or of the maximum size, if smaller), at least
+/// one page; the files grow from there.
 fn per_device_bytes(opts: &Options, devices: usize) -> u64 {
     let ps = opts.page_size_value() as u64;
-    (opts.capacity_bytes_value() / devices as u64) / ps * ps
+    let total = opts
+        .capacity_bytes_value()
+        .map_or(INITIAL_DATA_BYTES, |max| max.min(INITIAL_DATA_BYTES));
+    ((total / devices as u64) / ps * ps).max(ps)
 }
 
 /// Reads the first 4096 bytes of `t` synchronously.

@@ -11,6 +11,10 @@ use crate::io::Backend;
 use crate::sched::RuntimeConfig;
 use crate::wal::{control, Durability};
 
+/// Bytes a new database's data files start with, all devices together
+/// (less if [`Options::capacity_bytes`] is smaller). They grow on demand.
+pub const INITIAL_DATA_BYTES: u64 = 1 << 20;
+
 /// How to open a database. Start from [`Options::default`] and chain the
 /// setters.
 ///
@@ -28,7 +32,7 @@ pub struct Options {
     pub(crate) page_size: usize,
     pub(crate) backend: Backend,
     pub(crate) devices: usize,
-    pub(crate) capacity_bytes: u64,
+    pub(crate) capacity_bytes: Option<u64>,
     pub(crate) direct: bool,
     pub(crate) queue_depth: u32,
     pub(crate) device_budget: usize,
@@ -52,7 +56,7 @@ impl Default for Options {
             page_size: 4096,
             backend: Backend::default(),
             devices: 1,
-            capacity_bytes: 8 << 30,
+            capacity_bytes: None,
             direct: true,
             queue_depth: rt.queue_depth,
             device_budget: rt.device_budget,
@@ -106,10 +110,15 @@ impl Options {
         self
     }
 
-    /// Total size of the files created for a new database in a directory
-    /// (default 8 GiB; allocated up front, split over the devices).
+    /// The most bytes the database's data files may grow to, split over
+    /// the devices (default: no limit but the file system's, or a block
+    /// device's size). A new database starts at
+    /// [`crate::INITIAL_DATA_BYTES`] (or this maximum, if smaller) and its
+    /// files grow in steps of `clamp(size / 32, 16 MiB, 1 GiB)` ahead of
+    /// need; a write that would pass the maximum fails with
+    /// [`crate::Error::NoSpace`] before it is logged.
     pub fn capacity_bytes(mut self, bytes: u64) -> Self {
-        self.capacity_bytes = bytes;
+        self.capacity_bytes = Some(bytes);
         self
     }
 
@@ -208,8 +217,8 @@ impl Options {
         self.page_size
     }
 
-    /// The capacity set.
-    pub fn capacity_bytes_value(&self) -> u64 {
+    /// The maximum size set (None: no limit but the devices').
+    pub fn capacity_bytes_value(&self) -> Option<u64> {
         self.capacity_bytes
     }
 

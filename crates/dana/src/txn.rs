@@ -9,7 +9,7 @@
 //!    value it read (else [`Error::Conflict`]; no lost update), and every
 //!    `insert` key is still absent (else [`Error::KeyExists`]);
 //! 3. reserve the most pages the writes' apply can allocate (else
-//!    [`Error::OutOfSpace`], before anything is logged: a commit that can
+//!    [`Error::NoSpace`], before anything is logged: a commit that can
 //!    fail for space fails here, and recovery, which re-applies logged
 //!    commits, never needs more space than the database had), then the
 //!    most log bytes it can append ([`Wal::admit`]: waits for a
@@ -241,7 +241,7 @@ impl Committer {
             }
         }
         let pages = pages_needed(&self.pool, &writes).await?;
-        let space = self.pool.reserve(pages)?;
+        let space = self.pool.reserve(pages).await?;
         let (logged, log_space) = match &self.wal {
             Some(w) if !writes.is_empty() => {
                 let rec = record::commit(&writes).into_unsealed();

@@ -21,8 +21,8 @@ fn key(task: u64, i: u64) -> [u8; 16] {
     k
 }
 
-/// 32 tasks insert until each one sees OutOfSpace; returns the keys
-/// acknowledged and the errors other than OutOfSpace.
+/// 32 tasks insert until each one sees NoSpace; returns the keys
+/// acknowledged and the errors other than NoSpace.
 fn fill(db: &Db, round: u64) -> (Vec<[u8; 16]>, Vec<String>) {
     let t = db.tree_or_create("t").unwrap();
     let acked = Arc::new(Mutex::new(Vec::new()));
@@ -35,7 +35,7 @@ fn fill(db: &Db, round: u64) -> (Vec<[u8; 16]>, Vec<String>) {
                 let k = key(task + round * 100, i);
                 match t.insert_async(&k, &[task as u8; 300]).await {
                     Ok(()) => acked.lock().unwrap().push(k),
-                    Err(Error::OutOfSpace(_)) => break,
+                    Err(Error::NoSpace(_)) => break,
                     Err(e) => {
                         errors.lock().unwrap().push(e.to_string());
                         break;
@@ -60,7 +60,7 @@ fn concurrent_committers_out_of_space_lose_nothing_and_can_delete() {
     {
         let db = Db::open(dir.path(), opts()).unwrap();
         let (a, errors) = fill(&db, 0);
-        assert!(errors.is_empty(), "errors besides OutOfSpace: {errors:?}");
+        assert!(errors.is_empty(), "errors besides NoSpace: {errors:?}");
         assert!(a.len() > 50, "only {} inserts", a.len());
         assert!(db.pool().poisoned().is_none(), "{:?}", db.pool().poisoned());
         acked = a;
@@ -76,7 +76,7 @@ fn concurrent_committers_out_of_space_lose_nothing_and_can_delete() {
     // Still full: an insert fails for space, and nothing is poisoned.
     assert!(matches!(
         t.insert(&key(999, 0), &[1; 300]),
-        Err(Error::OutOfSpace(_))
+        Err(Error::NoSpace(_))
     ));
     // Deleting makes room, and inserts work again.
     for k in &acked[..acked.len() / 2] {

@@ -31,7 +31,11 @@
 //! leaf changes are logged only by its commit record (the page header's
 //! `UNLOGGED` flag).
 //!
-//! Never: hands out page 0, or a page beyond the array.
+//! When the pages run low the array grows (`grow.rs`); a reservation or an
+//! allocation short of pages waits for that growth, or fails with
+//! [`Error::NoSpace`] when the array cannot grow.
+//!
+//! Never: hands out page 0, or a page beyond the array's durable size.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -60,14 +64,16 @@ const OFF_FREE_NEXT: usize = PAGE_HEADER_SIZE;
 /// The meta page id.
 pub const META_PAGE: u64 = 0;
 
-/// In-memory allocation state.
+/// In-memory allocation state (shared with the growth thread).
 #[derive(Default)]
 pub(crate) struct AllocState {
     ready: AtomicBool,
     /// Pages that can still be handed out (never used + free list).
-    available: AtomicU64,
+    pub(crate) available: AtomicU64,
     /// Pages promised to commits in flight ([`BufferPool::reserve`]).
-    reserved: AtomicU64,
+    pub(crate) reserved: AtomicU64,
+    /// Growth of the array on demand.
+    pub(crate) growth: super::grow::Growth,
 }
 
 /// Pages reserved for one commit's apply; released on drop.
@@ -317,7 +323,8 @@ impl BufferPool {
     ) -> Result<PageMut<'_>> {
         self.check_ready()?;
         if !reserved {
-            self.check_unreserved()?;
+            // Leaves every promised page free, growing the array if needed.
+            self.wait_for_space(1).await?;
         }
         debug_assert_eq!(m.pid(), META_PAGE);
         let head = get_u64(m, OFF_FREE_HEAD);
@@ -339,7 +346,7 @@ impl BufferPool {
         }
         let pid = get_u64(m, OFF_NEXT);
         if pid >= self.array.pages() {
-            return Err(Error::OutOfSpace(format!(
+            return Err(Error::NoSpace(format!(
                 "all {} pages of the array are in use",
                 self.array.pages()
             )));
@@ -350,18 +357,35 @@ impl BufferPool {
         Ok(p)
     }
 
-    /// Reserves `pages` for a commit's apply, or fails with
-    /// [`Error::OutOfSpace`] (nothing logged yet, nothing poisoned).
-    pub fn reserve(&self, pages: u64) -> Result<Reservation<'_>> {
+    /// Reserves `pages` for a commit's apply, growing the array if they
+    /// are not free, or fails with [`Error::NoSpace`] when it cannot grow
+    /// (nothing logged yet, nothing poisoned).
+    pub async fn reserve(&self, pages: u64) -> Result<Reservation<'_>> {
+        // Loops when a growth finished or another commit took the room.
+        loop {
+            if let Some(r) = self.try_reserve(pages) {
+                return Ok(r);
+            }
+            self.wait_for_space(pages).await.map_err(|e| match e {
+                Error::NoSpace(why) => Error::NoSpace(format!(
+                    "{why}; this commit may need {pages} pages, {} are free and {} promised \
+                     to commits in flight (delete data to make room)",
+                    self.alloc.available.load(Ordering::Acquire),
+                    self.alloc.reserved.load(Ordering::Acquire)
+                )),
+                other => other,
+            })?;
+        }
+    }
+
+    /// One attempt of [`BufferPool::reserve`]: None if the pages are not
+    /// free now.
+    fn try_reserve(&self, pages: u64) -> Option<Reservation<'_>> {
         let a = &self.alloc;
         let mut cur = a.reserved.load(Ordering::Acquire);
         loop {
-            let available = a.available.load(Ordering::Acquire);
-            if available < cur + pages {
-                return Err(Error::OutOfSpace(format!(
-                    "{available} pages free, {cur} reserved by commits in flight; this commit \
-                     may need {pages} (delete data to make room)"
-                )));
+            if a.available.load(Ordering::Acquire) < cur + pages {
+                return None;
             }
             match a.reserved.compare_exchange_weak(
                 cur,
@@ -369,26 +393,10 @@ impl BufferPool {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Ok(Reservation { pool: self, pages }),
+                Ok(_) => return Some(Reservation { pool: self, pages }),
                 Err(v) => cur = v,
             }
         }
-    }
-
-    /// Fails unless an allocation outside any reservation leaves every
-    /// reserved page free.
-    fn check_unreserved(&self) -> Result<()> {
-        let a = &self.alloc;
-        let (available, reserved) = (
-            a.available.load(Ordering::Acquire),
-            a.reserved.load(Ordering::Acquire),
-        );
-        if available <= reserved {
-            return Err(Error::OutOfSpace(format!(
-                "{available} pages free, all reserved by commits in flight"
-            )));
-        }
-        Ok(())
     }
 
     fn took_page(&self) {
@@ -396,6 +404,7 @@ impl BufferPool {
             .alloc
             .available
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
+        self.grow_if_low();
     }
 
     fn set_available(&self, info: &SpaceInfo) {

@@ -32,6 +32,7 @@
 //! pool: [`Error::Poisoned`] for every later write-back and flush).
 
 pub mod alloc;
+mod grow;
 pub mod inflight;
 pub mod page;
 pub mod page_log;
@@ -172,6 +173,10 @@ pub struct PoolStatsSnapshot {
     pub free_frames: usize,
     /// Frames holding a dirty page now.
     pub dirty_frames: usize,
+    /// Times the data files grew.
+    pub growths: u64,
+    /// Pages the array holds now.
+    pub array_pages: u64,
     /// Submit -> reap of page reads (kernel + device).
     pub device_read: HistogramSnapshot,
     /// Reap -> task resumed.
@@ -218,7 +223,7 @@ pub struct BufferPool {
     stats: PoolStats,
     poison: Mutex<Option<String>>,
     poisoned: AtomicBool,
-    alloc: alloc::AllocState,
+    alloc: Arc<alloc::AllocState>,
     wal: std::sync::OnceLock<Arc<dyn PageLog>>,
 }
 
@@ -258,7 +263,9 @@ impl BufferPool {
                 writing: AtomicBool::new(false),
             })
             .collect();
-        let table = PageTable::new(array.pages())?;
+        // Sized for the most the array can grow to (the mapping costs
+        // memory only where pages are used), capped at 2^36 page ids.
+        let table = PageTable::new(array.max_pages().min(1 << 36))?;
         let low_water = (config.frames / 32).clamp(2, 4096);
         let high_water = (low_water * 2).min(config.frames / 2).max(low_water + 1);
         Ok(Arc::new(BufferPool {
@@ -287,7 +294,7 @@ impl BufferPool {
             stats: PoolStats::default(),
             poison: Mutex::new(None),
             poisoned: AtomicBool::new(false),
-            alloc: alloc::AllocState::default(),
+            alloc: Arc::default(),
             wal: std::sync::OnceLock::new(),
             array,
         }))
@@ -331,6 +338,8 @@ impl BufferPool {
             prefetches: l(&s.prefetches),
             free_frames: self.free_count.load(Ordering::Relaxed),
             dirty_frames: self.dirty_frames.load(Ordering::Relaxed),
+            growths: self.alloc.growth.count(),
+            array_pages: self.array.pages(),
             device_read: s.device_read.snapshot(),
             resume: s.resume.snapshot(),
             miss: s.miss.snapshot(),
@@ -452,10 +461,10 @@ impl BufferPool {
     }
 
     fn check_pid(&self, pid: u64) -> Result<()> {
-        if pid >= self.table.len() {
+        let pages = self.array.pages().min(self.table.len());
+        if pid >= pages {
             return Err(Error::InvalidArgument(format!(
-                "page {pid} is beyond the end of the array ({} pages)",
-                self.table.len()
+                "page {pid} is beyond the end of the array ({pages} pages)"
             )));
         }
         Ok(())

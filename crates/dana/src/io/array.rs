@@ -2,10 +2,13 @@
 //!
 //! Owns: the one function that decides where a page lives
 //! ([`Array::locate`]: page `p` is on device `p % N` at offset
-//! `(p / N) * page_size`), and the opening of one queue per device for a
-//! worker. Never: performs I/O itself.
+//! `(p / N) * page_size`), the array's size in pages and its growth (every
+//! device grows in lockstep, [`Array::grow_to`]), and the opening of one
+//! queue per device for a worker. Never: performs page I/O itself, or lets
+//! a page past the durable size of every device be used.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::blocking::BlockingQueue;
 use super::device::Device;
@@ -29,6 +32,22 @@ impl Target {
         match self {
             Target::File(d) => d.size(),
             Target::Sim(d) => d.size(),
+        }
+    }
+
+    /// The most bytes the target can grow to.
+    pub fn max_size(&self) -> u64 {
+        match self {
+            Target::File(d) => d.max_size(),
+            Target::Sim(d) => d.space_limit().max(d.size()),
+        }
+    }
+
+    /// Grows the target to `bytes`, durably (see [`Device::grow`]).
+    pub fn grow(&self, bytes: u64) -> Result<()> {
+        match self {
+            Target::File(d) => d.grow(bytes),
+            Target::Sim(d) => d.grow(bytes),
         }
     }
 
@@ -73,7 +92,12 @@ impl Backend {
 pub struct Array {
     targets: Vec<Target>,
     page_size: u64,
-    pages_per_device: u64,
+    /// Pages each device holds now (shared by every clone; grows).
+    pages_per_device: Arc<AtomicU64>,
+    /// The most pages per device growth may reach.
+    max_pages_per_device: u64,
+    /// Serialises growth.
+    growing: Arc<Mutex<()>>,
 }
 
 impl Array {
@@ -101,16 +125,39 @@ impl Array {
                 });
             }
         }
+        // A crash in the middle of a growth can leave the devices at
+        // different sizes: the smallest counts (the next growth evens them).
         let pages_per_device = targets
             .iter()
             .map(|t| t.size() / page_size)
             .min()
             .unwrap_or(0);
+        let max_pages_per_device = targets
+            .iter()
+            .map(|t| t.max_size() / page_size)
+            .min()
+            .unwrap_or(0)
+            .max(pages_per_device);
         Ok(Array {
             targets,
             page_size,
-            pages_per_device,
+            pages_per_device: Arc::new(AtomicU64::new(pages_per_device)),
+            max_pages_per_device,
+            growing: Arc::new(Mutex::new(())),
         })
+    }
+
+    /// Caps growth at `bytes` in all (the database's maximum size), never
+    /// below the size the devices have now.
+    pub fn with_max_bytes(mut self, bytes: Option<u64>) -> Array {
+        if let Some(b) = bytes {
+            let per_device = b / self.targets.len() as u64 / self.page_size;
+            self.max_pages_per_device = self
+                .max_pages_per_device
+                .min(per_device)
+                .max(self.pages_per_device.load(Ordering::Acquire));
+        }
+        self
     }
 
     /// Number of devices.
@@ -123,9 +170,36 @@ impl Array {
         self.page_size
     }
 
-    /// Number of pages the array holds.
+    /// Number of pages the array holds now.
     pub fn pages(&self) -> u64 {
-        self.pages_per_device * self.targets.len() as u64
+        self.pages_per_device.load(Ordering::Acquire) * self.targets.len() as u64
+    }
+
+    /// The most pages the array can grow to.
+    pub fn max_pages(&self) -> u64 {
+        self.max_pages_per_device * self.targets.len() as u64
+    }
+
+    /// Grows every device so that the array holds at least `pages` pages
+    /// (rounded up to a whole stripe, capped at [`Array::max_pages`]), and
+    /// returns the pages it holds after. Each device's new size is durable
+    /// before the array's size moves, so no page in the new range is used
+    /// before it exists after a crash. Blocking: call it from a growth
+    /// thread or at recovery, never on a worker. On a failure (a full file
+    /// system: [`Error::NoSpace`]) the array keeps its old size; devices
+    /// that did grow keep the extra bytes, unused until the next growth.
+    pub fn grow_to(&self, pages: u64) -> Result<u64> {
+        let _one_at_a_time = self.growing.lock().unwrap_or_else(|e| e.into_inner());
+        let width = self.targets.len() as u64;
+        let want = pages.div_ceil(width).min(self.max_pages_per_device);
+        if want <= self.pages_per_device.load(Ordering::Acquire) {
+            return Ok(self.pages());
+        }
+        for t in &self.targets {
+            t.grow(want * self.page_size)?;
+        }
+        self.pages_per_device.fetch_max(want, Ordering::AcqRel);
+        Ok(self.pages())
     }
 
     /// The devices.
@@ -185,5 +259,46 @@ mod tests {
         assert_eq!(a.locate(0), (0, 0));
         assert_eq!(a.locate(4), (1, 4096));
         assert_eq!(a.locate(8), (2, 2 * 4096));
+    }
+
+    #[test]
+    fn growth_moves_every_device_in_lockstep_and_stops_at_the_maximum() {
+        let disks: Vec<_> = (0..3)
+            .map(|i| SimDisk::new(i, 16 * 4096, Default::default()))
+            .collect();
+        for d in &disks {
+            d.set_space_limit(64 * 4096);
+        }
+        let targets = disks.iter().cloned().map(Target::Sim).collect();
+        let a = Array::new(targets, 4096)
+            .unwrap()
+            .with_max_bytes(Some(3 * 40 * 4096));
+        assert_eq!((a.pages(), a.max_pages()), (48, 120));
+        let clone = a.clone();
+        assert_eq!(a.grow_to(50).unwrap(), 51, "a whole stripe");
+        assert_eq!(clone.pages(), 51, "clones see the growth");
+        assert!(disks.iter().all(|d| d.size() == 17 * 4096));
+        assert_eq!(a.grow_to(1000).unwrap(), 120, "capped at the maximum");
+        disks[1].set_space_limit(0);
+        let b = Array::new(disks.iter().cloned().map(Target::Sim).collect(), 4096).unwrap();
+        assert_eq!(b.pages(), 120);
+    }
+
+    #[test]
+    fn a_full_device_fails_the_growth_and_keeps_the_size() {
+        let disks: Vec<_> = (0..2)
+            .map(|i| SimDisk::new(i, 8 * 4096, Default::default()))
+            .collect();
+        for d in &disks {
+            d.set_space_limit(64 * 4096);
+        }
+        let a = Array::new(disks.iter().cloned().map(Target::Sim).collect(), 4096).unwrap();
+        // Device 1's file system fills up: the array keeps 16 pages.
+        disks[1].set_space_limit(8 * 4096);
+        let err = a.grow_to(40).unwrap_err();
+        assert!(matches!(err, Error::NoSpace(_)), "{err}");
+        assert_eq!(a.pages(), 16);
+        disks[1].set_space_limit(64 * 4096);
+        assert_eq!(a.grow_to(40).unwrap(), 40);
     }
 }

@@ -3,14 +3,18 @@
 //!
 //! Owns: the file descriptor, the device's size and its direct-I/O
 //! alignment, learnt from the kernel (`statx` `STATX_DIOALIGN` for files,
-//! `BLKSSZGET`/`BLKGETSIZE64` for block devices). Never: grows or truncates
-//! a device after opening, or reads through the page cache when opened with
-//! `direct = true`.
+//! `BLKSSZGET`/`BLKGETSIZE64` for block devices), and the growth of a
+//! regular file ([`Device::grow`]: blocks allocated, then the new size made
+//! durable, before anyone may use it). Never: shrinks or truncates a
+//! device, grows a block device, or reads through the page cache when
+//! opened with `direct = true`.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use super::Alignment;
 use crate::{Error, Result};
@@ -24,7 +28,13 @@ pub struct Device {
     file: File,
     path: PathBuf,
     index: usize,
-    size: u64,
+    /// Bytes usable now: grows with [`Device::grow`], never shrinks.
+    size: AtomicU64,
+    /// The most bytes the device can ever hold: its size for a block
+    /// device, the file system's size for a file.
+    max_size: u64,
+    /// Serialises growth.
+    growing: Mutex<()>,
     align: Alignment,
     block_device: bool,
     direct: bool,
@@ -108,11 +118,18 @@ impl Device {
             file_dio_alignment(fd).unwrap_or((4096, 4096))
         };
         let (io, mem) = if opts.direct { (io, mem) } else { (1, 1) };
+        let max_size = if block_device {
+            size
+        } else {
+            file_system_size(fd).unwrap_or(u64::MAX).max(size)
+        };
         Ok(Device {
             file,
             path: path.to_path_buf(),
             index,
-            size,
+            size: AtomicU64::new(size),
+            max_size,
+            growing: Mutex::new(()),
             align: Alignment {
                 device: index,
                 io: io.max(1),
@@ -146,14 +163,66 @@ impl Device {
         self.index
     }
 
-    /// Size in bytes.
+    /// Size in bytes (as grown so far).
     pub fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
     }
 
-    /// Direct-I/O alignment rules.
+    /// The most bytes the device can hold: a block device's size, or the
+    /// size of the file system a file lives on.
+    pub fn max_size(&self) -> u64 {
+        self.max_size
+    }
+
+    /// Grows a regular file to `new_size` bytes: allocates the blocks
+    /// (`fallocate`), then `fdatasync`s so that the new size is durable,
+    /// and only then lets requests reach the new range. A smaller or equal
+    /// `new_size` does nothing. Blocking (a growth thread calls it, never a
+    /// worker). Fails with [`Error::NoSpace`] when the file system is full
+    /// (the size stays as it was) and with [`Error::InvalidArgument`] for a
+    /// block device or a size past [`Device::max_size`].
+    pub fn grow(&self, new_size: u64) -> Result<()> {
+        let _one_at_a_time = self.growing.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.size();
+        if new_size <= old {
+            return Ok(());
+        }
+        if self.block_device || new_size > self.max_size {
+            return Err(Error::InvalidArgument(format!(
+                "{} cannot grow to {new_size} bytes ({}; at most {} bytes)",
+                self.path.display(),
+                if self.block_device {
+                    "a block device has a fixed size"
+                } else {
+                    "larger than its file system"
+                },
+                self.max_size
+            )));
+        }
+        let grown = preallocate(self.fd(), old, new_size).and_then(|()| self.file.sync_data());
+        if let Err(source) = grown {
+            if source.raw_os_error() == Some(libc::ENOSPC) {
+                return Err(Error::NoSpace(format!(
+                    "the file system of {} is full (growing it from {old} to {new_size} bytes)",
+                    self.path.display()
+                )));
+            }
+            return Err(Error::Open {
+                action: "grow",
+                path: self.path.clone(),
+                source,
+            });
+        }
+        self.size.store(new_size, Ordering::Release);
+        Ok(())
+    }
+
+    /// Direct-I/O alignment rules (with the size as grown so far).
     pub fn alignment(&self) -> Alignment {
-        self.align
+        Alignment {
+            size: self.size(),
+            ..self.align
+        }
     }
 
     /// True for a block device, false for a regular file.
@@ -176,6 +245,17 @@ impl Device {
             source,
         })
     }
+}
+
+/// Total bytes of the file system holding `fd` (`fstatvfs`).
+fn file_system_size(fd: RawFd) -> Option<u64> {
+    // SAFETY: statvfs is plain data; all-zero is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is valid and st points to a live statvfs struct.
+    if unsafe { libc::fstatvfs(fd, &mut st) } != 0 {
+        return None;
+    }
+    (st.f_blocks as u64).checked_mul(st.f_frsize as u64)
 }
 
 /// Allocates real blocks for `[from, to)` so that later writes never fail
@@ -321,6 +401,28 @@ mod tests {
         let meta = std::fs::metadata(&path).unwrap();
         use std::os::unix::fs::MetadataExt;
         assert!(meta.blocks() * 512 >= 1 << 20);
+    }
+
+    #[test]
+    fn grow_allocates_and_never_shrinks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dev0");
+        let opts = DeviceOptions {
+            create_size: Some(1 << 20),
+            ..Default::default()
+        };
+        let dev = Device::open(&path, 0, opts).unwrap();
+        dev.grow(3 << 20).unwrap();
+        assert_eq!(dev.size(), 3 << 20);
+        assert_eq!(dev.alignment().size, 3 << 20);
+        dev.grow(2 << 20).unwrap();
+        assert_eq!(dev.size(), 3 << 20, "growth never shrinks");
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.len(), 3 << 20);
+        assert!(meta.blocks() * 512 >= 3 << 20, "the new range is allocated");
+        let err = dev.grow(dev.max_size() + 4096).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
     }
 
     #[test]

@@ -645,7 +645,11 @@ impl Inner {
 /// copy of each unflushed write and of each chunk it touches.
 pub struct SimDisk {
     index: usize,
-    size: u64,
+    /// Bytes usable now (grows with [`SimDisk::grow`]).
+    size: std::sync::atomic::AtomicU64,
+    /// The most bytes growth may reach (the "file system" size; starts at
+    /// the size given to [`SimDisk::new`]: no growth unless raised).
+    space_limit: std::sync::atomic::AtomicU64,
     config: SimConfig,
     align: Alignment,
     inner: Mutex<Inner>,
@@ -740,7 +744,8 @@ impl SimDisk {
         };
         Arc::new(SimDisk {
             index,
-            size,
+            size: std::sync::atomic::AtomicU64::new(size),
+            space_limit: std::sync::atomic::AtomicU64::new(size),
             config,
             align: Alignment {
                 device: index,
@@ -808,14 +813,55 @@ impl SimDisk {
         self.index
     }
 
-    /// Size in bytes.
+    /// Size in bytes (as grown so far).
     pub fn size(&self) -> u64 {
-        self.size
+        self.size.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Alignment rules, checked at push.
+    /// The most bytes [`SimDisk::grow`] may reach.
+    pub fn space_limit(&self) -> u64 {
+        self.space_limit.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Sets the most bytes the device may grow to: a full file system
+    /// (growth past it fails with [`Error::NoSpace`], as `ENOSPC`), or
+    /// space freed later. Never shrinks the device.
+    pub fn set_space_limit(&self, bytes: u64) {
+        self.space_limit
+            .store(bytes, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Grows the device to `new_size` bytes, durably at once (a file's
+    /// `fallocate` then `fdatasync`). Fails with [`Error::NoSpace`] past
+    /// the space limit and with [`Error::Io`] while the power is off.
+    pub fn grow(&self, new_size: u64) -> Result<()> {
+        if !self.is_powered() {
+            return Err(Error::Io {
+                op: OpKind::Flush,
+                device: self.index,
+                offset: self.size(),
+                len: 0,
+                source: std::io::Error::from_raw_os_error(libc::EIO),
+            });
+        }
+        if new_size > self.space_limit() {
+            return Err(Error::NoSpace(format!(
+                "simulated device {} is full: {new_size} bytes asked, {} allowed",
+                self.index,
+                self.space_limit()
+            )));
+        }
+        self.size
+            .fetch_max(new_size, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Alignment rules (with the size as grown so far), checked at push.
     pub fn alignment(&self) -> Alignment {
-        self.align
+        Alignment {
+            size: self.size(),
+            ..self.align
+        }
     }
 
     /// The settings (alignments rounded as applied).
@@ -1089,7 +1135,7 @@ impl IoQueue for SimQueue {
 
     fn push(&mut self, req: Request) -> std::result::Result<(), Rejected> {
         let full = self.queued + self.in_flight >= self.capacity;
-        let req = Rejected::admit(req, &self.disk.align, full, self.capacity)?;
+        let req = Rejected::admit(req, &self.disk.alignment(), full, self.capacity)?;
         let switch = self
             .disk
             .switch

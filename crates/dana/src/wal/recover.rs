@@ -313,17 +313,27 @@ pub fn recover(array: &Array, log: &Target, ctl: Control) -> Result<Recovered> {
             )));
         };
         for e in record::page_entries(&r)? {
-            if e.pid >= array.pages() {
+            if e.pid >= array.max_pages() {
                 return Err(Error::Log(format!(
-                    "record at LSN {lsn} changes page {}, beyond the array's {} pages",
+                    "record at LSN {lsn} changes page {}, beyond the most the array can hold \
+                     ({} pages)",
                     e.pid,
-                    array.pages()
+                    array.max_pages()
                 )));
             }
             by_page.entry(e.pid).or_default().push((lsn, e));
         }
     }
 
+    // Growth is durable before a page past the old end is used, so this
+    // finds nothing to do unless the files were shrunk behind dana's back
+    // (a copy cut short): the files are extended before any page past
+    // their end is redone.
+    if let Some((&last, _)) = by_page.last_key_value() {
+        if last >= array.pages() {
+            array.grow_to(last + 1)?;
+        }
+    }
     let mut queues = array
         .targets()
         .iter()

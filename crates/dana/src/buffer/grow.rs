@@ -1,0 +1,222 @@
+//! Growth of the data files on demand.
+//!
+//! Owns: when the array grows (the pages the allocator can still hand out,
+//! less those promised to commits, fall under a low-water mark, or a
+//! commit's reservation does not fit), by how much (a step of
+//! `clamp(size / 32, 16 MiB, 1 GiB)`, or more if one commit needs more),
+//! the growth thread, and the tasks waiting for it. A growth runs on its
+//! own short-lived thread, because `fallocate` and `fdatasync` block; the
+//! array's size moves only after every device's new size is durable
+//! ([`crate::io::Array::grow_to`]), and only then do the new pages count
+//! as available. So no page in a new range is allocated, logged or written
+//! before its range exists after a crash.
+//!
+//! A failed growth (a full file system) is remembered for
+//! [`RETRY_AFTER`]: meanwhile, writes that need space fail at once with
+//! [`Error::NoSpace`]; after it, the next one tries again (space may have
+//! been freed).
+//!
+//! Never: runs a blocking syscall on a worker, runs two growths at once,
+//! or counts pages as available before their device holds them durably.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use super::alloc::AllocState;
+use super::BufferPool;
+use crate::sched::WakerList;
+use crate::{Error, Result};
+
+/// The smallest growth step, all devices together.
+pub const MIN_STEP_BYTES: u64 = 16 << 20;
+/// The largest growth step.
+pub const MAX_STEP_BYTES: u64 = 1 << 30;
+/// How long a failed growth answers for the next ones.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The state of growth, shared with the growth thread.
+#[derive(Default)]
+pub(crate) struct Growth {
+    /// A growth thread is running.
+    running: AtomicBool,
+    /// Growths finished, succeeded or failed (waiters wait for it to move).
+    rounds: AtomicU64,
+    /// Growths that added pages.
+    grown: AtomicU64,
+    /// The last failure and when it happened (cleared by a success).
+    failure: Mutex<Option<(Instant, String)>>,
+    /// Tasks waiting for a growth to finish.
+    waiters: WakerList,
+}
+
+impl Growth {
+    /// Growths that added pages so far.
+    pub(crate) fn count(&self) -> u64 {
+        self.grown.load(Ordering::Relaxed)
+    }
+
+    fn recent_failure(&self) -> Option<String> {
+        let f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        f.as_ref()
+            .filter(|(at, _)| at.elapsed() < RETRY_AFTER)
+            .map(|(_, what)| what.clone())
+    }
+}
+
+/// The growth step in pages for an array of `pages` pages of `page_size`
+/// bytes: `clamp(size / 32, 16 MiB, 1 GiB)`.
+pub fn step_pages(pages: u64, page_size: u64) -> u64 {
+    let bytes = (pages.saturating_mul(page_size) / 32).clamp(MIN_STEP_BYTES, MAX_STEP_BYTES);
+    (bytes / page_size).max(1)
+}
+
+/// Below this many free (unpromised) pages a growth starts ahead of need:
+/// a quarter of a step, or of the array while it is smaller than that.
+pub fn low_water_pages(pages: u64, page_size: u64) -> u64 {
+    (step_pages(pages, page_size) / 4).min(pages / 4).max(1)
+}
+
+impl BufferPool {
+    /// Pages the allocator can hand out and no commit has been promised.
+    fn unpromised_pages(&self) -> u64 {
+        let a = &self.alloc;
+        a.available
+            .load(Ordering::Acquire)
+            .saturating_sub(a.reserved.load(Ordering::Acquire))
+    }
+
+    /// Starts a growth ahead of need if free pages ran under the low-water
+    /// mark (called after each allocation; one load when there is room).
+    pub(crate) fn grow_if_low(&self) {
+        let pages = self.array.pages();
+        if self.unpromised_pages() < low_water_pages(pages, self.page_size as u64) {
+            let _ = self.start_growth(0);
+        }
+    }
+
+    /// Starts a growth that adds at least `need` pages (and at least a
+    /// step), unless one is running. Err when none can start: the array is
+    /// at its maximum, or the last growth failed under [`RETRY_AFTER`] ago
+    /// (the error says which).
+    fn start_growth(&self, need: u64) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let pages = self.array.pages();
+        if pages >= self.array.max_pages() {
+            return Err(Error::NoSpace(format!(
+                "the database holds its maximum of {} pages ({} bytes; see \
+                 Options::capacity_bytes)",
+                self.array.max_pages(),
+                self.array.max_pages() * self.page_size as u64
+            )));
+        }
+        let growth = &self.alloc.growth;
+        if let Some(what) = growth.recent_failure() {
+            return Err(Error::NoSpace(what));
+        }
+        if growth.running.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let target = pages + need.max(step_pages(pages, self.page_size as u64));
+        let (array, alloc) = (self.array.clone(), self.alloc.clone());
+        let spawned = std::thread::Builder::new()
+            .name("dana-grow".into())
+            .spawn(move || grow(&array, &alloc, target));
+        if let Err(e) = spawned {
+            let what = format!("cannot start a growth thread: {e}");
+            finish(&self.alloc, Err(what.clone()));
+            return Err(Error::NoSpace(what));
+        }
+        Ok(())
+    }
+
+    /// Waits until `pages` more pages than those promised are available,
+    /// growing the array as needed. Fails with [`Error::NoSpace`] when the
+    /// array cannot grow enough. Bounded: each round either succeeds,
+    /// fails, or waits for a growth that adds pages or fails.
+    pub(crate) async fn wait_for_space(&self, pages: u64) -> Result<()> {
+        loop {
+            let free = self.unpromised_pages();
+            if free >= pages {
+                return Ok(());
+            }
+            let growth = &self.alloc.growth;
+            let round = growth.rounds.load(Ordering::Acquire);
+            self.start_growth(pages - free)?;
+            std::future::poll_fn(|cx| {
+                if growth.rounds.load(Ordering::Acquire) != round {
+                    return Poll::Ready(());
+                }
+                growth.waiters.register(cx.waker());
+                if growth.rounds.load(Ordering::Acquire) != round {
+                    return Poll::Ready(());
+                }
+                Poll::Pending
+            })
+            .await;
+            // A growth finished. If it failed, the next round's
+            // start_growth reports it.
+        }
+    }
+}
+
+/// The growth thread: grows the array to `target` pages and publishes the
+/// new pages.
+fn grow(array: &crate::io::Array, alloc: &Arc<AllocState>, target: u64) {
+    let before = array.pages();
+    let r = array
+        .grow_to(target)
+        .map(|after| {
+            alloc
+                .available
+                .fetch_add(after.saturating_sub(before), Ordering::AcqRel);
+        })
+        .map_err(|e| match e {
+            Error::NoSpace(what) => what,
+            other => format!("growing the data files failed: {other}"),
+        });
+    finish(alloc, r);
+}
+
+fn finish(alloc: &AllocState, r: std::result::Result<(), String>) {
+    let g = &alloc.growth;
+    {
+        let mut f = g.failure.lock().unwrap_or_else(|e| e.into_inner());
+        match r {
+            Ok(()) => {
+                *f = None;
+                g.grown.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(what) => *f = Some((Instant::now(), what)),
+        }
+    }
+    g.running.store(false, Ordering::Release);
+    g.rounds.fetch_add(1, Ordering::AcqRel);
+    g.waiters.wake_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_are_a_32nd_of_the_size_within_bounds() {
+        let ps = 4096;
+        assert_eq!(step_pages(256, ps), (16 << 20) / ps, "small: 16 MiB");
+        assert_eq!(step_pages((16u64 << 30) / ps, ps), (512 << 20) / ps);
+        assert_eq!(
+            step_pages((1u64 << 40) / ps, ps),
+            (1 << 30) / ps,
+            "capped at 1 GiB"
+        );
+        assert_eq!(low_water_pages(256, ps), 64, "a quarter of a small array");
+        assert_eq!(
+            low_water_pages(1 << 20, ps),
+            (128 << 20) / ps / 4,
+            "4 GiB: 128 MiB steps"
+        );
+    }
+}

@@ -1,0 +1,202 @@
+//! Growth on demand: a new database is small, its files grow with the data
+//! (ahead of need, in steps), growth survives power cuts, and a full file
+//! system fails writes with `NoSpace` without losing an acknowledged one,
+//! until space is freed.
+
+#[path = "common/sim_rig.rs"]
+mod sim_rig;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+
+use dana::{Db, Error, Options, INITIAL_DATA_BYTES};
+use sim_rig::Rig;
+
+fn key(i: u64) -> [u8; 8] {
+    i.to_be_bytes()
+}
+
+fn value(i: u64, round: u64) -> Vec<u8> {
+    let mut v = vec![(i ^ round) as u8; 700];
+    v[..8].copy_from_slice(&i.to_le_bytes());
+    v
+}
+
+/// Puts keys `from..to` in transactions of `batch`; stops at the first
+/// error and returns it with the keys acknowledged.
+fn load(db: &Db, from: u64, to: u64, batch: u64, round: u64) -> (Vec<u64>, Option<Error>) {
+    let t = db.tree_or_create("t").unwrap();
+    let mut acked = Vec::new();
+    let mut i = from;
+    while i < to {
+        let end = (i + batch).min(to);
+        let r = db.transaction(|tx| {
+            for k in i..end {
+                tx.put(&t, &key(k), &value(k, round))?;
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) => acked.extend(i..end),
+            Err(e) => return (acked, Some(e)),
+        }
+        i = end;
+    }
+    (acked, None)
+}
+
+#[test]
+fn a_new_database_starts_small_and_its_files_grow_with_the_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default().pool_bytes(4 << 20).log_bytes(16 << 20);
+    let data = dir.path().join("dana.0");
+    let db = Db::open(dir.path(), opts.clone()).unwrap();
+    db.create_tree("t").unwrap();
+    let start = std::fs::metadata(&data).unwrap();
+    assert!(
+        start.len() <= INITIAL_DATA_BYTES + (16 << 20),
+        "a new database's data file is {} bytes",
+        start.len()
+    );
+    assert!(start.blocks() * 512 <= 2 * (INITIAL_DATA_BYTES + (16 << 20)));
+
+    // About 24 MiB of values: several times the pool and the first step.
+    let n = 32_000;
+    let (acked, err) = load(&db, 0, n, 400, 0);
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(acked.len() as u64, n);
+    let stats = db.pool_stats();
+    assert!(stats.growths >= 2, "grew {} times", stats.growths);
+    let grown = std::fs::metadata(&data).unwrap().len();
+    let used = db.check().unwrap();
+    assert!(used.is_ok(), "{:?}", used.findings);
+    assert_eq!(grown, stats.array_pages * 4096);
+    db.close().unwrap();
+
+    // The size survives a reopen, and so does every value.
+    let db = Db::open(dir.path(), opts).unwrap();
+    assert_eq!(std::fs::metadata(&data).unwrap().len(), grown);
+    let t = db.tree("t").unwrap();
+    for k in (0..n).step_by(97) {
+        assert_eq!(t.get(&key(k)).unwrap(), Some(value(k, 0)), "key {k}");
+    }
+    let space = db.check().unwrap();
+    assert!(space.is_ok(), "{:?}", space.findings);
+    db.close().unwrap();
+}
+
+/// The data disk starts at 64 pages and may grow to `limit` bytes.
+fn rig(seed: u64, limit: u64) -> Rig {
+    let r = Rig::new(seed, 64 * 4096, 8 << 20);
+    r.data.set_space_limit(limit);
+    r
+}
+
+fn sim_opts() -> Options {
+    Options::default()
+        .pool_bytes(1 << 20)
+        .workers(1)
+        .log_bytes(8 << 20)
+}
+
+#[test]
+fn a_full_file_system_fails_writes_with_no_space_and_loses_nothing() {
+    let r = rig(7, 1 << 30);
+    let db = r.open(sim_opts(), true).unwrap();
+    let (acked, err) = load(&db, 0, 3000, 50, 0);
+    assert!(err.is_none(), "{err:?}");
+    assert!(db.pool_stats().growths >= 1);
+
+    // The file system fills up: the next growth fails.
+    r.data.set_space_limit(r.data.size());
+    let (more, err) = load(&db, 3000, 1_000_000, 50, 0);
+    match err {
+        Some(Error::NoSpace(why)) => assert!(why.contains("full"), "{why}"),
+        other => panic!("expected NoSpace, got {other:?}"),
+    }
+    // Reads go on.
+    let t = db.tree("t").unwrap();
+    for &k in acked.iter().chain(&more).step_by(13) {
+        assert_eq!(t.get(&key(k)).unwrap(), Some(value(k, 0)), "key {k}");
+    }
+    // Space freed inside the database is used at once.
+    for k in 0..200 {
+        t.delete(&key(k)).unwrap();
+    }
+    t.put(&key(0), &value(0, 1)).unwrap();
+
+    // Space freed on the file system: writes succeed again after the
+    // retry delay.
+    r.data.set_space_limit(1 << 30);
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let before = db.pool_stats().array_pages;
+    let (_, err) = load(
+        &db,
+        3000 + more.len() as u64,
+        3000 + more.len() as u64 + 4000,
+        50,
+        0,
+    );
+    assert!(err.is_none(), "{err:?}");
+    assert!(db.pool_stats().array_pages > before, "grew again");
+    drop(db);
+}
+
+/// Power cuts while the data grows: every acknowledged transaction is
+/// there after the reopen, and the checker accounts for every page.
+#[test]
+fn growth_survives_power_cuts() {
+    let n = 1500;
+    let run = |r: &Rig, point: u64, acked: &std::sync::Mutex<BTreeMap<u64, ()>>| {
+        r.cut_during(point, point, || {
+            let db = r.open(sim_opts(), true)?;
+            let t = db.create_tree("t")?;
+            for chunk in 0..n / 50 {
+                let ks = chunk * 50..(chunk + 1) * 50;
+                db.transaction(|tx| {
+                    for k in ks.clone() {
+                        tx.put(&t, &key(k), &value(k, 0))?;
+                    }
+                    Ok(())
+                })?;
+                acked.lock().unwrap().extend(ks.map(|k| (k, ())));
+            }
+            drop(db);
+            Ok(())
+        })
+    };
+    // A run without a cut counts the requests; the cuts spread over them.
+    let total = run(&rig(1, 1 << 30), 0, &Default::default());
+    let mut cut_mid_load = 0;
+    for i in 1..=10u64 {
+        let point = total * i / 11;
+        let r = rig(point, 1 << 30);
+        let acked = std::sync::Mutex::new(BTreeMap::new());
+        run(&r, point, &acked);
+        let acked = acked.into_inner().unwrap();
+        cut_mid_load += usize::from(!acked.is_empty() && acked.len() < n as usize);
+        if acked.is_empty() {
+            // Cut before the first commit (perhaps before the database
+            // was formatted): nothing acknowledged to look for.
+            continue;
+        }
+        let db = r.reopen_checked(sim_opts(), point);
+        let t = db.tree("t").unwrap();
+        for &k in acked.keys() {
+            assert_eq!(
+                t.get(&key(k)).unwrap(),
+                Some(value(k, 0)),
+                "point {point}: key {k} acknowledged, then lost"
+            );
+        }
+        assert!(
+            db.pool_stats().array_pages > 64 || acked.len() < 100,
+            "point {point}: the data grew before the cut"
+        );
+        drop(db);
+    }
+    assert!(
+        cut_mid_load >= 6,
+        "only {cut_mid_load} of 10 cuts fell inside the load ({total} requests)"
+    );
+}
