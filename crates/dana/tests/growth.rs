@@ -200,3 +200,50 @@ fn growth_survives_power_cuts() {
         "only {cut_mid_load} of 10 cuts fell inside the load ({total} requests)"
     );
 }
+
+/// By hand, on a real, small file system (see docs/TESTING.md): fills the
+/// database until the file system is full, then checks that the writes
+/// that failed failed with `NoSpace`, that reads go on, that deleted
+/// space is reused, and that every acknowledged write survives a reopen.
+/// Runs only with `DANA_FULL_FS` naming a directory on a small file
+/// system (say a 48 MiB loop-mounted ext4); skipped otherwise.
+#[test]
+#[ignore = "needs DANA_FULL_FS: a directory on a small file system"]
+fn a_real_full_file_system_by_hand() {
+    let Some(root) = std::env::var_os("DANA_FULL_FS") else {
+        return;
+    };
+    let dir = std::path::Path::new(&root).join("dana-full-fs");
+    let _ = std::fs::remove_dir_all(&dir);
+    let opts = Options::default().pool_bytes(4 << 20).log_bytes(4 << 20);
+    let db = Db::open(&dir, opts.clone()).unwrap();
+    let (acked, err) = load(&db, 0, u64::MAX / 2, 100, 0);
+    let why = match err {
+        Some(Error::NoSpace(why)) => why,
+        other => panic!("expected NoSpace, got {other:?}"),
+    };
+    eprintln!(
+        "full after {} values ({} pages, {} growths): {why}",
+        acked.len(),
+        db.pool_stats().array_pages,
+        db.pool_stats().growths
+    );
+    let t = db.tree("t").unwrap();
+    for &k in acked.iter().step_by(7) {
+        assert_eq!(t.get(&key(k)).unwrap(), Some(value(k, 0)), "key {k}");
+    }
+    for &k in &acked[..500] {
+        t.delete(&key(k)).unwrap();
+    }
+    let (refill, err) = load(&db, acked.len() as u64, acked.len() as u64 + 200, 20, 0);
+    assert!(err.is_none(), "after deletes: {err:?}");
+    db.close().unwrap();
+    let db = Db::open(&dir, opts).unwrap();
+    let t = db.tree("t").unwrap();
+    for &k in acked[500..].iter().chain(&refill) {
+        assert_eq!(t.get(&key(k)).unwrap(), Some(value(k, 0)), "key {k} lost");
+    }
+    assert!(db.check().unwrap().is_ok());
+    db.close().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -121,10 +121,11 @@ impl BufferPool {
             return Ok(());
         }
         let target = pages + need.max(step_pages(pages, self.page_size as u64));
+        let least = pages + need.max(1);
         let (array, alloc) = (self.array.clone(), self.alloc.clone());
         let spawned = std::thread::Builder::new()
             .name("dana-grow".into())
-            .spawn(move || grow(&array, &alloc, target));
+            .spawn(move || grow(&array, &alloc, target, least));
         if let Err(e) = spawned {
             let what = format!("cannot start a growth thread: {e}");
             finish(&self.alloc, Err(what.clone()));
@@ -163,12 +164,16 @@ impl BufferPool {
     }
 }
 
-/// The growth thread: grows the array to `target` pages and publishes the
-/// new pages.
-fn grow(array: &crate::io::Array, alloc: &Arc<AllocState>, target: u64) {
+/// The growth thread: grows the array to `target` pages (or, if the file
+/// system has no room for that, to the `least` pages asked for) and
+/// publishes the new pages.
+fn grow(array: &crate::io::Array, alloc: &Arc<AllocState>, target: u64, least: u64) {
     let before = array.pages();
-    let r = array
-        .grow_to(target)
+    let r = match array.grow_to(target) {
+        Err(Error::NoSpace(_)) if least < target => array.grow_to(least),
+        r => r,
+    };
+    let r = r
         .map(|after| {
             alloc
                 .available
