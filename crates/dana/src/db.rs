@@ -235,7 +235,13 @@ impl Db {
             (Some(t), Some(resume)) => {
                 targets.push(t.clone());
                 let block = t.alignment().io.max(512);
-                let w = Wal::new(array.width(), block, opts.async_window, resume)?;
+                let w = Wal::new(
+                    array.width(),
+                    block,
+                    opts.async_window,
+                    resume,
+                    Some(t.clone()),
+                )?;
                 pool.attach_wal(w.clone())?;
                 Some(w)
             }

@@ -25,6 +25,7 @@ use crate::buffer::alloc::{meta_facts, MetaFacts};
 use crate::io::device::{lock_file, unlock_file, DeviceOptions};
 use crate::io::{open_queue, AlignedBuf, Array, Backend, Device, IoBuf, Request, Target};
 use crate::options::INITIAL_DATA_BYTES;
+use crate::wal::INITIAL_LOG_BYTES;
 use crate::wal::{Durability, CONTROL_BYTES};
 use crate::{Error, Options, Result};
 
@@ -287,7 +288,9 @@ fn open_log(
         // there alone.
         return Ok(None);
     }
-    let size = CONTROL_BYTES + opts.log_bytes_value();
+    // A new log file holds its control blocks and the first MiB of its
+    // stream; the log grows it ahead of its flushes.
+    let size = CONTROL_BYTES + opts.log_bytes_value().min(INITIAL_LOG_BYTES);
     let dopts = device_options(opts, (!exists).then_some(size));
     let d = Device::open(path, index, dopts)?;
     if !exists {

@@ -51,6 +51,15 @@ impl Target {
         }
     }
 
+    /// Grows the target to `bytes` with zeros written over the new range
+    /// (see [`Device::grow_zeroed`]).
+    pub fn grow_zeroed(&self, bytes: u64) -> Result<()> {
+        match self {
+            Target::File(d) => d.grow_zeroed(bytes),
+            Target::Sim(d) => d.grow(bytes),
+        }
+    }
+
     /// Direct-I/O alignment.
     pub fn alignment(&self) -> Alignment {
         match self {

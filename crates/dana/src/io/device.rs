@@ -179,16 +179,29 @@ impl Device {
     /// and only then lets requests reach the new range. A smaller or equal
     /// `new_size` does nothing. Blocking (a growth thread calls it, never a
     /// worker). Fails with [`Error::NoSpace`] when the file system is full
-    /// (the size stays as it was) and with [`Error::InvalidArgument`] for a
-    /// block device or a size past [`Device::max_size`].
+    /// (the size stays as it was), and for a block device or a size past
+    /// [`Device::max_size`].
     pub fn grow(&self, new_size: u64) -> Result<()> {
+        self.grow_with(new_size, false)
+    }
+
+    /// [`Device::grow`], writing zeros over the new range instead of
+    /// `fallocate`: later writes to it are plain overwrites (no unwritten
+    /// extent to convert, so an `fdatasync` after them commits no file
+    /// system journal). For the log, whose flushes sync every few
+    /// milliseconds.
+    pub fn grow_zeroed(&self, new_size: u64) -> Result<()> {
+        self.grow_with(new_size, true)
+    }
+
+    fn grow_with(&self, new_size: u64, zero: bool) -> Result<()> {
         let _one_at_a_time = self.growing.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.size();
         if new_size <= old {
             return Ok(());
         }
         if self.block_device || new_size > self.max_size {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::NoSpace(format!(
                 "{} cannot grow to {new_size} bytes ({}; at most {} bytes)",
                 self.path.display(),
                 if self.block_device {
@@ -199,7 +212,12 @@ impl Device {
                 self.max_size
             )));
         }
-        let grown = preallocate(self.fd(), old, new_size).and_then(|()| self.file.sync_data());
+        let allocated = if zero {
+            self.write_zeros(old, new_size)
+        } else {
+            preallocate(self.fd(), old, new_size)
+        };
+        let grown = allocated.and_then(|()| self.file.sync_data());
         if let Err(source) = grown {
             if source.raw_os_error() == Some(libc::ENOSPC) {
                 return Err(Error::NoSpace(format!(
@@ -214,6 +232,21 @@ impl Device {
             });
         }
         self.size.store(new_size, Ordering::Release);
+        Ok(())
+    }
+
+    /// Writes zeros over `[from, to)` (offsets aligned for direct I/O).
+    fn write_zeros(&self, from: u64, to: u64) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        const CHUNK: u64 = 1 << 20;
+        let zeros = super::AlignedBuf::new(CHUNK as usize, self.align.mem.max(4096) as usize)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let mut at = from;
+        while at < to {
+            let n = (to - at).min(CHUNK);
+            self.file.write_all_at(&zeros[..n as usize], at)?;
+            at += n;
+        }
         Ok(())
     }
 
@@ -422,7 +455,7 @@ mod tests {
         assert_eq!(meta.len(), 3 << 20);
         assert!(meta.blocks() * 512 >= 3 << 20, "the new range is allocated");
         let err = dev.grow(dev.max_size() + 4096).unwrap_err();
-        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        assert!(matches!(err, Error::NoSpace(_)), "{err}");
     }
 
     #[test]

@@ -24,8 +24,15 @@
 //! device's block so that no later write rewrites a block holding durable
 //! records (a torn rewrite could destroy them).
 //!
+//! A log in a regular file starts with the first MiB of its stream
+//! ([`INITIAL_LOG_BYTES`]) and grows, on the first lap only, ahead of the
+//! flushes: a growth thread writes zeros over the next range and syncs it
+//! (so log writes stay plain overwrites), and a flush that would write
+//! past the grown range waits for it. After the first lap the file holds
+//! the whole capacity and never changes size again.
+//!
 //! Never: writes a record into space the last completed checkpoint still
-//! needs, acknowledges a commit before its fdatasync completed, or retries
+//! needs, writes past the durable end of a growing log file, acknowledges a commit before its fdatasync completed, or retries
 //! after a failed log write or sync (the error is sticky: every later
 //! append and wait fails with [`Error::Poisoned`]).
 
@@ -50,6 +57,25 @@ use crate::{Error, Result};
 
 /// Bytes at the start of the log file that hold the control blocks.
 pub const CONTROL_BYTES: u64 = 2 * control::BLOCK;
+
+/// Stream bytes a new log file starts with (it grows to its capacity).
+pub const INITIAL_LOG_BYTES: u64 = 1 << 20;
+
+/// How long a failed growth of the log file answers for the next ones.
+const LOG_GROWTH_RETRY: Duration = Duration::from_secs(1);
+
+/// Growth of a log file that is shorter than its capacity.
+struct LogGrowth {
+    file: crate::io::Target,
+    /// Stream bytes the file holds, zero-filled and durable.
+    allocated: Arc<AtomicU64>,
+    running: Arc<AtomicBool>,
+    /// The last failure (a full file system) and when.
+    failure: Arc<Mutex<Option<(Instant, String)>>>,
+    /// A flush is waiting for the file to grow.
+    blocked: AtomicBool,
+    growths: Arc<AtomicU64>,
+}
 
 /// How commits wait for the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +133,8 @@ pub struct WalStatsSnapshot {
     pub admit_waits: u64,
     /// Checkpoints completed.
     pub checkpoints: u64,
+    /// Times the log file grew (on its first lap).
+    pub file_growths: u64,
     /// The durable LSN.
     pub durable: u64,
     /// The next LSN to be assigned.
@@ -127,6 +155,7 @@ impl WalStatsSnapshot {
             images: self.images - earlier.images,
             admit_waits: self.admit_waits - earlier.admit_waits,
             checkpoints: self.checkpoints - earlier.checkpoints,
+            file_growths: self.file_growths - earlier.file_growths,
             ..*self
         }
     }
@@ -183,6 +212,8 @@ pub struct Wal {
     checkpoint_wanted: AtomicBool,
     /// Between `begin_checkpoint` and `finish_checkpoint`.
     in_checkpoint: AtomicBool,
+    /// Set for a log file shorter than its capacity.
+    growth: Option<LogGrowth>,
     stats: WalStats,
 }
 
@@ -275,6 +306,14 @@ impl SystemTask for Wal {
     /// deadline while a flush is in flight: its completion wakes the
     /// worker, and nothing to flush needs none).
     fn due_in(&self) -> Option<Duration> {
+        if self
+            .growth
+            .as_ref()
+            .is_some_and(|g| g.blocked.load(Ordering::Acquire))
+        {
+            // A flush waits for the log file to grow: look again soon.
+            return Some(Duration::from_millis(1));
+        }
         let st = self.lock();
         match (&st.flushing, st.since) {
             (None, Some(t)) => Some(self.window.saturating_sub(t.elapsed())),
@@ -325,7 +364,15 @@ fn align_up(v: u64, a: u64) -> u64 {
 impl Wal {
     /// A log on queue index `device` (of every worker), resuming at
     /// `resume` (its capacity included), flushes padded to `block` bytes.
-    pub fn new(device: usize, block: u64, window: Duration, resume: Resume) -> Result<Arc<Wal>> {
+    /// `file`: the log's target, if it may be shorter than its capacity
+    /// and grow (a regular file; see [`recover::is_growable`]).
+    pub fn new(
+        device: usize,
+        block: u64,
+        window: Duration,
+        resume: Resume,
+        file: Option<crate::io::Target>,
+    ) -> Result<Arc<Wal>> {
         let capacity = resume.capacity;
         if !block.is_power_of_two() || block > control::BLOCK || capacity % control::BLOCK != 0 {
             return Err(Error::InvalidArgument(format!(
@@ -364,8 +411,113 @@ impl Wal {
             control_seq: AtomicU64::new(resume.control_seq),
             checkpoint_wanted: AtomicBool::new(false),
             in_checkpoint: AtomicBool::new(false),
+            growth: file
+                .filter(|f| recover::is_growable(f) && f.size() < CONTROL_BYTES + resume.capacity)
+                .map(|f| LogGrowth {
+                    allocated: Arc::new(AtomicU64::new(f.size().saturating_sub(CONTROL_BYTES))),
+                    file: f,
+                    running: Arc::default(),
+                    failure: Arc::default(),
+                    blocked: AtomicBool::new(false),
+                    growths: Arc::default(),
+                }),
             stats: WalStats::default(),
         }))
+    }
+
+    /// True if the stream up to LSN `end` lies in the part of the file
+    /// that exists (always, once the first lap is grown: a flush that wraps
+    /// follows a first lap written whole).
+    fn has_room(&self, end: u64) -> bool {
+        self.growth
+            .as_ref()
+            .is_none_or(|g| end.min(self.capacity) <= g.allocated.load(Ordering::Acquire))
+    }
+
+    /// Starts growing the log file if the stream end `end` comes within
+    /// the growth margin of the file's end (a 64th of the log, at least
+    /// 256 KiB, at most half of what the file has), unless a growth runs
+    /// or one failed under a second ago. A growth at least doubles the
+    /// file, so a log reaches its capacity in a few steps.
+    fn grow_ahead(&self, end: u64) {
+        let Some(g) = &self.growth else { return };
+        let allocated = g.allocated.load(Ordering::Acquire);
+        let margin = (self.capacity / 64).max(256 << 10).min(allocated / 2);
+        if allocated >= self.capacity || end + margin <= allocated {
+            return;
+        }
+        if g.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < LOG_GROWTH_RETRY)
+        {
+            return;
+        }
+        if g.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mib = |v: u64| {
+            v.div_ceil(1 << 20)
+                .saturating_mul(1 << 20)
+                .min(self.capacity)
+        };
+        let target = mib((end + 2 * margin).max(allocated * 2));
+        // If the file system has no room for that, what this flush needs.
+        let least = mib(end + margin);
+        let (file, alloc, running, failure, growths) = (
+            g.file.clone(),
+            g.allocated.clone(),
+            g.running.clone(),
+            g.failure.clone(),
+            g.growths.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("dana-log-grow".into())
+            .spawn(move || {
+                let r = match file.grow_zeroed(CONTROL_BYTES + target) {
+                    Err(Error::NoSpace(_)) if least < target => {
+                        file.grow_zeroed(CONTROL_BYTES + least).map(|()| least)
+                    }
+                    r => r.map(|()| target),
+                };
+                let mut f = failure.lock().unwrap_or_else(|e| e.into_inner());
+                match r {
+                    Ok(grown) => {
+                        alloc.fetch_max(grown, Ordering::AcqRel);
+                        growths.fetch_add(1, Ordering::Relaxed);
+                        *f = None;
+                    }
+                    Err(e) => *f = Some((Instant::now(), e.to_string())),
+                }
+                running.store(false, Ordering::Release);
+            });
+        if let Err(e) = spawned {
+            *g.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some((
+                Instant::now(),
+                format!("cannot start a log growth thread: {e}"),
+            ));
+            g.running.store(false, Ordering::Release);
+        }
+    }
+
+    /// Err([`Error::NoSpace`]) if the log file cannot grow (its last
+    /// growth failed under a second ago) and `bytes` more would not fit in
+    /// the part it has.
+    fn check_log_room(&self, end: u64, bytes: u64) -> Result<()> {
+        let Some(g) = &self.growth else {
+            return Ok(());
+        };
+        if self.has_room(end + bytes + (self.capacity / 64).max(256 << 10)) {
+            return Ok(());
+        }
+        let failure = g.failure.lock().unwrap_or_else(|e| e.into_inner());
+        match failure.as_ref() {
+            Some((at, what)) if at.elapsed() < LOG_GROWTH_RETRY => {
+                Err(Error::NoSpace(format!("the log file cannot grow: {what}")))
+            }
+            _ => Ok(()),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -425,6 +577,7 @@ impl Wal {
             images: l(&self.stats.images),
             admit_waits: l(&self.stats.admit_waits),
             checkpoints: l(&self.stats.checkpoints),
+            file_growths: self.growth.as_ref().map_or(0, |g| l(&g.growths)),
             durable: self.durable(),
             end,
         }
@@ -551,6 +704,9 @@ impl Wal {
             if used > self.capacity / 2 {
                 self.request_checkpoint();
             }
+            if let Err(e) = self.check_log_room(self.end(), bytes) {
+                return Some(Err(e));
+            }
             let cur = self.reserved.load(Ordering::Acquire);
             if used + cur + bytes > limit {
                 return None;
@@ -616,6 +772,18 @@ impl Wal {
         }
         let start = st.buf_start;
         let end = align_up(st.end + record::FLUSH_MARKER_LEN as u64, self.block);
+        self.grow_ahead(end);
+        if !self.has_room(end) {
+            // The log file has not grown that far yet: the flush waits
+            // for the growth thread (due_in polls meanwhile).
+            if let Some(g) = &self.growth {
+                g.blocked.store(true, Ordering::Release);
+            }
+            return false;
+        }
+        if let Some(g) = &self.growth {
+            g.blocked.store(false, Ordering::Release);
+        }
         if end - st.redo > self.capacity {
             // The records would overwrite log space the last checkpoint
             // still needs. Admission keeps half of the log free for
@@ -841,6 +1009,7 @@ mod tests {
                 log_id: 1,
                 valid_end: 512,
             },
+            None,
         )
         .unwrap()
     }

@@ -85,7 +85,8 @@ fn sync(q: &mut dyn IoQueue) -> Result<()> {
 /// Formats a fresh log on `log`: both control blocks name an empty log
 /// whose first record will be at LSN `block`.
 pub fn format(log: &Target, capacity: u64, block: u64, log_id: u64) -> Result<Resume> {
-    if log.size() < CONTROL_BYTES + capacity {
+    let growable = is_growable(log);
+    if log.size() < CONTROL_BYTES + if growable { 0 } else { capacity } {
         return Err(Error::InvalidArgument(format!(
             "log device of {} bytes cannot hold a log of {capacity} bytes",
             log.size()
@@ -107,17 +108,19 @@ pub fn format(log: &Target, capacity: u64, block: u64, log_id: u64) -> Result<Re
     let at = control::BLOCK as usize;
     area[at..at + c0.encode().len()].copy_from_slice(&c0.encode());
     write_at(q.as_mut(), 0, &area)?;
-    if matches!(log, Target::File(d) if !d.is_block_device()) {
-        // Write the whole log area once. A file's preallocated blocks are
-        // unwritten extents: the first write to each converts it, which
-        // makes ext4 hand an O_DIRECT write to an io_uring worker thread
-        // and makes the flush's fdatasync commit its journal. Log writes
-        // stay data-only writes from the first on (PostgreSQL zero-fills
-        // its WAL segments for the same reason).
+    if growable {
+        // Write the log area the file has once (the log grows the rest
+        // with zeros ahead of its flushes). A file's preallocated blocks
+        // are unwritten extents: the first write to each converts it,
+        // which makes ext4 hand an O_DIRECT write to an io_uring worker
+        // thread and makes the flush's fdatasync commit its journal. Log
+        // writes stay data-only writes from the first on (PostgreSQL
+        // zero-fills its WAL segments for the same reason).
+        let have = (log.size() - CONTROL_BYTES).min(capacity);
         let chunk = vec![0u8; (1 << 20).min(capacity) as usize];
         let mut at = 0;
-        while at < capacity {
-            let n = (capacity - at).min(chunk.len() as u64) as usize;
+        while at < have {
+            let n = (have - at).min(chunk.len() as u64) as usize;
             write_at(q.as_mut(), CONTROL_BYTES + at, &chunk[..n])?;
             at += n as u64;
         }
@@ -151,9 +154,18 @@ pub fn read_control(log: &Target) -> Result<Option<Control>> {
 
 /// Reads the circular stream of the log, rotated so that index 0 is the
 /// control block's redo LSN.
+/// True for a log in a regular file: it may be shorter than its capacity
+/// and grows (zero-filled, synced) ahead of the flushes
+/// ([`crate::wal::Wal`]); a block device or a simulated device holds the
+/// whole log from the start.
+pub fn is_growable(log: &Target) -> bool {
+    matches!(log, Target::File(d) if !d.is_block_device())
+}
+
 fn read_stream(log: &Target, ctl: &Control) -> Result<Vec<u8>> {
     let cap = ctl.capacity;
-    if cap == 0 || log.size() < CONTROL_BYTES + cap || !ctl.block.is_power_of_two() {
+    let need = if is_growable(log) { 0 } else { cap };
+    if cap == 0 || log.size() < CONTROL_BYTES + need || !ctl.block.is_power_of_two() {
         return Err(Error::Log(format!(
             "control block names a log of {cap} bytes (block {}) on a device of {} bytes",
             ctl.block,
@@ -163,12 +175,17 @@ fn read_stream(log: &Target, ctl: &Control) -> Result<Vec<u8>> {
     let mut lq = open_queue(log, &Backend::Blocking, 4)?;
     let mut area = Vec::with_capacity(cap as usize);
     let chunk = 1u64 << 20;
+    // A growing log's file ends before its capacity until the first lap is
+    // written: no record was ever written past its end (growth is durable
+    // before a flush writes there), so the rest reads as zeros.
+    let have = log.size().saturating_sub(CONTROL_BYTES).min(cap);
     let mut at = 0;
-    while at < cap {
-        let n = chunk.min(cap - at);
+    while at < have {
+        let n = chunk.min(have - at);
         area.extend_from_slice(&read_at(lq.as_mut(), CONTROL_BYTES + at, n as usize)?);
         at += n;
     }
+    area.resize(cap as usize, 0);
     area.rotate_left((ctl.redo % cap) as usize);
     Ok(area)
 }
