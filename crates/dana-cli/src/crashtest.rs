@@ -184,7 +184,7 @@ fn contents(db: &Db) -> dana::Result<Model> {
     let mut out: Model = Default::default();
     for (i, name) in TREES.iter().enumerate() {
         let t = db.tree(name)?;
-        for (k, v) in t.range(
+        for (k, v) in t.scan(
             std::ops::Bound::Unbounded,
             std::ops::Bound::Unbounded,
             true,

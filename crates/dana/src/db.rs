@@ -16,7 +16,7 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::ops::Bound;
+use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
@@ -27,6 +27,7 @@ use crate::btree::{BTree, Cursor};
 use crate::buffer::{BufferPool, PoolConfig, PoolStatsSnapshot};
 use crate::check::{check_pool, CheckReport};
 use crate::io::{Array, Target};
+use crate::iter::{self, Iter};
 use crate::open::{self, Locks, Undo};
 use crate::sched::{RequestKind, Runtime};
 use crate::transaction::Transaction;
@@ -1012,7 +1013,9 @@ impl Tree {
         })
     }
 
-    /// Entries in `[lower, upper]`, forward or backward, at most `limit`.
+    /// Entries in `[lower, upper]`, forward or backward, at most `limit`,
+    /// collected into a `Vec` in one call (see [`Tree::range`] for a
+    /// streaming iterator).
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -1023,10 +1026,10 @@ impl Tree {
     ///     t.put(k, b"").unwrap();
     /// }
     /// let keys = |v: Vec<(Vec<u8>, Vec<u8>)>| v.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
-    /// assert_eq!(keys(t.range(Included(&b"b"[..]), Excluded(&b"d"[..]), true, 10).unwrap()), vec![b"b".to_vec(), b"c".to_vec()]);
-    /// assert_eq!(keys(t.range(Unbounded, Unbounded, false, 2).unwrap()), vec![b"d".to_vec(), b"c".to_vec()]);
+    /// assert_eq!(keys(t.scan(Included(&b"b"[..]), Excluded(&b"d"[..]), true, 10).unwrap()), vec![b"b".to_vec(), b"c".to_vec()]);
+    /// assert_eq!(keys(t.scan(Unbounded, Unbounded, false, 2).unwrap()), vec![b"d".to_vec(), b"c".to_vec()]);
     /// ```
-    pub fn range(
+    pub fn scan(
         &self,
         lower: Bound<&[u8]>,
         upper: Bound<&[u8]>,
@@ -1044,6 +1047,74 @@ impl Tree {
             }
             Ok(out)
         })?
+    }
+
+    /// A streaming iterator over the entries whose keys lie in `range`, in
+    /// key order (`.rev()` for reverse order; both ends may be mixed). Any
+    /// [`RangeBounds`] of byte strings: `a..b`, `a..=b`, `a..`, `..b`.
+    /// What it returns while others write: see [`Iter`].
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// for i in 0u32..100 {
+    ///     t.put(&i.to_be_bytes(), &i.to_le_bytes()).unwrap();
+    /// }
+    /// let from = 10u32.to_be_bytes();
+    /// let to = 20u32.to_be_bytes();
+    /// let mut n = 0u32;
+    /// for entry in t.range(from..to) {
+    ///     let (key, value) = entry.unwrap();
+    ///     assert_eq!(key, (10 + n).to_be_bytes());
+    ///     assert_eq!(value, (10 + n).to_le_bytes());
+    ///     n += 1;
+    /// }
+    /// assert_eq!(n, 10);
+    /// let last = t.range(from..=to).next_back().unwrap().unwrap();
+    /// assert_eq!(last.0, to);
+    /// ```
+    pub fn range<K: AsRef<[u8]> + ?Sized>(&self, range: impl RangeBounds<K>) -> Iter {
+        let (lower, upper) = iter::owned_bounds(&range);
+        Iter::new(self.clone(), lower, upper)
+    }
+
+    /// A streaming iterator over every entry of the tree, in key order.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"b", b"2").unwrap();
+    /// t.put(b"a", b"1").unwrap();
+    /// let all: Vec<_> = t.iter().map(|e| e.unwrap()).collect();
+    /// assert_eq!(all, [(b"a".to_vec(), b"1".to_vec()), (b"b".to_vec(), b"2".to_vec())]);
+    /// ```
+    pub fn iter(&self) -> Iter {
+        Iter::new(self.clone(), Bound::Unbounded, Bound::Unbounded)
+    }
+
+    /// A streaming iterator over the entries whose keys start with
+    /// `prefix`, in key order.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// for k in ["user/1", "user/2", "video/1"] {
+    ///     t.put(k.as_bytes(), b"").unwrap();
+    /// }
+    /// let users: Vec<_> = t.prefix(b"user/").map(|e| e.unwrap().0).collect();
+    /// assert_eq!(users, [b"user/1".to_vec(), b"user/2".to_vec()]);
+    /// ```
+    pub fn prefix(&self, prefix: &[u8]) -> Iter {
+        let (lower, upper) = iter::prefix_bounds(prefix);
+        Iter::new(self.clone(), lower, upper)
+    }
+
+    /// The database this tree belongs to.
+    pub(crate) fn db(&self) -> &Db {
+        &self.db
     }
 
     /// Number of keys in `[lower, upper]`.

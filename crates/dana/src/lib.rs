@@ -32,6 +32,7 @@ pub mod db;
 pub mod error;
 #[allow(unsafe_code)]
 pub mod io;
+pub mod iter;
 mod open;
 pub mod options;
 mod recovery;
@@ -44,6 +45,7 @@ pub mod wal;
 pub use buffer::EvictionPolicy;
 pub use db::{Db, Tree};
 pub use error::{Error, OpKind, Result};
+pub use iter::Iter;
 pub use options::{Options, INITIAL_DATA_BYTES};
 pub use transaction::Transaction;
 pub use wal::Durability;

@@ -203,8 +203,8 @@ impl Options {
 
     /// Opens the database read-only (default false): nothing is ever
     /// written to its files (no recovery, no checkpoint, no log format);
-    /// writes fail with [`Error::ReadOnly`]; a database that needs
-    /// recovery fails to open with [`Error::NeedsRecovery`]. Takes a
+    /// writes fail with [`crate::Error::ReadOnly`]; a database that needs
+    /// recovery fails to open with [`crate::Error::NeedsRecovery`]. Takes a
     /// shared lock: many read-only opens may coexist, never with a
     /// writable one.
     pub fn read_only(mut self) -> Self {

@@ -14,7 +14,7 @@ use crate::wal::Durability;
 use crate::{Error, Result};
 
 /// A transaction: reads see committed data and this transaction's own
-/// writes; writes stay private until [`Transaction::commit`].
+/// writes; writes stay private until [`crate::Db::commit`].
 ///
 /// ```
 /// let dir = tempfile::tempdir().unwrap();

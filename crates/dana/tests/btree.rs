@@ -142,7 +142,7 @@ fn run_model(ops: Vec<Op>) {
             Op::Get(k) => assert_eq!(t.get(&k).unwrap(), m.get(&k).cloned()),
             Op::Range(l, u, incl, fwd, n) => {
                 let (lb, ub) = (bound(&l, incl), bound(&u, !incl));
-                let got = t.range(lb, ub, fwd, n).unwrap();
+                let got = t.scan(lb, ub, fwd, n).unwrap();
                 let mut want = model_range(&m, lb, ub);
                 if !fwd {
                     want.reverse();
@@ -165,7 +165,7 @@ fn run_model(ops: Vec<Op>) {
         }
     }
     let all = t
-        .range(Bound::Unbounded, Bound::Unbounded, true, usize::MAX)
+        .scan(Bound::Unbounded, Bound::Unbounded, true, usize::MAX)
         .unwrap();
     assert_eq!(all, model_range(&m, Bound::Unbounded, Bound::Unbounded));
     db.close().unwrap();
@@ -291,7 +291,7 @@ fn boundaries() {
 
     // Delete everything, then refill.
     let all = t
-        .range(Bound::Unbounded, Bound::Unbounded, true, usize::MAX)
+        .scan(Bound::Unbounded, Bound::Unbounded, true, usize::MAX)
         .unwrap();
     for (k, _) in &all {
         assert!(t.delete(k).unwrap());

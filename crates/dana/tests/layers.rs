@@ -31,7 +31,7 @@ fn rank(module: &str) -> Option<u32> {
 /// public API (it takes `Tree` handles, `Db` hands it out).
 fn layer(module: &str) -> &str {
     match module {
-        "transaction" => "db",
+        "transaction" | "iter" => "db",
         m => m,
     }
 }
@@ -43,6 +43,7 @@ fn reexport(name: &str) -> Option<&'static str> {
         "Db" | "Tree" => "db",
         "Options" => "options",
         "Transaction" => "transaction",
+        "Iter" => "iter",
         "Durability" => "wal",
         "EvictionPolicy" => "buffer",
         _ => return None,

@@ -92,7 +92,7 @@ fn commit(db: &Db, tree: &dana::Tree, writes: &Writes) -> dana::Result<()> {
 }
 
 fn contents(tree: &dana::Tree) -> Model {
-    tree.range(Unbounded, Unbounded, true, usize::MAX)
+    tree.scan(Unbounded, Unbounded, true, usize::MAX)
         .unwrap()
         .into_iter()
         .collect()

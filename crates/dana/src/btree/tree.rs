@@ -825,6 +825,20 @@ impl Cursor {
         }
     }
 
+    /// The entries not yet returned of the current leaf, or else all the
+    /// matching entries of the next leaf, in the cursor's direction (None
+    /// at the end of the range). One leaf at a time: what a streaming
+    /// iterator fetches per round trip.
+    pub async fn next_batch(&mut self) -> Result<Option<Vec<(Vec<u8>, Vec<u8>)>>> {
+        if self.pos >= self.buffered.len() && !self.advance_leaf().await? {
+            return Ok(None);
+        }
+        let mut rest = std::mem::take(&mut self.buffered);
+        rest.drain(..self.pos);
+        self.pos = 0;
+        Ok(Some(rest))
+    }
+
     /// Loads the matching entries of the next leaf. False at the end.
     async fn advance_leaf(&mut self) -> Result<bool> {
         loop {

@@ -2,7 +2,7 @@
 //! smaller than the data.
 //!
 //! Owns: the frame memory (one aligned allocation, registered with the
-//! kernel), the per-frame metadata, the page table ([`page_table`]: state
+//! kernel), the per-frame metadata, the page table (`page_table`: state
 //! word + frame index per page id), the reads in flight ([`inflight`]),
 //! the free-frame list, clock eviction and write-back, and the meta page
 //! with persistent page allocation ([`alloc`]).

@@ -54,7 +54,7 @@ const ENTRY_MASK: u64 = (1 << ENTRY_BITS) - 1;
 const COUNT_BITS: u32 = 4;
 const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
 /// Epochs count modulo this (so that an epoch is never 0xFFF, and
-/// [`NONE`] never a real entry).
+/// `NONE` never a real entry).
 pub const EPOCH_MODULUS: u64 = (1 << (ENTRY_BITS - COUNT_BITS)) - 1;
 /// An empty history entry.
 const NONE: u64 = ENTRY_MASK;
@@ -76,7 +76,7 @@ fn entry(h: u64, k: u32) -> u64 {
 
 /// The last [`HISTORY_LEN`] epochs in which a frame's page was accessed,
 /// each with how often (saturating at 15), newest in the low bits,
-/// [`NONE`] where there was none. Counting accesses within an epoch is
+/// `NONE` where there was none. Counting accesses within an epoch is
 /// what tells a node every descent passes (15 per epoch) from a leaf read
 /// once just now (1): epochs are coarse, where WATT's timestamps are not.
 pub struct History(AtomicU64);
@@ -136,7 +136,7 @@ impl History {
         best
     }
 
-    /// Empties the entries older than [`SCRUB_AGE`] (run by the eviction
+    /// Empties the entries older than `SCRUB_AGE` (run by the eviction
     /// scan; writes only when something changes).
     pub fn scrub(&self, now: u16) {
         let h = self.0.load(Ordering::Relaxed);

@@ -33,7 +33,7 @@
 //! Invariants:
 //! - Requests are checked with [`Alignment::check`] at push, as on the real
 //!   backends; a request never touches bytes outside the device.
-//! - A request's [`IoBuf`] is held in the disk's state from `push` until its
+//! - A request's [`IoBuf`](super::IoBuf) is held in the disk's state from `push` until its
 //!   completion is handed out (or the queue is dropped), so every access to
 //!   its memory happens while it is alive.
 //! - A chunk is in the `dirty` map exactly while some volatile write touches

@@ -1,7 +1,7 @@
 //! A worker's I/O: its queue to every device, requests waiting for the
 //! device's in-flight budget, and the hand-off of completions.
 //!
-//! Owns: the thread-local [`WorkerIo`] of each worker and the
+//! Owns: the thread-local `WorkerIo` of each worker and the
 //! [`DeviceBudgets`] shared by all workers. Tasks call [`enqueue`]; the
 //! worker loop calls `submit_all` (one batch per device) and `reap_all`.
 //!

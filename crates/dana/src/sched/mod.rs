@@ -17,7 +17,7 @@
 //!
 //! The worker loop: admit new tasks; run every ready task once; submit all
 //! queued I/O in one batch per device; run the step of every system task
-//! (eviction, log flush, checkpoint start; see [`route`]); reap
+//! (eviction, log flush, checkpoint start; see `route`); reap
 //! completions and hand each to the handler of its request kind, which
 //! wakes exactly the tasks waiting for it. With nothing to run it
 //! sleeps in the kernel on its eventfd, which io_uring, other workers and

@@ -79,7 +79,7 @@ pub fn pad8(n: usize) -> usize {
     (n + 7) & !7
 }
 
-/// Builds one record: call [`RecordBuilder::finish`] with its LSN.
+/// Builds one record: [`RecordBuilder::into_unsealed`], then [`seal`] it at its LSN.
 pub struct RecordBuilder {
     buf: Vec<u8>,
 }

@@ -1,0 +1,221 @@
+//! Iterating over a tree like a Rust collection: [`Iter`], returned by
+//! [`Tree::range`], [`Tree::iter`] and [`Tree::prefix`].
+//!
+//! Owns: the synchronous, double-ended iterator over a key range. It
+//! streams: it holds one leaf's worth of entries per end at a time, and
+//! fetches the next leaf through a B+tree [`Cursor`] run on a worker (one
+//! round trip per leaf, not per key), so a range of any size costs memory
+//! for two leaves. Never: holds a latch between calls, or loads the range.
+//!
+//! What an iteration sees while others write (each cursor copies a leaf
+//! under its shared latch and moves on with the leaf's fence key as a hard
+//! bound):
+//! - each key at most once, in key order (reverse order from the back);
+//! - only committed values: a transaction's writes reach the leaves only
+//!   after its commit record is appended;
+//! - every key that nobody inserted, updated or deleted during the
+//!   iteration, with its value;
+//! - a key written during the iteration may be seen with its old or its
+//!   new value, or (inserted or deleted) be present or absent; the writes
+//!   of one transaction are not seen atomically (no snapshot).
+//!
+//! The two ends ([`Iterator::next`] and [`DoubleEndedIterator::next_back`])
+//! may be mixed; they stop where they meet, as a `BTreeMap` range does.
+
+use std::collections::VecDeque;
+use std::iter::FusedIterator;
+use std::ops::{Bound, RangeBounds};
+
+use crate::btree::Cursor;
+use crate::db::Tree;
+use crate::Result;
+
+/// One entry: (key, value).
+pub type Entry = (Vec<u8>, Vec<u8>);
+
+/// One end of an iteration.
+#[derive(Default)]
+struct End {
+    /// Created at the first fetch.
+    cursor: Option<Cursor>,
+    /// Entries of the last leaf read, in this end's order.
+    buf: VecDeque<Entry>,
+    /// The last key this end returned.
+    last: Option<Vec<u8>>,
+    /// The cursor found no more leaves.
+    exhausted: bool,
+}
+
+/// A streaming iterator over the entries of a key range of a [`Tree`], in
+/// key order (double-ended: `.rev()` walks it backwards). Items are
+/// `Result`s: an I/O error ends the iteration after it is returned. See
+/// the module documentation for what it guarantees under concurrent
+/// writes.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20)).unwrap();
+/// let t = db.create_tree("t").unwrap();
+/// for k in [b"a1", b"a2", b"b1", b"b2"] {
+///     t.put(k, b"v").unwrap();
+/// }
+/// fn keys(it: impl Iterator<Item = dana::Result<dana::iter::Entry>>) -> Vec<Vec<u8>> {
+///     it.map(|e| e.unwrap().0).collect()
+/// }
+/// assert_eq!(keys(t.range(b"a2".as_slice()..b"b2")), [b"a2".to_vec(), b"b1".to_vec()]);
+/// assert_eq!(keys(t.prefix(b"b").rev()), [b"b2".to_vec(), b"b1".to_vec()]);
+/// assert_eq!(t.iter().count(), 4);
+/// ```
+pub struct Iter {
+    tree: Tree,
+    lower: Bound<Vec<u8>>,
+    upper: Bound<Vec<u8>>,
+    front: End,
+    back: End,
+    /// The ends met, the range ran out, or an error was returned.
+    done: bool,
+}
+
+impl Iter {
+    pub(crate) fn new(tree: Tree, lower: Bound<Vec<u8>>, upper: Bound<Vec<u8>>) -> Iter {
+        Iter {
+            tree,
+            lower,
+            upper,
+            front: End::default(),
+            back: End::default(),
+            done: false,
+        }
+    }
+
+    /// Reads the next leaf's entries for one end (on a worker).
+    fn fetch(&mut self, forward: bool) -> Result<()> {
+        let (lower, upper) = (borrow(&self.lower), borrow(&self.upper));
+        let tree = self.tree.clone();
+        let end = if forward {
+            &mut self.front
+        } else {
+            &mut self.back
+        };
+        let cursor = match end.cursor.take() {
+            Some(c) => c,
+            None => tree.cursor(lower, upper, forward)?,
+        };
+        let (cursor, batch) = tree.db().block_on(async move {
+            let mut c = cursor;
+            let r = c.next_batch().await;
+            (c, r)
+        })?;
+        end.cursor = Some(cursor);
+        match batch? {
+            Some(entries) => end.buf.extend(entries),
+            None => end.exhausted = true,
+        }
+        Ok(())
+    }
+
+    /// The next entry from one end, stopping where the ends meet.
+    fn step(&mut self, forward: bool) -> Option<Result<Entry>> {
+        // Each round returns, or fetches one more leaf: bounded by the
+        // leaves of the range.
+        loop {
+            if self.done {
+                return None;
+            }
+            let (end, other) = if forward {
+                (&mut self.front, &self.back)
+            } else {
+                (&mut self.back, &self.front)
+            };
+            if let Some((k, v)) = end.buf.pop_front() {
+                let met =
+                    other
+                        .last
+                        .as_ref()
+                        .is_some_and(|o| if forward { k >= *o } else { k <= *o });
+                if met {
+                    self.done = true;
+                    return None;
+                }
+                end.last = Some(k.clone());
+                return Some(Ok((k, v)));
+            }
+            if end.exhausted {
+                self.done = true;
+                return None;
+            }
+            if let Err(e) = self.fetch(forward) {
+                self.done = true;
+                return Some(Err(e));
+            }
+        }
+    }
+}
+
+impl Iterator for Iter {
+    type Item = Result<Entry>;
+
+    fn next(&mut self) -> Option<Result<Entry>> {
+        self.step(true)
+    }
+}
+
+impl DoubleEndedIterator for Iter {
+    fn next_back(&mut self) -> Option<Result<Entry>> {
+        self.step(false)
+    }
+}
+
+impl FusedIterator for Iter {}
+
+/// `range`'s bounds as owned byte strings.
+pub(crate) fn owned_bounds<K: AsRef<[u8]> + ?Sized>(
+    range: &impl RangeBounds<K>,
+) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+    let own = |b: Bound<&K>| match b {
+        Bound::Included(k) => Bound::Included(k.as_ref().to_vec()),
+        Bound::Excluded(k) => Bound::Excluded(k.as_ref().to_vec()),
+        Bound::Unbounded => Bound::Unbounded,
+    };
+    (own(range.start_bound()), own(range.end_bound()))
+}
+
+/// The bounds of the keys that start with `prefix`: from the prefix
+/// itself (included) to the first byte string above every such key
+/// (excluded), or unbounded when the prefix is all `0xff` bytes.
+pub(crate) fn prefix_bounds(prefix: &[u8]) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+    let mut upper = prefix.to_vec();
+    while let Some(last) = upper.pop() {
+        if last < 0xff {
+            upper.push(last + 1);
+            return (Bound::Included(prefix.to_vec()), Bound::Excluded(upper));
+        }
+    }
+    (Bound::Included(prefix.to_vec()), Bound::Unbounded)
+}
+
+fn borrow(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    match b {
+        Bound::Included(k) => Bound::Included(k),
+        Bound::Excluded(k) => Bound::Excluded(k),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_bounds_cover_exactly_the_prefixed_keys() {
+        let (lo, hi) = prefix_bounds(b"ab");
+        assert_eq!(lo, Bound::Included(b"ab".to_vec()));
+        assert_eq!(hi, Bound::Excluded(b"ac".to_vec()));
+        let (_, hi) = prefix_bounds(&[0x61, 0xff, 0xff]);
+        assert_eq!(hi, Bound::Excluded(vec![0x62]));
+        let (_, hi) = prefix_bounds(&[0xff, 0xff]);
+        assert_eq!(hi, Bound::Unbounded);
+        let (lo, hi) = prefix_bounds(b"");
+        assert_eq!((lo, hi), (Bound::Included(Vec::new()), Bound::Unbounded));
+    }
+}
