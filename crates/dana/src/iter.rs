@@ -128,11 +128,10 @@ impl Iter {
                 (&mut self.back, &self.front)
             };
             if let Some((k, v)) = end.buf.pop_front() {
-                let met =
-                    other
-                        .last
-                        .as_ref()
-                        .is_some_and(|o| if forward { k >= *o } else { k <= *o });
+                let met = other
+                    .last
+                    .as_ref()
+                    .is_some_and(|o| if forward { k >= *o } else { k <= *o });
                 if met {
                     self.done = true;
                     return None;

@@ -289,8 +289,13 @@ fn open_log(
         return Ok(None);
     }
     // A new log file holds its control blocks and the first MiB of its
-    // stream; the log grows it ahead of its flushes.
-    let size = CONTROL_BYTES + opts.log_bytes_value().min(INITIAL_LOG_BYTES);
+    // stream (the log grows it ahead of its flushes), or all of it.
+    let stream = if opts.log_preallocate_value() {
+        opts.log_bytes_value()
+    } else {
+        opts.log_bytes_value().min(INITIAL_LOG_BYTES)
+    };
+    let size = CONTROL_BYTES + stream;
     let dopts = device_options(opts, (!exists).then_some(size));
     let d = Device::open(path, index, dopts)?;
     if !exists {

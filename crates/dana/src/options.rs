@@ -41,6 +41,7 @@ pub struct Options {
     pub(crate) durability: Durability,
     pub(crate) async_window: Duration,
     pub(crate) log_bytes: u64,
+    pub(crate) log_preallocate: bool,
     pub(crate) log_path: Option<PathBuf>,
     pub(crate) read_only: bool,
     pub(crate) log_identity: Option<u64>,
@@ -65,6 +66,7 @@ impl Default for Options {
             durability: Durability::Sync,
             async_window: Duration::from_millis(10),
             log_bytes: 64 << 20,
+            log_preallocate: false,
             log_path: None,
             read_only: false,
             log_identity: None,
@@ -194,6 +196,17 @@ impl Options {
         self
     }
 
+    /// Create a new log file whole, zero-filled at creation (default
+    /// false: it starts with [`crate::wal::INITIAL_LOG_BYTES`] of its
+    /// stream and grows, zero-filled ahead of the flushes, during its
+    /// first lap). Growing costs the first lap of a busy new database
+    /// write bandwidth (measured in `docs/PERF.md`: `dana bench commit`
+    /// on a fresh log); preallocating costs `log_bytes` of disk at once.
+    pub fn log_preallocate(mut self, on: bool) -> Self {
+        self.log_preallocate = on;
+        self
+    }
+
     /// Where the log file lives (default: `dana.wal` in the database
     /// directory, or the first device's path with `.wal` appended).
     pub fn log_path(mut self, path: impl Into<PathBuf>) -> Self {
@@ -235,6 +248,11 @@ impl Options {
     /// The log size set.
     pub fn log_bytes_value(&self) -> u64 {
         self.log_bytes
+    }
+
+    /// Whether a new log file is created whole.
+    pub fn log_preallocate_value(&self) -> bool {
+        self.log_preallocate
     }
 
     /// The log path set, if any.

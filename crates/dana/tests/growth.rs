@@ -99,6 +99,23 @@ fn a_new_database_starts_small_and_its_files_grow_with_the_data() {
     db.close().unwrap();
 }
 
+#[test]
+fn a_preallocated_log_is_whole_from_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default()
+        .pool_bytes(4 << 20)
+        .log_bytes(8 << 20)
+        .log_preallocate(true);
+    let db = Db::open(dir.path(), opts).unwrap();
+    let log = std::fs::metadata(dir.path().join("dana.wal")).unwrap();
+    assert_eq!(log.len(), CONTROL_BYTES + (8 << 20));
+    assert!(log.blocks() * 512 >= 8 << 20, "written, not a sparse file");
+    let (_, err) = load(&db, 0, 2000, 100, 0);
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(db.wal_stats().unwrap().file_growths, 0);
+    db.close().unwrap();
+}
+
 /// The data disk starts at 64 pages and may grow to `limit` bytes.
 fn rig(seed: u64, limit: u64) -> Rig {
     let r = Rig::new(seed, 64 * 4096, 8 << 20);
