@@ -433,6 +433,7 @@ impl Db {
     /// exists.
     pub fn create_tree(&self, name: &str) -> Result<Tree> {
         self.live(true)?;
+        self.check_tree_name(name)?;
         let _ddl = self.inner.ddl.lock().unwrap_or_else(|e| e.into_inner());
         let (catalog, key, committer) = (
             self.inner.catalog.clone(),
@@ -444,8 +445,22 @@ impl Db {
         Ok(self.tree_at(name, root))
     }
 
+    /// Fails with [`Error::TreeNameTooLong`] for a name longer than the
+    /// catalogue's keys may be.
+    fn check_tree_name(&self, name: &str) -> Result<()> {
+        let max = crate::btree::node::max_key_len(self.inner.pool.page_size());
+        if name.len() > max {
+            return Err(Error::TreeNameTooLong {
+                len: name.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
     /// Opens the tree `name`, or fails with [`Error::NoSuchTree`].
     pub fn tree(&self, name: &str) -> Result<Tree> {
+        self.check_tree_name(name)?;
         let (catalog, key) = (self.inner.catalog.clone(), name.as_bytes().to_vec());
         let root = self.block_on(async move { catalog.get(&key).await })??;
         match root.as_deref().map(<[u8; 8]>::try_from) {

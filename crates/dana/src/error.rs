@@ -112,7 +112,21 @@ pub enum Error {
     #[error("no tree named {0:?}")]
     NoSuchTree(String),
 
-    /// A key or value is larger than the tree accepts.
+    /// A key longer than a tree accepts ([`crate::Tree::max_key_len`]:
+    /// an eighth of the page, 512 bytes with 4 KiB pages).
+    #[error("a key of {len} bytes exceeds the limit of {max} bytes")]
+    KeyTooLarge { len: usize, max: usize },
+
+    /// A value longer than a tree accepts ([`crate::Tree::max_value_len`]).
+    #[error("a value of {len} bytes exceeds the limit of {max} bytes")]
+    ValueTooLarge { len: usize, max: usize },
+
+    /// A tree name longer than the catalogue accepts (as long as a key).
+    #[error("a tree name of {len} bytes exceeds the limit of {max} bytes")]
+    TreeNameTooLong { len: usize, max: usize },
+
+    /// Something else larger than its limit (a log record larger than an
+    /// eighth of the log: a transaction too large for the log).
     #[error("{what} of {len} bytes exceeds the limit of {max} bytes")]
     TooLarge {
         what: &'static str,
@@ -284,6 +298,18 @@ impl Error {
                 what: what.clone(),
             },
             Error::InvalidArgument(s) => Error::InvalidArgument(s.clone()),
+            Error::KeyTooLarge { len, max } => Error::KeyTooLarge {
+                len: *len,
+                max: *max,
+            },
+            Error::ValueTooLarge { len, max } => Error::ValueTooLarge {
+                len: *len,
+                max: *max,
+            },
+            Error::TreeNameTooLong { len, max } => Error::TreeNameTooLong {
+                len: *len,
+                max: *max,
+            },
             Error::TooLarge { what, len, max } => Error::TooLarge {
                 what,
                 len: *len,

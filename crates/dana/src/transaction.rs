@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crate::txn::{Committer, Expect};
 use crate::wal::record::Write;
 use crate::wal::Durability;
-use crate::{Error, Result};
+use crate::Result;
 
 /// A transaction: reads see committed data and this transaction's own
 /// writes; writes stay private until [`crate::Db::commit`].
@@ -87,23 +87,7 @@ impl Transaction {
     }
 
     fn check(tree: &crate::Tree, key: &[u8], value: Option<&[u8]>) -> Result<()> {
-        if key.len() > tree.max_key_len() {
-            return Err(Error::TooLarge {
-                what: "key",
-                len: key.len(),
-                max: tree.max_key_len(),
-            });
-        }
-        if let Some(v) = value {
-            if v.len() > tree.max_value_len() {
-                return Err(Error::TooLarge {
-                    what: "value",
-                    len: v.len(),
-                    max: tree.max_value_len(),
-                });
-            }
-        }
-        Ok(())
+        tree.unlogged_btree().check_sizes(key, value)
     }
 
     /// Sets `key` to `value` in `tree` at commit.
@@ -115,7 +99,7 @@ impl Transaction {
     }
 
     /// Inserts `key` at commit; the commit fails with
-    /// [`Error::KeyExists`] if the key exists then.
+    /// [`crate::Error::KeyExists`] if the key exists then.
     pub fn insert(&mut self, tree: &crate::Tree, key: &[u8], value: &[u8]) -> Result<()> {
         self.put(tree, key, value)?;
         self.inserts.insert((tree.root(), key.to_vec()), ());
@@ -141,7 +125,7 @@ impl Transaction {
     }
 
     /// Commits inside a task: all writes or none. Fails with
-    /// [`Error::Conflict`] if a key it read and wrote changed meanwhile
+    /// [`crate::Error::Conflict`] if a key it read and wrote changed meanwhile
     /// (nothing applied; run the transaction again).
     pub async fn commit_async(self) -> Result<()> {
         self.commit_lsn_async().await.map(|_| ())

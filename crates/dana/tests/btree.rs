@@ -262,12 +262,28 @@ fn boundaries() {
     assert_eq!(t.get(&big_key).unwrap().map(|v| v.len()), Some(max_val));
     assert!(matches!(
         t.put(&vec![7u8; max_key + 1], b"x"),
-        Err(Error::TooLarge { what: "key", .. })
+        Err(Error::KeyTooLarge { .. })
     ));
     assert!(matches!(
         t.put(b"k", &vec![0u8; max_val + 1]),
-        Err(Error::TooLarge { what: "value", .. })
+        Err(Error::ValueTooLarge { .. })
     ));
+    // The same limits inside a transaction, and for tree names.
+    let mut tx = db.begin();
+    assert!(matches!(
+        tx.put(&t, &vec![7u8; max_key + 1], b"x"),
+        Err(Error::KeyTooLarge { len, max }) if len == max_key + 1 && max == max_key
+    ));
+    drop(tx);
+    let long_name = "n".repeat(max_key + 1);
+    for r in [db.create_tree(&long_name), db.tree(&long_name)] {
+        assert!(
+            matches!(r, Err(Error::TreeNameTooLong { len, .. }) if len == max_key + 1),
+            "{:?}",
+            r.err()
+        );
+    }
+    assert!(db.create_tree(&"n".repeat(max_key)).is_ok());
 
     // Keys that share long prefixes, and a key that sorts between two
     // separators after prefix truncation.

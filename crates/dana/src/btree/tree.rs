@@ -195,8 +195,7 @@ impl BTree {
     fn check_key(&self, key: &[u8]) -> Result<()> {
         let max = self.max_key_len();
         if key.len() > max {
-            return Err(Error::TooLarge {
-                what: "key",
+            return Err(Error::KeyTooLarge {
                 len: key.len(),
                 max,
             });
@@ -207,8 +206,7 @@ impl BTree {
     fn check_value(&self, value: &[u8]) -> Result<()> {
         let max = self.max_value_len();
         if value.len() > max {
-            return Err(Error::TooLarge {
-                what: "value",
+            return Err(Error::ValueTooLarge {
                 len: value.len(),
                 max,
             });
