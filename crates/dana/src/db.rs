@@ -56,10 +56,25 @@ struct DbInner {
     ddl: Mutex<()>,
 }
 
+impl DbInner {
+    /// Waits for the growth threads of the data files and the log: none
+    /// may write once the locks are released (a log growth writes zeros,
+    /// which could land on the records of the next open).
+    fn finish_growth(&self) {
+        self.pool.finish_growth();
+        if let Some(w) = &self.committer.wal {
+            w.finish_growth();
+        }
+    }
+}
+
 impl Drop for DbInner {
     fn drop(&mut self) {
         // No checkpoint starts while the workers stop.
         self.stop.store(true, Ordering::Release);
+        // Fields drop in order and the locks go last: the growth threads
+        // end before that.
+        self.finish_growth();
     }
 }
 
@@ -603,6 +618,7 @@ impl Db {
         self.inner.committer.closed.store(true, Ordering::Release);
         self.inner.stop.store(true, Ordering::Release);
         self.inner.rt.stop();
+        self.inner.finish_growth();
         self.inner.locks.release();
         flushed
     }

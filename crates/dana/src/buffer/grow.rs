@@ -49,6 +49,8 @@ pub(crate) struct Growth {
     failure: Mutex<Option<(Instant, String)>>,
     /// Tasks waiting for a growth to finish.
     waiters: WakerList,
+    /// The last growth thread (joined at close).
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Growth {
@@ -126,12 +128,36 @@ impl BufferPool {
         let spawned = std::thread::Builder::new()
             .name("dana-grow".into())
             .spawn(move || grow(&array, &alloc, target, least));
-        if let Err(e) = spawned {
-            let what = format!("cannot start a growth thread: {e}");
-            finish(&self.alloc, Err(what.clone()));
-            return Err(Error::NoSpace(what));
+        match spawned {
+            Ok(handle) => {
+                let mut t = growth.thread.lock().unwrap_or_else(|e| e.into_inner());
+                // The previous thread has finished (`running` was false).
+                if let Some(done) = t.replace(handle) {
+                    let _ = done.join();
+                }
+            }
+            Err(e) => {
+                let what = format!("cannot start a growth thread: {e}");
+                finish(&self.alloc, Err(what.clone()));
+                return Err(Error::NoSpace(what));
+            }
         }
         Ok(())
+    }
+
+    /// Waits for a growth in progress to finish (at close: no thread may
+    /// touch the files once their locks are released).
+    pub fn finish_growth(&self) {
+        let handle = self
+            .alloc
+            .growth
+            .thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
     }
 
     /// Waits until `pages` more pages than those promised are available,

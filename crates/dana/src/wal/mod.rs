@@ -75,6 +75,10 @@ struct LogGrowth {
     /// A flush is waiting for the file to grow.
     blocked: AtomicBool,
     growths: Arc<AtomicU64>,
+    /// The last growth thread, joined before the log goes away: a thread
+    /// still writing zeros after a close could overwrite the records of
+    /// the next open.
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// How commits wait for the log.
@@ -420,6 +424,7 @@ impl Wal {
                     failure: Arc::default(),
                     blocked: AtomicBool::new(false),
                     growths: Arc::default(),
+                    thread: Mutex::new(None),
                 }),
             stats: WalStats::default(),
         }))
@@ -492,12 +497,31 @@ impl Wal {
                 }
                 running.store(false, Ordering::Release);
             });
-        if let Err(e) = spawned {
-            *g.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some((
-                Instant::now(),
-                format!("cannot start a log growth thread: {e}"),
-            ));
-            g.running.store(false, Ordering::Release);
+        match spawned {
+            Ok(handle) => {
+                let mut t = g.thread.lock().unwrap_or_else(|e| e.into_inner());
+                // The previous thread has finished (`running` was false).
+                if let Some(done) = t.replace(handle) {
+                    let _ = done.join();
+                }
+            }
+            Err(e) => {
+                *g.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some((
+                    Instant::now(),
+                    format!("cannot start a log growth thread: {e}"),
+                ));
+                g.running.store(false, Ordering::Release);
+            }
+        }
+    }
+
+    /// Waits for a growth of the log file in progress to finish (at close:
+    /// no thread may write to the file once its lock is released).
+    pub fn finish_growth(&self) {
+        let Some(g) = &self.growth else { return };
+        let handle = g.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(h) = handle {
+            let _ = h.join();
         }
     }
 
@@ -957,6 +981,12 @@ impl Wal {
             self.poison_with(e);
         }
         r
+    }
+}
+
+impl Drop for Wal {
+    fn drop(&mut self) {
+        self.finish_growth();
     }
 }
 
