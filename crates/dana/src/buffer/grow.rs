@@ -19,13 +19,14 @@
 //! Never: runs a blocking syscall on a worker, runs two growths at once,
 //! or counts pages as available before their device holds them durably.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::alloc::AllocState;
 use super::BufferPool;
+use crate::io::grower::Grower;
 use crate::sched::WakerList;
 use crate::{Error, Result};
 
@@ -39,31 +40,20 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The state of growth, shared with the growth thread.
 #[derive(Default)]
 pub(crate) struct Growth {
-    /// A growth thread is running.
-    running: AtomicBool,
+    /// The growth thread, one at a time, and the last failure.
+    grower: Grower,
     /// Growths finished, succeeded or failed (waiters wait for it to move).
     rounds: AtomicU64,
     /// Growths that added pages.
     grown: AtomicU64,
-    /// The last failure and when it happened (cleared by a success).
-    failure: Mutex<Option<(Instant, String)>>,
     /// Tasks waiting for a growth to finish.
     waiters: WakerList,
-    /// The last growth thread (joined at close).
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Growth {
     /// Growths that added pages so far.
     pub(crate) fn count(&self) -> u64 {
         self.grown.load(Ordering::Relaxed)
-    }
-
-    fn recent_failure(&self) -> Option<String> {
-        let f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
-        f.as_ref()
-            .filter(|(at, _)| at.elapsed() < RETRY_AFTER)
-            .map(|(_, what)| what.clone())
     }
 }
 
@@ -116,48 +106,35 @@ impl BufferPool {
             )));
         }
         let growth = &self.alloc.growth;
-        if let Some(what) = growth.recent_failure() {
+        if let Some(what) = growth.grower.recent_failure(RETRY_AFTER) {
             return Err(Error::NoSpace(what));
-        }
-        if growth.running.swap(true, Ordering::AcqRel) {
-            return Ok(());
         }
         let target = pages + need.max(step_pages(pages, self.page_size as u64));
         let least = pages + need.max(1);
         let (array, alloc) = (self.array.clone(), self.alloc.clone());
-        let spawned = std::thread::Builder::new()
-            .name("dana-grow".into())
-            .spawn(move || grow(&array, &alloc, target, least));
-        match spawned {
-            Ok(handle) => {
-                let mut t = growth.thread.lock().unwrap_or_else(|e| e.into_inner());
-                // The previous thread has finished (`running` was false).
-                if let Some(done) = t.replace(handle) {
-                    let _ = done.join();
-                }
-            }
-            Err(e) => {
-                let what = format!("cannot start a growth thread: {e}");
-                finish(&self.alloc, Err(what.clone()));
-                return Err(Error::NoSpace(what));
-            }
-        }
+        let done_alloc = self.alloc.clone();
+        growth
+            .grower
+            .start(
+                "dana-grow",
+                move || grow(&array, &alloc, target, least),
+                move |r| {
+                    let g = &done_alloc.growth;
+                    if r.is_ok() {
+                        g.grown.fetch_add(1, Ordering::Relaxed);
+                    }
+                    g.rounds.fetch_add(1, Ordering::AcqRel);
+                    g.waiters.wake_all();
+                },
+            )
+            .map_err(Error::NoSpace)?;
         Ok(())
     }
 
     /// Waits for a growth in progress to finish (at close: no thread may
     /// touch the files once their locks are released).
     pub fn finish_growth(&self) {
-        let handle = self
-            .alloc
-            .growth
-            .thread
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(h) = handle {
-            let _ = h.join();
-        }
+        self.alloc.growth.grower.finish();
     }
 
     /// Waits until `pages` more pages than those promised are available,
@@ -193,40 +170,26 @@ impl BufferPool {
 /// The growth thread: grows the array to `target` pages (or, if the file
 /// system has no room for that, to the `least` pages asked for) and
 /// publishes the new pages.
-fn grow(array: &crate::io::Array, alloc: &Arc<AllocState>, target: u64, least: u64) {
+fn grow(
+    array: &crate::io::Array,
+    alloc: &Arc<AllocState>,
+    target: u64,
+    least: u64,
+) -> std::result::Result<(), String> {
     let before = array.pages();
     let r = match array.grow_to(target) {
         Err(Error::NoSpace(_)) if least < target => array.grow_to(least),
         r => r,
     };
-    let r = r
-        .map(|after| {
-            alloc
-                .available
-                .fetch_add(after.saturating_sub(before), Ordering::AcqRel);
-        })
-        .map_err(|e| match e {
-            Error::NoSpace(what) => what,
-            other => format!("growing the data files failed: {other}"),
-        });
-    finish(alloc, r);
-}
-
-fn finish(alloc: &AllocState, r: std::result::Result<(), String>) {
-    let g = &alloc.growth;
-    {
-        let mut f = g.failure.lock().unwrap_or_else(|e| e.into_inner());
-        match r {
-            Ok(()) => {
-                *f = None;
-                g.grown.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(what) => *f = Some((Instant::now(), what)),
-        }
-    }
-    g.running.store(false, Ordering::Release);
-    g.rounds.fetch_add(1, Ordering::AcqRel);
-    g.waiters.wake_all();
+    r.map(|after| {
+        alloc
+            .available
+            .fetch_add(after.saturating_sub(before), Ordering::AcqRel);
+    })
+    .map_err(|e| match e {
+        Error::NoSpace(what) => what,
+        other => format!("growing the data files failed: {other}"),
+    })
 }
 
 #[cfg(test)]

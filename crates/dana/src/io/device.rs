@@ -417,15 +417,21 @@ pub fn unlock_file(file: &File) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn create_preallocates_and_reports_alignment() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A new 1 MiB device file in `dir`.
+    fn new_device(dir: &tempfile::TempDir) -> (PathBuf, Device) {
         let path = dir.path().join("dev0");
         let opts = DeviceOptions {
             create_size: Some(1 << 20),
             ..Default::default()
         };
         let dev = Device::open(&path, 0, opts).unwrap();
+        (path, dev)
+    }
+
+    #[test]
+    fn create_preallocates_and_reports_alignment() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, dev) = new_device(&dir);
         assert_eq!(dev.size(), 1 << 20);
         assert!(dev.alignment().io.is_power_of_two());
         assert!(dev.alignment().io <= 4096);
@@ -439,12 +445,7 @@ mod tests {
     #[test]
     fn grow_allocates_and_never_shrinks() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("dev0");
-        let opts = DeviceOptions {
-            create_size: Some(1 << 20),
-            ..Default::default()
-        };
-        let dev = Device::open(&path, 0, opts).unwrap();
+        let (path, dev) = new_device(&dir);
         dev.grow(3 << 20).unwrap();
         assert_eq!(dev.size(), 3 << 20);
         assert_eq!(dev.alignment().size, 3 << 20);

@@ -50,6 +50,7 @@ use std::time::{Duration, Instant};
 
 use crate::buffer::page;
 use crate::buffer::page_log::PageChange;
+use crate::io::grower::Grower;
 use crate::io::{AlignedBuf, Completion, IoBuf, Request};
 use crate::sched;
 use crate::sched::{CompletionHandler, IoTiming, RequestKind, SystemTask, WakerList};
@@ -69,16 +70,13 @@ struct LogGrowth {
     file: crate::io::Target,
     /// Stream bytes the file holds, zero-filled and durable.
     allocated: Arc<AtomicU64>,
-    running: Arc<AtomicBool>,
-    /// The last failure (a full file system) and when.
-    failure: Arc<Mutex<Option<(Instant, String)>>>,
+    /// The growth thread and the last failure (a full file system). Its
+    /// thread is joined before the log goes away: one still writing zeros
+    /// after a close could overwrite the records of the next open.
+    grower: Grower,
     /// A flush is waiting for the file to grow.
     blocked: AtomicBool,
     growths: Arc<AtomicU64>,
-    /// The last growth thread, joined before the log goes away: a thread
-    /// still writing zeros after a close could overwrite the records of
-    /// the next open.
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// How commits wait for the log.
@@ -420,11 +418,9 @@ impl Wal {
                 .map(|f| LogGrowth {
                     allocated: Arc::new(AtomicU64::new(f.size().saturating_sub(CONTROL_BYTES))),
                     file: f,
-                    running: Arc::default(),
-                    failure: Arc::default(),
+                    grower: Grower::default(),
                     blocked: AtomicBool::new(false),
                     growths: Arc::default(),
-                    thread: Mutex::new(None),
                 }),
             stats: WalStats::default(),
         }))
@@ -451,15 +447,7 @@ impl Wal {
         if allocated >= self.capacity || end + margin <= allocated {
             return;
         }
-        if g.failure
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .is_some_and(|(at, _)| at.elapsed() < LOG_GROWTH_RETRY)
-        {
-            return;
-        }
-        if g.running.swap(true, Ordering::AcqRel) {
+        if g.grower.recent_failure(LOG_GROWTH_RETRY).is_some() {
             return;
         }
         let mib = |v: u64| {
@@ -470,58 +458,29 @@ impl Wal {
         let target = mib((end + 2 * margin).max(allocated * 2));
         // If the file system has no room for that, what this flush needs.
         let least = mib(end + margin);
-        let (file, alloc, running, failure, growths) = (
-            g.file.clone(),
-            g.allocated.clone(),
-            g.running.clone(),
-            g.failure.clone(),
-            g.growths.clone(),
-        );
-        let spawned = std::thread::Builder::new()
-            .name("dana-log-grow".into())
-            .spawn(move || {
-                let r = match file.grow_zeroed(CONTROL_BYTES + target) {
-                    Err(Error::NoSpace(_)) if least < target => {
-                        file.grow_zeroed(CONTROL_BYTES + least).map(|()| least)
-                    }
-                    r => r.map(|()| target),
-                };
-                let mut f = failure.lock().unwrap_or_else(|e| e.into_inner());
-                match r {
-                    Ok(grown) => {
-                        alloc.fetch_max(grown, Ordering::AcqRel);
-                        growths.fetch_add(1, Ordering::Relaxed);
-                        *f = None;
-                    }
-                    Err(e) => *f = Some((Instant::now(), e.to_string())),
+        let (file, alloc, growths) = (g.file.clone(), g.allocated.clone(), g.growths.clone());
+        let work = move || {
+            let grown = match file.grow_zeroed(CONTROL_BYTES + target) {
+                Err(Error::NoSpace(_)) if least < target => {
+                    file.grow_zeroed(CONTROL_BYTES + least).map(|()| least)
                 }
-                running.store(false, Ordering::Release);
-            });
-        match spawned {
-            Ok(handle) => {
-                let mut t = g.thread.lock().unwrap_or_else(|e| e.into_inner());
-                // The previous thread has finished (`running` was false).
-                if let Some(done) = t.replace(handle) {
-                    let _ = done.join();
-                }
-            }
-            Err(e) => {
-                *g.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some((
-                    Instant::now(),
-                    format!("cannot start a log growth thread: {e}"),
-                ));
-                g.running.store(false, Ordering::Release);
-            }
-        }
+                r => r.map(|()| target),
+            };
+            grown.map_err(|e| e.to_string()).map(|grown| {
+                alloc.fetch_max(grown, Ordering::AcqRel);
+                growths.fetch_add(1, Ordering::Relaxed);
+            })
+        };
+        // A failure to start is recorded by the grower: admission reports
+        // it and the next pump tries again after the retry delay.
+        let _ = g.grower.start("dana-log-grow", work, |_| {});
     }
 
     /// Waits for a growth of the log file in progress to finish (at close:
     /// no thread may write to the file once its lock is released).
     pub fn finish_growth(&self) {
-        let Some(g) = &self.growth else { return };
-        let handle = g.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(h) = handle {
-            let _ = h.join();
+        if let Some(g) = &self.growth {
+            g.grower.finish();
         }
     }
 
@@ -535,12 +494,9 @@ impl Wal {
         if self.has_room(end + bytes + (self.capacity / 64).max(256 << 10)) {
             return Ok(());
         }
-        let failure = g.failure.lock().unwrap_or_else(|e| e.into_inner());
-        match failure.as_ref() {
-            Some((at, what)) if at.elapsed() < LOG_GROWTH_RETRY => {
-                Err(Error::NoSpace(format!("the log file cannot grow: {what}")))
-            }
-            _ => Ok(()),
+        match g.grower.recent_failure(LOG_GROWTH_RETRY) {
+            Some(what) => Err(Error::NoSpace(format!("the log file cannot grow: {what}"))),
+            None => Ok(()),
         }
     }
 

@@ -1,0 +1,131 @@
+//! One background growth of a file at a time.
+//!
+//! Owns: the thread that grows a data array or a log file (`fallocate`,
+//! zero-filling and `fdatasync` block, so no worker may run them), whether
+//! one is running, the last failure and when it happened (so that a full
+//! file system answers at once for a while instead of being asked again
+//! on every write), and the join of the thread before the files' locks go
+//! away. Used by the buffer pool's allocator and by the log.
+//!
+//! Never: runs two growths at once, or lets a growth thread outlive
+//! [`Grower::finish`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A failure and when it happened.
+type Failure = Option<(Instant, String)>;
+
+/// Runs growths on a background thread, one at a time.
+#[derive(Default)]
+pub struct Grower {
+    running: Arc<AtomicBool>,
+    failure: Arc<Mutex<Failure>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// What [`Grower::start`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Started {
+    /// A growth thread started.
+    Now,
+    /// One was already running.
+    AlreadyRunning,
+}
+
+impl Grower {
+    /// The last failure, if it happened less than `within` ago.
+    pub fn recent_failure(&self, within: Duration) -> Option<String> {
+        let f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        f.as_ref()
+            .filter(|(at, _)| at.elapsed() < within)
+            .map(|(_, what)| what.clone())
+    }
+
+    /// Runs `work` on a thread named `name`, unless a growth is running.
+    /// When it ends, its failure (or none) is recorded and the grower is
+    /// free again, then `done` runs with its outcome. Err if no thread
+    /// could start (recorded as a failure too).
+    pub fn start(
+        &self,
+        name: &str,
+        work: impl FnOnce() -> Result<(), String> + Send + 'static,
+        done: impl FnOnce(&Result<(), String>) + Send + 'static,
+    ) -> Result<Started, String> {
+        if self.running.swap(true, Ordering::AcqRel) {
+            return Ok(Started::AlreadyRunning);
+        }
+        let (running, failure) = (self.running.clone(), self.failure.clone());
+        let spawned = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let r = work();
+                *failure.lock().unwrap_or_else(|e| e.into_inner()) =
+                    r.as_ref().err().map(|what| (Instant::now(), what.clone()));
+                running.store(false, Ordering::Release);
+                done(&r);
+            });
+        match spawned {
+            Ok(handle) => {
+                let mut t = self.thread.lock().unwrap_or_else(|e| e.into_inner());
+                // The previous thread has finished (`running` was false).
+                if let Some(previous) = t.replace(handle) {
+                    let _ = previous.join();
+                }
+                Ok(Started::Now)
+            }
+            Err(e) => {
+                let what = format!("cannot start a growth thread: {e}");
+                *self.failure.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((Instant::now(), what.clone()));
+                self.running.store(false, Ordering::Release);
+                Err(what)
+            }
+        }
+    }
+
+    /// Waits for a growth in progress to end.
+    pub fn finish(&self) {
+        let handle = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    #[test]
+    fn one_growth_at_a_time_and_failures_are_remembered() {
+        let g = Grower::default();
+        let (go, wait) = mpsc::channel::<()>();
+        let (tx, rx) = mpsc::channel();
+        let first = g.start(
+            "test-grow",
+            move || {
+                wait.recv().unwrap();
+                Err("full".into())
+            },
+            move |r| tx.send(r.clone()).unwrap(),
+        );
+        assert_eq!(first, Ok(Started::Now));
+        let second = g.start("test-grow", || Ok(()), |_| {});
+        assert_eq!(second, Ok(Started::AlreadyRunning));
+        go.send(()).unwrap();
+        assert_eq!(rx.recv().unwrap(), Err("full".to_string()));
+        g.finish();
+        assert_eq!(
+            g.recent_failure(Duration::from_secs(60)).as_deref(),
+            Some("full")
+        );
+        assert_eq!(g.recent_failure(Duration::ZERO), None, "too old");
+        assert_eq!(g.start("test-grow", || Ok(()), |_| {}), Ok(Started::Now));
+        g.finish();
+        assert_eq!(g.recent_failure(Duration::from_secs(60)), None, "cleared");
+    }
+}
