@@ -72,8 +72,10 @@ impl Drop for DbInner {
     fn drop(&mut self) {
         // No checkpoint starts while the workers stop.
         self.stop.store(true, Ordering::Release);
-        // Fields drop in order and the locks go last: the growth threads
-        // end before that.
+        // Fields drop in order and the locks go last: the workers stop
+        // (none can start a growth after) and the growth threads end
+        // before that.
+        self.rt.stop();
         self.finish_growth();
     }
 }

@@ -189,7 +189,8 @@ impl Options {
         self
     }
 
-    /// Bytes of the circular log (default 64 MiB; a multiple of 4 KiB).
+    /// Bytes of the circular log (default 64 MiB; a multiple of 4 KiB; at
+    /// most [`crate::wal::recover::MAX_LOG_BYTES`]).
     /// A checkpoint starts when a quarter of it is in use.
     pub fn log_bytes(mut self, bytes: u64) -> Self {
         self.log_bytes = bytes.div_ceil(control::BLOCK) * control::BLOCK;

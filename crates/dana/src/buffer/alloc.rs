@@ -322,10 +322,15 @@ impl BufferPool {
         reserved: bool,
     ) -> Result<PageMut<'_>> {
         self.check_ready()?;
-        if !reserved {
-            // Leaves every promised page free, growing the array if needed.
-            self.wait_for_space(1).await?;
-        }
+        // An allocation outside a commit's reservation reserves its page
+        // too (waiting for a growth if none is free): checking for room and
+        // then taking the page would let a commit reserve the same page in
+        // between, and that commit's apply would fail after its record.
+        let _own = if reserved {
+            None
+        } else {
+            Some(self.reserve(1).await?)
+        };
         debug_assert_eq!(m.pid(), META_PAGE);
         let head = get_u64(m, OFF_FREE_HEAD);
         if head != 0 {

@@ -167,6 +167,14 @@ impl BufferPool {
     }
 }
 
+/// A dropped pool leaves no growth thread behind (it may be dropped
+/// without a close, and its files' locks go right after).
+impl Drop for BufferPool {
+    fn drop(&mut self) {
+        self.finish_growth();
+    }
+}
+
 /// The growth thread: grows the array to `target` pages (or, if the file
 /// system has no room for that, to the `least` pages asked for) and
 /// publishes the new pages.

@@ -23,7 +23,9 @@ type Failure = Option<(Instant, String)>;
 pub struct Grower {
     running: Arc<AtomicBool>,
     failure: Arc<Mutex<Failure>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// Threads not joined yet (a finished one is joined at the next start;
+    /// at most two live: one ending, one just started).
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// What [`Grower::start`] did.
@@ -61,7 +63,9 @@ impl Grower {
         let spawned = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                let r = work();
+                // A panic is a failure like any other: `running` must clear.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+                    .unwrap_or_else(|_| Err("the growth thread panicked".into()));
                 *failure.lock().unwrap_or_else(|e| e.into_inner()) =
                     r.as_ref().err().map(|what| (Instant::now(), what.clone()));
                 running.store(false, Ordering::Release);
@@ -69,11 +73,16 @@ impl Grower {
             });
         match spawned {
             Ok(handle) => {
-                let mut t = self.thread.lock().unwrap_or_else(|e| e.into_inner());
-                // The previous thread has finished (`running` was false).
-                if let Some(previous) = t.replace(handle) {
-                    let _ = previous.join();
+                let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+                // Join the threads that have ended (never wait here for
+                // one still running: a worker calls this).
+                let (ended, live): (Vec<_>, Vec<_>) =
+                    threads.drain(..).partition(JoinHandle::is_finished);
+                for t in ended {
+                    let _ = t.join();
                 }
+                *threads = live;
+                threads.push(handle);
                 Ok(Started::Now)
             }
             Err(e) => {
@@ -86,11 +95,11 @@ impl Grower {
         }
     }
 
-    /// Waits for a growth in progress to end.
+    /// Waits for every growth thread to end.
     pub fn finish(&self) {
-        let handle = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(h) = handle {
-            let _ = h.join();
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            let _ = t.join();
         }
     }
 }
@@ -127,5 +136,12 @@ mod tests {
         assert_eq!(g.start("test-grow", || Ok(()), |_| {}), Ok(Started::Now));
         g.finish();
         assert_eq!(g.recent_failure(Duration::from_secs(60)), None, "cleared");
+        // A panic ends the growth with a failure; the grower stays usable.
+        let started = g.start("test-grow", || panic!("boom"), |_| {});
+        assert_eq!(started, Ok(Started::Now));
+        g.finish();
+        assert!(g.recent_failure(Duration::from_secs(60)).is_some());
+        assert_eq!(g.start("test-grow", || Ok(()), |_| {}), Ok(Started::Now));
+        g.finish();
     }
 }

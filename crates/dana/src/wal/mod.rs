@@ -207,7 +207,7 @@ pub struct Wal {
     waiters: Mutex<Vec<(u64, Waker)>>,
     has_waiters: AtomicBool,
     /// Commits waiting in [`Wal::admit`] for log space.
-    space_waiters: WakerList,
+    space_waiters: Arc<WakerList>,
     poisoned: AtomicBool,
     poison: Mutex<Option<String>>,
     control_seq: AtomicU64,
@@ -407,7 +407,7 @@ impl Wal {
             wanted: AtomicU64::new(0),
             waiters: Mutex::new(Vec::new()),
             has_waiters: AtomicBool::new(false),
-            space_waiters: WakerList::default(),
+            space_waiters: Arc::default(),
             poisoned: AtomicBool::new(false),
             poison: Mutex::new(None),
             control_seq: AtomicU64::new(resume.control_seq),
@@ -471,9 +471,13 @@ impl Wal {
                 growths.fetch_add(1, Ordering::Relaxed);
             })
         };
-        // A failure to start is recorded by the grower: admission reports
-        // it and the next pump tries again after the retry delay.
-        let _ = g.grower.start("dana-log-grow", work, |_| {});
+        // Commits waiting for log room look again when it ends. A failure
+        // to start is recorded by the grower: admission reports it and the
+        // next pump tries again after the retry delay.
+        let waiters = self.space_waiters.clone();
+        let _ = g
+            .grower
+            .start("dana-log-grow", work, move |_| waiters.wake_all());
     }
 
     /// Waits for a growth of the log file in progress to finish (at close:
@@ -484,20 +488,26 @@ impl Wal {
         }
     }
 
-    /// Err([`Error::NoSpace`]) if the log file cannot grow (its last
-    /// growth failed under a second ago) and `bytes` more would not fit in
-    /// the part it has.
-    fn check_log_room(&self, end: u64, bytes: u64) -> Result<()> {
+    /// Whether the stream up to LSN `upto` (and a margin for the records
+    /// no commit promised: flush markers, checkpoints) fits in the log
+    /// file: Some(Ok) if it does, None if the file is growing to it (the
+    /// growth wakes the space waiters), Some(Err(NoSpace)) if its last
+    /// growth failed under a second ago.
+    fn log_room(&self, upto: u64) -> Option<Result<()>> {
         let Some(g) = &self.growth else {
-            return Ok(());
+            return Some(Ok(()));
         };
-        if self.has_room(end + bytes + (self.capacity / 64).max(256 << 10)) {
-            return Ok(());
+        let upto = upto + (self.capacity / 64).max(256 << 10);
+        if self.has_room(upto) {
+            return Some(Ok(()));
         }
-        match g.grower.recent_failure(LOG_GROWTH_RETRY) {
-            Some(what) => Err(Error::NoSpace(format!("the log file cannot grow: {what}"))),
-            None => Ok(()),
+        if let Some(what) = g.grower.recent_failure(LOG_GROWTH_RETRY) {
+            return Some(Err(Error::NoSpace(format!(
+                "the log file cannot grow: {what}"
+            ))));
         }
+        self.grow_ahead(upto);
+        None
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -684,10 +694,14 @@ impl Wal {
             if used > self.capacity / 2 {
                 self.request_checkpoint();
             }
-            if let Err(e) = self.check_log_room(self.end(), bytes) {
-                return Some(Err(e));
-            }
             let cur = self.reserved.load(Ordering::Acquire);
+            // Every admitted commit's bytes fit in the file as grown: a
+            // flush never waits for a growth that may fail.
+            match self.log_room(self.end() + cur + bytes) {
+                Some(Ok(())) => {}
+                Some(Err(e)) => return Some(Err(e)),
+                None => return None,
+            }
             if used + cur + bytes > limit {
                 return None;
             }

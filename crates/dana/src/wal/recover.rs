@@ -86,6 +86,12 @@ fn sync(q: &mut dyn IoQueue) -> Result<()> {
 /// whose first record will be at LSN `block`.
 pub fn format(log: &Target, capacity: u64, block: u64, log_id: u64) -> Result<Resume> {
     let growable = is_growable(log);
+    if capacity > MAX_LOG_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "a log of {capacity} bytes: at most {MAX_LOG_BYTES} (recovery reads the log into \
+             memory)"
+        )));
+    }
     if log.size() < CONTROL_BYTES + if growable { 0 } else { capacity } {
         return Err(Error::InvalidArgument(format!(
             "log device of {} bytes cannot hold a log of {capacity} bytes",
@@ -154,6 +160,9 @@ pub fn read_control(log: &Target) -> Result<Option<Control>> {
 
 /// Reads the circular stream of the log, rotated so that index 0 is the
 /// control block's redo LSN.
+/// The largest log capacity recovery accepts (64 GiB).
+pub const MAX_LOG_BYTES: u64 = 1 << 36;
+
 /// True for a log in a regular file: it may be shorter than its capacity
 /// and grows (zero-filled, synced) ahead of the flushes
 /// ([`crate::wal::Wal`]); a block device or a simulated device holds the
@@ -165,7 +174,10 @@ pub fn is_growable(log: &Target) -> bool {
 fn read_stream(log: &Target, ctl: &Control) -> Result<Vec<u8>> {
     let cap = ctl.capacity;
     let need = if is_growable(log) { 0 } else { cap };
-    if cap == 0 || log.size() < CONTROL_BYTES + need || !ctl.block.is_power_of_two() {
+    // Recovery reads the stream into memory: a capacity past any log dana
+    // creates is damage, never an allocation to attempt.
+    let too_large = cap > MAX_LOG_BYTES;
+    if cap == 0 || too_large || log.size() < CONTROL_BYTES + need || !ctl.block.is_power_of_two() {
         return Err(Error::Log(format!(
             "control block names a log of {cap} bytes (block {}) on a device of {} bytes",
             ctl.block,
