@@ -122,6 +122,16 @@ impl Db {
     /// [`Error::Locked`]. Files that are not a dana database of this
     /// build's format fail with [`Error::NotADatabase`]. An open that fails
     /// removes whatever it created and changes no existing file.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20);
+    /// let db = dana::Db::open(dir.path(), opts.clone()).unwrap();
+    /// assert!(dir.path().join("dana.0").exists());
+    /// // A second open of the same database fails while this one is open.
+    /// assert!(matches!(dana::Db::open(dir.path(), opts), Err(dana::Error::Locked { .. })));
+    /// # db.close().unwrap();
+    /// ```
     pub fn open(dir: impl AsRef<Path>, opts: Options) -> Result<Db> {
         let mut undo = Undo::default();
         let opened = open::open_dir(dir.as_ref(), &opts, &mut undo)?;
@@ -378,16 +388,46 @@ impl Db {
 
     /// What recovery did when this database opened (None: no log, or a
     /// new database).
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20);
+    /// let db = dana::Db::open(dir.path(), opts.clone()).unwrap();
+    /// assert!(db.recovery().is_none()); // a new database
+    /// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    /// drop(db); // no close: no last checkpoint, the log holds the commit
+    /// let db = dana::Db::open(dir.path(), opts).unwrap();
+    /// assert!(db.recovery().unwrap().commits >= 1);
+    /// assert_eq!(db.tree("t").unwrap().get(b"k").unwrap(), Some(b"v".to_vec()));
+    /// ```
     pub fn recovery(&self) -> Option<&RecoveryReport> {
         self.inner.recovery.as_ref()
     }
 
     /// The log's counters (None without a log).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// let before = db.wal_stats().unwrap().commits;
+    /// t.put(b"k", b"v").unwrap();
+    /// let s = db.wal_stats().unwrap();
+    /// assert_eq!(s.commits, before + 1);
+    /// assert!(s.durable <= s.end);
+    /// ```
     pub fn wal_stats(&self) -> Option<WalStatsSnapshot> {
         self.inner.committer.wal.as_ref().map(|w| w.stats())
     }
 
     /// The database's durability.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20);
+    /// let db = dana::Db::open(dir.path(), opts.durability(dana::Durability::Async)).unwrap();
+    /// assert_eq!(db.durability(), dana::Durability::Async);
+    /// ```
     pub fn durability(&self) -> Durability {
         if self.inner.committer.wal.is_some() {
             self.inner.committer.durability
@@ -398,17 +438,52 @@ impl Db {
 
     /// Starts a transaction (see [`Transaction`]); commit it with
     /// [`Transaction::commit_async`] inside a task or [`Db::commit`].
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// let mut tx = db.begin();
+    /// tx.put(&t, b"k", b"v").unwrap();
+    /// assert_eq!(tx.get(&t, b"k").unwrap(), Some(b"v".to_vec())); // its own write
+    /// assert_eq!(t.get(b"k").unwrap(), None); // not committed yet
+    /// db.commit(tx).unwrap();
+    /// assert_eq!(t.get(b"k").unwrap(), Some(b"v".to_vec()));
+    /// ```
     pub fn begin(&self) -> Transaction {
         Transaction::new(self.inner.committer.clone())
     }
 
     /// Commits `tx` from any thread but a worker.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let (a, b) = (db.create_tree("a").unwrap(), db.create_tree("b").unwrap());
+    /// let mut tx = db.begin();
+    /// tx.put(&a, b"k", b"1").unwrap();
+    /// tx.put(&b, b"k", b"2").unwrap();
+    /// db.commit(tx).unwrap(); // both writes, atomically
+    /// assert_eq!(a.get(b"k").unwrap(), Some(b"1".to_vec()));
+    /// assert_eq!(b.get(b"k").unwrap(), Some(b"2".to_vec()));
+    /// ```
     pub fn commit(&self, tx: Transaction) -> Result<()> {
         self.block_on(tx.commit_async())?
     }
 
     /// [`Db::commit`], returning the LSN just after the commit record (see
     /// [`Transaction::commit_lsn_async`]).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// let mut tx = db.begin();
+    /// tx.put(&t, b"k", b"v").unwrap();
+    /// let lsn = db.commit_lsn(tx).unwrap();
+    /// assert!(lsn > 0);
+    /// assert!(db.wal_stats().unwrap().durable >= lsn); // `Sync`: durable on return
+    /// ```
     pub fn commit_lsn(&self, tx: Transaction) -> Result<u64> {
         self.block_on(tx.commit_lsn_async())?
     }
@@ -416,6 +491,25 @@ impl Db {
     /// Runs `f` in a transaction and commits it: all its writes or none.
     /// A commit that conflicts (a key `f` read and wrote changed
     /// meanwhile) runs `f` again, up to 16 times. Returns `f`'s result.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// let n = db.transaction(|tx| {
+    ///     tx.put(&t, b"a", b"1")?;
+    ///     tx.put(&t, b"b", b"2")?;
+    ///     Ok(tx.len())
+    /// }).unwrap();
+    /// assert_eq!(n, 2);
+    /// // An error from `f` commits nothing.
+    /// let r = db.transaction(|tx| {
+    ///     tx.put(&t, b"c", b"3")?;
+    ///     Err::<(), _>(dana::Error::InvalidArgument("abort".into()))
+    /// });
+    /// assert!(r.is_err());
+    /// assert_eq!(t.get(b"c").unwrap(), None);
+    /// ```
     pub fn transaction<T>(&self, mut f: impl FnMut(&mut Transaction) -> Result<T>) -> Result<T> {
         let mut last = None;
         for _ in 0..16 {
@@ -432,6 +526,15 @@ impl Db {
 
     /// Takes a checkpoint now: writes back every dirty page, syncs the
     /// devices, logs the checkpoint and frees the log before it.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    /// let before = db.wal_stats().unwrap().checkpoints;
+    /// db.checkpoint().unwrap();
+    /// assert!(db.wal_stats().unwrap().checkpoints > before);
+    /// ```
     pub fn checkpoint(&self) -> Result<()> {
         self.live(false)?;
         if self.inner.committer.read_only {
@@ -448,6 +551,14 @@ impl Db {
 
     /// Creates the tree `name`. Fails with [`Error::KeyExists`] if it
     /// exists.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("users").unwrap();
+    /// assert_eq!(t.name(), "users");
+    /// assert!(matches!(db.create_tree("users"), Err(dana::Error::KeyExists)));
+    /// ```
     pub fn create_tree(&self, name: &str) -> Result<Tree> {
         self.live(true)?;
         self.check_tree_name(name)?;
@@ -476,6 +587,14 @@ impl Db {
     }
 
     /// Opens the tree `name`, or fails with [`Error::NoSuchTree`].
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// assert!(matches!(db.tree("t"), Err(dana::Error::NoSuchTree(_))));
+    /// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    /// assert_eq!(db.tree("t").unwrap().get(b"k").unwrap(), Some(b"v".to_vec()));
+    /// ```
     pub fn tree(&self, name: &str) -> Result<Tree> {
         self.check_tree_name(name)?;
         let (catalog, key) = (self.inner.catalog.clone(), name.as_bytes().to_vec());
@@ -533,6 +652,14 @@ impl Db {
     }
 
     /// (name, root page id) of every tree, for `dana check`.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// let roots = db.tree_roots().unwrap();
+    /// assert_eq!(roots, vec![("t".to_string(), t.unlogged_btree().root())]);
+    /// ```
     pub fn tree_roots(&self) -> Result<Vec<(String, u64)>> {
         let names = self.tree_names()?;
         names
@@ -544,6 +671,19 @@ impl Db {
     /// Checks the whole database (every tree, the free list, page
     /// accounting) on a worker, without modifying it; see [`crate::check`].
     /// Run it while no other thread writes.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// for i in 0u32..100 {
+    ///     t.put(&i.to_be_bytes(), b"v").unwrap();
+    /// }
+    /// let report = db.check().unwrap();
+    /// assert!(report.is_ok(), "{:?}", report.findings);
+    /// assert_eq!(report.trees[0].name, "t");
+    /// assert_eq!(report.trees[0].entries, 100);
+    /// ```
     pub fn check(&self) -> Result<CheckReport> {
         let pool = self.inner.pool.clone();
         self.block_on(async move { check_pool(&pool).await })?
@@ -584,6 +724,18 @@ impl Db {
 
     /// Writes back every dirty page and syncs the devices (with a log: a
     /// checkpoint).
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20);
+    /// let opts = opts.durability(dana::Durability::Off); // no log: only flush makes writes durable
+    /// let db = dana::Db::open(dir.path(), opts.clone()).unwrap();
+    /// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    /// db.flush().unwrap();
+    /// drop(db); // no close
+    /// let db = dana::Db::open(dir.path(), opts).unwrap();
+    /// assert_eq!(db.tree("t").unwrap().get(b"k").unwrap(), Some(b"v".to_vec()));
+    /// ```
     pub fn flush(&self) -> Result<()> {
         self.live(false)?;
         if self.inner.committer.read_only {
@@ -659,6 +811,18 @@ impl Db {
     }
 
     /// Runs `future` as a task on the next worker without waiting.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"k", b"v").unwrap();
+    /// let (send, recv) = std::sync::mpsc::channel();
+    /// db.spawn(async move {
+    ///     send.send(t.get_async(b"k").await.unwrap()).unwrap();
+    /// }).unwrap();
+    /// assert_eq!(recv.recv().unwrap(), Some(b"v".to_vec()));
+    /// ```
     pub fn spawn<F>(&self, future: F) -> Result<()>
     where
         F: Future<Output = ()> + Send + 'static,
@@ -668,6 +832,19 @@ impl Db {
     }
 
     /// Runs `future` as a task on worker `worker`.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let (send, recv) = std::sync::mpsc::channel();
+    /// for w in 0..db.runtime().workers() {
+    ///     let send = send.clone();
+    ///     db.spawn_on(w, async move { send.send(w).unwrap() }).unwrap();
+    /// }
+    /// let mut ran: Vec<usize> = (0..db.runtime().workers()).map(|_| recv.recv().unwrap()).collect();
+    /// ran.sort();
+    /// assert_eq!(ran, (0..db.runtime().workers()).collect::<Vec<_>>());
+    /// ```
     pub fn spawn_on<F>(&self, worker: usize, future: F) -> Result<()>
     where
         F: Future<Output = ()> + Send + 'static,
@@ -680,16 +857,43 @@ impl Db {
     }
 
     /// The buffer pool's counters.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"k", b"v").unwrap();
+    /// let before = db.pool_stats();
+    /// assert!(before.array_pages > 0);
+    /// t.get(b"k").unwrap(); // served from memory
+    /// let after = db.pool_stats();
+    /// assert!(after.hits > before.hits);
+    /// assert_eq!(after.read_errors, 0);
+    /// ```
     pub fn pool_stats(&self) -> PoolStatsSnapshot {
         self.inner.pool.stats()
     }
 
     /// The buffer pool (for benchmarks and tools).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// assert_eq!(db.pool().page_size(), 4096);
+    /// assert_eq!(db.pool().frames(), (8 << 20) / 4096);
+    /// ```
     pub fn pool(&self) -> &Arc<BufferPool> {
         &self.inner.pool
     }
 
     /// The scheduler (for benchmarks and tools).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20);
+    /// let db = dana::Db::open(dir.path(), opts.workers(1)).unwrap();
+    /// assert_eq!(db.runtime().workers(), 1);
+    /// ```
     pub fn runtime(&self) -> &Runtime {
         &self.inner.rt
     }
@@ -714,6 +918,12 @@ pub struct Tree {
 
 impl Tree {
     /// The tree's name.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// assert_eq!(db.create_tree("users").unwrap().name(), "users");
+    /// ```
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -756,11 +966,30 @@ impl Tree {
     }
 
     /// The longest key this tree accepts.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// let max = t.max_key_len();
+    /// t.put(&vec![1; max], b"v").unwrap();
+    /// assert!(matches!(t.put(&vec![2; max + 1], b"v"), Err(dana::Error::KeyTooLarge { .. })));
+    /// ```
     pub fn max_key_len(&self) -> usize {
         self.btree.max_key_len()
     }
 
     /// The longest value this tree accepts.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// let max = t.max_value_len();
+    /// t.put(b"k", &vec![1; max]).unwrap();
+    /// assert!(matches!(t.put(b"k", &vec![2; max + 1]), Err(dana::Error::ValueTooLarge { .. })));
+    /// assert_eq!(t.get(b"k").unwrap(), Some(vec![1; max]));
+    /// ```
     pub fn max_value_len(&self) -> usize {
         self.btree.max_value_len()
     }
@@ -785,6 +1014,18 @@ impl Tree {
     }
 
     /// [`Tree::get`] inside a task.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"k", b"v").unwrap();
+    /// let (hit, miss) = db.block_on(async move {
+    ///     Ok::<_, dana::Error>((t.get_async(b"k").await?, t.get_async(b"nope").await?))
+    /// }).unwrap().unwrap();
+    /// assert_eq!(hit, Some(b"v".to_vec()));
+    /// assert_eq!(miss, None);
+    /// ```
     pub async fn get_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.live(false)?;
         self.btree.get(key).await
@@ -815,6 +1056,17 @@ impl Tree {
     }
 
     /// [`Tree::insert`] inside a task (a commit of its own).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// let second = db.block_on(async move {
+    ///     t.insert_async(b"k", b"v").await.unwrap();
+    ///     t.insert_async(b"k", b"w").await
+    /// }).unwrap();
+    /// assert!(matches!(second, Err(dana::Error::KeyExists)));
+    /// ```
     pub async fn insert_async(&self, key: &[u8], value: &[u8]) -> Result<()> {
         self.live(true)?;
         if self.logged() {
@@ -828,6 +1080,17 @@ impl Tree {
     }
 
     /// [`Tree::delete`] inside a task (a commit of its own).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"k", b"v").unwrap();
+    /// let (first, second) = db.block_on(async move {
+    ///     Ok::<_, dana::Error>((t.delete_async(b"k").await?, t.delete_async(b"k").await?))
+    /// }).unwrap().unwrap();
+    /// assert!(first && !second);
+    /// ```
     pub async fn delete_async(&self, key: &[u8]) -> Result<bool> {
         self.live(true)?;
         if self.logged() {
@@ -838,6 +1101,21 @@ impl Tree {
 
     /// [`Tree::update`] inside a task (a commit of its own; `f` may run
     /// more than once).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let tree = db.create_tree("t").unwrap();
+    /// tree.put(b"n", &[1]).unwrap();
+    /// let t = tree.clone();
+    /// let (absent, present) = db.block_on(async move {
+    ///     let absent = t.update_async(b"none", |old| old.to_vec()).await?;
+    ///     let present = t.update_async(b"n", |old| vec![old[0] + 1]).await?;
+    ///     Ok::<_, dana::Error>((absent, present))
+    /// }).unwrap().unwrap();
+    /// assert!(!absent && present);
+    /// assert_eq!(tree.get(b"n").unwrap(), Some(vec![2]));
+    /// ```
     pub async fn update_async(
         &self,
         key: &[u8],
@@ -870,6 +1148,19 @@ impl Tree {
     }
 
     /// [`Tree::count`] inside a task.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// use std::ops::Bound::{Excluded, Unbounded};
+    /// let t = db.create_tree("t").unwrap();
+    /// for k in [b"a", b"b", b"c"] {
+    ///     t.put(k, b"").unwrap();
+    /// }
+    /// let n = db.block_on(async move { t.count_async(Unbounded, Excluded(&b"c"[..])).await })
+    ///     .unwrap().unwrap();
+    /// assert_eq!(n, 2);
+    /// ```
     pub async fn count_async(&self, lower: Bound<&[u8]>, upper: Bound<&[u8]>) -> Result<u64> {
         self.live(false)?;
         self.btree.count(lower, upper).await
@@ -877,6 +1168,25 @@ impl Tree {
 
     /// A cursor over `[lower, upper]`, forward or backward, for use inside
     /// a task (`cursor.next().await`).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// use std::ops::Bound::Unbounded;
+    /// let t = db.create_tree("t").unwrap();
+    /// for k in [b"a", b"b", b"c"] {
+    ///     t.put(k, b"").unwrap();
+    /// }
+    /// let mut c = t.cursor(Unbounded, Unbounded, false).unwrap(); // backward
+    /// let keys = db.block_on(async move {
+    ///     let mut keys = Vec::new();
+    ///     while let Some((k, _)) = c.next().await? {
+    ///         keys.push(k);
+    ///     }
+    ///     Ok::<_, dana::Error>(keys)
+    /// }).unwrap().unwrap();
+    /// assert_eq!(keys, [b"c".to_vec(), b"b".to_vec(), b"a".to_vec()]);
+    /// ```
     pub fn cursor(
         &self,
         lower: Bound<&[u8]>,

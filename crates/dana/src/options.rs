@@ -24,6 +24,12 @@ pub const INITIAL_DATA_BYTES: u64 = 1 << 20;
 ///     .workers(2)
 ///     .capacity_bytes(1 << 30);
 /// assert_eq!(opts.pool_bytes_value(), 64 << 20);
+/// // The `*_value` getters read settings back; the defaults:
+/// let d = dana::Options::default();
+/// assert_eq!((d.page_size_value(), d.devices_value(), d.capacity_bytes_value()), (4096, 1, None));
+/// assert_eq!(d.durability_value(), dana::Durability::Sync);
+/// assert!(d.direct_value() && !d.log_preallocate_value() && !d.is_read_only());
+/// assert_eq!(d.log_path_value(), None);
 /// ```
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -77,6 +83,11 @@ impl Default for Options {
 
 impl Options {
     /// Buffer pool size in bytes (default 256 MiB).
+    ///
+    /// ```
+    /// assert_eq!(dana::Options::default().pool_bytes_value(), 256 << 20);
+    /// assert_eq!(dana::Options::default().pool_bytes(8 << 20).pool_bytes_value(), 8 << 20);
+    /// ```
     pub fn pool_bytes(mut self, bytes: usize) -> Self {
         self.pool_bytes = bytes;
         self
@@ -88,6 +99,13 @@ impl Options {
     }
 
     /// Worker threads (default 2).
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).workers(1);
+    /// let db = dana::Db::open(dir.path(), opts).unwrap();
+    /// assert_eq!(db.runtime().workers(), 1);
+    /// ```
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = n;
         self
@@ -95,18 +113,43 @@ impl Options {
 
     /// Page size in bytes, a power of two from 4096 to 65536, fixed when the
     /// database is created (default 4096).
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).page_size(8192);
+    /// assert_eq!(opts.page_size_value(), 8192);
+    /// let db = dana::Db::open(dir.path(), opts).unwrap();
+    /// assert_eq!(db.pool().page_size(), 8192);
+    /// ```
     pub fn page_size(mut self, bytes: usize) -> Self {
         self.page_size = bytes;
         self
     }
 
     /// The I/O backend (default io_uring).
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).backend(dana::io::Backend::Blocking);
+    /// let db = dana::Db::open(dir.path(), opts).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"k", b"v").unwrap();
+    /// assert_eq!(t.get(b"k").unwrap(), Some(b"v".to_vec()));
+    /// ```
     pub fn backend(mut self, backend: Backend) -> Self {
         self.backend = backend;
         self
     }
 
     /// Number of files to stripe over when opening a directory (default 1).
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).devices(2);
+    /// assert_eq!(opts.devices_value(), 2);
+    /// let _db = dana::Db::open(dir.path(), opts).unwrap();
+    /// assert!(dir.path().join("dana.0").exists() && dir.path().join("dana.1").exists());
+    /// ```
     pub fn devices(mut self, n: usize) -> Self {
         self.devices = n;
         self
@@ -119,6 +162,12 @@ impl Options {
     /// files grow in steps of `clamp(size / 32, 16 MiB, 1 GiB)` ahead of
     /// need; a write that would pass the maximum fails with
     /// [`crate::Error::NoSpace`] before it is logged.
+    ///
+    /// ```
+    /// assert_eq!(dana::Options::default().capacity_bytes_value(), None);
+    /// let opts = dana::Options::default().capacity_bytes(1 << 30);
+    /// assert_eq!(opts.capacity_bytes_value(), Some(1 << 30));
+    /// ```
     pub fn capacity_bytes(mut self, bytes: u64) -> Self {
         self.capacity_bytes = Some(bytes);
         self
@@ -126,12 +175,22 @@ impl Options {
 
     /// Open files with `O_DIRECT` (default true; false lets the OS page
     /// cache serve reads, for comparison only).
+    ///
+    /// ```
+    /// assert!(dana::Options::default().direct_value());
+    /// assert!(!dana::Options::default().direct_io(false).direct_value());
+    /// ```
     pub fn direct_io(mut self, on: bool) -> Self {
         self.direct = on;
         self
     }
 
     /// Most requests in flight per device across all workers (default 32).
+    ///
+    /// ```
+    /// let opts = dana::Options::default().device_budget(8);
+    /// assert!(format!("{opts:?}").contains("device_budget: 8"));
+    /// ```
     pub fn device_budget(mut self, n: usize) -> Self {
         self.device_budget = n;
         self
@@ -141,6 +200,13 @@ impl Options {
     /// back (default [`EvictionPolicy::Watt`], write-aware; `Clock` is
     /// second chance, kept as the benchmarks' baseline). Eviction write-backs
     /// use at most half of the device budget, so reads keep the rest.
+    ///
+    /// ```
+    /// use dana::EvictionPolicy;
+    /// assert_eq!(dana::Options::default().eviction_value(), EvictionPolicy::Watt);
+    /// let opts = dana::Options::default().eviction(EvictionPolicy::Clock);
+    /// assert_eq!(opts.eviction_value(), EvictionPolicy::Clock);
+    /// ```
     pub fn eviction(mut self, policy: EvictionPolicy) -> Self {
         self.eviction = policy;
         self
@@ -152,12 +218,22 @@ impl Options {
     }
 
     /// Capacity of each worker's queue to each device (default 128).
+    ///
+    /// ```
+    /// let opts = dana::Options::default().queue_depth(64);
+    /// assert!(format!("{opts:?}").contains("queue_depth: 64"));
+    /// ```
     pub fn queue_depth(mut self, n: u32) -> Self {
         self.queue_depth = n;
         self
     }
 
     /// Most live tasks per worker (default 4096).
+    ///
+    /// ```
+    /// let opts = dana::Options::default().max_tasks_per_worker(1024);
+    /// assert!(format!("{opts:?}").contains("max_tasks_per_worker: 1024"));
+    /// ```
     pub fn max_tasks_per_worker(mut self, n: usize) -> Self {
         self.max_tasks_per_worker = n;
         self
@@ -165,6 +241,11 @@ impl Options {
 
     /// Submit each I/O request on its own instead of batching a worker
     /// round's requests (default false; see [`RuntimeConfig::submit_each`]).
+    ///
+    /// ```
+    /// let opts = dana::Options::default().submit_each(true);
+    /// assert!(format!("{opts:?}").contains("submit_each: true"));
+    /// ```
     pub fn submit_each(mut self, on: bool) -> Self {
         self.submit_each = on;
         self
@@ -172,6 +253,14 @@ impl Options {
 
     /// How commits wait for the log (default [`Durability::Sync`]);
     /// [`Durability::Off`] opens the database without a log.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).durability(dana::Durability::Off);
+    /// assert_eq!(opts.durability_value(), dana::Durability::Off);
+    /// let db = dana::Db::open(dir.path(), opts).unwrap();
+    /// assert!(db.wal_stats().is_none()); // no log
+    /// ```
     pub fn durability(mut self, d: Durability) -> Self {
         self.durability = d;
         self
@@ -184,6 +273,14 @@ impl Options {
 
     /// With [`Durability::Async`], the longest a commit waits in memory
     /// before a flush starts (default 10 ms): the most a crash can lose.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let opts = dana::Options::default()
+    ///     .durability(dana::Durability::Async)
+    ///     .async_window(Duration::from_millis(2));
+    /// assert!(format!("{opts:?}").contains("async_window: 2ms"));
+    /// ```
     pub fn async_window(mut self, window: Duration) -> Self {
         self.async_window = window;
         self
@@ -192,6 +289,12 @@ impl Options {
     /// Bytes of the circular log (default 64 MiB; a multiple of 4 KiB; at
     /// most [`crate::wal::recover::MAX_LOG_BYTES`]).
     /// A checkpoint starts when a quarter of it is in use.
+    ///
+    /// ```
+    /// assert_eq!(dana::Options::default().log_bytes_value(), 64 << 20);
+    /// // Rounded up to a multiple of 4 KiB.
+    /// assert_eq!(dana::Options::default().log_bytes(10_000).log_bytes_value(), 12288);
+    /// ```
     pub fn log_bytes(mut self, bytes: u64) -> Self {
         self.log_bytes = bytes.div_ceil(control::BLOCK) * control::BLOCK;
         self
@@ -203,6 +306,14 @@ impl Options {
     /// first lap). Growing costs the first lap of a busy new database
     /// write bandwidth (measured in `docs/PERF.md`: `dana bench commit`
     /// on a fresh log); preallocating costs `log_bytes` of disk at once.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).log_bytes(8 << 20).log_preallocate(true);
+    /// assert!(opts.log_preallocate_value());
+    /// let _db = dana::Db::open(dir.path(), opts).unwrap();
+    /// assert!(std::fs::metadata(dir.path().join("dana.wal")).unwrap().len() >= 8 << 20);
+    /// ```
     pub fn log_preallocate(mut self, on: bool) -> Self {
         self.log_preallocate = on;
         self
@@ -210,6 +321,16 @@ impl Options {
 
     /// Where the log file lives (default: `dana.wal` in the database
     /// directory, or the first device's path with `.wal` appended).
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let log = dir.path().join("elsewhere.wal");
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).log_path(&log);
+    /// assert_eq!(opts.log_path_value(), Some(&log));
+    /// let _db = dana::Db::open(dir.path().join("db"), opts).unwrap();
+    /// assert!(log.exists());
+    /// assert!(!dir.path().join("db").join("dana.wal").exists());
+    /// ```
     pub fn log_path(mut self, path: impl Into<PathBuf>) -> Self {
         self.log_path = Some(path.into());
         self
@@ -221,6 +342,20 @@ impl Options {
     /// recovery fails to open with [`crate::Error::NeedsRecovery`]. Takes a
     /// shared lock: many read-only opens may coexist, never with a
     /// writable one.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20);
+    /// let db = dana::Db::open(dir.path(), opts.clone()).unwrap();
+    /// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    /// db.close().unwrap();
+    /// let opts = opts.read_only();
+    /// assert!(opts.is_read_only());
+    /// let db = dana::Db::open(dir.path(), opts).unwrap();
+    /// let t = db.tree("t").unwrap();
+    /// assert_eq!(t.get(b"k").unwrap(), Some(b"v".to_vec()));
+    /// assert!(matches!(t.put(b"k", b"w"), Err(dana::Error::ReadOnly)));
+    /// ```
     pub fn read_only(mut self) -> Self {
         self.read_only = true;
         self
@@ -264,6 +399,14 @@ impl Options {
     /// The identity given to a log this open formats (default: random).
     /// For deterministic simulation, where two runs with one seed must
     /// write the same bytes; never share one identity between databases.
+    ///
+    /// ```
+    /// let opts = dana::Options::default().log_identity(42);
+    /// assert!(format!("{opts:?}").contains("log_identity: Some(42)"));
+    /// // 0 is not an identity: it becomes 1.
+    /// let opts = dana::Options::default().log_identity(0);
+    /// assert!(format!("{opts:?}").contains("log_identity: Some(1)"));
+    /// ```
     pub fn log_identity(mut self, id: u64) -> Self {
         self.log_identity = Some(id.max(1));
         self

@@ -57,6 +57,19 @@ impl Transaction {
     /// How this transaction's commit waits: [`Durability::Sync`] (the
     /// database's default) or [`Durability::Async`]. Without a log
     /// (`Off`), commits are atomic in memory only.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// let mut tx = db.begin();
+    /// tx.set_durability(dana::Durability::Async); // returns before the log is flushed
+    /// tx.put(&t, b"k", b"v").unwrap();
+    /// let lsn = db.commit_lsn(tx).unwrap();
+    /// assert_eq!(t.get(b"k").unwrap(), Some(b"v".to_vec())); // visible at once
+    /// db.checkpoint().unwrap();
+    /// assert!(db.wal_stats().unwrap().durable >= lsn); // durable by now
+    /// ```
     pub fn set_durability(&mut self, d: Durability) {
         self.durability = d;
     }
@@ -65,6 +78,19 @@ impl Transaction {
     /// write, else the committed value; the latter is remembered and
     /// validated at commit if the transaction also writes the key). For
     /// use inside a task.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"a", b"1").unwrap();
+    /// let mut tx = db.begin();
+    /// let (a, b) = db.block_on(async move {
+    ///     tx.put(&t, b"b", b"2")?;
+    ///     Ok::<_, dana::Error>((tx.get_async(&t, b"a").await?, tx.get_async(&t, b"b").await?))
+    /// }).unwrap().unwrap();
+    /// assert_eq!((a, b), (Some(b"1".to_vec()), Some(b"2".to_vec())));
+    /// ```
     pub async fn get_async(&mut self, tree: &crate::Tree, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let id = (tree.root(), key.to_vec());
         if let Some(v) = self.writes.get(&id) {
@@ -76,6 +102,18 @@ impl Transaction {
     }
 
     /// [`Transaction::get_async`] from any thread.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"k", b"old").unwrap();
+    /// let mut tx = db.begin();
+    /// assert_eq!(tx.get(&t, b"k").unwrap(), Some(b"old".to_vec())); // committed value
+    /// tx.put(&t, b"k", b"new").unwrap();
+    /// assert_eq!(tx.get(&t, b"k").unwrap(), Some(b"new".to_vec())); // its own write
+    /// assert_eq!(t.get(b"k").unwrap(), Some(b"old".to_vec())); // others see the old one
+    /// ```
     pub fn get(&mut self, tree: &crate::Tree, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let id = (tree.root(), key.to_vec());
         if let Some(v) = self.writes.get(&id) {
@@ -91,6 +129,17 @@ impl Transaction {
     }
 
     /// Sets `key` to `value` in `tree` at commit.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// let mut tx = db.begin();
+    /// tx.put(&t, b"k", b"v").unwrap();
+    /// assert_eq!(t.get(b"k").unwrap(), None); // private until commit
+    /// db.commit(tx).unwrap();
+    /// assert_eq!(t.get(b"k").unwrap(), Some(b"v".to_vec()));
+    /// ```
     pub fn put(&mut self, tree: &crate::Tree, key: &[u8], value: &[u8]) -> Result<()> {
         Self::check(tree, key, Some(value))?;
         self.writes
@@ -100,6 +149,19 @@ impl Transaction {
 
     /// Inserts `key` at commit; the commit fails with
     /// [`crate::Error::KeyExists`] if the key exists then.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"k", b"v").unwrap();
+    /// let mut tx = db.begin();
+    /// tx.insert(&t, b"k", b"w").unwrap(); // checked at commit, not here
+    /// tx.put(&t, b"other", b"x").unwrap();
+    /// assert!(matches!(db.commit(tx), Err(dana::Error::KeyExists)));
+    /// assert_eq!(t.get(b"k").unwrap(), Some(b"v".to_vec()));
+    /// assert_eq!(t.get(b"other").unwrap(), None); // nothing applied
+    /// ```
     pub fn insert(&mut self, tree: &crate::Tree, key: &[u8], value: &[u8]) -> Result<()> {
         self.put(tree, key, value)?;
         self.inserts.insert((tree.root(), key.to_vec()), ());
@@ -107,6 +169,19 @@ impl Transaction {
     }
 
     /// Removes `key` from `tree` at commit.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"k", b"v").unwrap();
+    /// let mut tx = db.begin();
+    /// tx.delete(&t, b"k").unwrap();
+    /// assert_eq!(tx.get(&t, b"k").unwrap(), None);
+    /// assert_eq!(t.get(b"k").unwrap(), Some(b"v".to_vec())); // until commit
+    /// db.commit(tx).unwrap();
+    /// assert_eq!(t.get(b"k").unwrap(), None);
+    /// ```
     pub fn delete(&mut self, tree: &crate::Tree, key: &[u8]) -> Result<()> {
         Self::check(tree, key, None)?;
         self.writes.insert((tree.root(), key.to_vec()), None);
@@ -115,11 +190,34 @@ impl Transaction {
     }
 
     /// Number of buffered writes.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// let mut tx = db.begin();
+    /// tx.put(&t, b"a", b"1").unwrap();
+    /// tx.put(&t, b"a", b"2").unwrap(); // same key: one write
+    /// tx.delete(&t, b"b").unwrap();
+    /// assert_eq!(tx.len(), 2);
+    /// ```
     pub fn len(&self) -> usize {
         self.writes.len()
     }
 
     /// True if the transaction writes nothing.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// let mut tx = db.begin();
+    /// assert!(tx.is_empty());
+    /// tx.get(&t, b"k").unwrap(); // reads are not writes
+    /// assert!(tx.is_empty());
+    /// tx.put(&t, b"k", b"v").unwrap();
+    /// assert!(!tx.is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.writes.is_empty()
     }
@@ -127,6 +225,19 @@ impl Transaction {
     /// Commits inside a task: all writes or none. Fails with
     /// [`crate::Error::Conflict`] if a key it read and wrote changed meanwhile
     /// (nothing applied; run the transaction again).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// let mut tx = db.begin();
+    /// let t2 = t.clone();
+    /// db.block_on(async move {
+    ///     tx.put(&t2, b"k", b"v")?;
+    ///     tx.commit_async().await
+    /// }).unwrap().unwrap();
+    /// assert_eq!(t.get(b"k").unwrap(), Some(b"v".to_vec()));
+    /// ```
     pub async fn commit_async(self) -> Result<()> {
         self.commit_lsn_async().await.map(|_| ())
     }
@@ -135,6 +246,20 @@ impl Transaction {
     /// commit record (0 without a log, or for a transaction that writes
     /// nothing). With [`Durability::Async`] the commit is durable once the
     /// log's durable LSN ([`crate::Db::wal_stats`]) reaches it.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// let (mut tx, empty) = (db.begin(), db.begin());
+    /// let (lsn, none) = db.block_on(async move {
+    ///     tx.put(&t, b"k", b"v")?;
+    ///     Ok::<_, dana::Error>((tx.commit_lsn_async().await?, empty.commit_lsn_async().await?))
+    /// }).unwrap().unwrap();
+    /// assert!(lsn > 0);
+    /// assert_eq!(none, 0); // it wrote nothing
+    /// assert!(db.wal_stats().unwrap().durable >= lsn);
+    /// ```
     pub async fn commit_lsn_async(self) -> Result<u64> {
         let mut checks = Vec::new();
         for (id, v) in &self.reads {
