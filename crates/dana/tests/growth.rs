@@ -116,6 +116,52 @@ fn a_preallocated_log_is_whole_from_the_start() {
     db.close().unwrap();
 }
 
+/// Pages freed by a dropped tree and by deletes are handed out again:
+/// the high-water mark of pages ever used does not move while freed pages
+/// are there.
+#[test]
+fn freed_pages_are_reused_before_new_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default().pool_bytes(4 << 20).log_bytes(16 << 20);
+    let db = Db::open(dir.path(), opts).unwrap();
+    let checked = |db: &Db| {
+        let r = db.check().unwrap();
+        assert!(r.is_ok() && r.lost_pages == 0, "{:?}", r.findings);
+        r
+    };
+    let (_, err) = load(&db, 0, 6000, 500, 0);
+    assert!(err.is_none(), "{err:?}");
+    let high = checked(&db).space.next_unused;
+    assert!(db.drop_tree("t").unwrap());
+    let after_drop = checked(&db);
+    assert!(
+        after_drop.space.free_pages + 10 >= high,
+        "the drop freed {} of {high} pages",
+        after_drop.space.free_pages
+    );
+    // The same data again: it fits in the freed pages.
+    let (_, err) = load(&db, 0, 6000, 500, 1);
+    assert!(err.is_none(), "{err:?}");
+    let reloaded = checked(&db).space.next_unused;
+    assert!(
+        reloaded <= high + 16,
+        "high-water mark {high} -> {reloaded}: freed pages unused"
+    );
+    // Deleting everything and loading other keys: the same again.
+    let t = db.tree("t").unwrap();
+    for k in 0..6000 {
+        t.delete(&key(k)).unwrap();
+    }
+    let (_, err) = load(&db, 10_000, 16_000, 500, 2);
+    assert!(err.is_none(), "{err:?}");
+    let last = checked(&db).space.next_unused;
+    assert!(
+        last <= high + 32,
+        "high-water mark {high} -> {last} after deletes"
+    );
+    db.close().unwrap();
+}
+
 /// The data disk starts at 64 pages and may grow to `limit` bytes.
 fn rig(seed: u64, limit: u64) -> Rig {
     let r = Rig::new(seed, 64 * 4096, 8 << 20);
