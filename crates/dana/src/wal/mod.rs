@@ -501,13 +501,18 @@ impl Wal {
         if self.has_room(upto) {
             return Some(Ok(()));
         }
-        if let Some(what) = g.grower.recent_failure(LOG_GROWTH_RETRY) {
-            return Some(Err(Error::NoSpace(format!(
-                "the log file cannot grow: {what}"
-            ))));
+        let failed = || {
+            g.grower
+                .recent_failure(LOG_GROWTH_RETRY)
+                .map(|what| Err(Error::NoSpace(format!("the log file cannot grow: {what}"))))
+        };
+        if let Some(e) = failed() {
+            return Some(e);
         }
         self.grow_ahead(upto);
-        None
+        // A growth thread that could not start is a failure now (no
+        // completion would wake the caller).
+        failed()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
