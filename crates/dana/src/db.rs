@@ -1473,10 +1473,13 @@ impl Tree {
     /// assert_eq!(t.count(Included(&5u32.to_be_bytes()[..]), Unbounded).unwrap(), 5);
     /// ```
     pub fn count(&self, lower: Bound<&[u8]>, upper: Bound<&[u8]>) -> Result<u64> {
-        let (l, u) = (own(lower), own(upper));
+        let (l, u) = (lower.map(<[u8]>::to_vec), upper.map(<[u8]>::to_vec));
         self.run(move |t| {
             let (l, u) = (l.clone(), u.clone());
-            async move { t.count(borrow(&l), borrow(&u)).await }
+            async move {
+                t.count(l.as_ref().map(Vec::as_slice), u.as_ref().map(Vec::as_slice))
+                    .await
+            }
         })
     }
 
@@ -1510,21 +1513,5 @@ impl Tree {
             return Err(Error::Shutdown);
         }
         Ok(out)
-    }
-}
-
-fn own(b: Bound<&[u8]>) -> Bound<Vec<u8>> {
-    match b {
-        Bound::Included(k) => Bound::Included(k.to_vec()),
-        Bound::Excluded(k) => Bound::Excluded(k.to_vec()),
-        Bound::Unbounded => Bound::Unbounded,
-    }
-}
-
-fn borrow(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
-    match b {
-        Bound::Included(k) => Bound::Included(k),
-        Bound::Excluded(k) => Bound::Excluded(k),
-        Bound::Unbounded => Bound::Unbounded,
     }
 }

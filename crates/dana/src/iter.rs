@@ -90,8 +90,7 @@ impl Iter {
 
     /// Reads the next leaf's entries for one end (on a worker).
     fn fetch(&mut self, forward: bool) -> Result<()> {
-        let (lower, upper) = (borrow(&self.lower), borrow(&self.upper));
-        let tree = self.tree.clone();
+        let tree = &self.tree;
         let end = if forward {
             &mut self.front
         } else {
@@ -99,7 +98,11 @@ impl Iter {
         };
         let cursor = match end.cursor.take() {
             Some(c) => c,
-            None => tree.cursor(lower, upper, forward)?,
+            None => tree.cursor(
+                self.lower.as_ref().map(Vec::as_slice),
+                self.upper.as_ref().map(Vec::as_slice),
+                forward,
+            )?,
         };
         let (cursor, batch) = tree.db().block_on(async move {
             let mut c = cursor;
@@ -171,11 +174,7 @@ impl FusedIterator for Iter {}
 pub(crate) fn owned_bounds<K: AsRef<[u8]> + ?Sized>(
     range: &impl RangeBounds<K>,
 ) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
-    let own = |b: Bound<&K>| match b {
-        Bound::Included(k) => Bound::Included(k.as_ref().to_vec()),
-        Bound::Excluded(k) => Bound::Excluded(k.as_ref().to_vec()),
-        Bound::Unbounded => Bound::Unbounded,
-    };
+    let own = |b: Bound<&K>| b.map(|k| k.as_ref().to_vec());
     (own(range.start_bound()), own(range.end_bound()))
 }
 
@@ -191,14 +190,6 @@ pub(crate) fn prefix_bounds(prefix: &[u8]) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
         }
     }
     (Bound::Included(prefix.to_vec()), Bound::Unbounded)
-}
-
-fn borrow(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
-    match b {
-        Bound::Included(k) => Bound::Included(k),
-        Bound::Excluded(k) => Bound::Excluded(k),
-        Bound::Unbounded => Bound::Unbounded,
-    }
 }
 
 #[cfg(test)]

@@ -3,17 +3,20 @@
 //! Layers, bottom up (see `docs/ARCHITECTURE.md`):
 //! - [`io`]: devices opened with `O_DIRECT`, arrays striped by page, and
 //!   per-worker, per-device queues over io_uring, blocking syscalls or a
-//!   simulated device with fault injection.
+//!   simulated device with fault injection; growth of the files on a
+//!   background thread.
 //! - [`sched`]: worker threads running user tasks (futures) that yield on
 //!   a page miss, with I/O submission, eviction and completion handling as
 //!   system tasks in the same loop.
 //! - [`buffer`]: the buffer pool: page table with latches, frames, reads in
-//!   flight, clock eviction, write-back, page allocation.
+//!   flight, write-aware (WATT) or clock eviction, write-back, page
+//!   allocation and growth of the array on demand.
 //! - [`btree`]: B+tree nodes and trees on buffer-pool pages.
 //! - [`wal`]: the write-ahead log, group commit, checkpoints and recovery.
 //! - [`txn`]: the commit protocol: key locks, validation, reservations,
 //!   the commit record, apply.
 //! - [`transaction`]: the public transaction over one or more trees.
+//! - [`iter`]: the streaming, double-ended iterator over a key range.
 //! - [`catalog`]: creating and dropping trees without leaking a page.
 //! - [`check`]: the read-only consistency checker (`dana check`).
 //!

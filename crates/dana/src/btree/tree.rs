@@ -660,8 +660,8 @@ impl BTree {
     pub fn cursor(&self, lower: Bound<&[u8]>, upper: Bound<&[u8]>, forward: bool) -> Cursor {
         Cursor {
             tree: self.clone(),
-            lower: own(lower),
-            upper: own(upper),
+            lower: lower.map(<[u8]>::to_vec),
+            upper: upper.map(<[u8]>::to_vec),
             forward,
             next_key: None,
             buffered: Vec::new(),
@@ -747,14 +747,6 @@ fn siblings_after(bytes: &[u8], key: &[u8], max: usize) -> Vec<u64> {
         j += 1;
     }
     out
-}
-
-fn own(b: Bound<&[u8]>) -> Bound<Vec<u8>> {
-    match b {
-        Bound::Included(k) => Bound::Included(k.to_vec()),
-        Bound::Excluded(k) => Bound::Excluded(k.to_vec()),
-        Bound::Unbounded => Bound::Unbounded,
-    }
 }
 
 fn above_lower(k: &[u8], lower: &Bound<Vec<u8>>) -> bool {

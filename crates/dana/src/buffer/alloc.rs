@@ -373,7 +373,7 @@ impl BufferPool {
             }
             self.wait_for_space(pages).await.map_err(|e| match e {
                 Error::NoSpace(why) => Error::NoSpace(format!(
-                    "{why}; this commit may need {pages} pages, {} are free and {} promised \
+                    "{why}; this write may need {pages} pages, {} are free and {} promised \
                      to commits in flight (delete data to make room)",
                     self.alloc.available.load(Ordering::Acquire),
                     self.alloc.reserved.load(Ordering::Acquire)

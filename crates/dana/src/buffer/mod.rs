@@ -460,6 +460,8 @@ impl BufferPool {
         self.frame_waiters.wake_all();
     }
 
+    /// Fails for a page id past the array's current size (the page table
+    /// is mapped for its maximum size, so its length is not the bound).
     fn check_pid(&self, pid: u64) -> Result<()> {
         let pages = self.array.pages().min(self.table.len());
         if pid >= pages {

@@ -695,14 +695,17 @@ impl Wal {
             if let Some(e) = self.poisoned() {
                 return Some(Err(e));
             }
-            let used = self.used();
+            let (end, used) = {
+                let st = self.lock();
+                (st.end, st.end - st.redo)
+            };
             if used > self.capacity / 2 {
                 self.request_checkpoint();
             }
             let cur = self.reserved.load(Ordering::Acquire);
             // Every admitted commit's bytes fit in the file as grown: a
             // flush never waits for a growth that may fail.
-            match self.log_room(self.end() + cur + bytes) {
+            match self.log_room(end + cur + bytes) {
                 Some(Ok(())) => {}
                 Some(Err(e)) => return Some(Err(e)),
                 None => return None,
