@@ -107,7 +107,7 @@ fn json(path: &Path, r: &CheckReport) -> CliResult<String> {
         total_pages: r.space.total_pages,
         next_unused: r.space.next_unused,
         used_pages: r.used_pages(),
-        free_pages: r.free_list_pages,
+        free_pages: r.free_pages,
         free_pages_recorded: r.space.free_pages,
         lost_pages: r.lost_pages,
         catalog: (&r.catalog).into(),
@@ -158,7 +158,7 @@ pub fn run_check(args: &CheckArgs) -> CliResult<()> {
             args.path.display(),
             r.trees.len(),
             pages,
-            r.free_list_pages,
+            r.free_pages,
             r.lost_pages,
             r.findings.len()
         );
@@ -226,8 +226,8 @@ pub fn run_inspect(args: &CheckArgs) -> CliResult<()> {
         mib(r.used_pages())
     );
     println!(
-        "free pages   {} in the free list (meta page says {})",
-        num(r.free_list_pages as f64, 0),
+        "free pages   {} in the free-space map (meta page says {})",
+        num(r.free_pages as f64, 0),
         num(r.space.free_pages as f64, 0)
     );
     println!(

@@ -31,6 +31,7 @@ use std::sync::Arc;
 
 use crate::btree::node::{self, Node};
 use crate::btree::BTree;
+use crate::buffer::alloc::SpaceGuard;
 use crate::buffer::alloc::META_PAGE;
 use crate::buffer::page::PageType;
 use crate::buffer::{BufferPool, PageMut};
@@ -75,7 +76,7 @@ pub(crate) async fn create(committer: &Committer, catalog: &BTree, name: &[u8]) 
 
 /// Fails unless root slot `slot` of the latched meta page `m` is clear
 /// (the caller serializes creates and drops; a set slot is damage).
-fn no_intent(pool: &BufferPool, m: &PageMut<'_>, slot: usize) -> Result<()> {
+fn no_intent(pool: &BufferPool, m: &SpaceGuard<'_>, slot: usize) -> Result<()> {
     match pool.root_in(m, slot)? {
         0 => Ok(()),
         pid => Err(Error::Corrupt {
@@ -87,14 +88,14 @@ fn no_intent(pool: &BufferPool, m: &PageMut<'_>, slot: usize) -> Result<()> {
 
 /// Clears intent slot `slot`, freeing page `free` in the same log group.
 async fn clear_intent(pool: &BufferPool, slot: usize, free: Option<u64>) -> Result<()> {
-    let mut m = pool.fix_exclusive(META_PAGE).await?;
+    let mut m = pool.lock_space().await?;
     pool.set_root_in(&mut m, slot, 0)?;
     match free {
-        None => pool.log_group(&mut [&mut m]),
+        None => pool.log_with_space(&mut [], &mut m),
         Some(pid) => {
             let mut p = pool.fix_exclusive(pid).await?;
-            pool.free_in(&mut m, &mut p)?;
-            pool.log_group(&mut [&mut m, &mut p])
+            pool.free_in(&mut m, &mut p).await?;
+            pool.log_with_space(&mut [&mut p], &mut m)
         }
     }
 }
@@ -106,7 +107,7 @@ async fn clear_intent(pool: &BufferPool, slot: usize, free: Option<u64>) -> Resu
 /// list in the same group.
 async fn allocate_root(committer: &Committer) -> Result<u64> {
     let pool = &committer.pool;
-    let mut m = pool.fix_exclusive(META_PAGE).await?;
+    let mut m = pool.lock_space().await?;
     no_intent(pool, &m, CREATING_SLOT)?;
     let mut aside: Vec<PageMut<'_>> = Vec::new();
     let mut root = loop {
@@ -119,14 +120,14 @@ async fn allocate_root(committer: &Committer) -> Result<u64> {
         aside.push(p);
     };
     for p in &mut aside {
-        pool.free_in(&mut m, p)?;
+        pool.free_in(&mut m, p).await?;
     }
     node::init(&mut root, true, None, None, 0);
     let pid = root.pid();
     pool.set_root_in(&mut m, CREATING_SLOT, pid)?;
-    let mut group: Vec<&mut PageMut<'_>> = vec![&mut m, &mut root];
+    let mut group: Vec<&mut PageMut<'_>> = vec![&mut root];
     group.extend(aside.iter_mut());
-    pool.log_group(&mut group)?;
+    pool.log_with_space(&mut group, &mut m)?;
     Ok(pid)
 }
 
@@ -141,10 +142,10 @@ pub(crate) async fn begin_drop(
 ) -> Result<()> {
     let pool = &committer.pool;
     {
-        let mut m = pool.fix_exclusive(META_PAGE).await?;
+        let mut m = pool.lock_space().await?;
         no_intent(pool, &m, DROPPING_SLOT)?;
         pool.set_root_in(&mut m, DROPPING_SLOT, root)?;
-        pool.log_group(&mut [&mut m])?;
+        pool.log_with_space(&mut [], &mut m)?;
     }
     let w = Write {
         tree: catalog.root(),
@@ -207,12 +208,12 @@ pub(crate) async fn destroy(pool: &Arc<BufferPool>, root: u64) -> Result<()> {
 /// Frees `child`, the child at `slot` of inner node `pid`, in one group
 /// with the zeroing of the pointer to it.
 async fn free_child(pool: &BufferPool, pid: u64, slot: ChildSlot, child: u64) -> Result<()> {
-    let mut m = pool.fix_exclusive(META_PAGE).await?;
+    let mut m = pool.lock_space().await?;
     let mut par = pool.fix_exclusive(pid).await?;
     let mut c = pool.fix_exclusive(child).await?;
     clear_child(&mut par, pid, slot)?;
-    pool.free_in(&mut m, &mut c)?;
-    pool.log_group(&mut [&mut m, &mut par, &mut c])
+    pool.free_in(&mut m, &mut c).await?;
+    pool.log_with_space(&mut [&mut par, &mut c], &mut m)
 }
 
 /// Frees every child of inner node `pid` (all leaves), each in one group

@@ -3,7 +3,8 @@
 //! Owns: verifying a database's persistent structures and collecting
 //! statistics about them. It walks every tree from its root (the
 //! catalogue, in root slot 0 of the meta page, and every tree the
-//! catalogue names), follows the free list, and accounts for every page.
+//! catalogue names), reads the free-space map, and accounts for every
+//! page.
 //!
 //! What it verifies, per page of a tree:
 //! - the page can be read: checksum and page id are verified by the buffer
@@ -17,11 +18,12 @@
 //! - all leaves of a tree are at the same depth;
 //! - child pointers lie in `1..next_unused`.
 //!
-//! And for the whole database: every page id in `1..next_unused` belongs
-//! to exactly one tree or to the free list (the meta page 0 aside): pages
-//! nobody owns are reported as lost, pages reached twice as doubly owned.
-//! The free list must hold pages of type `Free`, have no cycle and be as
-//! long as the meta page says.
+//! And for the whole database: every page id below `next_unused` is the
+//! meta page, a free-space map page, a page of exactly one tree, or marked
+//! free in the map: pages nobody owns that the map marks used are
+//! reported as lost, pages reached twice as doubly owned, owned pages the
+//! map marks free as such. The free pages must number what the meta page
+//! says.
 //!
 //! The checker goes on after a finding wherever it can: a page that cannot
 //! be read or fails [`node::check`] is reported and its subtree skipped
@@ -54,8 +56,10 @@ pub const CREATING_TREE: &str = "(tree being created)";
 /// Owner name of the pages of a tree whose drop is under way.
 pub const DROPPING_TREE: &str = "(tree being dropped)";
 
-/// Owner value for pages in the free list.
+/// Owner value for the pages the free-space map marks free.
 const FREE_OWNER: u32 = u32::MAX;
+/// Owner value for the meta page and the map pages.
+const SPACE_OWNER: u32 = u32::MAX - 1;
 
 /// Bytes of a key shown in a finding.
 const SHOW_KEY: usize = 32;
@@ -117,11 +121,11 @@ impl fmt::Display for Finding {
 pub struct CheckReport {
     /// The page size in bytes.
     pub page_size: usize,
-    /// Pages of the array, high-water mark and free-list length as the
-    /// meta page records them.
+    /// Pages of the array, high-water mark and free pages as the meta
+    /// page records them.
     pub space: SpaceInfo,
-    /// Pages actually found in the free list.
-    pub free_list_pages: u64,
+    /// Pages the free-space map marks free below the high-water mark.
+    pub free_pages: u64,
     /// The catalogue's statistics.
     pub catalog: TreeStats,
     /// Every tree the catalogue names, in name order.
@@ -138,13 +142,12 @@ impl CheckReport {
         self.findings.is_empty()
     }
 
-    /// Pages handed out and not free: `next_unused - 1 - free pages`
-    /// (the meta page not counted).
+    /// Pages handed out and not free: below the high-water mark, neither
+    /// free nor the meta page or a free-space map page.
     pub fn used_pages(&self) -> u64 {
-        self.space
-            .next_unused
-            .saturating_sub(1)
-            .saturating_sub(self.free_list_pages)
+        let g = crate::buffer::space_map::Geometry::new(self.page_size);
+        g.usable(0, self.space.next_unused)
+            .saturating_sub(self.free_pages)
     }
 }
 
@@ -219,7 +222,8 @@ impl Checker {
     fn owner_name(&self, owner: u32) -> String {
         match owner {
             0 => "nobody".into(),
-            FREE_OWNER => "the free list".into(),
+            FREE_OWNER => "the free space".into(),
+            SPACE_OWNER => "the meta page or the free-space map".into(),
             i => match self.names.get(i as usize - 1) {
                 Some(n) => format!("tree {n:?}"),
                 None => format!("owner {i}"),
@@ -234,7 +238,7 @@ impl Checker {
             Some(p) => format!("page {p}"),
             None => "the root".to_string(),
         };
-        if pid == alloc::META_PAGE || pid >= self.next_unused {
+        if self.pool.is_space_page(pid) || pid >= self.next_unused {
             let what = format!(
                 "points to page {pid}, outside the used pages 1..{}",
                 self.next_unused
@@ -452,75 +456,75 @@ impl Checker {
         out
     }
 
-    /// Follows the free list; returns the pages found in it.
-    async fn walk_free_list(&mut self, recorded: u64) -> u64 {
+    /// Reads the free-space map and holds it against the ownership the
+    /// walks found: the meta and map pages and every owned page must be
+    /// marked used, and the free pages must number what the meta page
+    /// says. Marks the free pages and the map pages owned; returns the
+    /// free pages found.
+    async fn check_map(&mut self, recorded: u64) -> u64 {
         let pool = self.pool.clone();
-        let mut next = match pool.free_list_head().await {
-            Ok(h) => h,
-            Err(e) => {
-                self.find(Some(alloc::META_PAGE), None, read_error(&e));
-                return 0;
-            }
-        };
-        let mut prev = alloc::META_PAGE;
-        let mut count = 0u64;
+        let mut free = 0u64;
         let mut complete = true;
-        while next != 0 {
-            if next >= self.next_unused {
-                self.find(
-                    Some(prev),
-                    None,
-                    format!(
-                        "free list points to page {next}, outside the used pages 1..{}",
-                        self.next_unused
-                    ),
-                );
-                complete = false;
-                break;
-            }
-            let owner = self.owners[next as usize];
-            if owner != 0 {
-                let what = if owner == FREE_OWNER {
-                    format!("free list has a cycle (page {prev} points back to it)")
-                } else {
-                    format!("in the free list but owned by {}", self.owner_name(owner))
-                };
-                self.find(Some(next), None, what);
-                complete = false;
-                break;
-            }
-            self.owners[next as usize] = FREE_OWNER;
-            count += 1;
-            let g = match pool.fix_shared(next).await {
-                Ok(g) => g,
+        let mut first = 0u64;
+        for (map_pid, bits) in pool.space_map(self.next_unused).await {
+            let bits = match bits {
+                Ok(b) => b,
                 Err(e) => {
-                    self.find(Some(next), None, format!("free page {}", read_error(&e)));
+                    self.find(
+                        Some(map_pid),
+                        None,
+                        format!("free-space map page {}", read_error(&e)),
+                    );
                     complete = false;
-                    break;
+                    // Its group's pages cannot be judged: none is lost.
+                    let n = (self.next_unused - first).min(pool.space_map_group_pages());
+                    for pid in first..first + n {
+                        if self.owners[pid as usize] == 0 {
+                            self.owners[pid as usize] = FREE_OWNER;
+                        }
+                    }
+                    first += n;
+                    continue;
                 }
             };
-            let t = page::page_type(&g);
-            if t != Some(PageType::Free) {
-                drop(g);
-                self.find(
-                    Some(next),
-                    None,
-                    format!("in the free list but its page type is {t:?}"),
-                );
-                complete = false;
-                break;
+            let mut wrong = Vec::new();
+            for (i, used) in bits.iter().enumerate() {
+                let pid = first + i as u64;
+                let owner = self.owners[pid as usize];
+                if pool.is_space_page(pid) {
+                    self.owners[pid as usize] = SPACE_OWNER;
+                    if !used {
+                        wrong.push((
+                            pid,
+                            "the meta page or a map page is marked free".to_string(),
+                        ));
+                    }
+                } else if owner != 0 && !used {
+                    wrong.push((
+                        pid,
+                        format!(
+                            "owned by {} but marked free in the map",
+                            self.owner_name(owner)
+                        ),
+                    ));
+                } else if !used {
+                    self.owners[pid as usize] = FREE_OWNER;
+                    free += 1;
+                }
             }
-            prev = next;
-            next = alloc::free_list_next(&g);
+            for (pid, what) in wrong {
+                self.find(Some(pid), None, what);
+            }
+            first += bits.len() as u64;
         }
-        if complete && count != recorded {
+        if complete && free != recorded {
             self.find(
                 Some(alloc::META_PAGE),
                 None,
-                format!("meta page counts {recorded} free pages, the free list holds {count}"),
+                format!("meta page counts {recorded} free pages, the free-space map {free}"),
             );
         }
-        count
+        free
     }
 
     /// Reports pages nobody owns, one finding per run of consecutive ids.
@@ -544,10 +548,10 @@ impl Checker {
         runs.extend(run);
         for (a, b) in runs {
             let what = if a == b {
-                "lost: owned by no tree and not in the free list".to_string()
+                "lost: owned by no tree and marked used in the free-space map".to_string()
             } else {
                 format!(
-                    "pages {a}..={b} ({} pages) are lost: owned by no tree and not in the free list",
+                    "pages {a}..={b} ({} pages) are lost: owned by no tree and marked used in the free-space map",
                     b - a + 1
                 )
             };
@@ -566,7 +570,8 @@ fn mean(sum: f64, n: u64) -> f64 {
 }
 
 /// Checks the database in `pool` (its meta page must be open): the
-/// catalogue, every tree it names, the free list and the page accounting.
+/// catalogue, every tree it names, the free-space map and the page
+/// accounting.
 /// Must run on a worker (inside a task); [`crate::Db::check`] does that.
 ///
 /// Returns `Err` only if the meta page cannot be read; every other problem
@@ -674,12 +679,12 @@ pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
         let _ = c.walk(owner, r, false, holes).await;
     }
 
-    let free_list_pages = c.walk_free_list(space.free_pages).await;
+    let free_pages = c.check_map(space.free_pages).await;
     let lost_pages = c.lost_pages();
     Ok(CheckReport {
         page_size: pool.page_size(),
         space,
-        free_list_pages,
+        free_pages,
         catalog,
         trees,
         lost_pages,

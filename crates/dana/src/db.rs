@@ -668,7 +668,7 @@ impl Db {
             .collect()
     }
 
-    /// Checks the whole database (every tree, the free list, page
+    /// Checks the whole database (every tree, the free-space map, page
     /// accounting) on a worker, without modifying it; see [`crate::check`].
     /// Run it while no other thread writes.
     ///

@@ -107,8 +107,8 @@ fn clean_database_checks_clean() {
     assert!(alpha.inner_fill > 0.0, "{alpha:?}");
     assert_eq!(r.catalog.name, CATALOG_TREE);
     assert_eq!(r.catalog.entries, 3);
-    assert!(r.free_list_pages > 0, "the dropped tree's pages are free");
-    assert_eq!(r.free_list_pages, r.space.free_pages);
+    assert!(r.free_pages > 0, "the dropped tree's pages are free");
+    assert_eq!(r.free_pages, r.space.free_pages);
     assert_eq!(r.lost_pages, 0);
     let owned: u64 = r.trees.iter().map(|t| t.pages()).sum::<u64>() + r.catalog.pages();
     assert_eq!(owned, r.used_pages());
@@ -219,34 +219,53 @@ fn shared_child_is_doubly_owned_and_the_replaced_one_lost() {
     db.close().unwrap();
 }
 
+/// Bits flipped in the free-space map: a page of a tree marked free and
+/// a free page marked used are both reported, by page.
 #[test]
-fn damaged_free_page_is_reported() {
+fn damaged_space_map_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let db = build(dir.path());
+    let before = db.check().unwrap();
     let free = db.block_on({
         let pool = db.pool().clone();
-        async move { pool.free_list().await }
+        async move {
+            let s = pool.space().await?;
+            let mut free = Vec::new();
+            for (_, bits) in pool.space_map(s.next_unused).await {
+                let bits = bits?;
+                free.extend((0..bits.len() as u64).filter(|&p| !bits[p as usize]));
+            }
+            Ok::<_, dana::Error>(free)
+        }
     });
     let free = free.unwrap().unwrap();
-    assert!(free.len() > 2);
-    let victim = free[1];
+    assert!(free.len() > 2, "the dropped tree's pages are free");
+    let (victim_free, victim_owned) = (free[1], before.trees[0].root);
     db.close().unwrap();
-    edit_page(dir.path(), victim, |p| {
-        page::set_page_type(p, page::PageType::Raw);
+    edit_page(dir.path(), 1, |p| {
+        for pid in [victim_free, victim_owned] {
+            let at = page::PAGE_HEADER_SIZE + (pid / 8) as usize;
+            p[at] ^= 1 << (pid % 8);
+        }
         page::seal(p);
     });
 
-    let db = Db::open(dir.path(), opts()).unwrap();
+    let db = Db::open(dir.path(), opts().read_only()).unwrap();
     let r = db.check().unwrap();
     let text = findings_text(&r);
     assert!(
         r.findings
             .iter()
-            .any(|f| f.page == Some(victim) && f.what.contains("free list")),
+            .any(|f| f.page == Some(victim_owned) && f.what.contains("marked free")),
         "{text}"
     );
-    // The rest of the list cannot be followed: its pages show up as lost.
-    assert!(r.lost_pages >= (free.len() - 2) as u64, "{text}");
+    assert!(
+        r.findings
+            .iter()
+            .any(|f| f.page == Some(victim_free) && f.what.contains("lost")),
+        "{text}"
+    );
+    assert_eq!(r.lost_pages, 1, "{text}");
     db.close().unwrap();
 }
 

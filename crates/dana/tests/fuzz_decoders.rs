@@ -7,7 +7,7 @@
 //! --test fuzz_decoders` (docs/TESTING.md).
 
 use dana::btree::node::{self, Node};
-use dana::buffer::alloc::{free_list_next, meta_facts};
+use dana::buffer::alloc::meta_facts;
 use dana::buffer::page;
 use dana::wal::control::{Control, BLOCK};
 use dana::wal::record::{self, Kind, Parsed, Write};
@@ -124,7 +124,6 @@ proptest! {
         let _ = Control::decode(&bytes);
         let _ = Control::newest(&bytes);
         let _ = meta_facts(&bytes);
-        let _ = free_list_next(&bytes);
         let _ = page::verify(&bytes, 1);
         if bytes.len() >= PS {
             decode_node(&bytes[..PS]);

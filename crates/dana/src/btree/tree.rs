@@ -22,7 +22,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use super::node::{self, Node, NodeMut};
-use crate::buffer::{alloc, page, BufferPool, PageMut, PageOptimistic, PageRef, PageType};
+use crate::buffer::{page, BufferPool, PageMut, PageOptimistic, PageRef, PageType};
 use crate::sched;
 use crate::{Error, Result};
 
@@ -544,10 +544,10 @@ impl BTree {
             }
         }
         let kind = page::page_type(&child).unwrap_or(PageType::Leaf);
-        let mut meta = self.pool.fix_exclusive(alloc::META_PAGE).await?;
+        let mut space = self.pool.lock_space().await?;
         let mut right = self
             .pool
-            .allocate_in_for(&mut meta, kind, self.reserved)
+            .allocate_in_for(&mut space, kind, self.reserved)
             .await?;
         let right_pid = right.pid();
         right[page::PAGE_HEADER_SIZE..].copy_from_slice(&right_tmp[page::PAGE_HEADER_SIZE..]);
@@ -565,7 +565,7 @@ impl BTree {
         })?;
         // One log record for the whole split: redone together or not at all.
         self.pool
-            .log_group(&mut [&mut parent, &mut child, &mut right, &mut meta])?;
+            .log_with_space(&mut [&mut parent, &mut child, &mut right], &mut space)?;
         Ok(SplitOutcome::Done)
     }
 
@@ -592,14 +592,14 @@ impl BTree {
                 page: self.root,
                 what: format!("root split failed: {e}"),
             })?;
-        let mut meta = self.pool.fix_exclusive(alloc::META_PAGE).await?;
+        let mut space = self.pool.lock_space().await?;
         let mut left = self
             .pool
-            .allocate_in_for(&mut meta, kind, self.reserved)
+            .allocate_in_for(&mut space, kind, self.reserved)
             .await?;
         let mut right = self
             .pool
-            .allocate_in_for(&mut meta, kind, self.reserved)
+            .allocate_in_for(&mut space, kind, self.reserved)
             .await?;
         left[page::PAGE_HEADER_SIZE..].copy_from_slice(&left_tmp[page::PAGE_HEADER_SIZE..]);
         right[page::PAGE_HEADER_SIZE..].copy_from_slice(&right_tmp[page::PAGE_HEADER_SIZE..]);
@@ -611,7 +611,7 @@ impl BTree {
                 what: "a fresh root cannot hold one separator".into(),
             })?;
         self.pool
-            .log_group(&mut [&mut root, &mut left, &mut right, &mut meta])
+            .log_with_space(&mut [&mut root, &mut left, &mut right], &mut space)
     }
 
     /// Merges leaf `pid` (covering `key`) into its right sibling if both
@@ -643,14 +643,14 @@ impl BTree {
         if node::merge(&left, &right, &mut merged).is_err() {
             return Ok(());
         }
-        let mut meta = self.pool.fix_exclusive(alloc::META_PAGE).await?;
+        let mut space = self.pool.lock_space().await?;
         right[page::PAGE_HEADER_SIZE..].copy_from_slice(&merged[page::PAGE_HEADER_SIZE..]);
         let mut p = NodeMut::new(&mut parent).map_err(corrupt(parent_pid))?;
         p.remove_at(i);
-        self.pool.free_in(&mut meta, &mut left)?;
+        self.pool.free_in(&mut space, &mut left).await?;
         // One log record for the whole merge.
         self.pool
-            .log_group(&mut [&mut parent, &mut right, &mut left, &mut meta])
+            .log_with_space(&mut [&mut parent, &mut right, &mut left], &mut space)
     }
 
     // ---- scans ------------------------------------------------------------

@@ -1,10 +1,15 @@
 //! The meta page (page 0) and persistent page allocation.
 //!
-//! Owns: the meta page's layout and the free-page list. Pages are handed
-//! out from the free list first (freed pages, chained through their first
-//! body word), then from the high-water mark `next_unused`. All changes go
-//! through the buffer pool like any page change, so they reach storage by
-//! write-back and flush (and, with the log, become recoverable).
+//! Owns: the meta page's layout and page allocation through the
+//! free-space map (`space_map.rs`: one bit per page, in map pages). A
+//! page is handed out from the lowest free bit below the high-water mark
+//! `next_unused`, else from the mark (which formats a group's map page
+//! when it enters a new group). Every space change happens under the meta
+//! page's exclusive latch ([`SpaceGuard`]) and is logged in one group with
+//! the change that needed it, so it reaches storage by write-back and is
+//! redone by recovery like any page change. The in-memory copy of the map
+//! (`Mirror`) follows every change under the same latch; it is loaded
+//! from the map pages at open.
 //!
 //! Meta page layout (after the 32-byte page header):
 //!
@@ -14,9 +19,9 @@
 //! | 40..44   | format version ([`FORMAT_VERSION`])          |
 //! | 44..48   | page size                                    |
 //! | 48..52   | array width (devices)                        |
-//! | 56..64   | next never-used page id                      |
-//! | 64..72   | head of the free list (0: empty)             |
-//! | 72..80   | pages in the free list                       |
+//! | 56..64   | next never-used page id (the high-water mark)|
+//! | 64..72   | zero (was the free list's head)              |
+//! | 72..80   | free pages below the high-water mark         |
 //! | 80..88   | log identity (0: the database has no log)    |
 //! | 128..384 | 32 root slots (u64 page ids) for upper layers|
 //!
@@ -29,37 +34,38 @@
 //! silent upgrade). Version 2 added the log identity; version 3 the intent
 //! slots of `catalog.rs`; version 4 the log format in which a commit's
 //! leaf changes are logged only by its commit record (the page header's
-//! `UNLOGGED` flag).
+//! `UNLOGGED` flag); version 5 the free-space map in place of the free
+//! list.
 //!
 //! When the pages run low the array grows (`grow.rs`); a reservation or an
 //! allocation short of pages waits for that growth, or fails with
 //! [`Error::NoSpace`] when the array cannot grow.
 //!
-//! Never: hands out page 0, or a page beyond the array's durable size.
+//! Never: hands out the meta page or a map page, or a page beyond the
+//! array's durable size; changes the map without the meta page latched.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 
-use super::page::{self, PageType, PAGE_HEADER_SIZE};
+use super::page::{self, PageType};
 use super::page_table::{EVICTED, EXCLUSIVE};
+use super::space_map::{Geometry, Mirror};
 use super::{BufferPool, PageMut};
 use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"DANAMETA";
 /// The on-disk format this build reads and writes (see the module doc).
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 const OFF_MAGIC: usize = 32;
 const OFF_VERSION: usize = 40;
 const OFF_PAGE_SIZE: usize = 44;
 const OFF_WIDTH: usize = 48;
 const OFF_NEXT: usize = 56;
-const OFF_FREE_HEAD: usize = 64;
 const OFF_FREE_COUNT: usize = 72;
 const OFF_LOG_ID: usize = 80;
 const OFF_ROOTS: usize = 128;
 /// Number of root slots in the meta page.
 pub const ROOT_SLOTS: usize = 32;
-/// Where a freed page stores the next free page id.
-const OFF_FREE_NEXT: usize = PAGE_HEADER_SIZE;
 
 /// The meta page id.
 pub const META_PAGE: u64 = 0;
@@ -68,12 +74,15 @@ pub const META_PAGE: u64 = 0;
 #[derive(Default)]
 pub(crate) struct AllocState {
     ready: AtomicBool,
-    /// Pages that can still be handed out (never used + free list).
+    /// Pages that can still be handed out (past the high-water mark and
+    /// free below it; map pages excluded).
     pub(crate) available: AtomicU64,
     /// Pages promised to commits in flight ([`BufferPool::reserve`]).
     pub(crate) reserved: AtomicU64,
     /// Growth of the array on demand.
     pub(crate) growth: super::grow::Growth,
+    /// The free-space map in memory (changed under the meta page latch).
+    mirror: Mutex<Mirror>,
 }
 
 /// Pages reserved for one commit's apply; released on drop.
@@ -111,7 +120,8 @@ pub struct SpaceInfo {
     pub total_pages: u64,
     /// The first page id never handed out.
     pub next_unused: u64,
-    /// Pages in the free list.
+    /// Free pages below the high-water mark (as the meta page counts
+    /// them).
     pub free_pages: u64,
 }
 
@@ -177,10 +187,61 @@ fn get_u32(p: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b)
 }
 
+/// The meta page, exclusively latched, and the map pages an allocation or
+/// free under it has latched: every space change happens through one,
+/// and is logged in one group with the change that needed it
+/// ([`BufferPool::log_with_space`]). The meta page's latch serializes all
+/// space changes (and the in-memory [`Mirror`] follows them under it).
+pub struct SpaceGuard<'a> {
+    meta: PageMut<'a>,
+    maps: Vec<PageMut<'a>>,
+}
+
+impl<'a> SpaceGuard<'a> {
+    /// The meta page.
+    pub fn meta(&self) -> &PageMut<'a> {
+        &self.meta
+    }
+
+    /// The meta page, for a change logged with the guard.
+    pub fn meta_mut(&mut self) -> &mut PageMut<'a> {
+        &mut self.meta
+    }
+
+    /// The latched map page `pid`, latching it if needed.
+    async fn map(&mut self, pool: &'a BufferPool, pid: u64) -> Result<&mut PageMut<'a>> {
+        let i = match self.maps.iter().position(|m| m.pid() == pid) {
+            Some(i) => i,
+            None => {
+                let m = pool.fix_exclusive(pid).await?;
+                if page::page_type(&m) != Some(PageType::SpaceMap) {
+                    return Err(Error::Corrupt {
+                        page: pid,
+                        what: "the free-space map page is not a map page".into(),
+                    });
+                }
+                self.maps.push(m);
+                self.maps.len() - 1
+            }
+        };
+        Ok(&mut self.maps[i])
+    }
+}
+
 impl BufferPool {
-    /// Makes a brand-new page resident without reading it: zeroed, with a
-    /// header, exclusively latched and dirty.
-    async fn create_page(&self, pid: u64, t: PageType) -> Result<PageMut<'_>> {
+    fn geometry(&self) -> Geometry {
+        Geometry::new(self.page_size)
+    }
+
+    fn mirror(&self) -> std::sync::MutexGuard<'_, Mirror> {
+        self.alloc.mirror.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes page `pid` resident for a new use without reading it: zeroed,
+    /// with a header of type `t`, exclusively latched and dirty. A page
+    /// still resident from an earlier use (freed, not yet evicted) is
+    /// latched and re-initialised instead.
+    async fn new_page(&self, pid: u64, t: PageType, may_be_resident: bool) -> Result<PageMut<'_>> {
         self.check_pid(pid)?;
         let f = loop {
             if let Some(f) = self.take_frame() {
@@ -193,10 +254,15 @@ impl BufferPool {
         };
         if !self.table.try_transition(pid, EVICTED, EXCLUSIVE) {
             self.return_frames(&[f]);
-            return Err(Error::Corrupt {
-                page: pid,
-                what: "a page handed out as never used is resident".into(),
-            });
+            if !may_be_resident {
+                return Err(Error::Corrupt {
+                    page: pid,
+                    what: "a page handed out as never used is resident".into(),
+                });
+            }
+            let mut p = self.fix_exclusive(pid).await?;
+            page::init_page(&mut p, pid, t);
+            return Ok(p);
         }
         self.frames[f as usize].pid.store(pid, Ordering::Release);
         self.arrived(f, true);
@@ -214,18 +280,35 @@ impl BufferPool {
         Ok(g)
     }
 
-    /// Formats a new database: writes a fresh meta page (page 0).
+    /// Formats a new database: writes a fresh meta page (page 0) and the
+    /// first free-space map page (page 1).
     pub async fn format(&self) -> Result<()> {
-        let mut m = self.create_page(META_PAGE, PageType::Meta).await?;
+        let mut m = self.new_page(META_PAGE, PageType::Meta, false).await?;
         m[OFF_MAGIC..OFF_MAGIC + 8].copy_from_slice(MAGIC);
         m[OFF_VERSION..OFF_VERSION + 4].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         m[OFF_PAGE_SIZE..OFF_PAGE_SIZE + 4].copy_from_slice(&(self.page_size as u32).to_le_bytes());
         m[OFF_WIDTH..OFF_WIDTH + 4].copy_from_slice(&(self.array.width() as u32).to_le_bytes());
-        put_u64(&mut m, OFF_NEXT, 1);
+        put_u64(&mut m, OFF_NEXT, 2);
+        let geo = self.geometry();
+        let mut map = self
+            .new_page(geo.map_page(0), PageType::SpaceMap, false)
+            .await?;
+        for pid in [META_PAGE, geo.map_page(0)] {
+            let (at, mask) = geo.bit(pid);
+            map[at] |= mask;
+        }
+        drop(map);
         drop(m);
+        {
+            let mut mirror = self.mirror();
+            *mirror = Mirror::new();
+            mirror.extend_to(2);
+            mirror.set(0);
+            mirror.set(1);
+        }
         self.alloc
             .available
-            .store(self.array.pages().saturating_sub(1), Ordering::Release);
+            .store(geo.usable(2, self.array.pages()), Ordering::Release);
         self.alloc.ready.store(true, Ordering::Release);
         Ok(())
     }
@@ -244,47 +327,96 @@ impl BufferPool {
         Ok(())
     }
 
-    /// Opens an existing database: reads and checks the meta page.
+    /// Opens an existing database: reads and checks the meta page, and
+    /// loads the free-space map.
     pub async fn open_meta(&self) -> Result<SpaceInfo> {
-        let m = self.fix_shared(META_PAGE).await?;
-        let bad = |what: String| Error::Corrupt {
-            page: META_PAGE,
-            what,
+        let info = {
+            let m = self.fix_shared(META_PAGE).await?;
+            let bad = |what: String| Error::Corrupt {
+                page: META_PAGE,
+                what,
+            };
+            if page::page_type(&m) != Some(PageType::Meta) || &m[OFF_MAGIC..OFF_MAGIC + 8] != MAGIC
+            {
+                return Err(bad("not a dana meta page (bad magic)".into()));
+            }
+            let version = get_u32(&m, OFF_VERSION);
+            if version != FORMAT_VERSION {
+                return Err(bad(format!(
+                    "format version {version}, this build reads {FORMAT_VERSION}"
+                )));
+            }
+            let ps = get_u32(&m, OFF_PAGE_SIZE) as usize;
+            if ps != self.page_size {
+                return Err(Error::InvalidArgument(format!(
+                    "database has page size {ps}, opened with {}",
+                    self.page_size
+                )));
+            }
+            let width = get_u32(&m, OFF_WIDTH) as usize;
+            if width != self.array.width() {
+                return Err(Error::InvalidArgument(format!(
+                    "database spans {width} devices, opened with {}",
+                    self.array.width()
+                )));
+            }
+            let info = space_of(&m, self.array.pages());
+            if info.next_unused > info.total_pages || info.next_unused < 2 {
+                return Err(bad(format!(
+                    "next unused page {} out of range",
+                    info.next_unused
+                )));
+            }
+            info
         };
-        if page::page_type(&m) != Some(PageType::Meta) || &m[OFF_MAGIC..OFF_MAGIC + 8] != MAGIC {
-            return Err(bad("not a dana meta page (bad magic)".into()));
+        let mirror = self.load_map(info.next_unused).await?;
+        if mirror.free_below_mark() != info.free_pages {
+            return Err(Error::Corrupt {
+                page: META_PAGE,
+                what: format!(
+                    "the meta page counts {} free pages below page {}, the free-space map {}",
+                    info.free_pages,
+                    info.next_unused,
+                    mirror.free_below_mark()
+                ),
+            });
         }
-        let version = get_u32(&m, OFF_VERSION);
-        if version != FORMAT_VERSION {
-            return Err(bad(format!(
-                "format version {version}, this build reads {FORMAT_VERSION}"
-            )));
-        }
-        let ps = get_u32(&m, OFF_PAGE_SIZE) as usize;
-        if ps != self.page_size {
-            return Err(Error::InvalidArgument(format!(
-                "database has page size {ps}, opened with {}",
-                self.page_size
-            )));
-        }
-        let width = get_u32(&m, OFF_WIDTH) as usize;
-        if width != self.array.width() {
-            return Err(Error::InvalidArgument(format!(
-                "database spans {width} devices, opened with {}",
-                self.array.width()
-            )));
-        }
-        let info = space_of(&m, self.array.pages());
-        if info.next_unused > info.total_pages || info.next_unused == 0 {
-            return Err(bad(format!(
-                "next unused page {} out of range",
-                info.next_unused
-            )));
-        }
-        drop(m);
+        *self.mirror() = mirror;
         self.set_available(&info);
         self.alloc.ready.store(true, Ordering::Release);
         Ok(info)
+    }
+
+    /// Reads the map pages of every group below `next_unused` into a
+    /// mirror, checking that each marks itself and the meta page used.
+    async fn load_map(&self, next_unused: u64) -> Result<Mirror> {
+        let geo = self.geometry();
+        let mut mirror = Mirror::new();
+        mirror.extend_to(next_unused);
+        for g in 0..next_unused.div_ceil(geo.per_group()) {
+            let pid = geo.map_page(g);
+            let p = self.fix_shared(pid).await?;
+            if page::page_type(&p) != Some(PageType::SpaceMap) {
+                return Err(Error::Corrupt {
+                    page: pid,
+                    what: "the free-space map page is not a map page".into(),
+                });
+            }
+            let first = g * geo.per_group();
+            let last = (first + geo.per_group()).min(next_unused);
+            for pid in first..last {
+                let (at, mask) = geo.bit(pid);
+                if p[at] & mask != 0 {
+                    mirror.set(pid);
+                } else if geo.is_reserved(pid) {
+                    return Err(Error::Corrupt {
+                        page: geo.map_page(g),
+                        what: format!("the free-space map marks reserved page {pid} free"),
+                    });
+                }
+            }
+        }
+        Ok(mirror)
     }
 
     fn check_ready(&self) -> Result<()> {
@@ -296,31 +428,56 @@ impl BufferPool {
         Ok(())
     }
 
+    /// Latches the meta page for space changes (and root slot changes).
+    pub async fn lock_space(&self) -> Result<SpaceGuard<'_>> {
+        Ok(SpaceGuard {
+            meta: self.fix_exclusive(META_PAGE).await?,
+            maps: Vec::new(),
+        })
+    }
+
+    /// Logs the changes of `pages` and of the space guard's pages as one
+    /// record ([`BufferPool::log_group`]).
+    pub fn log_with_space<'a>(
+        &'a self,
+        pages: &mut [&mut PageMut<'a>],
+        space: &mut SpaceGuard<'a>,
+    ) -> Result<()> {
+        let mut all: Vec<&mut PageMut<'a>> = pages.iter_mut().map(|p| &mut **p).collect();
+        all.push(&mut space.meta);
+        all.extend(space.maps.iter_mut());
+        self.log_group(&mut all)
+    }
+
     /// Allocates a page of type `t`: zeroed, with a header, exclusively
-    /// latched and dirty. The meta page change and the new page are logged
+    /// latched and dirty. The space change and the new page are logged
     /// together.
     pub async fn allocate(&self, t: PageType) -> Result<PageMut<'_>> {
-        let mut m = self.fix_exclusive(META_PAGE).await?;
-        let mut p = self.allocate_in(&mut m, t).await?;
-        self.log_group(&mut [&mut m, &mut p])?;
+        let mut s = self.lock_space().await?;
+        let mut p = self.allocate_in(&mut s, t).await?;
+        self.log_with_space(&mut [&mut p], &mut s)?;
         Ok(p)
     }
 
-    /// Allocates a page of type `t` with the meta page latched by the
-    /// caller (who logs both in one group with the rest of its change).
-    pub async fn allocate_in(&self, m: &mut PageMut<'_>, t: PageType) -> Result<PageMut<'_>> {
-        self.allocate_in_for(m, t, false).await
+    /// Allocates a page of type `t` under the caller's space guard (who
+    /// logs it, in one group with the rest of its change).
+    pub async fn allocate_in<'a>(
+        &'a self,
+        s: &mut SpaceGuard<'a>,
+        t: PageType,
+    ) -> Result<PageMut<'a>> {
+        self.allocate_in_for(s, t, false).await
     }
 
     /// [`BufferPool::allocate_in`] for an apply that holds a
     /// [`Reservation`] (`reserved`: it may take reserved pages) or not (it
     /// must leave them free).
-    pub async fn allocate_in_for(
-        &self,
-        m: &mut PageMut<'_>,
+    pub async fn allocate_in_for<'a>(
+        &'a self,
+        s: &mut SpaceGuard<'a>,
         t: PageType,
         reserved: bool,
-    ) -> Result<PageMut<'_>> {
+    ) -> Result<PageMut<'a>> {
         self.check_ready()?;
         // An allocation outside a commit's reservation reserves its page
         // too (waiting for a growth if none is free): checking for room and
@@ -331,35 +488,64 @@ impl BufferPool {
         } else {
             Some(self.reserve(1).await?)
         };
-        debug_assert_eq!(m.pid(), META_PAGE);
-        let head = get_u64(m, OFF_FREE_HEAD);
-        if head != 0 {
-            let mut p = self.fix_exclusive(head).await?;
-            if page::page_type(&p) != Some(PageType::Free) {
-                return Err(Error::Corrupt {
-                    page: head,
-                    what: "page in the free list is not marked free".into(),
-                });
-            }
-            let next = get_u64(&p, OFF_FREE_NEXT);
-            put_u64(m, OFF_FREE_HEAD, next);
-            let count = get_u64(m, OFF_FREE_COUNT);
-            put_u64(m, OFF_FREE_COUNT, count.saturating_sub(1));
-            page::init_page(&mut p, head, t);
-            self.took_page();
-            return Ok(p);
+        let geo = self.geometry();
+        let found = self.mirror().find_free();
+        let (pid, reused) = match found {
+            Some(pid) => (pid, true),
+            None => (self.extend_mark(s).await?, false),
+        };
+        let map = s.map(self, geo.map_page_of(pid)).await?;
+        let (at, mask) = geo.bit(pid);
+        if map[at] & mask != 0 {
+            return Err(Error::Corrupt {
+                page: map.pid(),
+                what: format!("the free-space map marks page {pid} used, its copy in memory free"),
+            });
         }
-        let pid = get_u64(m, OFF_NEXT);
-        if pid >= self.array.pages() {
-            return Err(Error::NoSpace(format!(
-                "all {} pages of the array are in use",
-                self.array.pages()
-            )));
-        }
-        put_u64(m, OFF_NEXT, pid + 1);
-        let p = self.create_page(pid, t).await?;
+        map[at] |= mask;
+        let p = self.new_page(pid, t, reused).await?;
+        // A page past the old mark was counted free by extend_mark.
+        let meta = s.meta_mut();
+        let count = get_u64(meta, OFF_FREE_COUNT);
+        put_u64(meta, OFF_FREE_COUNT, count.saturating_sub(1));
+        let set = self.mirror().set(pid);
+        debug_assert!(set);
         self.took_page();
         Ok(p)
+    }
+
+    /// Moves the high-water mark past one more page that can be handed
+    /// out, formatting the map page of a group it enters on the way, and
+    /// returns that page (still marked free).
+    async fn extend_mark<'a>(&'a self, s: &mut SpaceGuard<'a>) -> Result<u64> {
+        let geo = self.geometry();
+        let first = get_u64(s.meta(), OFF_NEXT);
+        // At most two turns: a map page, then a page to hand out.
+        for pid in first..first + 2 {
+            if pid >= self.array.pages() {
+                return Err(Error::NoSpace(format!(
+                    "all {} pages of the array are in use",
+                    self.array.pages()
+                )));
+            }
+            put_u64(s.meta_mut(), OFF_NEXT, pid + 1);
+            self.mirror().extend_to(pid + 1);
+            if !geo.is_reserved(pid) {
+                // Counted free below the mark until the caller takes it.
+                let count = get_u64(s.meta(), OFF_FREE_COUNT);
+                put_u64(s.meta_mut(), OFF_FREE_COUNT, count + 1);
+                return Ok(pid);
+            }
+            let mut map = self.new_page(pid, PageType::SpaceMap, false).await?;
+            let (at, mask) = geo.bit(pid);
+            map[at] |= mask;
+            s.maps.push(map);
+            self.mirror().set(pid);
+        }
+        Err(Error::Corrupt {
+            page: META_PAGE,
+            what: "two map pages in a row".into(),
+        })
     }
 
     /// Reserves `pages` for a commit's apply, growing the array if they
@@ -413,34 +599,47 @@ impl BufferPool {
     }
 
     fn set_available(&self, info: &SpaceInfo) {
-        let n = info.total_pages.saturating_sub(info.next_unused) + info.free_pages;
+        let n = self.geometry().usable(info.next_unused, info.total_pages) + info.free_pages;
         self.alloc.available.store(n, Ordering::Release);
     }
 
-    /// Returns a page to the free list.
+    /// Frees a page.
     pub async fn free_page(&self, mut page: PageMut<'_>) -> Result<()> {
-        let mut m = self.fix_exclusive(META_PAGE).await?;
-        self.free_in(&mut m, &mut page)?;
-        self.log_group(&mut [&mut m, &mut page])
+        let mut s = self.lock_space().await?;
+        self.free_in(&mut s, &mut page).await?;
+        self.log_with_space(&mut [&mut page], &mut s)
     }
 
-    /// Returns a page to the free list with the meta page latched by the
-    /// caller (who logs both).
-    pub fn free_in(&self, m: &mut PageMut<'_>, page: &mut PageMut<'_>) -> Result<()> {
+    /// Frees a page under the caller's space guard (who logs both). The
+    /// page becomes a page of type `Free` and its bit in the map is
+    /// cleared.
+    pub async fn free_in<'a>(
+        &'a self,
+        s: &mut SpaceGuard<'a>,
+        page: &mut PageMut<'_>,
+    ) -> Result<()> {
         self.check_ready()?;
-        debug_assert_eq!(m.pid(), META_PAGE);
         let pid = page.pid();
-        if pid == META_PAGE {
-            return Err(Error::InvalidArgument(
-                "the meta page cannot be freed".into(),
-            ));
+        let geo = self.geometry();
+        if geo.is_reserved(pid) {
+            return Err(Error::InvalidArgument(format!(
+                "page {pid} (the meta page or a free-space map page) cannot be freed"
+            )));
         }
-        let head = get_u64(m, OFF_FREE_HEAD);
+        let map = s.map(self, geo.map_page_of(pid)).await?;
+        let (at, mask) = geo.bit(pid);
+        if map[at] & mask == 0 {
+            return Err(Error::Corrupt {
+                page: map.pid(),
+                what: format!("page {pid} is freed twice (its map bit is clear)"),
+            });
+        }
+        map[at] &= !mask;
         page::init_page(page, pid, PageType::Free);
-        put_u64(page, OFF_FREE_NEXT, head);
-        put_u64(m, OFF_FREE_HEAD, pid);
-        let count = get_u64(m, OFF_FREE_COUNT);
-        put_u64(m, OFF_FREE_COUNT, count + 1);
+        let meta = s.meta_mut();
+        let count = get_u64(meta, OFF_FREE_COUNT);
+        put_u64(meta, OFF_FREE_COUNT, count + 1);
+        self.mirror().clear(pid);
         self.alloc.available.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
@@ -460,20 +659,17 @@ impl BufferPool {
         Ok(())
     }
 
-    /// The page id in root slot `slot`, with the meta page latched by the
-    /// caller.
-    pub fn root_in(&self, m: &PageMut<'_>, slot: usize) -> Result<u64> {
+    /// The page id in root slot `slot`, under the caller's space guard.
+    pub fn root_in(&self, s: &SpaceGuard<'_>, slot: usize) -> Result<u64> {
         check_slot(slot)?;
-        debug_assert_eq!(m.pid(), META_PAGE);
-        Ok(get_u64(m, OFF_ROOTS + 8 * slot))
+        Ok(get_u64(s.meta(), OFF_ROOTS + 8 * slot))
     }
 
-    /// Stores a page id in root slot `slot`, with the meta page latched by
-    /// the caller (who logs it, in one group with the rest of its change).
-    pub fn set_root_in(&self, m: &mut PageMut<'_>, slot: usize, pid: u64) -> Result<()> {
+    /// Stores a page id in root slot `slot` under the caller's space guard
+    /// (who logs it, in one group with the rest of its change).
+    pub fn set_root_in(&self, s: &mut SpaceGuard<'_>, slot: usize, pid: u64) -> Result<()> {
         check_slot(slot)?;
-        debug_assert_eq!(m.pid(), META_PAGE);
-        put_u64(m, OFF_ROOTS + 8 * slot, pid);
+        put_u64(s.meta_mut(), OFF_ROOTS + 8 * slot, pid);
         Ok(())
     }
 
@@ -483,49 +679,43 @@ impl BufferPool {
         Ok(space_of(&m, self.array.pages()))
     }
 
-    /// The head of the free list (0: empty), for a checker that follows
-    /// the list itself with [`free_list_next`] and keeps going past a bad
-    /// page.
-    pub async fn free_list_head(&self) -> Result<u64> {
-        let m = self.fix_shared(META_PAGE).await?;
-        Ok(get_u64(&m, OFF_FREE_HEAD))
-    }
-
-    /// The free list, head first (for `dana check`). Stops with an error
-    /// at a cycle or a page that is not free.
-    pub async fn free_list(&self) -> Result<Vec<u64>> {
-        let info = self.space().await?;
+    /// The free-space map as stored, for a checker: per page below the
+    /// high-water mark, whether its bit says used (`None` for the pages of
+    /// a group whose map page could not be read, with the error).
+    pub async fn space_map(&self, next_unused: u64) -> Vec<(u64, Result<Vec<bool>>)> {
+        let geo = self.geometry();
         let mut out = Vec::new();
-        let mut next = self
-            .fix_shared(META_PAGE)
-            .await
-            .map(|m| get_u64(&m, OFF_FREE_HEAD))?;
-        while next != 0 {
-            if out.len() as u64 > info.free_pages || next >= info.next_unused {
-                return Err(Error::Corrupt {
-                    page: next,
-                    what: "free list is longer than its count or points past the used pages".into(),
-                });
-            }
-            out.push(next);
-            let p = self.fix_shared(next).await?;
-            if page::page_type(&p) != Some(PageType::Free) {
-                return Err(Error::Corrupt {
-                    page: next,
-                    what: "page in the free list is not marked free".into(),
-                });
-            }
-            next = get_u64(&p, OFF_FREE_NEXT);
+        for g in 0..next_unused.div_ceil(geo.per_group()) {
+            let pid = geo.map_page(g);
+            let first = g * geo.per_group();
+            let last = (first + geo.per_group()).min(next_unused);
+            let bits = match self.fix_shared(pid).await {
+                Ok(p) if page::page_type(&p) == Some(PageType::SpaceMap) => Ok((first..last)
+                    .map(|q| {
+                        let (at, mask) = geo.bit(q);
+                        p[at] & mask != 0
+                    })
+                    .collect()),
+                Ok(_) => Err(Error::Corrupt {
+                    page: pid,
+                    what: "the free-space map page is not a map page".into(),
+                }),
+                Err(e) => Err(e),
+            };
+            out.push((pid, bits));
         }
-        Ok(out)
+        out
     }
-}
 
-/// The page after `page` in the free list (0: the last one): the first
-/// body word of a page of type [`PageType::Free`].
-pub fn free_list_next(page: &[u8]) -> u64 {
-    page.get(OFF_FREE_NEXT..OFF_FREE_NEXT + 8)
-        .map_or(0, |b| get_u64(b, 0))
+    /// Pages per group of the free-space map (one map page each).
+    pub fn space_map_group_pages(&self) -> u64 {
+        self.geometry().per_group()
+    }
+
+    /// True for the meta page and the free-space map pages.
+    pub fn is_space_page(&self, pid: u64) -> bool {
+        self.geometry().is_reserved(pid)
+    }
 }
 
 fn space_of(m: &[u8], total_pages: u64) -> SpaceInfo {

@@ -113,11 +113,12 @@ impl BufferPool {
         let least = pages + need.max(1);
         let (array, alloc) = (self.array.clone(), self.alloc.clone());
         let done_alloc = self.alloc.clone();
+        let geometry = super::space_map::Geometry::new(self.page_size);
         growth
             .grower
             .start(
                 "dana-grow",
-                move || grow(&array, &alloc, target, least),
+                move || grow(&array, &alloc, geometry, target, least),
                 move |r| {
                     let g = &done_alloc.growth;
                     if r.is_ok() {
@@ -181,6 +182,7 @@ impl Drop for BufferPool {
 fn grow(
     array: &crate::io::Array,
     alloc: &Arc<AllocState>,
+    geometry: super::space_map::Geometry,
     target: u64,
     least: u64,
 ) -> std::result::Result<(), String> {
@@ -190,9 +192,11 @@ fn grow(
         r => r,
     };
     r.map(|after| {
+        // The new pages lie past the high-water mark; the map pages among
+        // them are never handed out.
         alloc
             .available
-            .fetch_add(after.saturating_sub(before), Ordering::AcqRel);
+            .fetch_add(geometry.usable(before, after), Ordering::AcqRel);
     })
     .map_err(|e| match e {
         Error::NoSpace(what) => what,

@@ -38,6 +38,7 @@ pub mod page;
 pub mod page_log;
 mod page_table;
 pub mod policy;
+pub mod space_map;
 
 use std::future::Future;
 use std::pin::Pin;

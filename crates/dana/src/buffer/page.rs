@@ -27,7 +27,7 @@ pub enum PageType {
     Invalid = 0,
     /// The database's meta page (page 0).
     Meta = 1,
-    /// A freed page in the free list.
+    /// A freed page (its bit in the free-space map is clear).
     Free = 2,
     /// A B+tree leaf.
     Leaf = 3,
@@ -35,6 +35,8 @@ pub enum PageType {
     Inner = 4,
     /// Raw page used by benchmarks and tests.
     Raw = 5,
+    /// A free-space map page (`space_map.rs`).
+    SpaceMap = 6,
 }
 
 impl PageType {
@@ -47,6 +49,7 @@ impl PageType {
             3 => PageType::Leaf,
             4 => PageType::Inner,
             5 => PageType::Raw,
+            6 => PageType::SpaceMap,
             _ => return None,
         })
     }
