@@ -269,6 +269,33 @@ fn damaged_space_map_is_reported() {
     db.close().unwrap();
 }
 
+/// A map page that fails its checksum: a writable open refuses with an
+/// error naming it (it would hand out pages blindly), a read-only open
+/// still reads every tree, and `check` names the page.
+#[test]
+fn unreadable_space_map_page_keeps_data_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = build(dir.path());
+    let before = db.check().unwrap();
+    db.close().unwrap();
+    edit_page(dir.path(), 1, |p| p[100] ^= 0xFF);
+
+    match Db::open(dir.path(), opts()) {
+        Err(dana::Error::Corrupt { page: 1, .. }) => {}
+        Err(e) => panic!("expected Corrupt {{ page: 1 }}, got {e}"),
+        Ok(_) => panic!("a writable open with a damaged map must fail"),
+    }
+    let db = Db::open(dir.path(), opts().read_only()).unwrap();
+    let r = db.check().unwrap();
+    let text = findings_text(&r);
+    assert!(r.findings.iter().any(|f| f.page == Some(1)), "{text}");
+    assert_eq!(r.lost_pages, 0, "{text}");
+    for (a, b) in r.trees.iter().zip(&before.trees) {
+        assert_eq!(a.entries, b.entries, "{}", a.name);
+    }
+    db.close().unwrap();
+}
+
 /// Random bytes of random node pages rewritten (and the checksum fixed, so
 /// the damage reaches the node checks): the checker never panics or hangs,
 /// and what it reports names a page.

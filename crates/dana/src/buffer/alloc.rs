@@ -369,18 +369,35 @@ impl BufferPool {
             }
             info
         };
-        let mirror = self.load_map(info.next_unused).await?;
-        if mirror.free_below_mark() != info.free_pages {
-            return Err(Error::Corrupt {
-                page: META_PAGE,
-                what: format!(
-                    "the meta page counts {} free pages below page {}, the free-space map {}",
-                    info.free_pages,
-                    info.next_unused,
-                    mirror.free_below_mark()
-                ),
-            });
-        }
+        let loaded = self.load_map(info.next_unused).await.and_then(|mirror| {
+            if mirror.free_below_mark() != info.free_pages {
+                return Err(Error::Corrupt {
+                    page: META_PAGE,
+                    what: format!(
+                        "the meta page counts {} free pages below page {}, the free-space map {}",
+                        info.free_pages,
+                        info.next_unused,
+                        mirror.free_below_mark()
+                    ),
+                });
+            }
+            Ok(mirror)
+        });
+        let mirror = match loaded {
+            Ok(m) => m,
+            // A read-only open allocates nothing: a damaged map must not
+            // keep the data from being read or checked (`dana check`
+            // reports the map page).
+            Err(Error::Corrupt { .. }) if self.read_only => {
+                let mut m = Mirror::new();
+                m.extend_to(info.next_unused);
+                for pid in 0..info.next_unused {
+                    m.set(pid);
+                }
+                m
+            }
+            Err(e) => return Err(e),
+        };
         *self.mirror() = mirror;
         self.set_available(&info);
         self.alloc.ready.store(true, Ordering::Release);
