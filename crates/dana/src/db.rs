@@ -1,9 +1,9 @@
 //! The public API: open a database, name trees, read and write them from
 //! any thread (sync) or from tasks on the workers (async).
 //!
-//! Owns: the wiring of the layers (array -> buffer pool -> runtime), the
-//! catalogue of named trees (a B+tree in root slot 0 of the meta page:
-//! name -> root page id), and the sync fast path.
+//! Owns: the handles (`Db`, `Tree`) over a database brought up by
+//! `start.rs`, the catalogue of named trees (a B+tree in root slot 0 of
+//! the meta page: name -> root page id), and the sync fast path.
 //!
 //! The sync fast path: a sync call first polls the operation once on the
 //! calling thread. If every page it needs is resident and no latch is
@@ -14,7 +14,6 @@
 //! Never: blocks a worker thread on another worker, or performs I/O outside
 //! the workers.
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
@@ -24,21 +23,22 @@ use std::task::{Context, Poll, Waker};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::btree::{BTree, Cursor};
-use crate::buffer::{BufferPool, PoolConfig, PoolStatsSnapshot};
+use crate::buffer::{BufferPool, PoolStatsSnapshot};
 use crate::check::{check_pool, CheckReport};
 use crate::io::{Array, Target};
 use crate::iter::{self, Iter};
 use crate::open::{self, Locks, Undo};
-use crate::sched::{RequestKind, Runtime};
+use crate::sched::Runtime;
 use crate::transaction::Transaction;
-use crate::txn::{Applied, Committer, Expect, KeyLocks};
+use crate::txn::{Applied, Committer, Expect};
 use crate::wal::record::Write;
-use crate::wal::{Durability, Wal, WalStatsSnapshot};
+use crate::wal::{Durability, WalStatsSnapshot};
 use crate::{Error, Options, Result};
 
-use crate::catalog::{self, CATALOG_SLOT};
-use crate::checkpoint::{checkpoint, exclusive_checkpoint, Checkpointer};
-use crate::recovery::{self, reapply};
+use crate::catalog;
+use crate::checkpoint::exclusive_checkpoint;
+pub use crate::recovery::RecoveryReport;
+use crate::start;
 
 /// Fields drop in order: the workers stop (`rt`) before the locks are
 /// released (`locks`, last).
@@ -78,21 +78,6 @@ impl Drop for DbInner {
         self.rt.stop();
         self.finish_growth();
     }
-}
-
-/// What recovery did when the database opened.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RecoveryReport {
-    /// Log records read from the last checkpoint's redo LSN.
-    pub records: u64,
-    /// Pages whose logged changes were redone.
-    pub pages_redone: u64,
-    /// Pages that failed their checksum and were rebuilt from a full image.
-    pub pages_repaired: u64,
-    /// Commit records re-applied through the trees.
-    pub commits: u64,
-    /// Where the valid log ended.
-    pub log_end: u64,
 }
 
 /// An open database.
@@ -229,152 +214,20 @@ impl Db {
         )
     }
 
-    /// Brings up an opened set of files: recovery (or format), the pool,
-    /// the workers, the open checkpoint and the checkpoint task.
+    /// Brings up an opened set of files ([`start::start`]) and wraps them.
     fn start(opened: open::Opened, opts: Options) -> Result<Db> {
-        let open::Opened {
-            array,
-            log,
-            create,
-            meta,
-            locks,
-            sync_dirs,
-        } = opened;
-        let read_only = opts.read_only;
-        if create && read_only {
-            return Err(Error::ReadOnly);
-        }
-        let array = array.with_max_bytes(opts.capacity_bytes);
-        let (resume, mut recovered, new_id) = recovery::prepare_log(
-            &array,
-            log.as_ref(),
-            meta.map_or(0, |m| m.log_id),
-            create,
-            &opts,
-        )?;
-        let frames = opts.pool_bytes / opts.page_size;
-        let mut pool_config = PoolConfig::with_frames(frames);
-        pool_config.read_only = read_only;
-        pool_config.eviction = opts.eviction;
-        pool_config.max_writes_in_flight = (opts.device_budget / 2).max(1);
-        let pool = BufferPool::new(array.clone(), &pool_config)?;
-        let mut targets = array.targets().to_vec();
-        let wal = match (&log, resume) {
-            (Some(t), Some(resume)) => {
-                targets.push(t.clone());
-                let block = t.alignment().io.max(512);
-                let w = Wal::new(
-                    array.width(),
-                    block,
-                    opts.async_window,
-                    resume,
-                    Some(t.clone()),
-                )?;
-                pool.attach_wal(w.clone())?;
-                Some(w)
-            }
-            _ => None,
-        };
-        // Completions go to their owners; every worker steps eviction, the
-        // log's flush and the checkpoint starter between tasks.
-        // Held by the open (recovery runs its own checkpoints) until it is
-        // done: no background checkpoint runs beside them.
-        let checkpointing = Arc::new(AtomicBool::new(true));
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut services = pool.services();
-        if let Some(w) = &wal {
-            services = services
-                .handle(RequestKind::Log, w.clone())
-                .system_task(w.clone())
-                .system_task(Arc::new(Checkpointer {
-                    pool: pool.clone(),
-                    wal: w.clone(),
-                    busy: checkpointing.clone(),
-                    stop: stop.clone(),
-                }));
-        }
-        let rt = Runtime::start(
-            &opts.runtime_config(),
-            &targets,
-            &opts.backend,
-            services,
-            Some(pool.memory()),
-        )?;
-        let p = pool.clone();
-        let commits: Vec<(u64, Vec<Write>)> = recovered
-            .as_mut()
-            .map(|r| std::mem::take(&mut r.commits))
-            .unwrap_or_default();
-        let reapplied = commits.len() as u64;
-        let w2 = wal.clone();
-        let catalog_root = rt.block_on(async move {
-            let root = if create {
-                p.format().await?;
-                let catalog = BTree::create(&p).await?;
-                p.set_root(CATALOG_SLOT, catalog.root()).await?;
-                catalog.root()
-            } else {
-                p.open_meta().await?;
-                // Recovery, part two: complete every commit found.
-                reapply(&p, w2.as_ref(), &commits).await?;
-                p.root(CATALOG_SLOT).await?
-            };
-            if let Some(id) = new_id {
-                p.set_log_id(id).await?;
-            }
-            if !read_only {
-                match &w2 {
-                    Some(w) => checkpoint(&p, w).await?,
-                    None => p.flush_all().await?,
-                }
-                // After the checkpoint: no commit that wrote to a tree
-                // being dropped is re-applied once its pages are freed.
-                catalog::finish_interrupted(&p, &BTree::open(&p, root)).await?;
-            }
-            Ok::<_, Error>(root)
-        })??;
-        if catalog_root == 0 {
-            return Err(Error::Corrupt {
-                page: 0,
-                what: "meta page has no catalogue".into(),
-            });
-        }
-        open::sync_dirs(&sync_dirs)?;
-        checkpointing.store(false, Ordering::Release);
-        let catalog = BTree::open(&pool, catalog_root);
-        let recovery = recovered.map(|r| RecoveryReport {
-            records: r.records,
-            pages_redone: r.pages_redone,
-            pages_repaired: r.pages_repaired,
-            commits: reapplied,
-            log_end: r.end,
-        });
-        // A database that has a log keeps using it: `Off` then means that
-        // commits do not wait for it (as `Async`).
-        let durability = match (opts.durability, &wal) {
-            (Durability::Off, Some(_)) => Durability::Async,
-            (d, _) => d,
-        };
-        let committer = Arc::new(Committer {
-            pool: pool.clone(),
-            wal,
-            locks: KeyLocks::new(),
-            durability,
-            read_only,
-            closed: AtomicBool::new(false),
-            dropped: Mutex::new(HashSet::new()),
-            any_dropped: AtomicBool::new(false),
-        });
+        let s = start::start(opened, opts)?;
+        let catalog = BTree::open(&s.pool, s.catalog_root);
         Ok(Db {
             inner: Arc::new(DbInner {
-                pool,
-                rt,
+                pool: s.pool,
+                rt: s.rt,
                 catalog,
-                committer,
-                stop,
-                checkpointing,
-                recovery,
-                locks,
+                committer: s.committer,
+                stop: s.stop,
+                checkpointing: s.checkpointing,
+                recovery: s.recovery,
+                locks: s.locks,
                 ddl: Mutex::new(()),
             }),
         })

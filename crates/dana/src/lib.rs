@@ -40,6 +40,7 @@ mod open;
 pub mod options;
 mod recovery;
 pub mod sched;
+mod start;
 pub mod stats;
 pub mod transaction;
 pub mod txn;

@@ -20,6 +20,21 @@ use crate::{Error, Options, Result};
 /// meta page's), refuses a read-only open that would need recovery.
 /// Returns where the log resumes (None: no log to use), what recovery
 /// found, and the identity of a log it formatted.
+/// What recovery did when the database opened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Log records read from the last checkpoint's redo LSN.
+    pub records: u64,
+    /// Pages whose logged changes were redone.
+    pub pages_redone: u64,
+    /// Pages that failed their checksum and were rebuilt from a full image.
+    pub pages_repaired: u64,
+    /// Commit records re-applied through the trees.
+    pub commits: u64,
+    /// Where the valid log ended.
+    pub log_end: u64,
+}
+
 pub(crate) fn prepare_log(
     array: &Array,
     log: Option<&Target>,

@@ -1,0 +1,189 @@
+//! Bringing up a database whose files are open: the open's log
+//! decisions (`recovery.rs`), the buffer pool, the log, the workers with
+//! their completion handlers and system tasks, recovery's re-application
+//! or the format of a new database, the open's checkpoint, and the
+//! completion of an interrupted create or drop.
+//!
+//! Owns: the order of those steps. `db.rs` wraps what this returns in a
+//! `Db`; `open.rs` found and locked the files before.
+//!
+//! Never: lets a background checkpoint run before the open's own
+//! checkpoint is done, or hands out a database whose catalogue root is
+//! missing.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::btree::BTree;
+use crate::buffer::{BufferPool, PoolConfig};
+use crate::catalog::{self, CATALOG_SLOT};
+use crate::checkpoint::{checkpoint, Checkpointer};
+use crate::open::{self, Locks};
+use crate::recovery::{self, reapply, RecoveryReport};
+use crate::sched::{RequestKind, Runtime};
+use crate::txn::{Committer, KeyLocks};
+use crate::wal::record::Write;
+use crate::wal::{Durability, Wal};
+use crate::{Error, Options, Result};
+
+/// A database brought up: what `Db` holds.
+pub(crate) struct Started {
+    pub(crate) pool: Arc<BufferPool>,
+    pub(crate) rt: Runtime,
+    pub(crate) catalog_root: u64,
+    pub(crate) committer: Arc<Committer>,
+    /// Set at close: no checkpoint starts after it.
+    pub(crate) stop: Arc<AtomicBool>,
+    /// Held while a checkpoint runs.
+    pub(crate) checkpointing: Arc<AtomicBool>,
+    pub(crate) recovery: Option<RecoveryReport>,
+    pub(crate) locks: Locks,
+}
+
+/// Brings up an opened set of files: recovery (or format), the pool,
+/// the workers, the open checkpoint and the checkpoint task.
+pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
+    let open::Opened {
+        array,
+        log,
+        create,
+        meta,
+        locks,
+        sync_dirs,
+    } = opened;
+    let read_only = opts.read_only;
+    if create && read_only {
+        return Err(Error::ReadOnly);
+    }
+    let array = array.with_max_bytes(opts.capacity_bytes);
+    let (resume, mut recovered, new_id) = recovery::prepare_log(
+        &array,
+        log.as_ref(),
+        meta.map_or(0, |m| m.log_id),
+        create,
+        &opts,
+    )?;
+    let frames = opts.pool_bytes / opts.page_size;
+    let mut pool_config = PoolConfig::with_frames(frames);
+    pool_config.read_only = read_only;
+    pool_config.eviction = opts.eviction;
+    pool_config.max_writes_in_flight = (opts.device_budget / 2).max(1);
+    let pool = BufferPool::new(array.clone(), &pool_config)?;
+    let mut targets = array.targets().to_vec();
+    let wal = match (&log, resume) {
+        (Some(t), Some(resume)) => {
+            targets.push(t.clone());
+            let block = t.alignment().io.max(512);
+            let w = Wal::new(
+                array.width(),
+                block,
+                opts.async_window,
+                resume,
+                Some(t.clone()),
+            )?;
+            pool.attach_wal(w.clone())?;
+            Some(w)
+        }
+        _ => None,
+    };
+    // Completions go to their owners; every worker steps eviction, the
+    // log's flush and the checkpoint starter between tasks.
+    // Held by the open (recovery runs its own checkpoints) until it is
+    // done: no background checkpoint runs beside them.
+    let checkpointing = Arc::new(AtomicBool::new(true));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut services = pool.services();
+    if let Some(w) = &wal {
+        services = services
+            .handle(RequestKind::Log, w.clone())
+            .system_task(w.clone())
+            .system_task(Arc::new(Checkpointer {
+                pool: pool.clone(),
+                wal: w.clone(),
+                busy: checkpointing.clone(),
+                stop: stop.clone(),
+            }));
+    }
+    let rt = Runtime::start(
+        &opts.runtime_config(),
+        &targets,
+        &opts.backend,
+        services,
+        Some(pool.memory()),
+    )?;
+    let p = pool.clone();
+    let commits: Vec<(u64, Vec<Write>)> = recovered
+        .as_mut()
+        .map(|r| std::mem::take(&mut r.commits))
+        .unwrap_or_default();
+    let reapplied = commits.len() as u64;
+    let w2 = wal.clone();
+    let catalog_root = rt.block_on(async move {
+        let root = if create {
+            p.format().await?;
+            let catalog = BTree::create(&p).await?;
+            p.set_root(CATALOG_SLOT, catalog.root()).await?;
+            catalog.root()
+        } else {
+            p.open_meta().await?;
+            // Recovery, part two: complete every commit found.
+            reapply(&p, w2.as_ref(), &commits).await?;
+            p.root(CATALOG_SLOT).await?
+        };
+        if let Some(id) = new_id {
+            p.set_log_id(id).await?;
+        }
+        if !read_only {
+            match &w2 {
+                Some(w) => checkpoint(&p, w).await?,
+                None => p.flush_all().await?,
+            }
+            // After the checkpoint: no commit that wrote to a tree
+            // being dropped is re-applied once its pages are freed.
+            catalog::finish_interrupted(&p, &BTree::open(&p, root)).await?;
+        }
+        Ok::<_, Error>(root)
+    })??;
+    if catalog_root == 0 {
+        return Err(Error::Corrupt {
+            page: 0,
+            what: "meta page has no catalogue".into(),
+        });
+    }
+    open::sync_dirs(&sync_dirs)?;
+    checkpointing.store(false, Ordering::Release);
+    let recovery = recovered.map(|r| RecoveryReport {
+        records: r.records,
+        pages_redone: r.pages_redone,
+        pages_repaired: r.pages_repaired,
+        commits: reapplied,
+        log_end: r.end,
+    });
+    // A database that has a log keeps using it: `Off` then means that
+    // commits do not wait for it (as `Async`).
+    let durability = match (opts.durability, &wal) {
+        (Durability::Off, Some(_)) => Durability::Async,
+        (d, _) => d,
+    };
+    let committer = Arc::new(Committer {
+        pool: pool.clone(),
+        wal,
+        locks: KeyLocks::new(),
+        durability,
+        read_only,
+        closed: AtomicBool::new(false),
+        dropped: Mutex::new(HashSet::new()),
+        any_dropped: AtomicBool::new(false),
+    });
+    Ok(Started {
+        pool,
+        rt,
+        catalog_root,
+        committer,
+        stop,
+        checkpointing,
+        recovery,
+        locks,
+    })
+}
