@@ -238,7 +238,7 @@ impl Checker {
             Some(p) => format!("page {p}"),
             None => "the root".to_string(),
         };
-        if self.pool.is_space_page(pid) || pid >= self.next_unused {
+        if self.pool.space_geometry().is_reserved(pid) || pid >= self.next_unused {
             let what = format!(
                 "points to page {pid}, outside the used pages 1..{}",
                 self.next_unused
@@ -463,6 +463,7 @@ impl Checker {
     /// free pages found.
     async fn check_map(&mut self, recorded: u64) -> u64 {
         let pool = self.pool.clone();
+        let geo = pool.space_geometry();
         let mut free = 0u64;
         let mut complete = true;
         let mut first = 0u64;
@@ -477,7 +478,7 @@ impl Checker {
                     );
                     complete = false;
                     // Its group's pages cannot be judged: none is lost.
-                    let n = (self.next_unused - first).min(pool.space_map_group_pages());
+                    let n = (self.next_unused - first).min(geo.per_group());
                     for pid in first..first + n {
                         if self.owners[pid as usize] == 0 {
                             self.owners[pid as usize] = FREE_OWNER;
@@ -491,7 +492,7 @@ impl Checker {
             for (i, used) in bits.iter().enumerate() {
                 let pid = first + i as u64;
                 let owner = self.owners[pid as usize];
-                if pool.is_space_page(pid) {
+                if geo.is_reserved(pid) {
                     self.owners[pid as usize] = SPACE_OWNER;
                     if !used {
                         wrong.push((

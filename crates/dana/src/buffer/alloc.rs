@@ -47,7 +47,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::page::{self, PageType};
+use super::page::{self, PageType, PAGE_HEADER_SIZE};
 use super::page_table::{EVICTED, EXCLUSIVE};
 use super::space_map::{Geometry, Mirror};
 use super::{BufferPool, PageMut};
@@ -388,14 +388,7 @@ impl BufferPool {
             // A read-only open allocates nothing: a damaged map must not
             // keep the data from being read or checked (`dana check`
             // reports the map page).
-            Err(Error::Corrupt { .. }) if self.read_only => {
-                let mut m = Mirror::new();
-                m.extend_to(info.next_unused);
-                for pid in 0..info.next_unused {
-                    m.set(pid);
-                }
-                m
-            }
+            Err(Error::Corrupt { .. }) if self.read_only => Mirror::all_used(info.next_unused),
             Err(e) => return Err(e),
         };
         *self.mirror() = mirror;
@@ -405,7 +398,8 @@ impl BufferPool {
     }
 
     /// Reads the map pages of every group below `next_unused` into a
-    /// mirror, checking that each marks itself and the meta page used.
+    /// mirror, checking that each marks itself (and the first the meta
+    /// page) used.
     async fn load_map(&self, next_unused: u64) -> Result<Mirror> {
         let geo = self.geometry();
         let mut mirror = Mirror::new();
@@ -419,18 +413,17 @@ impl BufferPool {
                     what: "the free-space map page is not a map page".into(),
                 });
             }
-            let first = g * geo.per_group();
-            let last = (first + geo.per_group()).min(next_unused);
-            for pid in first..last {
-                let (at, mask) = geo.bit(pid);
-                if p[at] & mask != 0 {
-                    mirror.set(pid);
-                } else if geo.is_reserved(pid) {
-                    return Err(Error::Corrupt {
-                        page: geo.map_page(g),
-                        what: format!("the free-space map marks reserved page {pid} free"),
-                    });
-                }
+            mirror.load_group(g * geo.per_group(), &p[PAGE_HEADER_SIZE..]);
+            let own = if g == 0 {
+                vec![META_PAGE, pid]
+            } else {
+                vec![pid]
+            };
+            if let Some(free) = own.into_iter().find(|&q| !mirror.is_used(q)) {
+                return Err(Error::Corrupt {
+                    page: pid,
+                    what: format!("the free-space map marks reserved page {free} free"),
+                });
             }
         }
         Ok(mirror)
@@ -724,14 +717,9 @@ impl BufferPool {
         out
     }
 
-    /// Pages per group of the free-space map (one map page each).
-    pub fn space_map_group_pages(&self) -> u64 {
-        self.geometry().per_group()
-    }
-
-    /// True for the meta page and the free-space map pages.
-    pub fn is_space_page(&self, pid: u64) -> bool {
-        self.geometry().is_reserved(pid)
+    /// Where the free-space map's pages are (for a checker).
+    pub fn space_geometry(&self) -> Geometry {
+        self.geometry()
     }
 }
 
