@@ -556,7 +556,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
                 Err(_) if switch.fired() => Vec::new(),
                 Err(e) => return Err(fail(format!("open trees: {e}"))),
             };
-            max = trees.first().map_or(0, |t| t.max_value_len());
+            max = trees.first().map_or(0, |t| t.max_inline_value_len());
             let (tx, rx) = std::sync::mpsc::channel();
             type Job = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
             let mut jobs: Vec<Job> = Vec::new();
@@ -811,7 +811,7 @@ pub fn flip_sweep(seed: u64, flips: u64, txns: u64) -> Result<(u64, u64), String
                 .map(|n| db.tree(n))
                 .collect::<Result<_, _>>()
                 .map_err(|e| fail(format!("trees: {e}")))?;
-            let max = trees[0].max_value_len();
+            let max = trees[0].max_inline_value_len();
             for i in 0..txns {
                 let t = txn(s, 0, i, max);
                 let (d2, tr) = (db.clone(), trees.clone());
@@ -874,7 +874,7 @@ pub fn fault_run(
             .map(|n| db.tree(n))
             .collect::<Result<_, _>>()
             .unwrap_or_default();
-        max = trees.first().map_or(0, |t| t.max_value_len());
+        max = trees.first().map_or(0, |t| t.max_inline_value_len());
         for i in (0..txns).take_while(|_| trees.len() == TREES.len()) {
             let t = txn(seed, 0, i, max);
             log.txns.push(t.clone());
@@ -936,7 +936,7 @@ fn child(dir: &Path, seed: u64, starts: &[u64], durability: Durability) -> CliRe
         .iter()
         .map(|n| db.tree_or_create(n))
         .collect::<Result<_, _>>()?;
-    let max = trees[0].max_value_len();
+    let max = trees[0].max_inline_value_len();
     println!("ready");
     let out = Arc::new(Mutex::new(std::io::stdout()));
     let threads: Vec<_> = starts
@@ -1064,7 +1064,10 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
         let db = Db::open(dir, kill_options(Durability::Sync))
             .map_err(|e| fail(format!("recovery: {e}")))?;
         if max == 0 {
-            max = db.tree(TREES[0]).map(|t| t.max_value_len()).unwrap_or(1024);
+            max = db
+                .tree(TREES[0])
+                .map(|t| t.max_inline_value_len())
+                .unwrap_or(1024);
         }
         let logs: Vec<TaskLog> = (0..tasks)
             .map(|task| {

@@ -33,6 +33,7 @@ use crate::btree::node::{self, Node};
 use crate::btree::BTree;
 use crate::buffer::alloc::SpaceGuard;
 use crate::buffer::alloc::META_PAGE;
+use crate::buffer::blob::{BlobRef, Extent};
 use crate::buffer::page::PageType;
 use crate::buffer::{BufferPool, PageMut};
 use crate::txn::{Committer, Expect};
@@ -58,6 +59,7 @@ pub(crate) async fn create(committer: &Committer, catalog: &BTree, name: &[u8]) 
         tree: catalog.root(),
         key: name.to_vec(),
         value: Some(root.to_le_bytes().to_vec()),
+        reference: false,
     };
     let check = (catalog.root(), name.to_vec(), Expect::Absent);
     let done = committer
@@ -94,10 +96,42 @@ async fn clear_intent(pool: &BufferPool, slot: usize, free: Option<u64>) -> Resu
         None => pool.log_with_space(&mut [], &mut m),
         Some(pid) => {
             let mut p = pool.fix_exclusive(pid).await?;
+            let freed = free_references(pool, &mut m, &p).await?;
             pool.free_in(&mut m, &mut p).await?;
-            pool.log_with_space(&mut [&mut p], &mut m)
+            pool.log_with_space(&mut [&mut p], &mut m)?;
+            pool.retire(freed);
+            Ok(())
         }
     }
+}
+
+/// Under the space guard of the change that frees leaf `page`: frees the
+/// extents of the large values it holds (logged in the same group, so a
+/// resumed drop never frees them twice). Returns them, to retire once
+/// the group is logged.
+async fn free_references<'a>(
+    pool: &'a BufferPool,
+    m: &mut SpaceGuard<'a>,
+    page: &PageMut<'_>,
+) -> Result<Vec<Extent>> {
+    let pid = page.pid();
+    let n = Node::new(page).map_err(|c| c.into_error(pid))?;
+    let mut freed = Vec::new();
+    let mut values = 0i64;
+    if n.is_leaf() {
+        for i in 0..n.len() {
+            if n.is_ref_at(i) {
+                let r = BlobRef::decode(n.payload_at(i), pool.page_size())
+                    .map_err(|what| Error::Corrupt { page: pid, what })?;
+                freed.extend(r.extents);
+                values += 1;
+            }
+        }
+    }
+    if values > 0 {
+        pool.blob_space_in(m, &[], &freed, -values).await?;
+    }
+    Ok(freed)
 }
 
 /// Allocates and initialises a root leaf named in [`CREATING_SLOT`], all
@@ -151,6 +185,7 @@ pub(crate) async fn begin_drop(
         tree: catalog.root(),
         key: name.to_vec(),
         value: None,
+        reference: false,
     };
     let check = (
         catalog.root(),
@@ -212,8 +247,11 @@ async fn free_child(pool: &BufferPool, pid: u64, slot: ChildSlot, child: u64) ->
     let mut par = pool.fix_exclusive(pid).await?;
     let mut c = pool.fix_exclusive(child).await?;
     clear_child(&mut par, pid, slot)?;
+    let freed = free_references(pool, &mut m, &c).await?;
     pool.free_in(&mut m, &mut c).await?;
-    pool.log_with_space(&mut [&mut par, &mut c], &mut m)
+    pool.log_with_space(&mut [&mut par, &mut c], &mut m)?;
+    pool.retire(freed);
+    Ok(())
 }
 
 /// Frees every child of inner node `pid` (all leaves), each in one group

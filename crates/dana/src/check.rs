@@ -43,6 +43,7 @@ use std::sync::Arc;
 
 use crate::btree::node::{self, Node};
 use crate::buffer::alloc::{self, SpaceInfo, ROOT_SLOTS};
+use crate::buffer::blob::{BlobRef, Extent};
 use crate::buffer::{page, BufferPool, PageType};
 use crate::catalog::{CATALOG_SLOT, CREATING_SLOT, DROPPING_SLOT};
 use crate::{Error, Result};
@@ -174,6 +175,8 @@ struct Checker {
     owners: Vec<u32>,
     names: Vec<String>,
     findings: Vec<Finding>,
+    /// Large-value references found in the leaves.
+    large_values: u64,
 }
 
 /// Accumulates one tree's statistics.
@@ -185,6 +188,8 @@ struct Acc {
     leaf_fill: f64,
     inner_fill: f64,
     leaf_depth: Option<u32>,
+    /// Extents of the large values found, with the leaf naming each.
+    extents: Vec<(u64, Extent)>,
 }
 
 /// A key for a finding: escaped, shortened, or an infinity.
@@ -312,6 +317,27 @@ impl Checker {
             }
             stack.extend(children.into_iter().rev());
         }
+        // A large value's pages belong to the tree whose leaf names it.
+        for (leaf, e) in std::mem::take(&mut acc.extents) {
+            if e.start + u64::from(e.pages) > self.next_unused {
+                self.find(
+                    Some(leaf),
+                    Some(&name),
+                    format!(
+                        "a large value's extent {}..{} reaches past the used pages ({})",
+                        e.start,
+                        e.start + u64::from(e.pages),
+                        self.next_unused
+                    ),
+                );
+                continue;
+            }
+            for pid in e.page_ids() {
+                if !self.claim(pid, owner, &name, Some(leaf)) {
+                    break;
+                }
+            }
+        }
         let stats = TreeStats {
             name,
             root,
@@ -405,6 +431,17 @@ impl Checker {
                     ),
                 ),
                 Some(_) => {}
+            }
+            if sound {
+                for i in (0..node.len()).filter(|&i| node.is_ref_at(i)) {
+                    match BlobRef::decode(node.payload_at(i), self.pool.page_size()) {
+                        Ok(r) => {
+                            self.large_values += 1;
+                            acc.extents.extend(r.extents.iter().map(|&e| (pid, e)));
+                        }
+                        Err(what) => self.find(Some(pid), Some(tree), what),
+                    }
+                }
             }
             if let (Some(out), true) = (entries, sound) {
                 for i in 0..node.len() {
@@ -585,6 +622,7 @@ pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
         owners: Vec::new(),
         names: vec![CATALOG_TREE.to_string()],
         findings: Vec::new(),
+        large_values: 0,
     };
     if space.next_unused > space.total_pages || space.next_unused == 0 {
         c.find(
@@ -680,6 +718,16 @@ pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
         let _ = c.walk(owner, r, false, holes).await;
     }
 
+    if c.large_values != space.large_values {
+        c.find(
+            Some(alloc::META_PAGE),
+            None,
+            format!(
+                "the meta page counts {} large values, the leaves hold {}",
+                space.large_values, c.large_values
+            ),
+        );
+    }
     let free_pages = c.check_map(space.free_pages).await;
     let lost_pages = c.lost_pages();
     Ok(CheckReport {

@@ -832,19 +832,137 @@ impl Tree {
         self.btree.max_key_len()
     }
 
-    /// The longest value this tree accepts.
+    /// The longest value this tree accepts (4 GiB). Values longer than
+    /// [`Tree::max_inline_value_len`] are large values: their bytes go to
+    /// runs of pages of their own, written and synced before the commit
+    /// record, never through the log or the buffer pool.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
     /// let t = db.create_tree("t").unwrap();
-    /// let max = t.max_value_len();
-    /// t.put(b"k", &vec![1; max]).unwrap();
-    /// assert!(matches!(t.put(b"k", &vec![2; max + 1]), Err(dana::Error::ValueTooLarge { .. })));
-    /// assert_eq!(t.get(b"k").unwrap(), Some(vec![1; max]));
+    /// assert_eq!(t.max_value_len(), 1 << 32);
+    /// let big = vec![7u8; 3 << 20]; // 3 MiB, larger than the 8 MiB pool's share of it
+    /// t.put(b"k", &big).unwrap();
+    /// assert_eq!(t.get(b"k").unwrap(), Some(big));
     /// ```
     pub fn max_value_len(&self) -> usize {
+        crate::btree::tree::MAX_VALUE_LEN
+    }
+
+    /// The longest value stored in the tree's leaves (a quarter page);
+    /// longer ones are stored as large values.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// assert_eq!(t.max_inline_value_len(), 1024); // 4 KiB pages
+    /// ```
+    pub fn max_inline_value_len(&self) -> usize {
         self.btree.max_value_len()
+    }
+
+    /// Checks a key and a value against the limits.
+    fn check_sizes(&self, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        self.btree.check_sizes(key, None)?;
+        match value {
+            Some(v) if v.len() > self.max_value_len() => Err(Error::ValueTooLarge {
+                len: v.len(),
+                max: self.max_value_len(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The length of the value of `key`, if present, without reading a
+    /// large value's bytes.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"k", &vec![1; 100_000]).unwrap();
+    /// assert_eq!(t.value_len(b"k").unwrap(), Some(100_000));
+    /// assert_eq!(t.value_len(b"nope").unwrap(), None);
+    /// ```
+    pub fn value_len(&self, key: &[u8]) -> Result<Option<u64>> {
+        let key = key.to_vec();
+        self.run(move |t| {
+            let key = key.clone();
+            async move { t.value_len(&key).await }
+        })
+    }
+
+    /// [`Tree::value_len`] inside a task.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"k", b"abc").unwrap();
+    /// let n = db.block_on(async move { t.value_len_async(b"k").await }).unwrap().unwrap();
+    /// assert_eq!(n, Some(3));
+    /// ```
+    pub async fn value_len_async(&self, key: &[u8]) -> Result<Option<u64>> {
+        self.live(false)?;
+        self.btree.value_len(key).await
+    }
+
+    /// Reads the value of `key` from byte `offset` into `buf`, as many
+    /// bytes as there are up to `buf.len()`; returns how many (None: the
+    /// key is absent). Of a large value only the pages covering the range
+    /// are read, straight from the devices: read a value larger than
+    /// memory piece by piece, or into a buffer of your own. (The
+    /// checksum of a large value covers it whole: [`Tree::get`] verifies
+    /// it, a range read does not.)
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// let v: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+    /// t.put(b"k", &v).unwrap();
+    /// let mut buf = [0u8; 10];
+    /// assert_eq!(t.read_value(b"k", 123_456, &mut buf).unwrap(), Some(10));
+    /// assert_eq!(&buf[..], &v[123_456..123_466]);
+    /// assert_eq!(t.read_value(b"k", 199_995, &mut buf).unwrap(), Some(5)); // the end
+    /// ```
+    pub fn read_value(&self, key: &[u8], offset: u64, buf: &mut [u8]) -> Result<Option<usize>> {
+        self.live(false)?;
+        let (t, key, len) = (self.clone(), key.to_vec(), buf.len());
+        let (n, bytes) = self.db.block_on(async move {
+            let mut tmp = vec![0u8; len];
+            let n = t.read_value_async(&key, offset, &mut tmp).await?;
+            Ok::<_, Error>((n, tmp))
+        })??;
+        if let Some(n) = n {
+            buf[..n].copy_from_slice(&bytes[..n]);
+        }
+        Ok(n)
+    }
+
+    /// [`Tree::read_value`] inside a task, into the caller's buffer.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"k", &vec![5u8; 50_000]).unwrap();
+    /// let n = db.block_on(async move {
+    ///     let mut buf = vec![0u8; 64 << 10];
+    ///     t.read_value_async(b"k", 0, &mut buf).await
+    /// }).unwrap().unwrap();
+    /// assert_eq!(n, Some(50_000));
+    /// ```
+    pub async fn read_value_async(
+        &self,
+        key: &[u8],
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<Option<usize>> {
+        self.live(false)?;
+        self.btree.read_value(key, offset, buf).await
     }
 
     /// One write committed on its own, inside a task. Returns whether the
@@ -855,11 +973,12 @@ impl Tree {
         value: Option<&[u8]>,
         checks: Vec<(u64, Vec<u8>, Expect)>,
     ) -> Result<bool> {
-        self.btree.check_sizes(key, value)?;
+        self.check_sizes(key, value)?;
         let w = Write {
             tree: self.btree.root(),
             key: key.to_vec(),
             value: value.map(<[u8]>::to_vec),
+            reference: false,
         };
         let c = &self.db.inner.committer;
         let applied = c.commit(vec![w], checks, c.durability).await?;
@@ -902,7 +1021,7 @@ impl Tree {
     /// ```
     pub async fn put_async(&self, key: &[u8], value: &[u8]) -> Result<bool> {
         self.live(true)?;
-        if self.logged() {
+        if self.commits(Some(value)) {
             return self.commit_one_async(key, Some(value), vec![]).await;
         }
         self.btree.put(key, value).await
@@ -922,7 +1041,7 @@ impl Tree {
     /// ```
     pub async fn insert_async(&self, key: &[u8], value: &[u8]) -> Result<()> {
         self.live(true)?;
-        if self.logged() {
+        if self.commits(Some(value)) {
             let check = (self.btree.root(), key.to_vec(), Expect::Absent);
             return self
                 .commit_one_async(key, Some(value), vec![check])
@@ -946,7 +1065,7 @@ impl Tree {
     /// ```
     pub async fn delete_async(&self, key: &[u8]) -> Result<bool> {
         self.live(true)?;
-        if self.logged() {
+        if self.commits(None) {
             return self.commit_one_async(key, None, vec![]).await;
         }
         self.btree.delete(key).await
@@ -975,7 +1094,7 @@ impl Tree {
         f: impl Fn(&[u8]) -> Vec<u8> + Send + Sync,
     ) -> Result<bool> {
         self.live(true)?;
-        if !self.logged() {
+        if !self.commits(None) {
             return self.btree.update(key, &f).await;
         }
         let mut last = String::new();
@@ -1050,9 +1169,15 @@ impl Tree {
         Ok(self.btree.cursor(lower, upper, forward))
     }
 
-    /// True if writes go through the log (one commit each).
-    fn logged(&self) -> bool {
-        self.db.inner.committer.wal.is_some()
+    /// True if a write of `value` (None: a delete or an update) is a
+    /// commit: always with a log; without one, when the value is large or
+    /// the database holds large values (a commit frees the extents of the
+    /// large value it replaces; a plain tree write cannot).
+    fn commits(&self, value: Option<&[u8]>) -> bool {
+        let c = &self.db.inner.committer;
+        c.wal.is_some()
+            || value.is_some_and(|v| v.len() > self.btree.max_value_len())
+            || c.pool.large_values() > 0
     }
 
     /// One write committed on its own (with the database's durability),
@@ -1119,7 +1244,7 @@ impl Tree {
     /// ```
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<()> {
         self.live(true)?;
-        if self.logged() {
+        if self.commits(Some(value)) {
             let check = (self.btree.root(), key.to_vec(), Expect::Absent);
             return self.commit_one(key, Some(value), vec![check]).map(|_| ());
         }
@@ -1141,7 +1266,7 @@ impl Tree {
     /// ```
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<bool> {
         self.live(true)?;
-        if self.logged() {
+        if self.commits(Some(value)) {
             return self.commit_one(key, Some(value), vec![]);
         }
         let (key, value) = (key.to_vec(), value.to_vec());
@@ -1171,7 +1296,7 @@ impl Tree {
         f: impl Fn(&[u8]) -> Vec<u8> + Send + Sync + Clone + 'static,
     ) -> Result<bool> {
         self.live(true)?;
-        if self.logged() {
+        if self.commits(None) {
             return self.db.transaction(|tx| {
                 let Some(old) = tx.get(self, key)? else {
                     return Ok(false);
@@ -1199,7 +1324,7 @@ impl Tree {
     /// ```
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
         self.live(true)?;
-        if self.logged() {
+        if self.commits(None) {
             return self.commit_one(key, None, vec![]);
         }
         let key = key.to_vec();

@@ -125,7 +125,14 @@ impl Transaction {
     }
 
     fn check(tree: &crate::Tree, key: &[u8], value: Option<&[u8]>) -> Result<()> {
-        tree.unlogged_btree().check_sizes(key, value)
+        tree.unlogged_btree().check_sizes(key, None)?;
+        match value {
+            Some(v) if v.len() > tree.max_value_len() => Err(crate::Error::ValueTooLarge {
+                len: v.len(),
+                max: tree.max_value_len(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Sets `key` to `value` in `tree` at commit.
@@ -275,7 +282,7 @@ impl Transaction {
         let writes = self
             .writes
             .into_iter()
-            .map(|((tree, key), value)| Write { tree, key, value })
+            .map(|((tree, key), value)| Write::new(tree, key, value))
             .collect();
         self.committer
             .commit_at(writes, checks, self.durability)

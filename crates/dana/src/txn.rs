@@ -39,7 +39,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::btree::BTree;
+use crate::btree::tree::MAX_VALUE_LEN;
+use crate::btree::{node, BTree};
+use crate::buffer::blob::{self, BlobHold, BlobRef, Extent};
 use crate::buffer::BufferPool;
 use crate::sched;
 use crate::wal::record::{self, Write};
@@ -83,7 +85,7 @@ impl KeyLocks {
     }
 
     /// Locks the stripes of `keys`, yielding while one is taken.
-    async fn lock<'a>(&'a self, keys: impl Iterator<Item = (u64, &'a [u8])>) -> StripeGuard<'a> {
+    async fn lock<'k>(&self, keys: impl Iterator<Item = (u64, &'k [u8])>) -> StripeGuard<'_> {
         let mut s: Vec<usize> = keys.map(|(t, k)| Self::stripe(t, k)).collect();
         s.sort_unstable();
         s.dedup();
@@ -210,7 +212,7 @@ impl Committer {
     /// record (0 without a log or without writes).
     pub(crate) async fn commit_at(
         &self,
-        writes: Vec<Write>,
+        mut writes: Vec<Write>,
         checks: Vec<(u64, Vec<u8>, Expect)>,
         durability: Durability,
     ) -> Result<(Vec<Applied>, u64)> {
@@ -240,22 +242,53 @@ impl Committer {
                 _ => {}
             }
         }
-        let pages = pages_needed(&self.pool, &writes).await?;
+        let large = self.store_large_values_prepare(&writes).await?;
+        let pages = pages_needed(&self.pool, &writes).await? + large.pages;
         let space = self.pool.reserve(pages).await?;
+        let stored = self.store_large_values(&mut writes, &large).await?;
         let (logged, log_space) = match &self.wal {
             Some(w) if !writes.is_empty() => {
-                let rec = record::commit(&writes).into_unsealed();
+                let head = record::commit_head(&writes);
                 // Every page the apply touches or allocates may log a full
-                // image.
+                // image, and so may the map pages of large values.
                 let page_bytes = (self.pool.page_size() + record::HEADER + 16) as u64;
-                let touched = pages + writes.len() as u64;
-                let r = w.admit(rec.len() as u64 + touched * page_bytes).await?;
-                (Some(w.append_commit(rec)?), Some(r))
+                let touched = pages + writes.len() as u64 + stored.map_pages;
+                let r = w
+                    .admit(head.len() as u64 + 8 + touched * page_bytes)
+                    .await?;
+                let at = if stored.changes_space() {
+                    let mut s = self.pool.lock_space().await?;
+                    self.pool
+                        .blob_space_in(&mut s, &stored.taken, &large.freed, stored.delta)
+                        .await?;
+                    self.pool.log_commit(&mut s, head.into_raw())?
+                } else {
+                    let mut head = head;
+                    head.u32(0);
+                    w.append_commit(head.into_unsealed())?
+                };
+                (Some(at), Some(r))
             }
-            _ => (None, None),
+            _ => {
+                if stored.changes_space() {
+                    let mut s = self.pool.lock_space().await?;
+                    self.pool
+                        .blob_space_in(&mut s, &stored.taken, &large.freed, stored.delta)
+                        .await?;
+                }
+                (None, None)
+            }
         };
+        // The map bits are set in the commit: the extents are the values'.
+        for h in stored.holds {
+            h.keep();
+        }
         let cover = logged.map_or(0, |(lsn, _)| lsn);
         let applied = apply(&self.pool, &writes, true, cover).await;
+        if applied.is_ok() {
+            // No leaf names the replaced values' extents any more.
+            self.pool.retire(large.freed);
+        }
         drop(space);
         drop(log_space);
         if let (Some(w), Some((lsn, _))) = (&self.wal, logged) {
@@ -280,6 +313,140 @@ impl Committer {
             w.wait_durable(end).await?;
         }
         Ok((applied, logged.map_or(0, |(_, end)| end)))
+    }
+}
+
+/// What a commit's large values need, found under its key locks before
+/// anything is reserved.
+struct LargePlan {
+    /// Indexes of the writes whose values go outside the leaves.
+    writes: Vec<usize>,
+    /// Pages they take.
+    pages: u64,
+    /// Extents of the references the commit replaces or deletes.
+    freed: Vec<Extent>,
+    /// References replaced or deleted.
+    freed_values: i64,
+}
+
+/// Large values written and synced, ready for the commit record.
+struct Stored<'a> {
+    holds: Vec<BlobHold<'a>>,
+    taken: Vec<Extent>,
+    /// Change of the count of large values.
+    delta: i64,
+    /// Map pages the space change may touch, plus the meta page.
+    map_pages: u64,
+}
+
+impl Stored<'_> {
+    fn changes_space(&self) -> bool {
+        self.delta != 0 || !self.taken.is_empty() || self.map_pages > 0
+    }
+}
+
+impl Committer {
+    /// Finds the large values among `writes` and the references under
+    /// their keys (only if the database holds any: the key locks make the
+    /// count current for these keys).
+    async fn store_large_values_prepare(&self, writes: &[Write]) -> Result<LargePlan> {
+        let ps = self.pool.page_size();
+        let inline_max = node::max_payload_len(ps);
+        let mut plan = LargePlan {
+            writes: Vec::new(),
+            pages: 0,
+            freed: Vec::new(),
+            freed_values: 0,
+        };
+        for (i, w) in writes.iter().enumerate() {
+            if let Some(v) = w.value.as_ref().filter(|v| v.len() > inline_max) {
+                if v.len() > MAX_VALUE_LEN {
+                    return Err(Error::ValueTooLarge {
+                        len: v.len(),
+                        max: MAX_VALUE_LEN,
+                    });
+                }
+                plan.writes.push(i);
+                plan.pages += (v.len() as u64).div_ceil(ps as u64);
+            }
+        }
+        if self.pool.large_values() > 0 {
+            for w in writes {
+                if let Some((raw, true)) = BTree::open(&self.pool, w.tree).get_raw(&w.key).await? {
+                    let r = BlobRef::decode(&raw, ps).map_err(|what| Error::Corrupt {
+                        page: w.tree,
+                        what: format!("tree {}: {what}", w.tree),
+                    })?;
+                    plan.freed.extend(r.extents);
+                    plan.freed_values += 1;
+                }
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Writes the large values of `plan` to extents held for them, syncs
+    /// the devices, and puts their references in `writes`. Pages a tree
+    /// or value used before are written only once the log is durable
+    /// past their freeing (else a crash could bring back a page whose
+    /// bytes this overwrote).
+    async fn store_large_values<'a>(
+        &'a self,
+        writes: &mut [Write],
+        plan: &LargePlan,
+    ) -> Result<Stored<'a>> {
+        let ps = self.pool.page_size();
+        let max_extents = blob::max_extents(node::max_payload_len(ps));
+        let mut holds = Vec::with_capacity(plan.writes.len());
+        for &i in &plan.writes {
+            let len = writes[i].value.as_ref().map_or(0, Vec::len) as u64;
+            holds.push(
+                self.pool
+                    .blob_hold(len.div_ceil(ps as u64), max_extents)
+                    .await?,
+            );
+        }
+        if let (Some(w), true) = (&self.wal, holds.iter().any(BlobHold::reused)) {
+            w.wait_durable(w.end()).await?;
+        }
+        let mut taken = Vec::new();
+        for (h, &i) in holds.iter().zip(&plan.writes) {
+            let Some(v) = writes[i].value.take() else {
+                continue;
+            };
+            let crc = self.pool.write_blob(h.extents(), &v).await?;
+            let r = BlobRef {
+                len: v.len() as u64,
+                crc,
+                extents: h.extents().to_vec(),
+            };
+            writes[i].value = Some(r.encode());
+            writes[i].reference = true;
+            taken.extend_from_slice(h.extents());
+        }
+        if !holds.is_empty() {
+            self.pool.sync_devices().await?;
+        }
+        let geo = self.pool.space_geometry();
+        let mut groups: Vec<u64> = taken
+            .iter()
+            .chain(&plan.freed)
+            .flat_map(|e| geo.group(e.start)..=geo.group(e.start + u64::from(e.pages) - 1))
+            .collect();
+        groups.sort_unstable();
+        groups.dedup();
+        let delta = holds.len() as i64 - plan.freed_values;
+        let map_pages = if groups.is_empty() && delta == 0 {
+            0
+        } else {
+            groups.len() as u64 + 1
+        };
+        Ok(Stored {
+            holds,
+            taken,
+            delta,
+            map_pages,
+        })
     }
 }
 
@@ -319,6 +486,7 @@ pub(crate) async fn apply(
     for w in writes {
         let t = BTree::for_commit(pool, w.tree, commit, reserved);
         let existed = match &w.value {
+            Some(v) if w.reference => t.put_reference(&w.key, v).await?,
             Some(v) => t.put(&w.key, v).await?,
             None => t.delete(&w.key).await?,
         };

@@ -142,6 +142,7 @@ proptest! {
                 tree: i as u64,
                 key: k.clone(),
                 value: (i % 3 != 0).then(|| k.repeat(2)),
+                reference: false,
             })
             .collect();
         decode_record(&mutated_commit(&writes, &flips));

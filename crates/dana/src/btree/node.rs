@@ -36,7 +36,7 @@
 //! |---|---|---|
 //! | 0 | 2 | offset of the entry in the heap (key suffix, then payload) |
 //! | 2 | 2 | key suffix length |
-//! | 4 | 2 | payload length |
+//! | 4 | 2 | payload length; bit 15 set: the payload is a reference to a large value stored outside the tree (leaves only) |
 //! | 6 | 4 | key head: the first 4 bytes of the key suffix, zero-padded; read as a big-endian `u32` so integer order is byte order |
 //!
 //! # Semantics
@@ -59,6 +59,7 @@
 //! - Keys are strictly ascending and lie in `(lower, upper]`; each key
 //!   head matches its key.
 //! - `p` is the common prefix length of the fences (0 if one is infinite).
+//! - Only leaf entries carry the reference mark (bit 15).
 //! - Inner payloads are exactly 8 bytes; keys are at most
 //!   [`max_key_len`], leaf payloads at most [`max_payload_len`].
 //!
@@ -126,6 +127,12 @@ const S_OFF: usize = 0;
 const S_KEY_LEN: usize = 2;
 const S_PAYLOAD_LEN: usize = 4;
 const S_HEAD: usize = 6;
+/// Bit 15 of a leaf slot's payload length: the payload is a reference to
+/// a large value stored outside the tree (`buffer/blob.rs`), not the
+/// value. Payloads are at most a quarter page (16 KiB at 64 KiB pages), so
+/// the bit is never part of a length.
+const REF_FLAG: usize = 0x8000;
+const _: () = assert!(max_payload_len(MAX_PAGE_SIZE) < REF_FLAG);
 
 const _: () = assert!(H_UPPER_CHILD + 8 == NODE_HEADER_SIZE);
 const _: () = assert!(S_HEAD + 4 == SLOT_SIZE);
@@ -526,8 +533,27 @@ impl<'a> Node<'a> {
     /// node).
     pub fn payload_at(&self, i: usize) -> &'a [u8] {
         let off = self.slot(i, S_OFF) + self.slot(i, S_KEY_LEN);
-        let len = self.slot(i, S_PAYLOAD_LEN);
+        let len = self.payload_len_at(i);
         self.data.get(off..off + len).unwrap_or(&[])
+    }
+
+    /// Length of entry `i`'s payload (without the reference flag).
+    fn payload_len_at(&self, i: usize) -> usize {
+        self.slot(i, S_PAYLOAD_LEN) & !REF_FLAG
+    }
+
+    /// True if entry `i`'s payload is a reference to a large value stored
+    /// outside the tree (leaves only; bit 15 of the payload length).
+    pub fn is_ref_at(&self, i: usize) -> bool {
+        self.slot(i, S_PAYLOAD_LEN) & REF_FLAG != 0
+    }
+
+    /// The payload of `key` and whether it is a reference, if present.
+    pub fn get_entry(&self, key: &[u8]) -> Option<(&'a [u8], bool)> {
+        match self.lower_bound(key) {
+            (i, true) => Some((self.payload_at(i), self.is_ref_at(i))),
+            _ => None,
+        }
     }
 
     /// Length of the full key of entry `i`.
@@ -617,9 +643,7 @@ impl<'a> Node<'a> {
     fn entries_size(&self, range: std::ops::Range<usize>, prefix_len: usize) -> usize {
         range
             .map(|i| {
-                SLOT_SIZE
-                    + self.key_len_at(i).saturating_sub(prefix_len)
-                    + self.slot(i, S_PAYLOAD_LEN)
+                SLOT_SIZE + self.key_len_at(i).saturating_sub(prefix_len) + self.payload_len_at(i)
             })
             .sum()
     }
@@ -734,6 +758,15 @@ impl<'a> NodeMut<'a> {
         wr16(self.data, H_USED, used);
     }
 
+    /// Marks entry `i`'s payload as a large-value reference (`true`) or a
+    /// value. Leaves only; an insert or update clears the mark, so the
+    /// caller sets it after writing a reference.
+    pub fn set_ref_at(&mut self, i: usize, is_ref: bool) {
+        debug_assert!(self.as_node().is_leaf() && i < self.as_node().len());
+        let len = self.as_node().payload_len_at(i);
+        self.set_slot(i, S_PAYLOAD_LEN, if is_ref { len | REF_FLAG } else { len });
+    }
+
     fn set_flag(&mut self, flag: u8, on: bool) {
         if on {
             self.data[H_FLAGS] |= flag;
@@ -752,7 +785,7 @@ impl<'a> NodeMut<'a> {
     pub fn set_child_at(&mut self, i: usize, child: u64) {
         let node = self.as_node();
         debug_assert!(!node.is_leaf() && i < node.len());
-        debug_assert_eq!(node.slot(i, S_PAYLOAD_LEN), CHILD_ID_SIZE);
+        debug_assert_eq!(node.payload_len_at(i), CHILD_ID_SIZE);
         let off = node.slot(i, S_OFF) + node.slot(i, S_KEY_LEN);
         self.data[off..off + CHILD_ID_SIZE].copy_from_slice(&child.to_le_bytes());
     }
@@ -819,6 +852,16 @@ impl<'a> NodeMut<'a> {
 
     /// Appends an entry whose full key is `key_a ++ key_b` at the end
     /// (building nodes in split and merge; keys arrive in order).
+    /// [`NodeMut::push`] of entry `i` of `src`, keeping its reference mark.
+    fn push_from(&mut self, src: &Node, i: usize) -> Result<(), Full> {
+        self.push(src.prefix(), src.suffix_at(i), src.payload_at(i))?;
+        if src.is_ref_at(i) {
+            let last = self.as_node().len() - 1;
+            self.set_ref_at(last, true);
+        }
+        Ok(())
+    }
+
     fn push(&mut self, key_a: &[u8], key_b: &[u8], payload: &[u8]) -> Result<(), Full> {
         let p = self.as_node().prefix_len();
         let joined;
@@ -851,7 +894,7 @@ impl<'a> NodeMut<'a> {
         debug_assert!(i < node.len());
         let off = node.slot(i, S_OFF);
         let key_len = node.slot(i, S_KEY_LEN);
-        let old_len = node.slot(i, S_PAYLOAD_LEN);
+        let old_len = node.payload_len_at(i);
         let heap = node.heap_start();
         let used = node.heap_used();
         if payload.len() <= old_len {
@@ -910,7 +953,7 @@ impl<'a> NodeMut<'a> {
         let n = node.len();
         debug_assert!(i < n);
         let off = node.slot(i, S_OFF);
-        let len = node.slot(i, S_KEY_LEN) + node.slot(i, S_PAYLOAD_LEN);
+        let len = node.slot(i, S_KEY_LEN) + node.payload_len_at(i);
         let mut heap = node.heap_start();
         let used = node.heap_used() - len;
         if off == heap {
@@ -941,7 +984,7 @@ impl<'a> NodeMut<'a> {
         }
         for i in 0..old.len() {
             let off = old.slot(i, S_OFF);
-            let len = old.slot(i, S_KEY_LEN) + old.slot(i, S_PAYLOAD_LEN);
+            let len = old.slot(i, S_KEY_LEN) + old.payload_len_at(i);
             heap -= len;
             self.data[heap..heap + len].copy_from_slice(&copy[off..off + len]);
             self.set_slot(i, S_OFF, heap);
@@ -1087,7 +1130,6 @@ fn split_at_with(
     assert_eq!(left.len(), node.page_size());
     assert_eq!(right.len(), node.page_size());
     let leaf = node.is_leaf();
-    let prefix = node.prefix();
     let n = node.len();
     let (left_end, right_start, left_upper) = if leaf {
         (at + 1, at + 1, 0)
@@ -1096,8 +1138,7 @@ fn split_at_with(
     };
     let mut l = init(left, leaf, node.lower_fence(), Some(&sep), left_upper);
     for i in 0..left_end {
-        l.push(prefix, node.suffix_at(i), node.payload_at(i))
-            .map_err(|Full| SplitError::NoFit)?;
+        l.push_from(node, i).map_err(|Full| SplitError::NoFit)?;
     }
     let mut r = init(
         right,
@@ -1107,8 +1148,7 @@ fn split_at_with(
         node.upper_child(),
     );
     for i in right_start..n {
-        r.push(prefix, node.suffix_at(i), node.payload_at(i))
-            .map_err(|Full| SplitError::NoFit)?;
+        r.push_from(node, i).map_err(|Full| SplitError::NoFit)?;
     }
     l.set_flag(F_LAST_APPEND, false);
     r.set_flag(F_LAST_APPEND, false);
@@ -1161,13 +1201,13 @@ pub fn merge(left: &[u8], right: &[u8], out: &mut [u8]) -> Result<(), Full> {
         if leaf { 0 } else { r.upper_child() },
     );
     for i in 0..l.len() {
-        o.push(l.prefix(), l.suffix_at(i), l.payload_at(i))?;
+        o.push_from(&l, i)?;
     }
     if let (false, Some(mid)) = (leaf, mid) {
         o.push(mid, &[], &l.upper_child().to_le_bytes())?;
     }
     for i in 0..r.len() {
-        o.push(r.prefix(), r.suffix_at(i), r.payload_at(i))?;
+        o.push_from(&r, i)?;
     }
     o.set_flag(F_LAST_APPEND, false);
     debug_assert!(check_node(&o.as_node()).is_ok());
@@ -1234,7 +1274,12 @@ fn check_node(node: &Node) -> Result<(), Corrupt> {
     for i in 0..n {
         let off = node.slot(i, S_OFF);
         let key_len = node.slot(i, S_KEY_LEN);
-        let payload_len = node.slot(i, S_PAYLOAD_LEN);
+        let payload_len = node.payload_len_at(i);
+        if node.is_ref_at(i) && !leaf {
+            return Err(Corrupt::new(format!(
+                "slot {i}: an inner node's entry is marked as a large-value reference"
+            )));
+        }
         let end = off + key_len + payload_len;
         if off < heap || end > region {
             return Err(Corrupt::new(format!(
@@ -1629,8 +1674,9 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Insert(Vec<u8>, Vec<u8>),
-        Update(Vec<u8>, Vec<u8>),
+        /// Key, value, marked as a large-value reference.
+        Insert(Vec<u8>, Vec<u8>, bool),
+        Update(Vec<u8>, Vec<u8>, bool),
         Remove(Vec<u8>),
     }
 
@@ -1647,39 +1693,55 @@ mod tests {
     fn op_strategy() -> impl Strategy<Value = Op> {
         let val = proptest::collection::vec(any::<u8>(), 0..300);
         prop_oneof![
-            3 => (key_strategy(), val.clone()).prop_map(|(k, v)| Op::Insert(k, v)),
-            1 => (key_strategy(), val).prop_map(|(k, v)| Op::Update(k, v)),
+            3 => (key_strategy(), val.clone(), any::<bool>()).prop_map(|(k, v, r)| Op::Insert(k, v, r)),
+            1 => (key_strategy(), val, any::<bool>()).prop_map(|(k, v, r)| Op::Update(k, v, r)),
             1 => key_strategy().prop_map(Op::Remove),
         ]
+    }
+
+    /// Sets the reference mark of `key` (present) in the node.
+    fn mark(n: &mut NodeMut<'_>, key: &[u8], is_ref: bool) {
+        let (i, found) = n.as_node().lower_bound(key);
+        assert!(found);
+        n.set_ref_at(i, is_ref);
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 
+        /// Inserts, updates (with and without the reference mark) and
+        /// removes against a `BTreeMap` model: same entries, same marks,
+        /// and `check` passes after every step (compaction included).
         #[test]
         fn model(ops in proptest::collection::vec(op_strategy(), 1..300), fenced in any::<bool>()) {
             // Fenced: every key gets a long shared prefix inside the fences.
             let pre: &[u8] = if fenced { b"tenant/0042/orders/" } else { b"" };
             let upper = [pre, &[0xff, 0xff]].concat();
             let mut p = if fenced { leaf(4096, Some(pre), Some(&upper)) } else { leaf(4096, None, None) };
-            let mut model = BTreeMap::new();
+            let mut model: BTreeMap<Vec<u8>, (Vec<u8>, bool)> = BTreeMap::new();
             for op in ops {
                 let mut n = NodeMut::new(&mut p).unwrap();
                 match op {
-                    Op::Insert(k, v) => {
+                    Op::Insert(k, v, r) => {
                         let k = [pre, &k].concat();
                         if !n.as_node().covers(&k) { continue; }
                         if model.contains_key(&k) {
                             continue;
                         }
-                        if n.insert(&k, &v).is_ok() { model.insert(k, v); }
+                        if n.insert(&k, &v).is_ok() {
+                            mark(&mut n, &k, r);
+                            model.insert(k, (v, r));
+                        }
                     }
-                    Op::Update(k, v) => {
+                    Op::Update(k, v, r) => {
                         let k = [pre, &k].concat();
                         match n.update(&k, &v) {
                             Ok(found) => {
                                 prop_assert_eq!(found, model.contains_key(&k));
-                                if found { model.insert(k, v); }
+                                if found {
+                                    mark(&mut n, &k, r);
+                                    model.insert(k, (v, r));
+                                }
                             }
                             Err(Full) => prop_assert!(model.contains_key(&k)),
                         }
@@ -1690,8 +1752,12 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(check(&p), Ok(()));
-                let want: Vec<_> = model.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                let want: Vec<_> = model.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect();
                 prop_assert_eq!(entries(&p), want);
+                let node = Node::new(&p).unwrap();
+                for (k, (v, r)) in &model {
+                    prop_assert_eq!(node.get_entry(k), Some((&v[..], *r)));
+                }
                 prop_assert!(header_intact(&p));
             }
         }
@@ -1729,8 +1795,17 @@ mod tests {
             if n.insert(&k, &payload).is_err() {
                 break;
             }
+            if leaf_node && i % 3 == 0 {
+                mark(&mut n, &k, true);
+            }
         }
         p
+    }
+
+    /// The reference mark of every entry, in key order.
+    fn marks(p: &[u8]) -> Vec<bool> {
+        let n = Node::new(p).unwrap();
+        (0..n.len()).map(|i| n.is_ref_at(i)).collect()
     }
 
     /// Walks every reading function over a node that passed `check`.
@@ -1811,6 +1886,8 @@ mod tests {
                 let b = &re.first().unwrap().0;
                 prop_assert_eq!(&sep, &shortest_separator(a, b));
                 prop_assert_eq!([le.clone(), re.clone()].concat(), before.clone());
+                // Reference marks travel with their entries.
+                prop_assert_eq!([marks(&l), marks(&r)].concat(), marks(&p));
             } else {
                 // The separator entry moved up; its child is left's upper.
                 let mid = (sep.clone(), ln.upper_child().to_le_bytes().to_vec());
@@ -1827,6 +1904,9 @@ mod tests {
             merge(&l, &r, &mut m).unwrap();
             prop_assert_eq!(check(&m), Ok(()));
             prop_assert_eq!(entries(&m), before);
+            if leaf_node {
+                prop_assert_eq!(marks(&m), marks(&p));
+            }
         }
 
         #[test]

@@ -22,6 +22,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use super::node::{self, Node, NodeMut};
+use crate::buffer::blob::BlobRef;
 use crate::buffer::{page, BufferPool, PageMut, PageOptimistic, PageRef, PageType};
 use crate::sched;
 use crate::{Error, Result};
@@ -42,6 +43,16 @@ const READ_AHEAD: usize = 8;
 /// sibling if the two fit in one page.
 const MERGE_BELOW: f64 = 0.25;
 
+/// The longest value a tree holds (a large value: stored outside the
+/// leaves, see `buffer/blob.rs`).
+pub const MAX_VALUE_LEN: usize = 1 << 32;
+
+/// What a key holds: a value in the leaf, or a large value's reference.
+enum Stored {
+    Value(Vec<u8>),
+    Reference(BlobRef),
+}
+
 /// A B+tree whose root lives at a fixed page id.
 #[derive(Clone)]
 pub struct BTree {
@@ -53,6 +64,10 @@ pub struct BTree {
     /// Nonzero: the LSN of the commit record whose apply this is; leaf
     /// changes are covered by it (not logged again).
     cover: u64,
+    /// A commit's apply (or its redo): it may replace or delete a large
+    /// value's reference (the commit frees the extents). Other writes may
+    /// not: they would leak them.
+    commit: bool,
 }
 
 /// What an optimistic look at an inner node found.
@@ -101,6 +116,7 @@ impl BTree {
             root,
             reserved: false,
             cover: 0,
+            commit: false,
         }
     }
 
@@ -119,6 +135,7 @@ impl BTree {
             root,
             reserved,
             cover: commit,
+            commit: true,
         }
     }
 
@@ -267,7 +284,15 @@ impl BTree {
                                 out.extend(n);
                             }
                         }
-                        let next = self.pool.fix_optimistic(child).await?;
+                        let next = match self.pool.fix_optimistic(child).await {
+                            Ok(n) => n,
+                            // The child may have been freed and reused (a
+                            // large value's bytes fail the page checksum)
+                            // after we read its id: only a still-valid
+                            // node makes the error real.
+                            Err(Error::Corrupt { .. }) if !cur.validate() => continue 'restart,
+                            Err(e) => return Err(e),
+                        };
                         if !cur.validate() {
                             continue 'restart;
                         }
@@ -345,17 +370,128 @@ impl BTree {
 
     // ---- reads ----------------------------------------------------------
 
-    /// The value of `key`, if present.
+    /// The value of `key`, if present (a large value is read whole from
+    /// its extents and its checksum verified).
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.get_with(key, |v| v.to_vec()).await
+        match self.get_raw(key).await? {
+            Some((_, true)) => self.get_large(key).await,
+            other => Ok(other.map(|(v, _)| v)),
+        }
     }
 
-    /// Applies `f` to the value of `key` (no copy), if present.
+    /// Applies `f` to the value of `key` (no copy for a value stored in
+    /// the leaf), if present.
     pub async fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
+        self.check_key(key)?;
+        {
+            let g = self.leaf_shared(key, None).await?;
+            let n = Node::new(&g).map_err(corrupt(g.pid()))?;
+            match n.get_entry(key) {
+                None => return Ok(None),
+                Some((v, false)) => return Ok(Some(f(v))),
+                Some((_, true)) => {}
+            }
+        }
+        Ok(self.get_large(key).await?.map(|v| f(&v)))
+    }
+
+    /// The stored payload of `key` and whether it is a large value's
+    /// reference (`buffer::blob::BlobRef`), if present.
+    pub async fn get_raw(&self, key: &[u8]) -> Result<Option<(Vec<u8>, bool)>> {
         self.check_key(key)?;
         let g = self.leaf_shared(key, None).await?;
         let n = Node::new(&g).map_err(corrupt(g.pid()))?;
-        Ok(n.get(key).map(f))
+        Ok(n.get_entry(key).map(|(v, r)| (v.to_vec(), r)))
+    }
+
+    /// The reference of `key` read again inside a reader epoch (so its
+    /// extents stay its own while the guard lives), or the value if it is
+    /// no longer a reference.
+    async fn reference(&self, key: &[u8]) -> Result<Option<Stored>> {
+        let page_size = self.pool.page_size();
+        Ok(match self.get_raw(key).await? {
+            None => None,
+            Some((v, false)) => Some(Stored::Value(v)),
+            Some((raw, true)) => Some(Stored::Reference(
+                BlobRef::decode(&raw, page_size).map_err(|what| Error::Corrupt {
+                    page: self.root,
+                    what: format!("tree {}: {what}", self.root),
+                })?,
+            )),
+        })
+    }
+
+    /// [`BTree::get`] of a key that held a reference when last seen.
+    async fn get_large(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let _reader = self.pool.blob_reader();
+        let r = match self.reference(key).await? {
+            None => return Ok(None),
+            Some(Stored::Value(v)) => return Ok(Some(v)),
+            Some(Stored::Reference(r)) => r,
+        };
+        let len = usize::try_from(r.len)
+            .ok()
+            .filter(|&l| l <= MAX_VALUE_LEN)
+            .ok_or_else(|| Error::Corrupt {
+                page: r.extents.first().map_or(self.root, |e| e.start),
+                what: format!("a large value of {} bytes, beyond the limit", r.len),
+            })?;
+        let mut out = vec![0u8; len];
+        self.pool.read_blob(&r, 0, &mut out).await?;
+        if crc32c::crc32c(&out) != r.crc {
+            return Err(Error::Corrupt {
+                page: r.extents.first().map_or(self.root, |e| e.start),
+                what: format!(
+                    "the {} bytes of a large value do not match their checksum",
+                    r.len
+                ),
+            });
+        }
+        Ok(Some(out))
+    }
+
+    /// The length of the value of `key`, if present.
+    pub async fn value_len(&self, key: &[u8]) -> Result<Option<u64>> {
+        Ok(match self.get_raw(key).await? {
+            None => None,
+            Some((v, false)) => Some(v.len() as u64),
+            Some((raw, true)) => Some(
+                BlobRef::decode(&raw, self.pool.page_size())
+                    .map_err(|what| Error::Corrupt {
+                        page: self.root,
+                        what,
+                    })?
+                    .len,
+            ),
+        })
+    }
+
+    /// Reads the bytes of the value of `key` from `offset` into `out` (as
+    /// many as there are, up to `out.len()`); returns how many, or None if
+    /// the key is absent. Of a large value only the pages covering the
+    /// range are read (its checksum covers the whole value and is checked
+    /// by [`BTree::get`] only).
+    pub async fn read_value(
+        &self,
+        key: &[u8],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<Option<usize>> {
+        let _reader = self.pool.blob_reader();
+        match self.reference(key).await? {
+            None => Ok(None),
+            Some(Stored::Value(v)) => {
+                let from = (offset.min(v.len() as u64)) as usize;
+                let n = (v.len() - from).min(out.len());
+                out[..n].copy_from_slice(&v[from..from + n]);
+                Ok(Some(n))
+            }
+            Some(Stored::Reference(r)) => {
+                let n = r.len.saturating_sub(offset).min(out.len() as u64) as usize;
+                self.pool.read_blob(&r, offset, &mut out[..n]).await?;
+                Ok(Some(n))
+            }
+        }
     }
 
     // ---- writes ---------------------------------------------------------
@@ -371,24 +507,58 @@ impl BTree {
         self.write(key, value, WriteMode::Put).await
     }
 
+    /// Inserts or replaces `key` -> `reference`, a large value's
+    /// reference (a commit's apply only). Returns true if it replaced.
+    pub(crate) async fn put_reference(&self, key: &[u8], reference: &[u8]) -> Result<bool> {
+        self.write_entry(key, reference, true, WriteMode::Put).await
+    }
+
     async fn write(&self, key: &[u8], value: &[u8], mode: WriteMode) -> Result<bool> {
+        self.write_entry(key, value, false, mode).await
+    }
+
+    /// The error for a write outside a commit that would drop a large
+    /// value's reference (its extents would leak).
+    fn refuse_reference(&self) -> Error {
+        Error::InvalidArgument(format!(
+            "a write to tree {} outside a commit would replace or delete a large value \
+             (write it through a transaction)",
+            self.root
+        ))
+    }
+
+    async fn write_entry(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        is_ref: bool,
+        mode: WriteMode,
+    ) -> Result<bool> {
         self.check_key(key)?;
         self.check_value(value)?;
         loop {
             let mut leaf = self.leaf_exclusive(key).await?;
             let pid = leaf.pid();
             let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
-            let present = n.as_node().lower_bound(key).1;
+            let (i, present) = n.as_node().lower_bound(key);
+            if present && !self.commit && n.as_node().is_ref_at(i) {
+                leaf.unchanged();
+                return Err(self.refuse_reference());
+            }
             let res = match (present, mode) {
                 (true, WriteMode::Insert) => {
                     leaf.unchanged();
                     return Err(Error::KeyExists);
                 }
-                (true, WriteMode::Put) => n.update(key, value).map(|_| true),
+                (true, WriteMode::Put) => n.update_at(i, value).map(|_| true),
                 (false, _) => n.insert(key, value).map(|_| false),
             };
             match res {
                 Ok(replaced) => {
+                    if is_ref || replaced {
+                        let (i, _) = n.as_node().lower_bound(key);
+                        n.set_ref_at(i, is_ref);
+                    }
                     leaf.cover(self.cover);
                     return Ok(replaced);
                 }
@@ -414,6 +584,10 @@ impl BTree {
             if !found {
                 leaf.unchanged();
                 return Ok(false);
+            }
+            if n.as_node().is_ref_at(i) {
+                leaf.unchanged();
+                return Err(self.refuse_reference());
             }
             let new = f(n.as_node().payload_at(i));
             if let Err(e) = self.check_value(&new) {
@@ -441,10 +615,16 @@ impl BTree {
         let mut leaf = self.leaf_exclusive(key).await?;
         let pid = leaf.pid();
         let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
-        if !n.remove(key) {
+        let (i, present) = n.as_node().lower_bound(key);
+        if !present {
             leaf.unchanged();
             return Ok(false);
         }
+        if !self.commit && n.as_node().is_ref_at(i) {
+            leaf.unchanged();
+            return Err(self.refuse_reference());
+        }
+        n.remove_at(i);
         let underfull = n.as_node().fill_factor() < MERGE_BELOW;
         leaf.cover(self.cover);
         drop(leaf);
@@ -856,14 +1036,15 @@ impl Cursor {
             self.buffered.clear();
             self.pos = 0;
             let mut key = Vec::new();
+            let mut references = Vec::new();
             for i in 0..n.len() {
                 n.key_at(i, &mut key);
                 if above_lower(&key, &self.lower) && below_upper(&key, &self.upper) {
+                    if n.is_ref_at(i) {
+                        references.push(self.buffered.len());
+                    }
                     self.buffered.push((key.clone(), n.payload_at(i).to_vec()));
                 }
-            }
-            if !self.forward {
-                self.buffered.reverse();
             }
             // Where the next leaf starts, and whether the range goes on.
             // The fence becomes a hard bound: if this leaf merges into its
@@ -891,6 +1072,23 @@ impl Cursor {
                 for pid in ahead {
                     self.tree.pool.prefetch(pid);
                 }
+            }
+            // Large values: read each whole by its key (a key deleted in
+            // the meantime is left out: it is no longer committed).
+            if !references.is_empty() {
+                let mut gone = Vec::new();
+                for &i in &references {
+                    match self.tree.get_large(&self.buffered[i].0).await? {
+                        Some(v) => self.buffered[i].1 = v,
+                        None => gone.push(i),
+                    }
+                }
+                for i in gone.into_iter().rev() {
+                    self.buffered.remove(i);
+                }
+            }
+            if !self.forward {
+                self.buffered.reverse();
             }
             if !self.buffered.is_empty() {
                 return Ok(true);

@@ -20,7 +20,7 @@
 //! | 44..48   | page size                                    |
 //! | 48..52   | array width (devices)                        |
 //! | 56..64   | next never-used page id (the high-water mark)|
-//! | 64..72   | zero (was the free list's head)              |
+//! | 64..72   | large values in the database (references)    |
 //! | 72..80   | free pages below the high-water mark         |
 //! | 80..88   | log identity (0: the database has no log)    |
 //! | 128..384 | 32 root slots (u64 page ids) for upper layers|
@@ -35,7 +35,8 @@
 //! slots of `catalog.rs`; version 4 the log format in which a commit's
 //! leaf changes are logged only by its commit record (the page header's
 //! `UNLOGGED` flag); version 5 the free-space map in place of the free
-//! list.
+//! list; version 6 large values (leaf references, commit records that
+//! carry the map changes of their extents, the count at bytes 64..72).
 //!
 //! When the pages run low the array grows (`grow.rs`); a reservation or an
 //! allocation short of pages waits for that growth, or fails with
@@ -55,12 +56,14 @@ use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"DANAMETA";
 /// The on-disk format this build reads and writes (see the module doc).
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 const OFF_MAGIC: usize = 32;
 const OFF_VERSION: usize = 40;
 const OFF_PAGE_SIZE: usize = 44;
 const OFF_WIDTH: usize = 48;
 const OFF_NEXT: usize = 56;
+/// Large values in the database (was the free list's head before v6).
+const OFF_LARGE_VALUES: usize = 64;
 const OFF_FREE_COUNT: usize = 72;
 const OFF_LOG_ID: usize = 80;
 const OFF_ROOTS: usize = 128;
@@ -81,8 +84,11 @@ pub(crate) struct AllocState {
     pub(crate) reserved: AtomicU64,
     /// Growth of the array on demand.
     pub(crate) growth: super::grow::Growth,
-    /// The free-space map in memory (changed under the meta page latch).
+    /// The free-space map in memory (changed under the meta page latch,
+    /// and by large values' holds, which mark pages used in memory only).
     mirror: Mutex<Mirror>,
+    /// Large values: reader epochs, retired extents, the live count.
+    pub(crate) blobs: super::blob::BlobState,
 }
 
 /// Pages reserved for one commit's apply; released on drop.
@@ -123,6 +129,8 @@ pub struct SpaceInfo {
     /// Free pages below the high-water mark (as the meta page counts
     /// them).
     pub free_pages: u64,
+    /// Large values in the database (as the meta page counts them).
+    pub large_values: u64,
 }
 
 /// What the meta page says about the database, read from its first bytes
@@ -193,8 +201,8 @@ fn get_u32(p: &[u8], at: usize) -> u32 {
 /// ([`BufferPool::log_with_space`]). The meta page's latch serializes all
 /// space changes (and the in-memory [`Mirror`] follows them under it).
 pub struct SpaceGuard<'a> {
-    meta: PageMut<'a>,
-    maps: Vec<PageMut<'a>>,
+    pub(super) meta: PageMut<'a>,
+    pub(super) maps: Vec<PageMut<'a>>,
 }
 
 impl<'a> SpaceGuard<'a> {
@@ -206,6 +214,16 @@ impl<'a> SpaceGuard<'a> {
     /// The meta page, for a change logged with the guard.
     pub fn meta_mut(&mut self) -> &mut PageMut<'a> {
         &mut self.meta
+    }
+
+    /// Large values in the database (meta page bytes 64..72).
+    pub fn large_values(&self) -> u64 {
+        get_u64(&self.meta, OFF_LARGE_VALUES)
+    }
+
+    /// Sets the count of large values (logged with the guard).
+    pub fn set_large_values(&mut self, n: u64) {
+        put_u64(&mut self.meta, OFF_LARGE_VALUES, n);
     }
 
     /// The latched map page `pid`, latching it if needed.
@@ -229,11 +247,11 @@ impl<'a> SpaceGuard<'a> {
 }
 
 impl BufferPool {
-    fn geometry(&self) -> Geometry {
+    pub(super) fn geometry(&self) -> Geometry {
         Geometry::new(self.page_size)
     }
 
-    fn mirror(&self) -> std::sync::MutexGuard<'_, Mirror> {
+    pub(super) fn mirror(&self) -> std::sync::MutexGuard<'_, Mirror> {
         self.alloc.mirror.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -393,6 +411,10 @@ impl BufferPool {
         };
         *self.mirror() = mirror;
         self.set_available(&info);
+        self.alloc
+            .blobs
+            .live
+            .store(info.large_values, Ordering::Release);
         self.alloc.ready.store(true, Ordering::Release);
         Ok(info)
     }
@@ -429,7 +451,7 @@ impl BufferPool {
         Ok(mirror)
     }
 
-    fn check_ready(&self) -> Result<()> {
+    pub(super) fn check_ready(&self) -> Result<()> {
         if !self.alloc.ready.load(Ordering::Acquire) {
             return Err(Error::InvalidArgument(
                 "format() or open_meta() must run before pages are allocated".into(),
@@ -527,7 +549,7 @@ impl BufferPool {
     /// Moves the high-water mark past one more page that can be handed
     /// out, formatting the map page of a group it enters on the way, and
     /// returns that page (still marked free).
-    async fn extend_mark<'a>(&'a self, s: &mut SpaceGuard<'a>) -> Result<u64> {
+    pub(super) async fn extend_mark<'a>(&'a self, s: &mut SpaceGuard<'a>) -> Result<u64> {
         let geo = self.geometry();
         let first = get_u64(s.meta(), OFF_NEXT);
         // At most two turns: a map page, then a page to hand out.
@@ -564,6 +586,7 @@ impl BufferPool {
     pub async fn reserve(&self, pages: u64) -> Result<Reservation<'_>> {
         // Loops when a growth finished or another commit took the room.
         loop {
+            self.release_retired();
             if let Some(r) = self.try_reserve(pages) {
                 return Ok(r);
             }
@@ -601,11 +624,71 @@ impl BufferPool {
     }
 
     fn took_page(&self) {
+        self.took_pages(1);
+    }
+
+    /// `n` pages were handed out.
+    pub(super) fn took_pages(&self, n: u64) {
         let _ = self
             .alloc
             .available
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1));
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v.saturating_sub(n))
+            });
         self.grow_if_low();
+    }
+
+    /// Sets (`set`) or clears the map bit of page `pid` under the guard,
+    /// moving the meta page's free count with it; the bit must be the
+    /// other way. The in-memory copy is not touched (large values hold
+    /// and release their pages there themselves).
+    /// With `check_only`, only checks that it can.
+    pub(super) async fn flip_bit<'a>(
+        &'a self,
+        s: &mut SpaceGuard<'a>,
+        pid: u64,
+        set: bool,
+        check_only: bool,
+    ) -> Result<()> {
+        let geo = self.geometry();
+        if geo.is_reserved(pid) || pid >= get_u64(s.meta(), OFF_NEXT) {
+            return Err(Error::Corrupt {
+                page: pid,
+                what: "a large value names the meta page, a map page or a page past the mark"
+                    .into(),
+            });
+        }
+        let map = s.map(self, geo.map_page_of(pid)).await?;
+        let (at, mask) = geo.bit(pid);
+        if (map[at] & mask != 0) == set {
+            return Err(Error::Corrupt {
+                page: map.pid(),
+                what: format!(
+                    "the free-space map already marks page {pid} {} (a large value's extent)",
+                    if set { "used" } else { "free" }
+                ),
+            });
+        }
+        if check_only {
+            return Ok(());
+        }
+        if set {
+            map[at] |= mask;
+        } else {
+            map[at] &= !mask;
+        }
+        let meta = s.meta_mut();
+        let count = get_u64(meta, OFF_FREE_COUNT);
+        put_u64(
+            meta,
+            OFF_FREE_COUNT,
+            if set {
+                count.saturating_sub(1)
+            } else {
+                count + 1
+            },
+        );
+        Ok(())
     }
 
     fn set_available(&self, info: &SpaceInfo) {
@@ -728,6 +811,7 @@ fn space_of(m: &[u8], total_pages: u64) -> SpaceInfo {
         total_pages,
         next_unused: get_u64(m, OFF_NEXT),
         free_pages: get_u64(m, OFF_FREE_COUNT),
+        large_values: get_u64(m, OFF_LARGE_VALUES),
     }
 }
 

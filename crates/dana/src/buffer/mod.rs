@@ -32,6 +32,7 @@
 //! pool: [`Error::Poisoned`] for every later write-back and flush).
 
 pub mod alloc;
+pub mod blob;
 mod grow;
 pub mod inflight;
 pub mod page;
@@ -52,6 +53,7 @@ use crate::sched::{self, CompletionHandler, IoTiming, RequestKind, SystemTask};
 use crate::sched::{IoWait, WakerList};
 use crate::stats::{Histogram, HistogramSnapshot};
 use crate::{Error, Result};
+use alloc::SpaceGuard;
 use inflight::InFlight;
 use page_log::{PageChange, PageLog};
 use page_table::{
@@ -389,15 +391,48 @@ impl BufferPool {
         let Some(wal) = self.wal.get() else {
             return Ok(());
         };
+        self.log_pages_with(pages, |changes| {
+            wal.log_changes(changes).map(|l| l.map(|lsn| (lsn, lsn)))
+        })
+        .map(|_| ())
+    }
+
+    /// Appends the commit record `commit` (its writes, encoded by the log;
+    /// the log adds the page changes) with the changes of the space
+    /// guard's pages in it, so that they are redone exactly when the commit
+    /// is: the map bits of a commit's large values. Returns the record's
+    /// LSN and the LSN after it ((0, 0) without a log).
+    pub fn log_commit<'a>(
+        &'a self,
+        space: &mut SpaceGuard<'a>,
+        commit: Vec<u8>,
+    ) -> Result<(u64, u64)> {
+        let Some(wal) = self.wal.get() else {
+            return Ok((0, 0));
+        };
+        let mut all: Vec<&mut PageMut<'a>> = vec![&mut space.meta];
+        all.extend(space.maps.iter_mut());
+        let mut commit = Some(commit);
+        let logged = self.log_pages_with(&mut all, |changes| {
+            let c = commit.take().unwrap_or_default();
+            wal.log_commit(c, changes).map(Some)
+        })?;
+        Ok(logged.unwrap_or((0, 0)))
+    }
+
+    /// Hands the changes of `pages` to `append` (which logs them in one
+    /// record and returns its LSN and the LSN after it, or None if it
+    /// appended nothing) and gives the record's LSN to the pages it holds.
+    fn log_pages_with(
+        &self,
+        pages: &mut [&mut PageMut<'_>],
+        append: impl FnOnce(&[PageChange<'_>]) -> Result<Option<(u64, u64)>>,
+    ) -> Result<Option<(u64, u64)>> {
         // Which pages the record holds: only they take its LSN. (A page
         // whose LSN moved without a record of it could skip the full image
         // its first change after a checkpoint owes: a crash run found
         // such a torn page that recovery could not rebuild.)
-        let mut held = [false; 8];
-        assert!(
-            pages.len() <= held.len(),
-            "a log group holds at most 8 pages"
-        );
+        let mut held = vec![false; pages.len()];
         let logged = {
             let mut changes: Vec<PageChange<'_>> = Vec::with_capacity(pages.len());
             for (i, g) in pages.iter_mut().enumerate() {
@@ -406,15 +441,15 @@ impl BufferPool {
                     changes.push(c);
                 }
             }
-            wal.log_changes(&changes)
+            append(&changes)
         };
         match logged {
-            Ok(None) => Ok(()),
-            Ok(Some(lsn)) => {
+            Ok(None) => Ok(None),
+            Ok(Some((lsn, end))) => {
                 for (i, g) in pages.iter_mut().enumerate() {
                     g.after_logged(held[i].then_some(lsn));
                 }
-                Ok(())
+                Ok(Some((lsn, end)))
             }
             Err(e) => {
                 for g in pages.iter_mut() {

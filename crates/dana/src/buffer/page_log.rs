@@ -46,6 +46,13 @@ pub trait PageLog: Send + Sync {
     /// `Ok(None)`: nothing changed, nothing appended; `Ok(Some(lsn))`: the
     /// record's LSN, which becomes every page's LSN.
     fn log_changes(&self, changes: &[PageChange<'_>]) -> Result<Option<u64>>;
+    /// Appends a commit record whose writes the log itself encoded
+    /// (`commit`: the record as built so far, handed through unchanged),
+    /// holding `changes` too, redone together with it: the free-space
+    /// map's changes for a commit's large values. Returns the record's LSN
+    /// (every page's LSN) and the LSN after it; registers the commit as
+    /// being applied, like any commit record.
+    fn log_commit(&self, commit: Vec<u8>, changes: &[PageChange<'_>]) -> Result<(u64, u64)>;
     /// A covered change of page `page` (its bytes now, its page LSN still
     /// the one before the change), redone at recovery by the commit record
     /// that covers it. Returns the LSN of a full image if the log appended

@@ -196,6 +196,47 @@ impl Mirror {
         None
     }
 
+    /// Takes the lowest run of at least `min` free pages below the mark
+    /// (`min >= 1`): marks up to `max` of its first pages used and returns
+    /// the run's start and the pages taken. A run never holds a map page
+    /// (map pages are marked used).
+    pub fn take_run(&mut self, min: u64, max: u64) -> Option<(u64, u64)> {
+        let min = min.max(1);
+        if self.free < min || max < min {
+            return None;
+        }
+        let end = self.next_unused;
+        let mut pid = self.cursor as u64 * 64;
+        // Bounded by the pages below the mark: every turn moves `pid` on.
+        while pid < end {
+            let wi = (pid / 64) as usize;
+            if self.words[wi] == u64::MAX {
+                pid = (wi as u64 + 1) * 64;
+                continue;
+            }
+            if self.is_used(pid) {
+                pid += 1;
+                continue;
+            }
+            let start = pid;
+            while pid < end && pid - start < max && !self.is_used(pid) {
+                let whole = pid % 64 == 0
+                    && pid + 64 <= end
+                    && pid - start + 64 <= max
+                    && self.words[(pid / 64) as usize] == 0;
+                pid += if whole { 64 } else { 1 };
+            }
+            let n = pid - start;
+            if n >= min {
+                for p in start..pid {
+                    self.set(p);
+                }
+                return Some((start, n));
+            }
+        }
+        None
+    }
+
     /// A mirror of `next_unused` pages, every one used (for an open that
     /// allocates nothing and could not read the map).
     pub fn all_used(next_unused: u64) -> Mirror {

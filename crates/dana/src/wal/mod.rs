@@ -222,43 +222,20 @@ pub struct Wal {
 impl crate::buffer::page_log::PageLog for Wal {
     fn log_changes(&self, changes: &[PageChange<'_>]) -> Result<Option<u64>> {
         let mut b = record::RecordBuilder::new(record::Kind::Pages);
-        b.u32(0);
-        let mut n = 0u32;
-        let mut images = 0;
-        let fpi_below = self.full_image_below();
-        for c in changes {
-            // A new page, the first change since a checkpoint began (a
-            // torn write-back of it can be rebuilt), or a page the pool
-            // kept no copy of (covered changes since its last record are
-            // in no page record, so a difference would not compose at
-            // redo): the whole page.
-            let before = match c.before {
-                Some(b) if !c.fresh && page::page_lsn(c.after) >= fpi_below => Some(b),
-                _ => None,
-            };
-            let full = before.is_none();
-            let segs = match before {
-                Some(b) => record::diff(b, c.after),
-                None => record::image(c.after),
-            };
-            if !full && segs.is_empty() {
-                continue;
-            }
-            let flags = if full { record::FULL_IMAGE } else { 0 };
-            record::put_page_entry(&mut b, c.pid, flags, c.after, &segs);
-            n += 1;
-            images += u64::from(full);
-        }
-        if n == 0 {
+        if self.put_pages(&mut b, changes) == 0 {
             return Ok(None);
         }
-        self.stats.images.fetch_add(images, Ordering::Relaxed);
-        let mut rec = b.into_unsealed();
-        rec[record::HEADER..record::HEADER + 4].copy_from_slice(&n.to_le_bytes());
+        let rec = b.into_unsealed();
         self.stats
             .page_bytes
             .fetch_add(rec.len() as u64, Ordering::Relaxed);
         self.append(rec).map(|(lsn, _)| Some(lsn))
+    }
+
+    fn log_commit(&self, commit: Vec<u8>, changes: &[PageChange<'_>]) -> Result<(u64, u64)> {
+        let mut b = record::RecordBuilder::from_raw(commit, record::Kind::Commit)?;
+        self.put_pages(&mut b, changes);
+        self.append_commit(b.into_unsealed())
     }
 
     fn log_covered(&self, pid: u64, page: &[u8]) -> Result<Option<u64>> {
@@ -576,6 +553,43 @@ impl Wal {
             durable: self.durable(),
             end,
         }
+    }
+
+    /// Appends a page section to `b`: a count, then one entry per changed
+    /// page of `changes` (a difference, or a full image where the rules of
+    /// FORMAT.md ask for one). Returns the entries written.
+    fn put_pages(&self, b: &mut record::RecordBuilder, changes: &[PageChange<'_>]) -> u32 {
+        let count_at = b.len();
+        b.u32(0);
+        let mut n = 0u32;
+        let mut images = 0;
+        let fpi_below = self.full_image_below();
+        for c in changes {
+            // A new page, the first change since a checkpoint began (a
+            // torn write-back of it can be rebuilt), or a page the pool
+            // kept no copy of (covered changes since its last record are
+            // in no page record, so a difference would not compose at
+            // redo): the whole page.
+            let before = match c.before {
+                Some(b) if !c.fresh && page::page_lsn(c.after) >= fpi_below => Some(b),
+                _ => None,
+            };
+            let full = before.is_none();
+            let segs = match before {
+                Some(b) => record::diff(b, c.after),
+                None => record::image(c.after),
+            };
+            if !full && segs.is_empty() {
+                continue;
+            }
+            let flags = if full { record::FULL_IMAGE } else { 0 };
+            record::put_page_entry(b, c.pid, flags, c.after, &segs);
+            n += 1;
+            images += u64::from(full);
+        }
+        b.set_u32_at(count_at, n);
+        self.stats.images.fetch_add(images, Ordering::Relaxed);
+        n
     }
 
     /// Appends an unsealed record; returns its LSN and the LSN after it.
@@ -1027,6 +1041,7 @@ mod tests {
             tree: 1,
             key: b"k".to_vec(),
             value: Some(b"v".to_vec()),
+            reference: false,
         };
         record::commit(&[w]).into_unsealed()
     }

@@ -108,6 +108,31 @@ impl RecordBuilder {
         self.bytes(&v.to_le_bytes())
     }
 
+    /// Continues a record built elsewhere (handed through the buffer
+    /// pool's [`crate::buffer::page_log::PageLog`] unchanged): its header
+    /// must be of `kind`.
+    pub fn from_raw(buf: Vec<u8>, kind: Kind) -> Result<RecordBuilder> {
+        if buf.len() < HEADER || buf[16] != kind as u8 {
+            return Err(Error::InvalidArgument(format!(
+                "a {kind:?} record was expected, {} bytes came",
+                buf.len()
+            )));
+        }
+        Ok(RecordBuilder { buf })
+    }
+
+    /// The record as built so far (unpadded, unsealed), for
+    /// [`RecordBuilder::from_raw`].
+    pub fn into_raw(self) -> Vec<u8> {
+        self.buf
+    }
+
+    /// Overwrites the little-endian u32 at byte `at` (a count written
+    /// before its entries).
+    pub fn set_u32_at(&mut self, at: usize, v: u32) {
+        self.buf[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    }
+
     /// Bytes so far (header included, padding not).
     pub fn len(&self) -> usize {
         self.buf.len()
@@ -343,25 +368,30 @@ pub fn bad_log(lsn: u64, what: &str) -> Error {
 
 /// The page entries of a [`Kind::Pages`] record body.
 pub fn page_entries<'a>(rec: &Record<'a>) -> Result<Vec<PageEntry<'a>>> {
-    let b = rec.body;
-    let n = u32_at(b, 0).ok_or_else(|| bad_log(rec.lsn, "no entry count"))?;
-    let mut at = 4;
+    page_entries_at(rec.body, 0, rec.lsn)
+}
+
+/// The page section (a count, then entries) at byte `at` of record body
+/// `b` (of the record at `lsn`, for errors).
+fn page_entries_at(b: &[u8], at: usize, lsn: u64) -> Result<Vec<PageEntry<'_>>> {
+    let n = u32_at(b, at).ok_or_else(|| bad_log(lsn, "no entry count"))?;
+    let mut at = at + 4;
     // Never trust a count for an allocation: an entry takes 16 bytes.
     let mut out = Vec::with_capacity((n as usize).min(b.len() / 16));
     for _ in 0..n {
         let (Some(pid), Some(flags), Some(nsegs)) =
             (u64_at(b, at), u32_at(b, at + 8), u32_at(b, at + 12))
         else {
-            return Err(bad_log(rec.lsn, "page entry header cut short"));
+            return Err(bad_log(lsn, "page entry header cut short"));
         };
         let start = at + 16;
         let mut end = start;
         for _ in 0..nsegs {
-            let len = u32_at(b, end + 4).ok_or_else(|| bad_log(rec.lsn, "segment cut short"))?;
+            let len = u32_at(b, end + 4).ok_or_else(|| bad_log(lsn, "segment cut short"))?;
             end += 8 + len as usize;
         }
         if end > b.len() {
-            return Err(bad_log(rec.lsn, "page entry longer than its record"));
+            return Err(bad_log(lsn, "page entry longer than its record"));
         }
         out.push(PageEntry {
             pid,
@@ -385,17 +415,49 @@ pub struct Write {
     pub key: Vec<u8>,
     /// The new value, or `None` for a delete.
     pub value: Option<Vec<u8>>,
+    /// The value is a reference to a large value stored outside the tree
+    /// (`buffer::blob::BlobRef`), not the value itself.
+    pub reference: bool,
 }
 
-/// A commit record for `writes`.
+impl Write {
+    /// A put (`Some`) or delete (`None`) of a value held in the record.
+    pub fn new(tree: u64, key: Vec<u8>, value: Option<Vec<u8>>) -> Write {
+        Write {
+            tree,
+            key,
+            value,
+            reference: false,
+        }
+    }
+}
+
+/// Bit 31 of a write's value length: the value is a reference.
+const REFERENCE: u32 = 1 << 31;
+/// The value length of a delete.
+const DELETE: u32 = u32::MAX;
+
+/// A commit record for `writes`, complete (no page changes).
 pub fn commit(writes: &[Write]) -> RecordBuilder {
+    let mut b = commit_head(writes);
+    b.u32(0);
+    b
+}
+
+/// The writes of a commit record; its page section (a count, then page
+/// entries as in a Pages record) follows. Values are below 2 GiB (larger
+/// ones are references); a reference's length has bit 31 set.
+pub fn commit_head(writes: &[Write]) -> RecordBuilder {
     let mut b = RecordBuilder::new(Kind::Commit);
     b.u32(writes.len() as u32);
     for w in writes {
         b.u64(w.tree).u32(w.key.len() as u32);
         match &w.value {
-            Some(v) => b.u32(v.len() as u32),
-            None => b.u32(u32::MAX),
+            Some(v) => {
+                debug_assert!(v.len() < REFERENCE as usize);
+                b.u32(v.len() as u32 | if w.reference { REFERENCE } else { 0 })
+            }
+            None => b.u32(DELETE),
         };
         b.bytes(&w.key);
         if let Some(v) = &w.value {
@@ -407,6 +469,16 @@ pub fn commit(writes: &[Write]) -> RecordBuilder {
 
 /// The writes of a [`Kind::Commit`] record.
 pub fn commit_writes(rec: &Record<'_>) -> Result<Vec<Write>> {
+    commit_parts(rec).map(|(w, _)| w)
+}
+
+/// The page entries of a [`Kind::Commit`] record (the map changes of its
+/// large values).
+pub fn commit_pages<'a>(rec: &Record<'a>) -> Result<Vec<PageEntry<'a>>> {
+    commit_parts(rec).map(|(_, p)| p)
+}
+
+fn commit_parts<'a>(rec: &Record<'a>) -> Result<(Vec<Write>, Vec<PageEntry<'a>>)> {
     let b = rec.body;
     let n = u32_at(b, 0).ok_or_else(|| bad_log(rec.lsn, "no write count"))?;
     let mut at = 4;
@@ -424,19 +496,26 @@ pub fn commit_writes(rec: &Record<'_>) -> Result<Vec<Write>> {
             .ok_or_else(|| bad_log(rec.lsn, "key cut short"))?
             .to_vec();
         at += klen as usize;
-        let value = if vlen == u32::MAX {
-            None
+        let (value, reference) = if vlen == DELETE {
+            (None, false)
         } else {
+            let len = (vlen & !REFERENCE) as usize;
             let v = b
-                .get(at..at + vlen as usize)
+                .get(at..at + len)
                 .ok_or_else(|| bad_log(rec.lsn, "value cut short"))?
                 .to_vec();
-            at += vlen as usize;
-            Some(v)
+            at += len;
+            (Some(v), vlen & REFERENCE != 0)
         };
-        out.push(Write { tree, key, value });
+        out.push(Write {
+            tree,
+            key,
+            value,
+            reference,
+        });
     }
-    Ok(out)
+    let pages = page_entries_at(b, at, rec.lsn)?;
+    Ok((out, pages))
 }
 
 /// A checkpoint record naming where redo starts.
@@ -529,6 +608,7 @@ mod tests {
             tree: 5,
             key: b"k".to_vec(),
             value: Some(b"v".to_vec()),
+            reference: false,
         }];
         let rec = sealed(commit(&w), 512);
         assert!(matches!(parse(&rec, 512), Parsed::Record(_)));
@@ -550,11 +630,13 @@ mod tests {
                 tree: 1,
                 key: vec![1, 2],
                 value: None,
+                reference: false,
             },
             Write {
                 tree: 2,
                 key: vec![],
                 value: Some(vec![]),
+                reference: false,
             },
         ];
         let rec = sealed(commit(&w), 8);

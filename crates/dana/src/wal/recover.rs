@@ -321,27 +321,32 @@ pub fn recover(array: &Array, log: &Target, ctl: Control) -> Result<Recovered> {
         end: found.end,
         ..Default::default()
     };
-    for &(lsn, off) in &found.commits {
-        let Parsed::Record(r) = record::parse(&stream[off..], lsn) else {
-            return Err(Error::Log(format!(
-                "record at LSN {lsn} changed under recovery"
-            )));
-        };
-        out.commits.push((lsn, record::commit_writes(&r)?));
-    }
-    let page_records = found.pages;
     let last = found.last_crc;
     let valid_end = found.end;
 
-    // Page entries by page, in log order.
+    // Page entries by page, in log order: those of Pages records and the
+    // map changes that commit records of large values carry.
     let mut by_page: BTreeMap<u64, Vec<(u64, record::PageEntry<'_>)>> = BTreeMap::new();
-    for &(lsn, off) in &page_records {
+    let mut records: Vec<(u64, usize, bool)> = found
+        .pages
+        .iter()
+        .map(|&(lsn, off)| (lsn, off, false))
+        .chain(found.commits.iter().map(|&(lsn, off)| (lsn, off, true)))
+        .collect();
+    records.sort_unstable();
+    for (lsn, off, is_commit) in records {
         let Parsed::Record(r) = record::parse(&stream[off..], lsn) else {
             return Err(Error::Log(format!(
                 "record at LSN {lsn} changed under recovery"
             )));
         };
-        for e in record::page_entries(&r)? {
+        let entries = if is_commit {
+            out.commits.push((lsn, record::commit_writes(&r)?));
+            record::commit_pages(&r)?
+        } else {
+            record::page_entries(&r)?
+        };
+        for e in entries {
             if e.pid >= array.max_pages() {
                 return Err(Error::Log(format!(
                     "record at LSN {lsn} changes page {}, beyond the most the array can hold \

@@ -1,0 +1,636 @@
+//! Large values: bytes kept in runs of pages outside the trees.
+//!
+//! Owns: the reference a leaf stores in place of a large value (length,
+//! checksum, extents), the hold a writer takes on extents in memory only
+//! (the free-space map's copy marks them used; the map pages do not, so a
+//! crash before the commit leaks nothing), the I/O that writes and reads
+//! a value's bytes (between the caller's memory and the devices through
+//! aligned staging buffers of at most 1 MiB, eight in flight; never
+//! through the frames or the log), the map-bit changes a commit makes for
+//! the extents it takes and frees (logged in the commit record itself, so
+//! they are durable exactly when the commit is), and the two reader
+//! epochs that keep a freed extent from reuse while a read that saw the
+//! old reference may still be in it.
+//!
+//! Never: writes a value's bytes into pages that the map, as durable,
+//! could still give to a tree (the writer waits for the log first, see
+//! `txn.rs`); hands a freed extent out again before every reader that
+//! could have seen it has left; lets a frame of a reused page reach the
+//! disk after the value's bytes.
+//!
+//! Reference layout (little endian): length u64, crc32c of the bytes u32,
+//! extent count u32, then per extent its first page u64 and its pages u32.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::alloc::SpaceGuard;
+use super::page_table::{lock_of, EVICTED, UNLOCKED};
+use super::BufferPool;
+use crate::io::{AlignedBuf, IoBuf, Request};
+use crate::{sched, Error, Result};
+
+/// Bytes of a reference before its extents.
+pub const REF_HEADER: usize = 16;
+/// Bytes of one extent in a reference.
+pub const EXTENT_BYTES: usize = 12;
+/// Bytes of one I/O of a large value (per device).
+const IO_BYTES: usize = 1 << 20;
+/// I/Os of one value in flight together.
+const DEPTH: usize = 8;
+/// A run of free pages below the high-water mark is taken for a value of
+/// many pages only if it holds at least this many bytes (or the rest of
+/// the value): short runs would cost an extent and an I/O each.
+const MIN_RUN_BYTES: u64 = 1 << 20;
+
+/// A run of consecutive pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// The first page.
+    pub start: u64,
+    /// Pages in the run.
+    pub pages: u32,
+}
+
+impl Extent {
+    /// The page ids of the run.
+    pub fn page_ids(&self) -> std::ops::Range<u64> {
+        self.start..self.start + u64::from(self.pages)
+    }
+}
+
+/// What a leaf stores for a large value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobRef {
+    /// Bytes of the value.
+    pub len: u64,
+    /// crc32c of the value.
+    pub crc: u32,
+    /// Where the bytes are, in order.
+    pub extents: Vec<Extent>,
+}
+
+impl BlobRef {
+    /// The encoded reference (what the leaf and the commit record hold).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(REF_HEADER + EXTENT_BYTES * self.extents.len());
+        b.extend_from_slice(&self.len.to_le_bytes());
+        b.extend_from_slice(&self.crc.to_le_bytes());
+        b.extend_from_slice(&(self.extents.len() as u32).to_le_bytes());
+        for e in &self.extents {
+            b.extend_from_slice(&e.start.to_le_bytes());
+            b.extend_from_slice(&e.pages.to_le_bytes());
+        }
+        b
+    }
+
+    /// Decodes a reference; `Err` says what is wrong (the caller names the
+    /// page or record). The extents must hold the length in pages of
+    /// `page_size` bytes, exactly.
+    pub fn decode(b: &[u8], page_size: usize) -> std::result::Result<BlobRef, String> {
+        let u64_at = |at: usize| {
+            b.get(at..at + 8)
+                .map(|s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])))
+        };
+        let u32_at = |at: usize| {
+            b.get(at..at + 4)
+                .map(|s| u32::from_le_bytes(s.try_into().unwrap_or([0; 4])))
+        };
+        let (Some(len), Some(crc), Some(n)) = (u64_at(0), u32_at(8), u32_at(12)) else {
+            return Err(format!("a large-value reference of {} bytes", b.len()));
+        };
+        if b.len() != REF_HEADER + EXTENT_BYTES * n as usize {
+            return Err(format!(
+                "a large-value reference of {} bytes names {n} extents",
+                b.len()
+            ));
+        }
+        let mut extents = Vec::with_capacity(n as usize);
+        let mut pages = 0u64;
+        for i in 0..n as usize {
+            let at = REF_HEADER + EXTENT_BYTES * i;
+            let (Some(start), Some(p)) = (u64_at(at), u32_at(at + 8)) else {
+                return Err("a large-value reference cut short".into());
+            };
+            if p == 0 || start.checked_add(u64::from(p)).is_none() {
+                return Err(format!("a large-value extent of {p} pages at page {start}"));
+            }
+            pages += u64::from(p);
+            extents.push(Extent { start, pages: p });
+        }
+        if pages != len.div_ceil(page_size as u64) {
+            return Err(format!(
+                "a large value of {len} bytes in {pages} pages of {page_size} bytes"
+            ));
+        }
+        Ok(BlobRef { len, crc, extents })
+    }
+
+    /// Pages the value takes.
+    pub fn pages(&self) -> u64 {
+        self.extents.iter().map(|e| u64::from(e.pages)).sum()
+    }
+}
+
+/// Extents a reference of at most `max_len` bytes can name.
+pub fn max_extents(max_len: usize) -> usize {
+    max_len.saturating_sub(REF_HEADER) / EXTENT_BYTES
+}
+
+/// Large-value state shared by the pool (in [`super::alloc::AllocState`]).
+#[derive(Default)]
+pub(crate) struct BlobState {
+    /// The reader epoch (two counters, as in RCU).
+    epoch: AtomicU64,
+    /// Readers in flight that entered at an even / odd epoch.
+    active: [AtomicU64; 2],
+    /// Extents freed by commits, with the epoch at which they were freed:
+    /// reusable once the epoch is two further on.
+    retired: Mutex<VecDeque<(u64, Vec<Extent>)>>,
+    any_retired: AtomicBool,
+    /// Large values in the database (the meta page's count, followed in
+    /// memory): while zero, a commit need not look for a reference to
+    /// free under the keys it writes.
+    pub(crate) live: AtomicU64,
+}
+
+/// A read of large values in progress: while it lives, no extent freed
+/// after it began is handed out again.
+pub struct BlobReadGuard<'a> {
+    state: &'a BlobState,
+    slot: usize,
+}
+
+impl Drop for BlobReadGuard<'_> {
+    fn drop(&mut self) {
+        self.state.active[self.slot].fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Extents held for one large value between allocation and commit: marked
+/// used in memory only. Dropped without [`BlobHold::keep`] (the commit
+/// failed or never came), they are free again.
+pub struct BlobHold<'a> {
+    pool: &'a BufferPool,
+    extents: Vec<Extent>,
+    reused: bool,
+    kept: bool,
+}
+
+impl BlobHold<'_> {
+    /// The extents, in value order.
+    pub fn extents(&self) -> &[Extent] {
+        &self.extents
+    }
+
+    /// True if some extent lies below the old high-water mark (pages a
+    /// tree or value used before, whose freeing may not be durable yet).
+    pub fn reused(&self) -> bool {
+        self.reused
+    }
+
+    /// The commit record that sets the extents' map bits was appended: the
+    /// hold becomes the value's.
+    pub fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for BlobHold<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.pool.unhold(&self.extents);
+        }
+    }
+}
+
+impl BufferPool {
+    /// Enters a read of large values (see [`BlobReadGuard`]).
+    pub fn blob_reader(&self) -> BlobReadGuard<'_> {
+        let s = &self.alloc.blobs;
+        loop {
+            let e = s.epoch.load(Ordering::SeqCst);
+            let slot = (e % 2) as usize;
+            s.active[slot].fetch_add(1, Ordering::SeqCst);
+            if s.epoch.load(Ordering::SeqCst) == e {
+                return BlobReadGuard { state: s, slot };
+            }
+            s.active[slot].fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Large values in the database.
+    pub fn large_values(&self) -> u64 {
+        self.alloc.blobs.live.load(Ordering::Acquire)
+    }
+
+    /// Takes `pages` pages for one large value, in at most `max_extents`
+    /// runs, marked used in memory only. The caller holds a
+    /// [`super::alloc::Reservation`] covering them. Runs of free pages
+    /// below the high-water mark come first, then the mark moves (its
+    /// move is logged now: the pages past it become free pages below it,
+    /// which leaks nothing).
+    pub async fn blob_hold(&self, pages: u64, max_extents: usize) -> Result<BlobHold<'_>> {
+        self.check_ready()?;
+        self.release_retired();
+        let mut hold = BlobHold {
+            pool: self,
+            extents: Vec::new(),
+            reused: false,
+            kept: false,
+        };
+        if pages == 0 {
+            return Ok(hold);
+        }
+        let min_run = (MIN_RUN_BYTES / self.page_size as u64).max(1);
+        let mut left = pages;
+        // Reused runs may take half the extents; the mark needs few.
+        while left > 0 && hold.extents.len() < max_extents / 2 {
+            let Some((start, n)) = self.mirror().take_run(left.min(min_run), left) else {
+                break;
+            };
+            hold.push(start, n);
+            hold.reused = true;
+            left -= n;
+        }
+        if left > 0 {
+            let mut s = self.lock_space().await?;
+            while left > 0 && hold.extents.len() <= max_extents {
+                match self.extend_mark(&mut s).await {
+                    Ok(pid) => {
+                        let set = self.mirror().set(pid);
+                        debug_assert!(set);
+                        hold.push(pid, 1);
+                        left -= 1;
+                    }
+                    Err(Error::NoSpace(_)) => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            self.log_with_space(&mut [], &mut s)?;
+        }
+        // Whatever is left, from any free run (fragmented space).
+        while left > 0 && hold.extents.len() < max_extents {
+            let Some((start, n)) = self.mirror().take_run(1, left) else {
+                break;
+            };
+            hold.push(start, n);
+            hold.reused = true;
+            left -= n;
+        }
+        if left > 0 || hold.extents.len() > max_extents {
+            return Err(Error::NoSpace(format!(
+                "a large value of {pages} pages does not fit in {max_extents} runs of free pages"
+            )));
+        }
+        self.took_pages(pages);
+        if hold.reused {
+            for e in &hold.extents {
+                for pid in e.page_ids() {
+                    self.discard(pid).await?;
+                }
+            }
+        }
+        Ok(hold)
+    }
+
+    /// Gives held extents back (their commit never came).
+    fn unhold(&self, extents: &[Extent]) {
+        let mut m = self.mirror();
+        let mut n = 0;
+        for e in extents {
+            for pid in e.page_ids() {
+                n += u64::from(m.clear(pid));
+            }
+        }
+        drop(m);
+        self.alloc.available.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Drops the frame of page `pid`, if resident, without writing it:
+    /// the page now belongs to a large value written around the pool.
+    /// Waits for a write-back in flight (it would land after the value).
+    async fn discard(&self, pid: u64) -> Result<()> {
+        // Bounded: a freed page is latched only briefly (a write-back, a
+        // stale optimistic reader).
+        for _ in 0..1_000_000 {
+            let state = self.table.state(pid).load(Ordering::Acquire);
+            match lock_of(state) {
+                EVICTED => return Ok(()),
+                UNLOCKED => {
+                    let f = self.table.frame(pid);
+                    if self.frames[f as usize].writing.load(Ordering::Acquire) {
+                        sched::yield_now().await;
+                        continue;
+                    }
+                    if !self.table.try_lock_exclusive(pid) {
+                        continue;
+                    }
+                    if self.table.frame(pid) != f
+                        || self.frames[f as usize].pid.load(Ordering::Acquire) != pid
+                    {
+                        self.table.unlock_exclusive(pid);
+                        continue;
+                    }
+                    self.set_dirty(f, false);
+                    self.frames[f as usize]
+                        .pid
+                        .store(super::NO_PAGE, Ordering::Release);
+                    self.table.mark_evicted(pid);
+                    self.return_frames(&[f]);
+                    return Ok(());
+                }
+                _ => sched::yield_now().await,
+            }
+        }
+        Err(Error::Poisoned(format!(
+            "page {pid}, freed, stayed latched while a large value took it"
+        )))
+    }
+
+    /// Under a commit's space guard: sets the map bits of the extents
+    /// `taken` (held by [`BufferPool::blob_hold`]) and clears those of
+    /// `freed` (the references the commit replaces or deletes), and moves
+    /// the count of large values by `taken_values - freed_values`. The
+    /// caller logs the guard with its commit record
+    /// ([`BufferPool::log_commit`]); the freed extents stay used in memory
+    /// until [`BufferPool::retire`] lets them go.
+    pub async fn blob_space_in<'a>(
+        &'a self,
+        s: &mut SpaceGuard<'a>,
+        taken: &[Extent],
+        freed: &[Extent],
+        delta_values: i64,
+    ) -> Result<()> {
+        let live = s
+            .large_values()
+            .checked_add_signed(delta_values)
+            .ok_or_else(|| Error::Corrupt {
+                page: super::alloc::META_PAGE,
+                what: "the count of large values would go below zero".into(),
+            })?;
+        // Check every bit first: a change made halfway would be logged
+        // when the guard drops.
+        for check_only in [true, false] {
+            for (set, extents) in [(true, taken), (false, freed)] {
+                for e in extents {
+                    for pid in e.page_ids() {
+                        self.flip_bit(s, pid, set, check_only).await?;
+                    }
+                }
+            }
+        }
+        s.set_large_values(live);
+        self.alloc.blobs.live.store(live, Ordering::Release);
+        Ok(())
+    }
+
+    /// Queues extents whose freeing commit is applied (its leaves no
+    /// longer name them) for reuse once every reader that could still be
+    /// in them has left.
+    pub fn retire(&self, extents: Vec<Extent>) {
+        if extents.is_empty() {
+            return;
+        }
+        let s = &self.alloc.blobs;
+        let e = s.epoch.load(Ordering::SeqCst);
+        s.retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back((e, extents));
+        s.any_retired.store(true, Ordering::Release);
+        self.release_retired();
+    }
+
+    /// Moves the epoch on when the readers of the one before have left,
+    /// and hands out the retired extents no reader can be in any more.
+    pub(crate) fn release_retired(&self) {
+        let s = &self.alloc.blobs;
+        if !s.any_retired.load(Ordering::Acquire) {
+            return;
+        }
+        for _ in 0..2 {
+            let e = s.epoch.load(Ordering::SeqCst);
+            // Readers of epoch e - 1 share a counter with e + 1.
+            if s.active[((e + 1) % 2) as usize].load(Ordering::SeqCst) == 0 {
+                let _ = s
+                    .epoch
+                    .compare_exchange(e, e + 1, Ordering::SeqCst, Ordering::SeqCst);
+            }
+        }
+        let now = s.epoch.load(Ordering::SeqCst);
+        let mut ready = Vec::new();
+        {
+            let mut r = s.retired.lock().unwrap_or_else(|p| p.into_inner());
+            while r.front().is_some_and(|(e, _)| e + 2 <= now) {
+                if let Some((_, x)) = r.pop_front() {
+                    ready.extend(x);
+                }
+            }
+            s.any_retired.store(!r.is_empty(), Ordering::Release);
+        }
+        if !ready.is_empty() {
+            self.unhold(&ready);
+        }
+    }
+
+    /// Writes `bytes` into `extents` (which hold exactly its pages) and
+    /// returns their crc32c. Not synced: the caller syncs the devices
+    /// ([`BufferPool::sync_devices`]) before its commit record. Runs on a
+    /// worker.
+    pub async fn write_blob(&self, extents: &[Extent], bytes: &[u8]) -> Result<u32> {
+        let ps = self.page_size;
+        let crc = crc32c::crc32c(bytes);
+        let mut inflight = VecDeque::new();
+        for (dev, offset, pieces) in self.blob_ios(extents, 0, bytes.len().div_ceil(ps) as u64) {
+            let mut buf = AlignedBuf::new(pieces.len() * ps, ps)?;
+            for (k, &page_no) in pieces.iter().enumerate() {
+                let from = page_no as usize * ps;
+                let to = (from + ps).min(bytes.len());
+                buf[k * ps..k * ps + (to - from)].copy_from_slice(&bytes[from..to]);
+            }
+            if inflight.len() == DEPTH {
+                if let Some(f) = inflight.pop_front() {
+                    f.await?;
+                }
+            }
+            inflight.push_back(sched::perform(
+                dev,
+                Request::write(0, offset, IoBuf::owned(buf)),
+            ));
+        }
+        for f in inflight {
+            f.await?;
+        }
+        Ok(crc)
+    }
+
+    /// Reads bytes `offset..offset + out.len()` of the value at `r` into
+    /// `out`: only the pages covering the range, 1 MiB per I/O. The caller
+    /// holds a [`BlobReadGuard`] taken before it read the reference.
+    pub async fn read_blob(&self, r: &BlobRef, offset: u64, out: &mut [u8]) -> Result<()> {
+        let end = offset
+            .checked_add(out.len() as u64)
+            .filter(|&e| e <= r.len)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "bytes {offset}..{} of a value of {} bytes",
+                    offset.saturating_add(out.len() as u64),
+                    r.len
+                ))
+            })?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let ps = self.page_size as u64;
+        let (first, last) = (offset / ps, end.div_ceil(ps));
+        let mut inflight = VecDeque::new();
+        for (dev, off, pieces) in self.blob_ios(&r.extents, first, last) {
+            let region = Arc::new(AlignedBuf::new(pieces.len() * ps as usize, ps as usize)?);
+            // SAFETY: `region` is ours alone; nobody reads or writes it
+            // until this request's completion is awaited below.
+            let buf = unsafe { IoBuf::shared(region.clone(), 0, region.len())? };
+            if inflight.len() == DEPTH {
+                if let Some((f, rg, p)) = inflight.pop_front() {
+                    self.copy_out(f, rg, p, offset, out).await?;
+                }
+            }
+            inflight.push_back((
+                sched::perform(dev, Request::read(0, off, buf)),
+                region,
+                pieces,
+            ));
+        }
+        for (f, rg, p) in inflight {
+            self.copy_out(f, rg, p, offset, out).await?;
+        }
+        Ok(())
+    }
+
+    /// Awaits one read of [`BufferPool::read_blob`] and copies the part of
+    /// its pages (value page numbers `pieces`) that the range wants.
+    async fn copy_out(
+        &self,
+        read: impl std::future::Future<Output = Result<()>>,
+        region: Arc<AlignedBuf>,
+        pieces: Vec<u64>,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        read.await?;
+        let ps = self.page_size as u64;
+        let end = offset + out.len() as u64;
+        for (k, &page_no) in pieces.iter().enumerate() {
+            let (from, to) = ((page_no * ps).max(offset), ((page_no + 1) * ps).min(end));
+            if from >= to {
+                continue;
+            }
+            let at = k as u64 * ps + (from - page_no * ps);
+            out[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&region[at as usize..(at + to - from) as usize]);
+        }
+        Ok(())
+    }
+
+    /// The I/Os covering value pages `first..last` of `extents`: per
+    /// device, runs of pages consecutive on it (a page `p` is on device
+    /// `p % width`), at most [`IO_BYTES`] each, as (device, byte offset,
+    /// the value page numbers in order).
+    fn blob_ios(&self, extents: &[Extent], first: u64, last: u64) -> Vec<(usize, u64, Vec<u64>)> {
+        let per_io = (IO_BYTES / self.page_size).max(1);
+        let mut out: Vec<(usize, u64, Vec<u64>)> = Vec::new();
+        let mut page_no = 0u64;
+        for e in extents {
+            let (e_first, e_last) = (page_no, page_no + u64::from(e.pages));
+            page_no = e_last;
+            let (lo, hi) = (first.max(e_first), last.min(e_last));
+            if lo >= hi {
+                continue;
+            }
+            // One open run per device within this extent.
+            let mut open: Vec<Option<(u64, u64, Vec<u64>)>> = vec![None; self.array.width()];
+            for v in lo..hi {
+                let pid = e.start + (v - e_first);
+                let (dev, off) = self.array.locate(pid);
+                let run = &mut open[dev];
+                match run {
+                    Some((_, next, pages)) if *next == off && pages.len() < per_io => {
+                        pages.push(v);
+                        *next += self.page_size as u64;
+                    }
+                    _ => {
+                        if let Some((start, _, pages)) = run.take() {
+                            out.push((dev, start, pages));
+                        }
+                        *run = Some((off, off + self.page_size as u64, vec![v]));
+                    }
+                }
+            }
+            for (dev, run) in open.into_iter().enumerate() {
+                if let Some((start, _, pages)) = run {
+                    out.push((dev, start, pages));
+                }
+            }
+        }
+        out
+    }
+}
+
+impl BlobHold<'_> {
+    /// Appends page run `start..start + n`, merging with the last extent
+    /// when it continues it.
+    fn push(&mut self, start: u64, n: u64) {
+        let mut start = start;
+        let mut n = n;
+        if let Some(last) = self.extents.last_mut() {
+            if last.start + u64::from(last.pages) == start {
+                let room = u64::from(u32::MAX - last.pages).min(n);
+                last.pages += room as u32;
+                start += room;
+                n -= room;
+            }
+        }
+        while n > 0 {
+            let take = n.min(u64::from(u32::MAX));
+            self.extents.push(Extent {
+                start,
+                pages: take as u32,
+            });
+            start += take;
+            n -= take;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_round_trip_and_damage() {
+        let r = BlobRef {
+            len: 4096 * 3 + 5,
+            crc: 7,
+            extents: vec![
+                Extent { start: 9, pages: 3 },
+                Extent {
+                    start: 100,
+                    pages: 1,
+                },
+            ],
+        };
+        let b = r.encode();
+        assert_eq!(b.len(), REF_HEADER + 2 * EXTENT_BYTES);
+        assert_eq!(BlobRef::decode(&b, 4096), Ok(r.clone()));
+        assert_eq!(r.pages(), 4);
+        // Wrong page count for the length, cut short, zero-page extent.
+        assert!(BlobRef::decode(&b, 8192).is_err());
+        assert!(BlobRef::decode(&b[..b.len() - 1], 4096).is_err());
+        let mut z = b.clone();
+        z[REF_HEADER + 8..REF_HEADER + 12].fill(0);
+        assert!(BlobRef::decode(&z, 4096).is_err());
+        assert!(BlobRef::decode(&[], 4096).is_err());
+        assert_eq!(max_extents(1024), 84);
+    }
+}

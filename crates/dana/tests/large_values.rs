@@ -1,0 +1,113 @@
+//! Large values: stored outside the leaves, written and synced before the
+//! commit record, freed when replaced or deleted, across reopen and crash.
+
+use dana::{Db, Durability, Options};
+
+fn opts() -> Options {
+    Options::default()
+        .pool_bytes(8 << 20)
+        .capacity_bytes(256 << 20)
+}
+
+fn value(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+#[test]
+fn large_values_round_trip_replace_delete_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path(), opts()).unwrap();
+        let t = db.create_tree("t").unwrap();
+        let sizes = [1025usize, 4096, 64 << 10, 1 << 20, (3 << 20) + 17];
+        for (i, &n) in sizes.iter().enumerate() {
+            t.put(&[i as u8], &value(i as u8, n)).unwrap();
+        }
+        t.put(b"small", b"v").unwrap();
+        for (i, &n) in sizes.iter().enumerate() {
+            assert_eq!(t.get(&[i as u8]).unwrap(), Some(value(i as u8, n)));
+            assert_eq!(t.value_len(&[i as u8]).unwrap(), Some(n as u64));
+        }
+        // Byte ranges, across extent and page boundaries.
+        let v = value(4, sizes[4]);
+        let mut buf = vec![0u8; 10_000];
+        assert_eq!(t.read_value(&[4], 4090, &mut buf).unwrap(), Some(10_000));
+        assert_eq!(buf, v[4090..14_090]);
+        // Replace a large value by a small one, and by another large one;
+        // delete one.
+        t.put(&[0], b"now small").unwrap();
+        t.put(&[1], &value(9, 200_000)).unwrap();
+        assert!(t.delete(&[2]).unwrap());
+        assert_eq!(db.pool().large_values(), 3);
+        let r = db.check().unwrap();
+        assert!(r.is_ok(), "{r:?}");
+        // The iterator returns the values, large or not.
+        let all: Vec<(Vec<u8>, Vec<u8>)> = t.iter().map(|e| e.unwrap()).collect();
+        assert_eq!(all.len(), 5);
+        assert_eq!(all[1], (vec![1], value(9, 200_000)));
+        db.close().unwrap();
+    }
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let t = db.tree("t").unwrap();
+    assert_eq!(t.get(&[0]).unwrap(), Some(b"now small".to_vec()));
+    assert_eq!(t.get(&[1]).unwrap(), Some(value(9, 200_000)));
+    assert_eq!(t.get(&[2]).unwrap(), None);
+    assert_eq!(t.get(&[4]).unwrap(), Some(value(4, (3 << 20) + 17)));
+    assert_eq!(db.pool().large_values(), 3);
+    let r = db.check().unwrap();
+    assert!(r.is_ok(), "{r:?}");
+}
+
+#[test]
+fn freed_extents_are_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    t.put(b"k", &value(1, 1 << 20)).unwrap();
+    let space = |db: &Db| {
+        db.block_on({
+            let p = db.pool().clone();
+            async move { p.space().await }
+        })
+        .unwrap()
+        .unwrap()
+    };
+    let mark = space(&db).next_unused;
+    for i in 0..20u8 {
+        t.put(b"k", &value(i, 1 << 20)).unwrap();
+    }
+    assert_eq!(t.get(b"k").unwrap(), Some(value(19, 1 << 20)));
+    // Two values' worth at most: the old one is reused once no reader can
+    // be in it.
+    assert!(
+        space(&db).next_unused <= mark + 2 * 256 + 8,
+        "{:?}",
+        space(&db)
+    );
+    t.delete(b"k").unwrap();
+    assert_eq!(db.pool().large_values(), 0);
+    let r = db.check().unwrap();
+    assert!(r.is_ok(), "{r:?}");
+}
+
+#[test]
+fn large_values_without_a_log_and_in_a_dropped_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts().durability(Durability::Off)).unwrap();
+    let t = db.create_tree("t").unwrap();
+    t.put(b"a", &value(3, 300_000)).unwrap();
+    t.put(b"b", &value(4, 5000)).unwrap();
+    assert_eq!(t.get(b"a").unwrap(), Some(value(3, 300_000)));
+    // A plain tree write may not drop a large value's reference.
+    let bt = t.unlogged_btree().clone();
+    let r = db
+        .block_on(async move { bt.put(b"a", b"x").await })
+        .unwrap();
+    assert!(matches!(r, Err(dana::Error::InvalidArgument(_))), "{r:?}");
+    assert!(db.drop_tree("t").unwrap());
+    assert_eq!(db.pool().large_values(), 0);
+    let r = db.check().unwrap();
+    assert!(r.is_ok(), "{r:?}");
+}
