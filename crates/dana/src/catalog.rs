@@ -121,8 +121,7 @@ async fn free_references<'a>(
     if n.is_leaf() {
         for i in 0..n.len() {
             if n.is_ref_at(i) {
-                let r = BlobRef::decode(n.payload_at(i), pool.page_size())
-                    .map_err(|what| Error::Corrupt { page: pid, what })?;
+                let r = BlobRef::read(n.payload_at(i), pool.page_size(), pid)?;
                 freed.extend(r.extents);
                 values += 1;
             }

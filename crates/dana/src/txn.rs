@@ -246,37 +246,38 @@ impl Committer {
         let pages = pages_needed(&self.pool, &writes).await? + large.pages;
         let space = self.pool.reserve(pages).await?;
         let stored = self.store_large_values(&mut writes, &large).await?;
-        let (logged, log_space) = match &self.wal {
-            Some(w) if !writes.is_empty() => {
-                let head = record::commit_head(&writes);
+        let head = match &self.wal {
+            Some(_) if !writes.is_empty() => Some(record::commit_head(&writes)),
+            _ => None,
+        };
+        let log_space = match (&self.wal, &head) {
+            (Some(w), Some(h)) => {
                 // Every page the apply touches or allocates may log a full
                 // image, and so may the map pages of large values.
                 let page_bytes = (self.pool.page_size() + record::HEADER + 16) as u64;
                 let touched = pages + writes.len() as u64 + stored.map_pages;
-                let r = w
-                    .admit(head.len() as u64 + 8 + touched * page_bytes)
-                    .await?;
-                let at = if stored.changes_space() {
-                    let mut s = self.pool.lock_space().await?;
-                    self.pool
-                        .blob_space_in(&mut s, &stored.taken, &large.freed, stored.delta)
-                        .await?;
-                    self.pool.log_commit(&mut s, head.into_raw())?
-                } else {
-                    let mut head = head;
-                    head.u32(0);
-                    w.append_commit(head.into_unsealed())?
-                };
-                (Some(at), Some(r))
+                Some(w.admit(h.len() as u64 + 8 + touched * page_bytes).await?)
             }
-            _ => {
-                if stored.changes_space() {
-                    let mut s = self.pool.lock_space().await?;
-                    self.pool
-                        .blob_space_in(&mut s, &stored.taken, &large.freed, stored.delta)
-                        .await?;
+            _ => None,
+        };
+        let logged = if stored.changes_space() {
+            // The map bits of the extents taken and freed go into the
+            // commit record: durable exactly when the commit is.
+            let mut s = self.pool.lock_space().await?;
+            self.pool
+                .blob_space_in(&mut s, &stored.taken, &large.freed, stored.delta)
+                .await?;
+            match head {
+                Some(h) => Some(self.pool.log_commit(&mut s, h.into_raw())?),
+                None => None,
+            }
+        } else {
+            match (&self.wal, head) {
+                (Some(w), Some(mut h)) => {
+                    h.u32(0);
+                    Some(w.append_commit(h.into_unsealed())?)
                 }
-                (None, None)
+                _ => None,
             }
         };
         // The map bits are set in the commit: the extents are the values'.
@@ -330,7 +331,7 @@ struct LargePlan {
 }
 
 /// Large values written and synced, ready for the commit record.
-struct Stored<'a> {
+struct Written<'a> {
     holds: Vec<BlobHold<'a>>,
     taken: Vec<Extent>,
     /// Change of the count of large values.
@@ -339,9 +340,10 @@ struct Stored<'a> {
     map_pages: u64,
 }
 
-impl Stored<'_> {
+impl Written<'_> {
+    /// True if the commit takes or frees extents.
     fn changes_space(&self) -> bool {
-        self.delta != 0 || !self.taken.is_empty() || self.map_pages > 0
+        self.map_pages > 0
     }
 }
 
@@ -372,11 +374,7 @@ impl Committer {
         }
         if self.pool.large_values() > 0 {
             for w in writes {
-                if let Some((raw, true)) = BTree::open(&self.pool, w.tree).get_raw(&w.key).await? {
-                    let r = BlobRef::decode(&raw, ps).map_err(|what| Error::Corrupt {
-                        page: w.tree,
-                        what: format!("tree {}: {what}", w.tree),
-                    })?;
+                if let Some(r) = BTree::open(&self.pool, w.tree).reference(&w.key).await? {
                     plan.freed.extend(r.extents);
                     plan.freed_values += 1;
                 }
@@ -394,7 +392,7 @@ impl Committer {
         &'a self,
         writes: &mut [Write],
         plan: &LargePlan,
-    ) -> Result<Stored<'a>> {
+    ) -> Result<Written<'a>> {
         let ps = self.pool.page_size();
         let max_extents = blob::max_extents(node::max_payload_len(ps));
         let mut holds = Vec::with_capacity(plan.writes.len());
@@ -436,12 +434,14 @@ impl Committer {
         groups.sort_unstable();
         groups.dedup();
         let delta = holds.len() as i64 - plan.freed_values;
-        let map_pages = if groups.is_empty() && delta == 0 {
+        // Every large value taken or freed has an extent, so no groups
+        // means no space change at all.
+        let map_pages = if groups.is_empty() {
             0
         } else {
             groups.len() as u64 + 1
         };
-        Ok(Stored {
+        Ok(Written {
             holds,
             taken,
             delta,

@@ -396,35 +396,42 @@ impl BTree {
     }
 
     /// The stored payload of `key` and whether it is a large value's
-    /// reference (`buffer::blob::BlobRef`), if present.
-    pub async fn get_raw(&self, key: &[u8]) -> Result<Option<(Vec<u8>, bool)>> {
+    /// reference, if present.
+    async fn get_raw(&self, key: &[u8]) -> Result<Option<(Vec<u8>, bool)>> {
         self.check_key(key)?;
         let g = self.leaf_shared(key, None).await?;
         let n = Node::new(&g).map_err(corrupt(g.pid()))?;
         Ok(n.get_entry(key).map(|(v, r)| (v.to_vec(), r)))
     }
 
-    /// The reference of `key` read again inside a reader epoch (so its
-    /// extents stay its own while the guard lives), or the value if it is
-    /// no longer a reference.
-    async fn reference(&self, key: &[u8]) -> Result<Option<Stored>> {
-        let page_size = self.pool.page_size();
+    /// What `key` holds: a value, or a large value's reference. To use the
+    /// reference's extents, read it inside a reader epoch
+    /// ([`BufferPool::blob_reader`]) so that they stay its own.
+    async fn stored(&self, key: &[u8]) -> Result<Option<Stored>> {
         Ok(match self.get_raw(key).await? {
             None => None,
             Some((v, false)) => Some(Stored::Value(v)),
-            Some((raw, true)) => Some(Stored::Reference(
-                BlobRef::decode(&raw, page_size).map_err(|what| Error::Corrupt {
-                    page: self.root,
-                    what: format!("tree {}: {what}", self.root),
-                })?,
-            )),
+            Some((raw, true)) => Some(Stored::Reference(BlobRef::read(
+                &raw,
+                self.pool.page_size(),
+                self.root,
+            )?)),
+        })
+    }
+
+    /// The reference of the large value under `key`, if it holds one (a
+    /// commit reads the one it replaces under the key's lock).
+    pub(crate) async fn reference(&self, key: &[u8]) -> Result<Option<BlobRef>> {
+        Ok(match self.stored(key).await? {
+            Some(Stored::Reference(r)) => Some(r),
+            _ => None,
         })
     }
 
     /// [`BTree::get`] of a key that held a reference when last seen.
     async fn get_large(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let _reader = self.pool.blob_reader();
-        let r = match self.reference(key).await? {
+        let r = match self.stored(key).await? {
             None => return Ok(None),
             Some(Stored::Value(v)) => return Ok(Some(v)),
             Some(Stored::Reference(r)) => r,
@@ -452,18 +459,10 @@ impl BTree {
 
     /// The length of the value of `key`, if present.
     pub async fn value_len(&self, key: &[u8]) -> Result<Option<u64>> {
-        Ok(match self.get_raw(key).await? {
-            None => None,
-            Some((v, false)) => Some(v.len() as u64),
-            Some((raw, true)) => Some(
-                BlobRef::decode(&raw, self.pool.page_size())
-                    .map_err(|what| Error::Corrupt {
-                        page: self.root,
-                        what,
-                    })?
-                    .len,
-            ),
-        })
+        Ok(self.stored(key).await?.map(|s| match s {
+            Stored::Value(v) => v.len() as u64,
+            Stored::Reference(r) => r.len,
+        }))
     }
 
     /// Reads the bytes of the value of `key` from `offset` into `out` (as
@@ -478,7 +477,7 @@ impl BTree {
         out: &mut [u8],
     ) -> Result<Option<usize>> {
         let _reader = self.pool.blob_reader();
-        match self.reference(key).await? {
+        match self.stored(key).await? {
             None => Ok(None),
             Some(Stored::Value(v)) => {
                 let from = (offset.min(v.len() as u64)) as usize;
@@ -555,9 +554,11 @@ impl BTree {
             };
             match res {
                 Ok(replaced) => {
-                    if is_ref || replaced {
+                    // An insert or update clears the mark; a reference
+                    // sets it again.
+                    if is_ref {
                         let (i, _) = n.as_node().lower_bound(key);
-                        n.set_ref_at(i, is_ref);
+                        n.set_ref_at(i, true);
                     }
                     leaf.cover(self.cover);
                     return Ok(replaced);

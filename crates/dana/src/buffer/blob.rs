@@ -127,6 +127,13 @@ impl BlobRef {
         Ok(BlobRef { len, crc, extents })
     }
 
+    /// [`BlobRef::decode`] of a reference found on page `page` (a leaf, or
+    /// a tree's root for one found through the tree): damage is
+    /// [`Error::Corrupt`] naming it.
+    pub fn read(b: &[u8], page_size: usize, page: u64) -> Result<BlobRef> {
+        BlobRef::decode(b, page_size).map_err(|what| Error::Corrupt { page, what })
+    }
+
     /// Pages the value takes.
     pub fn pages(&self) -> u64 {
         self.extents.iter().map(|e| u64::from(e.pages)).sum()
@@ -230,10 +237,9 @@ impl BufferPool {
     /// [`super::alloc::Reservation`] covering them. Runs of free pages
     /// below the high-water mark come first, then the mark moves (its
     /// move is logged now: the pages past it become free pages below it,
-    /// which leaks nothing).
+    /// which leaks nothing). Retired extents were released by reserving.
     pub async fn blob_hold(&self, pages: u64, max_extents: usize) -> Result<BlobHold<'_>> {
         self.check_ready()?;
-        self.release_retired();
         let mut hold = BlobHold {
             pool: self,
             extents: Vec::new(),
@@ -325,12 +331,14 @@ impl BufferPool {
                         continue;
                     }
                     if !self.table.try_lock_exclusive(pid) {
+                        sched::yield_now().await;
                         continue;
                     }
                     if self.table.frame(pid) != f
                         || self.frames[f as usize].pid.load(Ordering::Acquire) != pid
                     {
                         self.table.unlock_exclusive(pid);
+                        sched::yield_now().await;
                         continue;
                     }
                     self.set_dirty(f, false);

@@ -432,7 +432,14 @@ impl BufferPool {
         // whose LSN moved without a record of it could skip the full image
         // its first change after a checkpoint owes: a crash run found
         // such a torn page that recovery could not rebuild.)
-        let mut held = vec![false; pages.len()];
+        // No allocation for the usual group (a split: up to 5 pages).
+        let (mut small, mut large) = ([false; 16], Vec::new());
+        let held: &mut [bool] = if pages.len() <= small.len() {
+            &mut small[..pages.len()]
+        } else {
+            large.resize(pages.len(), false);
+            &mut large
+        };
         let logged = {
             let mut changes: Vec<PageChange<'_>> = Vec::with_capacity(pages.len());
             for (i, g) in pages.iter_mut().enumerate() {

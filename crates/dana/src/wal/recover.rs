@@ -207,10 +207,9 @@ fn read_stream(log: &Target, ctl: &Control) -> Result<Vec<u8>> {
 pub struct Scan {
     /// Records in the valid log.
     pub records: u64,
-    /// (LSN, offset in the stream) of every Pages record.
-    pub pages: Vec<(u64, usize)>,
-    /// (LSN, offset in the stream) of every Commit record.
-    pub commits: Vec<(u64, usize)>,
+    /// (LSN, offset in the stream) of every Pages and Commit record, in
+    /// log order: the records recovery redoes or re-applies.
+    pub changes: Vec<(u64, usize)>,
     /// The LSN after the last valid record.
     pub end: u64,
     /// Checksum of the last valid record.
@@ -238,10 +237,8 @@ pub fn scan(stream: &[u8], ctl: &Control) -> Result<Scan> {
         match parsed {
             Parsed::Record(r) if last.is_none_or(|c| c == r.prev) => {
                 out.records += 1;
-                match r.kind {
-                    Kind::Pages => out.pages.push((pos, off)),
-                    Kind::Commit => out.commits.push((pos, off)),
-                    Kind::Checkpoint | Kind::Flush => {}
+                if matches!(r.kind, Kind::Pages | Kind::Commit) {
+                    out.changes.push((pos, off));
                 }
                 last = Some(r.crc);
                 pos += r.len as u64;
@@ -306,7 +303,7 @@ pub fn verify(log: &Target) -> Result<Option<Scan>> {
 pub fn needs_recovery(log: &Target, ctl: Control) -> Result<bool> {
     let stream = read_stream(log, &ctl)?;
     let s = scan(&stream, &ctl)?;
-    Ok(!s.pages.is_empty() || !s.commits.is_empty())
+    Ok(!s.changes.is_empty())
 }
 
 /// Scans the log and redoes page changes onto `array`'s devices, then
@@ -327,20 +324,13 @@ pub fn recover(array: &Array, log: &Target, ctl: Control) -> Result<Recovered> {
     // Page entries by page, in log order: those of Pages records and the
     // map changes that commit records of large values carry.
     let mut by_page: BTreeMap<u64, Vec<(u64, record::PageEntry<'_>)>> = BTreeMap::new();
-    let mut records: Vec<(u64, usize, bool)> = found
-        .pages
-        .iter()
-        .map(|&(lsn, off)| (lsn, off, false))
-        .chain(found.commits.iter().map(|&(lsn, off)| (lsn, off, true)))
-        .collect();
-    records.sort_unstable();
-    for (lsn, off, is_commit) in records {
+    for &(lsn, off) in &found.changes {
         let Parsed::Record(r) = record::parse(&stream[off..], lsn) else {
             return Err(Error::Log(format!(
                 "record at LSN {lsn} changed under recovery"
             )));
         };
-        let entries = if is_commit {
+        let entries = if r.kind == Kind::Commit {
             out.commits.push((lsn, record::commit_writes(&r)?));
             record::commit_pages(&r)?
         } else {
