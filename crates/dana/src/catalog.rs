@@ -55,12 +55,11 @@ pub(crate) async fn create(committer: &Committer, catalog: &BTree, name: &[u8]) 
         return Err(Error::KeyExists);
     }
     let root = allocate_root(committer).await?;
-    let w = Write {
-        tree: catalog.root(),
-        key: name.to_vec(),
-        value: Some(root.to_le_bytes().to_vec()),
-        reference: false,
-    };
+    let w = Write::new(
+        catalog.root(),
+        name.to_vec(),
+        Some(root.to_le_bytes().to_vec()),
+    );
     let check = (catalog.root(), name.to_vec(), Expect::Absent);
     let done = committer
         .commit(vec![w], vec![check], Durability::Sync)
@@ -180,12 +179,7 @@ pub(crate) async fn begin_drop(
         pool.set_root_in(&mut m, DROPPING_SLOT, root)?;
         pool.log_with_space(&mut [], &mut m)?;
     }
-    let w = Write {
-        tree: catalog.root(),
-        key: name.to_vec(),
-        value: None,
-        reference: false,
-    };
+    let w = Write::new(catalog.root(), name.to_vec(), None);
     let check = (
         catalog.root(),
         name.to_vec(),

@@ -974,12 +974,9 @@ impl Tree {
         checks: Vec<(u64, Vec<u8>, Expect)>,
     ) -> Result<bool> {
         self.check_sizes(key, value)?;
-        let w = Write {
-            tree: self.btree.root(),
-            key: key.to_vec(),
-            value: value.map(<[u8]>::to_vec),
-            reference: false,
-        };
+        // The value is borrowed: a large one goes from these bytes to its
+        // extents, never copied whole.
+        let w = Write::borrowed(self.btree.root(), key, value);
         let c = &self.db.inner.committer;
         let applied = c.commit(vec![w], checks, c.durability).await?;
         Ok(applied.first() == Some(&Applied::Replaced))

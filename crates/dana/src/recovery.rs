@@ -107,7 +107,7 @@ pub(crate) fn prepare_log(
 pub(crate) async fn reapply(
     pool: &Arc<BufferPool>,
     wal: Option<&Arc<Wal>>,
-    commits: &[(u64, Vec<Write>)],
+    commits: &[(u64, Vec<Write<'static>>)],
 ) -> Result<()> {
     // LSN of each commit's record, and whether the log counts it as being
     // applied (only after it was appended again).

@@ -113,7 +113,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         Some(pool.memory()),
     )?;
     let p = pool.clone();
-    let commits: Vec<(u64, Vec<Write>)> = recovered
+    let commits: Vec<(u64, Vec<Write<'static>>)> = recovered
         .as_mut()
         .map(|r| std::mem::take(&mut r.commits))
         .unwrap_or_default();

@@ -35,6 +35,7 @@
 //! Never: applies a write before its commit record is appended, or
 //! acknowledges a `Sync` commit before its record is durable.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -199,7 +200,7 @@ impl Committer {
     /// write, whether the key existed. Must run on a worker.
     pub(crate) async fn commit(
         &self,
-        writes: Vec<Write>,
+        writes: Vec<Write<'_>>,
         checks: Vec<(u64, Vec<u8>, Expect)>,
         durability: Durability,
     ) -> Result<Vec<Applied>> {
@@ -212,7 +213,7 @@ impl Committer {
     /// record (0 without a log or without writes).
     pub(crate) async fn commit_at(
         &self,
-        mut writes: Vec<Write>,
+        mut writes: Vec<Write<'_>>,
         checks: Vec<(u64, Vec<u8>, Expect)>,
         durability: Durability,
     ) -> Result<(Vec<Applied>, u64)> {
@@ -351,7 +352,7 @@ impl Committer {
     /// Finds the large values among `writes` and the references under
     /// their keys (only if the database holds any: the key locks make the
     /// count current for these keys).
-    async fn store_large_values_prepare(&self, writes: &[Write]) -> Result<LargePlan> {
+    async fn store_large_values_prepare(&self, writes: &[Write<'_>]) -> Result<LargePlan> {
         let ps = self.pool.page_size();
         let inline_max = node::max_payload_len(ps);
         let mut plan = LargePlan {
@@ -390,14 +391,14 @@ impl Committer {
     /// bytes this overwrote).
     async fn store_large_values<'a>(
         &'a self,
-        writes: &mut [Write],
+        writes: &mut [Write<'_>],
         plan: &LargePlan,
     ) -> Result<Written<'a>> {
         let ps = self.pool.page_size();
         let max_extents = blob::max_extents(node::max_payload_len(ps));
         let mut holds = Vec::with_capacity(plan.writes.len());
         for &i in &plan.writes {
-            let len = writes[i].value.as_ref().map_or(0, Vec::len) as u64;
+            let len = writes[i].value.as_ref().map_or(0, |v| v.len()) as u64;
             holds.push(
                 self.pool
                     .blob_hold(len.div_ceil(ps as u64), max_extents)
@@ -418,7 +419,7 @@ impl Committer {
                 crc,
                 extents: h.extents().to_vec(),
             };
-            writes[i].value = Some(r.encode());
+            writes[i].value = Some(Cow::Owned(r.encode()));
             writes[i].reference = true;
             taken.extend_from_slice(h.extents());
         }
@@ -454,7 +455,7 @@ impl Committer {
 /// one split per level plus a second page for a root split, plus one level
 /// of slack for a root split by a concurrent commit; deletes allocate
 /// nothing (merges only free).
-async fn pages_needed(pool: &Arc<BufferPool>, writes: &[Write]) -> Result<u64> {
+async fn pages_needed(pool: &Arc<BufferPool>, writes: &[Write<'_>]) -> Result<u64> {
     let mut heights: BTreeMap<u64, u64> = BTreeMap::new();
     let mut pages = 0;
     for w in writes.iter().filter(|w| w.value.is_some()) {
@@ -478,7 +479,7 @@ async fn pages_needed(pool: &Arc<BufferPool>, writes: &[Write]) -> Result<u64> {
 /// leaf changes (the log's format: FORMAT.md).
 pub(crate) async fn apply(
     pool: &Arc<BufferPool>,
-    writes: &[Write],
+    writes: &[Write<'_>],
     reserved: bool,
     commit: u64,
 ) -> Result<Vec<Applied>> {

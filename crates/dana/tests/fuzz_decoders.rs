@@ -141,7 +141,7 @@ proptest! {
             .map(|(i, k)| Write {
                 tree: i as u64,
                 key: k.clone(),
-                value: (i % 3 != 0).then(|| k.repeat(2)),
+                value: (i % 3 != 0).then(|| k.repeat(2).into()),
                 reference: false,
             })
             .collect();

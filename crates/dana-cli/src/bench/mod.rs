@@ -8,6 +8,7 @@
 //! lives in its own module. Never: reports a figure it did not measure;
 //! when a counter is unavailable the field is absent.
 
+pub mod blob;
 pub mod commit;
 pub mod diskstats;
 pub mod lookup;
@@ -56,6 +57,10 @@ enum BenchCommand {
     /// concurrent committing tasks (group commit), next to one fdatasync
     /// per commit on the same file system; and the log's cost on inserts.
     Commit(commit::CommitArgs),
+    /// Large values (4 KiB to 64 MiB) written one per durable commit and
+    /// read whole, next to raw O_DIRECT writes and reads of the same
+    /// shape with the same syncs, on the same file system.
+    Blob(blob::BlobArgs),
 }
 
 /// Runs a benchmark.
@@ -65,6 +70,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         BenchCommand::Pages(a) => pages::run(a),
         BenchCommand::Ycsb(a) => ycsb::run(a),
         BenchCommand::Commit(a) => commit::run(a),
+        BenchCommand::Blob(a) => blob::run(a),
     }
 }
 

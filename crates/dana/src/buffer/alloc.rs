@@ -521,11 +521,37 @@ impl BufferPool {
             Some(self.reserve(1).await?)
         };
         let geo = self.geometry();
-        let found = self.mirror().find_free();
+        // The page is marked used in memory the moment it is chosen: a
+        // large value's hold takes runs from the in-memory copy without
+        // the space guard, and must never see this page free while the
+        // awaits below run.
+        let found = {
+            let mut m = self.mirror();
+            m.find_free().inspect(|&pid| {
+                m.set(pid);
+            })
+        };
         let (pid, reused) = match found {
             Some(pid) => (pid, true),
             None => (self.extend_mark(s).await?, false),
         };
+        // On an error the page stays used in memory: a page lost until the
+        // next open is safe, a page handed out twice is not.
+        let p = self.allocate_page(s, geo, pid, t, reused).await?;
+        self.took_page();
+        Ok(p)
+    }
+
+    /// The rest of [`BufferPool::allocate_in_for`] once `pid` is chosen
+    /// (and marked used in memory): its map bit, its new page, the count.
+    async fn allocate_page<'a>(
+        &'a self,
+        s: &mut SpaceGuard<'a>,
+        geo: Geometry,
+        pid: u64,
+        t: PageType,
+        reused: bool,
+    ) -> Result<PageMut<'a>> {
         let map = s.map(self, geo.map_page_of(pid)).await?;
         let (at, mask) = geo.bit(pid);
         if map[at] & mask != 0 {
@@ -540,15 +566,14 @@ impl BufferPool {
         let meta = s.meta_mut();
         let count = get_u64(meta, OFF_FREE_COUNT);
         put_u64(meta, OFF_FREE_COUNT, count.saturating_sub(1));
-        let set = self.mirror().set(pid);
-        debug_assert!(set);
-        self.took_page();
         Ok(p)
     }
 
     /// Moves the high-water mark past one more page that can be handed
     /// out, formatting the map page of a group it enters on the way, and
-    /// returns that page (still marked free).
+    /// returns that page: marked used in memory (in the same critical
+    /// section that moves the in-memory mark, so no hold running on
+    /// another worker can take it in between), still free in the map.
     pub(super) async fn extend_mark<'a>(&'a self, s: &mut SpaceGuard<'a>) -> Result<u64> {
         let geo = self.geometry();
         let first = get_u64(s.meta(), OFF_NEXT);
@@ -561,7 +586,12 @@ impl BufferPool {
                 )));
             }
             put_u64(s.meta_mut(), OFF_NEXT, pid + 1);
-            self.mirror().extend_to(pid + 1);
+            {
+                let mut m = self.mirror();
+                m.extend_to(pid + 1);
+                let set = m.set(pid);
+                debug_assert!(set);
+            }
             if !geo.is_reserved(pid) {
                 // Counted free below the mark until the caller takes it.
                 let count = get_u64(s.meta(), OFF_FREE_COUNT);
@@ -572,7 +602,6 @@ impl BufferPool {
             let (at, mask) = geo.bit(pid);
             map[at] |= mask;
             s.maps.push(map);
-            self.mirror().set(pid);
         }
         Err(Error::Corrupt {
             page: META_PAGE,

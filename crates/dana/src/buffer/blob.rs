@@ -5,8 +5,8 @@
 //! (the free-space map's copy marks them used; the map pages do not, so a
 //! crash before the commit leaks nothing), the I/O that writes and reads
 //! a value's bytes (between the caller's memory and the devices through
-//! aligned staging buffers of at most 1 MiB, eight in flight; never
-//! through the frames or the log), the map-bit changes a commit makes for
+//! aligned staging buffers of at most 1 MiB, eight in flight per value,
+//! up to 32 of them kept for reuse; never through the frames or the log), the map-bit changes a commit makes for
 //! the extents it takes and frees (logged in the commit record itself, so
 //! they are durable exactly when the commit is), and the two reader
 //! epochs that keep a freed extent from reuse while a read that saw the
@@ -39,6 +39,11 @@ pub const EXTENT_BYTES: usize = 12;
 const IO_BYTES: usize = 1 << 20;
 /// I/Os of one value in flight together.
 const DEPTH: usize = 8;
+/// Staging buffers of [`IO_BYTES`] kept for reuse (a fresh buffer costs
+/// a page fault and a zeroing per 4 KiB, several times the copy itself).
+const STAGING_KEPT: usize = 32;
+/// I/Os at most this long get a buffer of their own (cheap from the heap).
+const SMALL_IO: usize = 64 << 10;
 /// A run of free pages below the high-water mark is taken for a value of
 /// many pages only if it holds at least this many bytes (or the rest of
 /// the value): short runs would cost an extent and an I/O each.
@@ -160,6 +165,9 @@ pub(crate) struct BlobState {
     /// memory): while zero, a commit need not look for a reference to
     /// free under the keys it writes.
     pub(crate) live: AtomicU64,
+    /// Staging buffers of [`IO_BYTES`] for reuse, at most
+    /// [`STAGING_KEPT`].
+    staging: Mutex<Vec<AlignedBuf>>,
 }
 
 /// A read of large values in progress: while it lives, no extent freed
@@ -265,8 +273,6 @@ impl BufferPool {
             while left > 0 && hold.extents.len() <= max_extents {
                 match self.extend_mark(&mut s).await {
                     Ok(pid) => {
-                        let set = self.mirror().set(pid);
-                        debug_assert!(set);
                         hold.push(pid, 1);
                         left -= 1;
                     }
@@ -452,24 +458,33 @@ impl BufferPool {
         let crc = crc32c::crc32c(bytes);
         let mut inflight = VecDeque::new();
         for (dev, offset, pieces) in self.blob_ios(extents, 0, bytes.len().div_ceil(ps) as u64) {
-            let mut buf = AlignedBuf::new(pieces.len() * ps, ps)?;
+            let len = pieces.len() * ps;
+            if inflight.len() == DEPTH {
+                if let Some((f, region)) = inflight.pop_front() {
+                    f.await?;
+                    self.unstage(region);
+                }
+            }
+            let mut buf = self.stage(len)?;
             for (k, &page_no) in pieces.iter().enumerate() {
                 let from = page_no as usize * ps;
                 let to = (from + ps).min(bytes.len());
                 buf[k * ps..k * ps + (to - from)].copy_from_slice(&bytes[from..to]);
+                // A reused buffer holds old bytes past a value's end.
+                buf[k * ps + (to - from)..(k + 1) * ps].fill(0);
             }
-            if inflight.len() == DEPTH {
-                if let Some(f) = inflight.pop_front() {
-                    f.await?;
-                }
-            }
-            inflight.push_back(sched::perform(
-                dev,
-                Request::write(0, offset, IoBuf::owned(buf)),
-            ));
+            let st = &self.stats;
+            st.blob_writes.fetch_add(1, Ordering::Relaxed);
+            st.blob_write_bytes.fetch_add(len as u64, Ordering::Relaxed);
+            let region = Arc::new(buf);
+            // SAFETY: `region` is ours alone; nobody writes it until this
+            // request's completion is awaited below.
+            let io = unsafe { IoBuf::shared(region.clone(), 0, len)? };
+            inflight.push_back((sched::perform(dev, Request::write(0, offset, io)), region));
         }
-        for f in inflight {
+        for (f, region) in inflight {
             f.await?;
+            self.unstage(region);
         }
         Ok(crc)
     }
@@ -495,10 +510,14 @@ impl BufferPool {
         let (first, last) = (offset / ps, end.div_ceil(ps));
         let mut inflight = VecDeque::new();
         for (dev, off, pieces) in self.blob_ios(&r.extents, first, last) {
-            let region = Arc::new(AlignedBuf::new(pieces.len() * ps as usize, ps as usize)?);
+            let len = pieces.len() * ps as usize;
+            let region = Arc::new(self.stage(len)?);
+            let st = &self.stats;
+            st.blob_reads.fetch_add(1, Ordering::Relaxed);
+            st.blob_read_bytes.fetch_add(len as u64, Ordering::Relaxed);
             // SAFETY: `region` is ours alone; nobody reads or writes it
             // until this request's completion is awaited below.
-            let buf = unsafe { IoBuf::shared(region.clone(), 0, region.len())? };
+            let buf = unsafe { IoBuf::shared(region.clone(), 0, len)? };
             if inflight.len() == DEPTH {
                 if let Some((f, rg, p)) = inflight.pop_front() {
                     self.copy_out(f, rg, p, offset, out).await?;
@@ -538,7 +557,45 @@ impl BufferPool {
             out[(from - offset) as usize..(to - offset) as usize]
                 .copy_from_slice(&region[at as usize..(at + to - from) as usize]);
         }
+        self.unstage(region);
         Ok(())
+    }
+
+    /// A staging buffer for an I/O of `len` bytes (at least `len` long):
+    /// a kept one for long I/Os, else a new one.
+    fn stage(&self, len: usize) -> Result<AlignedBuf> {
+        if len > SMALL_IO && len <= IO_BYTES {
+            let kept = self
+                .alloc
+                .blobs
+                .staging
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop();
+            return kept.map_or_else(|| AlignedBuf::new(IO_BYTES, self.page_size), Ok);
+        }
+        AlignedBuf::new(len, self.page_size)
+    }
+
+    /// Keeps a staging buffer for reuse once its I/O is done (the
+    /// scheduler dropped the request's share before waking the task, so
+    /// the region is ours alone again; if not, it is simply freed).
+    fn unstage(&self, region: Arc<AlignedBuf>) {
+        let Ok(buf) = Arc::try_unwrap(region) else {
+            return;
+        };
+        if buf.len() != IO_BYTES || buf.align() != self.page_size {
+            return;
+        }
+        let mut kept = self
+            .alloc
+            .blobs
+            .staging
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if kept.len() < STAGING_KEPT {
+            kept.push(buf);
+        }
     }
 
     /// The I/Os covering value pages `first..last` of `extents`: per

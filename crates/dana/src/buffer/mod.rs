@@ -137,6 +137,13 @@ pub struct PoolStats {
     write_errors: AtomicU64,
     frame_waits: AtomicU64,
     prefetches: AtomicU64,
+    /// Large-value I/Os and their bytes (never through frames).
+    pub(crate) blob_reads: AtomicU64,
+    pub(crate) blob_read_bytes: AtomicU64,
+    pub(crate) blob_writes: AtomicU64,
+    pub(crate) blob_write_bytes: AtomicU64,
+    /// Data-file syncs ([`BufferPool::sync_devices`], one per device).
+    device_syncs: AtomicU64,
     /// How long each wait for a free frame took.
     frame_wait: Histogram,
     /// Submit -> reap of page reads: time in the kernel and the device.
@@ -186,6 +193,18 @@ pub struct PoolStatsSnapshot {
     pub resume: HistogramSnapshot,
     /// Whole miss, fault -> page available.
     pub miss: HistogramSnapshot,
+    /// Large-value reads (one I/O each, up to 1 MiB).
+    pub blob_reads: u64,
+    /// Bytes those reads moved.
+    pub blob_read_bytes: u64,
+    /// Large-value writes (one I/O each, up to 1 MiB).
+    pub blob_writes: u64,
+    /// Bytes those writes moved.
+    pub blob_write_bytes: u64,
+    /// Syncs of the data files (one per device per
+    /// [`BufferPool::sync_devices`]: large values before their commit,
+    /// checkpoints).
+    pub device_syncs: u64,
 }
 
 /// The buffer pool.
@@ -346,6 +365,11 @@ impl BufferPool {
             device_read: s.device_read.snapshot(),
             resume: s.resume.snapshot(),
             miss: s.miss.snapshot(),
+            blob_reads: l(&s.blob_reads),
+            blob_read_bytes: l(&s.blob_read_bytes),
+            blob_writes: l(&s.blob_writes),
+            blob_write_bytes: l(&s.blob_write_bytes),
+            device_syncs: l(&s.device_syncs),
         }
     }
 
@@ -1189,6 +1213,7 @@ impl BufferPool {
     pub async fn sync_devices(&self) -> Result<()> {
         let mut syncs = Vec::new();
         for d in 0..self.array.width() {
+            self.stats.device_syncs.fetch_add(1, Ordering::Relaxed);
             syncs.push(sched::perform(d, Request::flush(0)));
         }
         let mut first_err = None;

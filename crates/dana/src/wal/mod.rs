@@ -1037,12 +1037,7 @@ mod tests {
     }
 
     fn commit() -> Vec<u8> {
-        let w = Write {
-            tree: 1,
-            key: b"k".to_vec(),
-            value: Some(b"v".to_vec()),
-            reference: false,
-        };
+        let w = Write::new(1, b"k".to_vec(), Some(b"v".to_vec()));
         record::commit(&[w]).into_unsealed()
     }
 

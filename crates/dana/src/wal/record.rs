@@ -22,6 +22,7 @@
 //! survived behind a torn write all end the log at recovery.
 
 use crate::{Error, Result};
+use std::borrow::Cow;
 
 /// Bytes of a record header.
 pub const HEADER: usize = 24;
@@ -406,27 +407,40 @@ fn page_entries_at(b: &[u8], at: usize, lsn: u64) -> Result<Vec<PageEntry<'_>>> 
 
 // ---- commits --------------------------------------------------------------
 
-/// One write of a committed transaction.
+/// One write of a committed transaction. The value is borrowed from the
+/// caller where it can be (a large value is written from the caller's
+/// bytes, never copied whole), owned where it must be (a transaction's
+/// write set, a recovered record).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Write {
+pub struct Write<'a> {
     /// Root page of the tree written.
     pub tree: u64,
     /// The key.
     pub key: Vec<u8>,
     /// The new value, or `None` for a delete.
-    pub value: Option<Vec<u8>>,
+    pub value: Option<Cow<'a, [u8]>>,
     /// The value is a reference to a large value stored outside the tree
     /// (`buffer::blob::BlobRef`), not the value itself.
     pub reference: bool,
 }
 
-impl Write {
-    /// A put (`Some`) or delete (`None`) of a value held in the record.
-    pub fn new(tree: u64, key: Vec<u8>, value: Option<Vec<u8>>) -> Write {
+impl<'a> Write<'a> {
+    /// A put (`Some`) or delete (`None`) of a value it owns.
+    pub fn new(tree: u64, key: Vec<u8>, value: Option<Vec<u8>>) -> Write<'static> {
         Write {
             tree,
             key,
-            value,
+            value: value.map(Cow::Owned),
+            reference: false,
+        }
+    }
+
+    /// A put (`Some`) or delete (`None`) of the caller's value.
+    pub fn borrowed(tree: u64, key: &[u8], value: Option<&'a [u8]>) -> Write<'a> {
+        Write {
+            tree,
+            key: key.to_vec(),
+            value: value.map(Cow::Borrowed),
             reference: false,
         }
     }
@@ -468,7 +482,7 @@ pub fn commit_head(writes: &[Write]) -> RecordBuilder {
 }
 
 /// The writes of a [`Kind::Commit`] record.
-pub fn commit_writes(rec: &Record<'_>) -> Result<Vec<Write>> {
+pub fn commit_writes(rec: &Record<'_>) -> Result<Vec<Write<'static>>> {
     commit_parts(rec).map(|(w, _)| w)
 }
 
@@ -478,7 +492,7 @@ pub fn commit_pages<'a>(rec: &Record<'a>) -> Result<Vec<PageEntry<'a>>> {
     commit_parts(rec).map(|(_, p)| p)
 }
 
-fn commit_parts<'a>(rec: &Record<'a>) -> Result<(Vec<Write>, Vec<PageEntry<'a>>)> {
+fn commit_parts<'a>(rec: &Record<'a>) -> Result<(Vec<Write<'static>>, Vec<PageEntry<'a>>)> {
     let b = rec.body;
     let n = u32_at(b, 0).ok_or_else(|| bad_log(rec.lsn, "no write count"))?;
     let mut at = 4;
@@ -505,7 +519,7 @@ fn commit_parts<'a>(rec: &Record<'a>) -> Result<(Vec<Write>, Vec<PageEntry<'a>>)
                 .ok_or_else(|| bad_log(rec.lsn, "value cut short"))?
                 .to_vec();
             at += len;
-            (Some(v), vlen & REFERENCE != 0)
+            (Some(Cow::Owned(v)), vlen & REFERENCE != 0)
         };
         out.push(Write {
             tree,
@@ -607,7 +621,7 @@ mod tests {
         let w = vec![Write {
             tree: 5,
             key: b"k".to_vec(),
-            value: Some(b"v".to_vec()),
+            value: Some(b"v".to_vec().into()),
             reference: false,
         }];
         let rec = sealed(commit(&w), 512);
@@ -635,7 +649,7 @@ mod tests {
             Write {
                 tree: 2,
                 key: vec![],
-                value: Some(vec![]),
+                value: Some(Vec::new().into()),
                 reference: false,
             },
         ];

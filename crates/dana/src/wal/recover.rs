@@ -43,7 +43,7 @@ pub struct Recovered {
     /// Page entries skipped because the page already had them.
     pub entries_skipped: u64,
     /// Committed writes to re-apply, in log order.
-    pub commits: Vec<(u64, Vec<Write>)>,
+    pub commits: Vec<(u64, Vec<Write<'static>>)>,
 }
 
 /// One synchronous request on a queue.
