@@ -130,7 +130,14 @@ const SIM_LOG: u64 = 1 << 20;
 /// One transaction: (tree index, key, value or delete).
 type Txn = Vec<(usize, Vec<u8>, Option<Vec<u8>>)>;
 
-/// Transaction `i` of committer `task` with `seed`; values up to `max`.
+/// Most bytes a large value of the workload has past the largest inline
+/// value (a few pages: written around the pool and the log, synced
+/// before the commit record).
+const LARGE_EXTRA: u64 = 20_000;
+
+/// Transaction `i` of committer `task` with `seed`; values up to `max`
+/// bytes inline, and one write in twelve a large value of up to
+/// `max + LARGE_EXTRA` bytes.
 fn txn(seed: u64, task: u64, i: u64, max: usize) -> Txn {
     let mut r =
         XorShift::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (task << 40) ^ i ^ 0x5bd1_e995);
@@ -143,12 +150,19 @@ fn txn(seed: u64, task: u64, i: u64, max: usize) -> Txn {
             let value = match r.next_u64() % 12 {
                 0 | 1 => None,
                 2 => Some(max),
+                3 => Some(max + 1 + (r.next_u64() % LARGE_EXTRA) as usize),
                 _ => Some(1 + (r.next_u64() % 300) as usize),
             }
             .map(|len| {
                 let b = (i as u8).wrapping_mul(31) ^ k as u8;
                 let mut v = format!("{task}:{i}:").into_bytes();
-                v.resize(len.max(v.len()).min(max), b);
+                let cap = if len > max { len } else { max };
+                v.resize(len.max(v.len()).min(cap), b);
+                // Large values differ page by page, so a page of one
+                // value read in place of another shows.
+                for (p, chunk) in v.chunks_mut(4096).enumerate().skip(1) {
+                    chunk[0] = p as u8;
+                }
                 v
             });
             (t, key, value)

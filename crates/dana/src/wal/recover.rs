@@ -5,10 +5,15 @@
 //! valid only at their LSN and in their chain), the redo of every page
 //! entry newer than the page (page LSN), and the repair of pages that fail
 //! their checksum from the first full page image logged after the redo
-//! LSN. It returns the commit records found, which `db` re-applies through
-//! the trees once they are open (part two: a commit's record precedes its
-//! page changes, so a commit whose changes were cut short by the crash is
-//! completed; uncommitted work never reached the log).
+//! LSN. Pages a committed large value took are left alone by every entry
+//! logged before that commit (the value's bytes, synced before its
+//! record, replaced the page); a page damaged beyond repair that the
+//! redone map marks free (bytes of a large value whose commit never came)
+//! becomes a clean free page. It returns the commit records found, which
+//! `db` re-applies through the trees once they are open (part two: a
+//! commit's record precedes its page changes, so a commit whose changes
+//! were cut short by the crash is completed; uncommitted work never
+//! reached the log).
 //!
 //! Synchronous and single-threaded: it runs before the workers start.
 //! Never: writes a page it could not make whole, or guesses past a break
@@ -19,7 +24,9 @@ use std::collections::BTreeMap;
 use super::control::{self, Control};
 use super::record::{self, Kind, Parsed, Write};
 use super::{Resume, CONTROL_BYTES};
+use crate::buffer::blob::BlobRef;
 use crate::buffer::page;
+use crate::buffer::space_map::Geometry;
 use crate::io::{
     open_queue, AlignedBuf, Array, Backend, Completion, IoBuf, IoQueue, Request, Target,
 };
@@ -306,6 +313,59 @@ pub fn needs_recovery(log: &Target, ctl: Control) -> Result<bool> {
     Ok(!s.changes.is_empty())
 }
 
+/// For each page with log entries that a committed large value took: the
+/// LSN of the last commit that took it. Commits are in log order.
+fn taken_by_large_values<T>(
+    commits: &[(u64, Vec<Write<'static>>)],
+    by_page: &BTreeMap<u64, T>,
+    page_size: usize,
+) -> Result<BTreeMap<u64, u64>> {
+    let mut taken = BTreeMap::new();
+    for (lsn, writes) in commits {
+        for v in writes
+            .iter()
+            .filter(|w| w.reference)
+            .filter_map(|w| w.value.as_ref())
+        {
+            let r = BlobRef::decode(v, page_size)
+                .map_err(|e| Error::Log(format!("commit record at LSN {lsn}: {e}")))?;
+            for e in &r.extents {
+                for (&pid, _) in by_page.range(e.page_ids()) {
+                    taken.insert(pid, *lsn);
+                }
+            }
+        }
+    }
+    Ok(taken)
+}
+
+/// A page that fails its checksum and has no full image in the log: if
+/// the map (redone) has it free, its bytes are those of a large value
+/// whose commit never came (written into a freed page, synced, then the
+/// crash) or of a torn write of a free page; it becomes a clean free page.
+/// If the map has it used, it is damage recovery cannot repair.
+fn reinit_if_free(array: &Array, queues: &mut [Box<dyn IoQueue>], pid: u64) -> Result<()> {
+    let ps = array.page_size() as usize;
+    let geo = Geometry::new(ps);
+    let map_pid = geo.map_page_of(pid);
+    let (dev, offset) = array.locate(map_pid);
+    let map = read_at(queues[dev].as_mut(), offset, ps)?;
+    let (at, mask) = geo.bit(pid);
+    if page::verify(&map, map_pid).is_err() || map[at] & mask != 0 {
+        return Err(Error::Corrupt {
+            page: pid,
+            what: "the page is damaged (torn write?) and the log holds no full image of it \
+                   after the last checkpoint"
+                .into(),
+        });
+    }
+    let mut free = vec![0u8; ps];
+    page::init_page(&mut free, pid, page::PageType::Free);
+    page::seal(&mut free);
+    let (dev, offset) = array.locate(pid);
+    write_at(queues[dev].as_mut(), offset, &free)
+}
+
 /// Scans the log and redoes page changes onto `array`'s devices, then
 /// syncs them. Returns the commits to re-apply and where the log resumes.
 pub fn recover(array: &Array, log: &Target, ctl: Control) -> Result<Recovered> {
@@ -364,7 +424,21 @@ pub fn recover(array: &Array, log: &Target, ctl: Control) -> Result<Recovered> {
         .map(|t| open_queue(t, &Backend::Blocking, 4))
         .collect::<Result<Vec<_>>>()?;
     let ps = array.page_size() as usize;
-    for (pid, entries) in by_page {
+    let taken = taken_by_large_values(&out.commits, &by_page, ps)?;
+    // Pages that fail their checksum with no full image to repair them
+    // from: judged once every page is redone (by the map's final word).
+    let mut damaged = Vec::new();
+    for (pid, mut entries) in by_page {
+        // A committed large value's bytes replaced whatever this page held
+        // before its commit: those entries must not come back over them.
+        if let Some(&cut) = taken.get(&pid) {
+            let before = entries.len();
+            entries.retain(|(lsn, _)| *lsn > cut);
+            out.entries_skipped += (before - entries.len()) as u64;
+            if entries.is_empty() {
+                continue;
+            }
+        }
         let (dev, offset) = array.locate(pid);
         let q = queues[dev].as_mut();
         let mut bytes = read_at(q, offset, ps)?;
@@ -390,18 +464,18 @@ pub fn recover(array: &Array, log: &Target, ctl: Control) -> Result<Recovered> {
             }
         }
         if lsn_now.is_none() {
-            return Err(Error::Corrupt {
-                page: pid,
-                what: "the page is damaged (torn write?) and the log holds no full image of it \
-                       after the last checkpoint"
-                    .into(),
-            });
+            damaged.push(pid);
+            continue;
         }
         if changed {
             page::seal(&mut bytes);
             write_at(q, offset, &bytes)?;
             out.pages_redone += 1;
         }
+    }
+    for pid in damaged {
+        reinit_if_free(array, &mut queues, pid)?;
+        out.pages_repaired += 1;
     }
     for q in &mut queues {
         sync(q.as_mut())?;
