@@ -147,3 +147,57 @@ fn lookup_on_two_devices() {
     assert_eq!(v["runs"][0]["errors"], 0);
     assert!(v["runs"][0]["engine_reads_per_s"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn blob_quick_writes_and_reads_values_next_to_the_raw_device() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("blob");
+    let v = run(&[
+        "bench",
+        "blob",
+        "--quick",
+        "--json",
+        "--sizes",
+        "4KiB,256KiB",
+        "--seconds",
+        "0.5",
+        "--max-bytes",
+        "16MiB",
+        "--pool-bytes",
+        "2MiB",
+        "--path",
+        path.to_str().unwrap(),
+    ]);
+    has(&v, &["machine", "pool_bytes", "durability", "sizes"]);
+    assert_eq!(v["durability"], "sync");
+    let sizes = v["sizes"].as_array().unwrap();
+    assert_eq!(sizes.len(), 2);
+    for s in sizes {
+        has(
+            s,
+            &[
+                "value_bytes",
+                "clients",
+                "raw_write",
+                "dana_write",
+                "write_ratio",
+                "data_bytes",
+                "dana_read",
+                "raw_read",
+                "read_ratio",
+            ],
+        );
+        // Every value the reads picked was checked (a wrong one fails the
+        // command); the data read is several times the pool.
+        for phase in ["raw_write", "dana_write", "dana_read", "raw_read"] {
+            assert!(s[phase]["values"].as_u64().unwrap() > 0, "{phase}: {s}");
+            assert!(s[phase]["mb_per_s"].as_f64().unwrap() > 0.0, "{phase}: {s}");
+        }
+        // One data sync per value (a checkpoint in the window adds its own).
+        let syncs = s["dana_write"]["data_syncs_per_value"].as_f64().unwrap();
+        assert!((1.0..1.5).contains(&syncs), "{syncs} data syncs per value");
+        assert!(s["data_bytes"].as_u64().unwrap() >= 4 * (2 << 20));
+    }
+    // The directory is left empty of data: values are not kept.
+    assert!(std::fs::read_dir(&path).unwrap().next().is_none());
+}
