@@ -29,12 +29,8 @@ fn opts() -> Options {
 /// The bytes of value `seed`: each 4 KiB page starts with the seed and
 /// its page number, so a page written to the wrong place shows.
 fn fill(buf: &mut [u8], seed: u64) {
-    let mut page = [0u8; 4096];
-    for (i, b) in page.iter_mut().enumerate() {
-        *b = (i as u8).wrapping_mul(13) ^ seed as u8;
-    }
+    let mut page = page_of(seed, 0);
     for (n, chunk) in buf.chunks_mut(4096).enumerate() {
-        page[..8].copy_from_slice(&seed.to_le_bytes());
         page[8..16].copy_from_slice(&(n as u64).to_le_bytes());
         chunk.copy_from_slice(&page[..chunk.len()]);
     }

@@ -244,3 +244,53 @@ fn concurrent_large_and_small_writes_never_share_a_page() {
     assert!(r.is_ok(), "{r:?}");
     db.close().unwrap();
 }
+
+/// A device write of a large value fails: the commit fails with the I/O
+/// error before anything is logged, every write of that value still in
+/// flight is awaited before its extents are given back (one landing late
+/// in pages another value took would corrupt it), and the database goes
+/// on: the next large value is written, and check is clean.
+#[test]
+fn a_failed_large_value_write_fails_its_commit_and_nothing_else() {
+    use dana::io::sim::{Fault, SimConfig, SimDisk};
+    use dana::io::{Array, Target};
+    use dana::wal::CONTROL_BYTES;
+    use dana::OpKind;
+
+    let data = SimDisk::new(0, 64 << 20, SimConfig::default());
+    let log = SimDisk::new(1, CONTROL_BYTES + (4 << 20), SimConfig::default());
+    let open = |create| {
+        let array = Array::new(vec![Target::Sim(data.clone())], 4096).unwrap();
+        Db::open_array_with_log(
+            array,
+            Some(Target::Sim(log.clone())),
+            Options::default().pool_bytes(2 << 20).log_bytes(4 << 20),
+            create,
+        )
+    };
+    let db = open(true).unwrap();
+    let t = db.create_tree("t").unwrap();
+    t.put(b"before", &value(1, 300_000)).unwrap();
+    // The second of the next value's eight 1 MiB writes fails.
+    data.inject(Fault::nth(Some(OpKind::Write), 1));
+    let failed = t.put(b"failed", &value(2, 8 << 20));
+    assert!(
+        matches!(failed, Err(dana::Error::Io { .. })),
+        "expected the write's I/O error, got {failed:?}"
+    );
+    assert_eq!(t.get(b"failed").unwrap(), None);
+    t.put(b"after", &value(3, 8 << 20)).unwrap();
+    assert_eq!(t.get(b"after").unwrap(), Some(value(3, 8 << 20)));
+    assert_eq!(db.pool().large_values(), 2);
+    let r = db.check().unwrap();
+    assert!(r.is_ok(), "{r:?}");
+    db.close().unwrap();
+    let db = open(false).unwrap();
+    let t = db.tree("t").unwrap();
+    assert_eq!(t.get(b"before").unwrap(), Some(value(1, 300_000)));
+    assert_eq!(t.get(b"failed").unwrap(), None);
+    assert_eq!(t.get(b"after").unwrap(), Some(value(3, 8 << 20)));
+    let r = db.check().unwrap();
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(r.lost_pages, 0);
+}

@@ -457,15 +457,25 @@ impl BufferPool {
         let ps = self.page_size;
         let crc = crc32c::crc32c(bytes);
         let mut inflight = VecDeque::new();
+        let mut failed = None;
         for (dev, offset, pieces) in self.blob_ios(extents, 0, bytes.len().div_ceil(ps) as u64) {
             let len = pieces.len() * ps;
             if inflight.len() == DEPTH {
                 if let Some((f, region)) = inflight.pop_front() {
-                    f.await?;
+                    if let Err(e) = f.await {
+                        failed = Some(e);
+                        break;
+                    }
                     self.unstage(region);
                 }
             }
-            let mut buf = self.stage(len)?;
+            let mut buf = match self.stage(len) {
+                Ok(b) => b,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            };
             for (k, &page_no) in pieces.iter().enumerate() {
                 let from = page_no as usize * ps;
                 let to = (from + ps).min(bytes.len());
@@ -479,14 +489,28 @@ impl BufferPool {
             let region = Arc::new(buf);
             // SAFETY: `region` is ours alone; nobody writes it until this
             // request's completion is awaited below.
-            let io = unsafe { IoBuf::shared(region.clone(), 0, len)? };
-            inflight.push_back((sched::perform(dev, Request::write(0, offset, io)), region));
+            match unsafe { IoBuf::shared(region.clone(), 0, len) } {
+                Ok(io) => {
+                    inflight.push_back((sched::perform(dev, Request::write(0, offset, io)), region))
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
         }
+        // Every write started is awaited, even after a failure: the caller
+        // gives the extents back then, and a write still in flight must not
+        // land in pages that another value has taken meanwhile.
         for (f, region) in inflight {
-            f.await?;
-            self.unstage(region);
+            match f.await {
+                Ok(()) => self.unstage(region),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
         }
-        Ok(crc)
+        failed.map_or(Ok(crc), Err)
     }
 
     /// Reads bytes `offset..offset + out.len()` of the value at `r` into
