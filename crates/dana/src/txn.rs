@@ -409,11 +409,11 @@ impl Committer {
             w.wait_durable(w.end()).await?;
         }
         let mut taken = Vec::new();
-        for (h, &i) in holds.iter().zip(&plan.writes) {
+        for (h, &i) in holds.iter_mut().zip(&plan.writes) {
             let Some(v) = writes[i].value.take() else {
                 continue;
             };
-            let crc = self.pool.write_blob(h.extents(), &v).await?;
+            let crc = h.write(&v).await?;
             let r = BlobRef {
                 len: v.len() as u64,
                 crc,

@@ -294,3 +294,55 @@ fn a_failed_large_value_write_fails_its_commit_and_nothing_else() {
     assert!(r.is_ok(), "{r:?}");
     assert_eq!(r.lost_pages, 0);
 }
+
+/// A commit's future dropped while its large value is being written (a
+/// caller's timeout, say): writes of it may still be in flight, so its
+/// extents must not go to the next value (a late write would land in
+/// it); they stay used in memory until the next open. The next values
+/// read back whole (this cannot force a late completion, only show that
+/// the drop leaves the engine sound).
+#[test]
+fn a_large_write_dropped_midway_never_lands_in_another_value() {
+    use std::future::Future;
+    use std::task::Poll;
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    let t2 = t.clone();
+    let dropped_midway = db
+        .block_on(async move {
+            let big = value(7, 32 << 20);
+            let mut put = std::pin::pin!(t2.put_async(b"dropped", &big));
+            for _ in 0..20 {
+                let polled = std::future::poll_fn(|cx| Poll::Ready(put.as_mut().poll(cx))).await;
+                if polled.is_ready() {
+                    return false;
+                }
+                dana::sched::yield_now().await;
+            }
+            true
+        })
+        .unwrap();
+    // 32 MiB take far longer than 20 polls.
+    assert!(
+        dropped_midway,
+        "the put finished before it could be dropped"
+    );
+    // Whatever the dropped write left in flight, these values are whole.
+    for i in 0..4u8 {
+        t.put(&[b'n', i], &value(i, 9 << 20)).unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    for i in 0..4u8 {
+        assert_eq!(
+            t.get(&[b'n', i]).unwrap(),
+            Some(value(i, 9 << 20)),
+            "value {i}"
+        );
+    }
+    assert_eq!(t.get(b"dropped").unwrap(), None);
+    let r = db.check().unwrap();
+    assert!(r.is_ok(), "{r:?}");
+    db.close().unwrap();
+}

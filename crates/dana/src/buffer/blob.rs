@@ -16,7 +16,9 @@
 //! could still give to a tree (the writer waits for the log first, see
 //! `txn.rs`); hands a freed extent out again before every reader that
 //! could have seen it has left; lets a frame of a reused page reach the
-//! disk after the value's bytes.
+//! disk after the value's bytes; gives back the extents of a write that
+//! may still be in flight (a failed write waits for its others; a write
+//! whose future is dropped keeps its extents until the next open).
 //!
 //! Reference layout (little endian): length u64, crc32c of the bytes u32,
 //! extent count u32, then per extent its first page u64 and its pages u32.
@@ -191,6 +193,8 @@ pub struct BlobHold<'a> {
     extents: Vec<Extent>,
     reused: bool,
     kept: bool,
+    /// A write of the value is under way ([`BlobHold::write`]).
+    writing: bool,
 }
 
 impl BlobHold<'_> {
@@ -210,11 +214,26 @@ impl BlobHold<'_> {
     pub fn keep(mut self) {
         self.kept = true;
     }
+
+    /// Writes the value's bytes into the held extents (see
+    /// [`BufferPool::write_blob`]) and returns their crc32c.
+    pub async fn write(&mut self, bytes: &[u8]) -> Result<u32> {
+        self.writing = true;
+        let crc = self.pool.write_blob(&self.extents, bytes).await;
+        // write_blob returns only once none of its writes is in flight.
+        self.writing = false;
+        crc
+    }
 }
 
 impl Drop for BlobHold<'_> {
     fn drop(&mut self) {
-        if !self.kept {
+        // A hold dropped during its write (the commit's future dropped
+        // mid-way) may have writes still in flight into its extents: they
+        // stay used in memory until the next open (free on disk, so
+        // nothing leaks past it) rather than go to another value whose
+        // bytes a late write would overwrite.
+        if !self.kept && !self.writing {
             self.pool.unhold(&self.extents);
         }
     }
@@ -253,6 +272,7 @@ impl BufferPool {
             extents: Vec::new(),
             reused: false,
             kept: false,
+            writing: false,
         };
         if pages == 0 {
             return Ok(hold);
