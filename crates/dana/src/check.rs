@@ -50,11 +50,53 @@ use crate::{Error, Result};
 
 /// The name used for the catalogue in [`Finding::tree`] and
 /// [`CheckReport::catalog`].
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+/// db.create_tree("a").unwrap();
+/// db.create_tree("b").unwrap();
+/// let report = db.check().unwrap();
+/// assert_eq!(report.catalog.name, dana::check::CATALOG_TREE);
+/// assert_eq!(report.catalog.entries, 2); // one entry per tree
+/// ```
 pub const CATALOG_TREE: &str = "(catalogue)";
 
 /// Owner name of the pages of a tree whose creation is under way.
+///
+/// It appears only in [`Finding`]s; a finished [`crate::Db::create_tree`]
+/// leaves nothing under it.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+/// use dana::check::CREATING_TREE;
+/// db.create_tree("t").unwrap();
+/// let report = db.check().unwrap();
+/// assert!(report.is_ok());
+/// assert!(!report.findings.iter().any(|f| f.tree.as_deref() == Some(CREATING_TREE)));
+/// assert_eq!(report.trees.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["t"]);
+/// ```
 pub const CREATING_TREE: &str = "(tree being created)";
 /// Owner name of the pages of a tree whose drop is under way.
+///
+/// It appears only in [`Finding`]s; a finished [`crate::Db::drop_tree`]
+/// leaves nothing under it.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+/// use dana::check::DROPPING_TREE;
+/// let t = db.create_tree("t").unwrap();
+/// for i in 0u32..200 {
+///     t.put(&i.to_be_bytes(), &[0; 40]).unwrap();
+/// }
+/// assert!(db.drop_tree("t").unwrap());
+/// let report = db.check().unwrap();
+/// assert!(report.is_ok(), "{:?}", report.findings);
+/// assert!(!report.findings.iter().any(|f| f.tree.as_deref() == Some(DROPPING_TREE)));
+/// assert!(report.trees.is_empty() && report.free_pages > 0); // its pages are free
+/// ```
 pub const DROPPING_TREE: &str = "(tree being dropped)";
 
 /// Owner value for the pages the free-space map marks free.
@@ -65,7 +107,22 @@ const SPACE_OWNER: u32 = u32::MAX - 1;
 /// Bytes of a key shown in a finding.
 const SHOW_KEY: usize = 32;
 
-/// Statistics of one tree.
+/// Statistics of one tree, from [`crate::Db::check`].
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+/// let t = db.create_tree("t").unwrap();
+/// for k in [b"a", b"b", b"c"] {
+///     t.put(k, b"v").unwrap();
+/// }
+/// let report = db.check().unwrap();
+/// let stats = &report.trees[0];
+/// assert_eq!((stats.name.as_str(), stats.entries), ("t", 3));
+/// assert_eq!((stats.height, stats.leaf_pages, stats.inner_pages), (1, 1, 0)); // one leaf
+/// assert!(stats.leaf_fill > 0.0 && stats.leaf_fill < 1.0);
+/// assert_eq!(stats.inner_fill, 0.0);
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct TreeStats {
     /// The tree's name ([`CATALOG_TREE`] for the catalogue).
@@ -89,12 +146,48 @@ pub struct TreeStats {
 
 impl TreeStats {
     /// Pages of the tree (inner and leaf).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// for i in 0u32..300 {
+    ///     t.put(&i.to_be_bytes(), &[0; 40]).unwrap();
+    /// }
+    /// let stats = &db.check().unwrap().trees[0];
+    /// assert!(stats.height >= 2 && stats.inner_pages >= 1); // more than a leaf
+    /// assert_eq!(stats.pages(), stats.inner_pages + stats.leaf_pages);
+    /// ```
     pub fn pages(&self) -> u64 {
         self.inner_pages + self.leaf_pages
     }
 }
 
 /// One problem the checker found.
+///
+/// ```
+/// use std::os::unix::fs::FileExt;
+/// let dir = tempfile::tempdir().unwrap();
+/// let opts = dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20);
+/// let db = dana::Db::open(dir.path(), opts.clone()).unwrap();
+/// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+/// let (_, leaf) = db.tree_roots().unwrap()[0]; // a one-leaf tree: its root
+/// db.close().unwrap();
+/// // Flip a bit of that page on disk (one device: page p is at p * 4096).
+/// let file = std::fs::OpenOptions::new().read(true).write(true).open(dir.path().join("dana.0")).unwrap();
+/// let mut byte = [0u8];
+/// file.read_exact_at(&mut byte, leaf * 4096 + 2000).unwrap();
+/// file.write_all_at(&[byte[0] ^ 0x40], leaf * 4096 + 2000).unwrap();
+/// file.sync_all().unwrap();
+///
+/// let db = dana::Db::open(dir.path(), opts).unwrap();
+/// let report = db.check().unwrap();
+/// assert_eq!(report.findings.len(), 1, "{:?}", report.findings);
+/// let finding = &report.findings[0];
+/// assert_eq!((finding.page, finding.tree.as_deref()), (Some(leaf), Some("t")));
+/// assert!(finding.what.contains("checksum"), "{finding}");
+/// assert!(finding.to_string().starts_with(&format!("page {leaf} (tree \"t\"): ")));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finding {
     /// The page the problem is on, if it is about one page.
@@ -117,7 +210,21 @@ impl fmt::Display for Finding {
     }
 }
 
-/// What [`check_pool`] found: statistics and problems.
+/// What [`check_pool`] found: statistics and problems. [`crate::Db::check`]
+/// returns one.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+/// let t = db.create_tree("t").unwrap();
+/// t.put(b"k", b"v").unwrap();
+/// let report = db.check().unwrap();
+/// assert!(report.findings.is_empty() && report.lost_pages == 0);
+/// assert_eq!(report.page_size, 4096);
+/// assert_eq!(report.trees.len(), 1);
+/// assert_eq!(report.free_pages, report.space.free_pages);
+/// assert!(report.space.next_unused <= report.space.total_pages);
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckReport {
     /// The page size in bytes.
@@ -139,12 +246,36 @@ pub struct CheckReport {
 
 impl CheckReport {
     /// True if the checker found nothing wrong.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    /// let report = db.check().unwrap();
+    /// assert!(report.is_ok());
+    /// assert_eq!(report.is_ok(), report.findings.is_empty());
+    /// ```
     pub fn is_ok(&self) -> bool {
         self.findings.is_empty()
     }
 
     /// Pages handed out and not free: below the high-water mark, neither
     /// free nor the meta page or a free-space map page.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// for name in ["a", "b"] {
+    ///     let t = db.create_tree(name).unwrap();
+    ///     for i in 0u32..300 {
+    ///         t.put(&i.to_be_bytes(), &[0; 40]).unwrap();
+    ///     }
+    /// }
+    /// let report = db.check().unwrap();
+    /// // Without large values, every used page belongs to a tree or the catalogue.
+    /// let owned: u64 = report.trees.iter().map(|t| t.pages()).sum::<u64>() + report.catalog.pages();
+    /// assert_eq!(report.used_pages(), owned);
+    /// ```
     pub fn used_pages(&self) -> u64 {
         let g = crate::buffer::space_map::Geometry::new(self.page_size);
         g.usable(0, self.space.next_unused)
@@ -614,6 +745,16 @@ fn mean(sum: f64, n: u64) -> f64 {
 ///
 /// Returns `Err` only if the meta page cannot be read; every other problem
 /// is a [`Finding`] in the report.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+/// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+/// let pool = db.pool().clone();
+/// let report = db.block_on(async move { dana::check::check_pool(&pool).await }).unwrap().unwrap();
+/// assert!(report.is_ok());
+/// assert_eq!(report, db.check().unwrap()); // what `Db::check` runs
+/// ```
 pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
     let space = pool.space().await?;
     let mut c = Checker {

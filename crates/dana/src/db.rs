@@ -37,6 +37,22 @@ use crate::{Error, Options, Result};
 
 use crate::catalog;
 use crate::checkpoint::exclusive_checkpoint;
+/// Returned by [`Db::recovery`].
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// let opts = dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20);
+/// let db = dana::Db::open(dir.path(), opts.clone()).unwrap();
+/// let t = db.create_tree("t").unwrap();
+/// t.put(b"a", b"1").unwrap();
+/// t.put(b"b", b"2").unwrap();
+/// drop((t, db)); // no close (and no handle left): the commits are only in the log
+/// let db = dana::Db::open(dir.path(), opts).unwrap();
+/// let report: &dana::db::RecoveryReport = db.recovery().unwrap();
+/// assert!(report.commits >= 2 && report.records >= report.commits);
+/// assert!(report.pages_redone > 0 && report.log_end > 0);
+/// assert_eq!(db.tree("t").unwrap().get(b"b").unwrap(), Some(b"2".to_vec()));
+/// ```
 pub use crate::recovery::RecoveryReport;
 use crate::start;
 
@@ -156,6 +172,20 @@ impl Db {
     /// simulated devices) without a log ([`Durability::Off`]). With
     /// `create`, formats it first (erasing what the devices held as far as
     /// dana is concerned). Takes no locks: the caller owns the devices.
+    ///
+    /// ```
+    /// use dana::io::sim::{SimConfig, SimDisk};
+    /// use dana::io::{Array, Target};
+    /// let disk = SimDisk::new(0, 16 << 20, SimConfig::default()); // 16 MiB in memory
+    /// let array = || Array::new(vec![Target::Sim(disk.clone())], 4096).unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20);
+    /// let db = dana::Db::open_array(array(), opts.clone(), true).unwrap();
+    /// assert_eq!(db.durability(), dana::Durability::Off); // no log
+    /// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    /// db.close().unwrap();
+    /// let db = dana::Db::open_array(array(), opts, false).unwrap();
+    /// assert_eq!(db.tree("t").unwrap().get(b"k").unwrap(), Some(b"v".to_vec()));
+    /// ```
     pub fn open_array(array: Array, opts: Options, create: bool) -> Result<Db> {
         Db::open_array_with_log(array, None, opts.durability(Durability::Off), create)
     }
@@ -165,6 +195,25 @@ impl Db {
     /// recovery runs first: redo from the last checkpoint, repair of torn
     /// pages, re-application of the commits found, then a checkpoint. Takes
     /// no locks: the caller owns the devices.
+    ///
+    /// ```
+    /// use dana::io::sim::{SimConfig, SimDisk};
+    /// use dana::io::{Array, Target};
+    /// let data = SimDisk::new(0, 16 << 20, SimConfig::default());
+    /// let log = SimDisk::new(1, dana::wal::CONTROL_BYTES + (1 << 20), SimConfig::default());
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).log_bytes(1 << 20);
+    /// let open = |create| {
+    ///     let array = Array::new(vec![Target::Sim(data.clone())], 4096).unwrap();
+    ///     dana::Db::open_array_with_log(array, Some(Target::Sim(log.clone())), opts.clone(), create)
+    /// };
+    /// let db = open(true).unwrap();
+    /// assert_eq!(db.durability(), dana::Durability::Sync);
+    /// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    /// drop(db); // no close: the commit is only in the log
+    /// let db = open(false).unwrap();
+    /// assert!(db.recovery().unwrap().commits >= 1); // recovery re-applied it
+    /// assert_eq!(db.tree("t").unwrap().get(b"k").unwrap(), Some(b"v".to_vec()));
+    /// ```
     pub fn open_array_with_log(
         array: Array,
         log: Option<Target>,
@@ -762,6 +811,24 @@ impl Db {
 
 /// A named, ordered key-value tree. Cheap to clone; methods block the
 /// calling thread (the `*_async` methods are the async API inside tasks).
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+/// use std::ops::Bound::Unbounded;
+/// let t = db.create_tree("t").unwrap();
+/// let writers: Vec<_> = (0u8..4)
+///     .map(|i| {
+///         let t = t.clone(); // every clone is the same tree
+///         std::thread::spawn(move || t.put(&[i], b"v").unwrap())
+///     })
+///     .collect();
+/// for w in writers {
+///     assert!(!w.join().unwrap()); // each put added a new key
+/// }
+/// assert_eq!(t.count(Unbounded, Unbounded).unwrap(), 4);
+/// assert_eq!(db.tree("t").unwrap().get(&[3]).unwrap(), Some(b"v".to_vec()));
+/// ```
 #[derive(Clone)]
 pub struct Tree {
     db: Db,

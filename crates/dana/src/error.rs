@@ -7,6 +7,28 @@
 use std::path::PathBuf;
 
 /// What kind of I/O operation a request or an error is about.
+///
+/// ```
+/// use dana::io::sim::{Fault, SimConfig, SimDisk};
+/// use dana::io::{Array, Target};
+/// use dana::{Error, OpKind};
+/// let disk = SimDisk::new(0, 16 << 20, SimConfig::default());
+/// let array = || Array::new(vec![Target::Sim(disk.clone())], 4096).unwrap();
+/// let opts = dana::Options::default().pool_bytes(8 << 20);
+/// let db = dana::Db::open_array(array(), opts.clone(), true).unwrap();
+/// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+/// db.close().unwrap();
+/// let db = dana::Db::open_array(array(), opts, false).unwrap();
+/// let t = db.tree("t").unwrap();
+/// disk.inject(Fault::nth(Some(OpKind::Read), 0)); // the next read fails
+/// let e = t.get(b"k").unwrap_err();
+/// let Error::Io { op, device, len, .. } = &e else { panic!("{e:?}") };
+/// assert_eq!((*op, *device, *len), (OpKind::Read, 0, 4096));
+/// assert_eq!(op.to_string(), "read");
+/// assert!(e.to_string().starts_with("read of 4096 bytes at offset"));
+/// // A failed read is not sticky: the fault is spent, the next read works.
+/// assert_eq!(t.get(b"k").unwrap(), Some(b"v".to_vec()));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OpKind {
     /// Read `len` bytes at `offset`.
@@ -29,6 +51,26 @@ impl std::fmt::Display for OpKind {
 
 /// Every error dana returns. Fields name the device, offset, page or
 /// path involved.
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+/// use dana::Error;
+/// let t = db.create_tree("t").unwrap();
+/// t.insert(b"k", b"v").unwrap();
+/// let e = t.insert(b"k", b"w").unwrap_err();
+/// assert!(matches!(e, Error::KeyExists));
+/// assert_eq!(e.to_string(), "key already exists");
+/// // Variants with fields say what was too large and by how much.
+/// let long_key = vec![0u8; t.max_key_len() + 1];
+/// match t.put(&long_key, b"v") {
+///     Err(Error::KeyTooLarge { len, max }) => {
+///         assert_eq!((len, max), (long_key.len(), t.max_key_len()));
+///     }
+///     other => panic!("{other:?}"),
+/// }
+/// assert!(matches!(db.tree("missing"), Err(Error::NoSuchTree(name)) if name == "missing"));
+/// ```
 #[allow(missing_docs)]
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -113,7 +155,8 @@ pub enum Error {
     NoSuchTree(String),
 
     /// A key longer than a tree accepts ([`crate::Tree::max_key_len`]:
-    /// an eighth of the page, 512 bytes with 4 KiB pages).
+    /// about an eighth of the page, so two maximal fences and two maximal
+    /// entries fit one node: 491 bytes with 4 KiB pages).
     #[error("a key of {len} bytes exceeds the limit of {max} bytes")]
     KeyTooLarge { len: usize, max: usize },
 
@@ -200,10 +243,32 @@ pub enum Error {
 }
 
 /// dana's result type.
+///
+/// ```
+/// fn counter(t: &dana::Tree, key: &[u8]) -> dana::Result<u64> {
+///     let v = t.get(key)?.ok_or_else(|| dana::Error::InvalidArgument("no counter".into()))?;
+///     Ok(u64::from_le_bytes(v.try_into().unwrap()))
+/// }
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+/// let t = db.create_tree("t").unwrap();
+/// t.put(b"n", &7u64.to_le_bytes()).unwrap();
+/// assert_eq!(counter(&t, b"n").unwrap(), 7);
+/// assert!(matches!(counter(&t, b"m"), Err(dana::Error::InvalidArgument(_))));
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// The error for an I/O request that failed with `errno`.
+    ///
+    /// ```
+    /// use dana::{Error, OpKind};
+    /// let e = Error::io(OpKind::Read, 1, 8192, 4096, libc::EIO);
+    /// let Error::Io { op, device, offset, len, source } = &e else { panic!("{e:?}") };
+    /// assert_eq!((*op, *device, *offset, *len), (OpKind::Read, 1, 8192, 4096));
+    /// assert_eq!(source.raw_os_error(), Some(libc::EIO));
+    /// assert!(e.to_string().starts_with("read of 4096 bytes at offset 8192 on device 1 failed"));
+    /// ```
     pub fn io(op: OpKind, device: usize, offset: u64, len: usize, errno: i32) -> Error {
         Error::Io {
             op,
@@ -216,6 +281,23 @@ impl Error {
 
     /// A copy of this error for a second waiter on the same failure
     /// (std::io::Error is not Clone; the kind and message are kept).
+    ///
+    /// ```
+    /// use dana::{Error, OpKind};
+    /// let e = Error::io(OpKind::Write, 0, 0, 4096, libc::ENOSPC);
+    /// let copy = e.duplicate();
+    /// assert_eq!(copy.to_string(), e.to_string());
+    /// let Error::Io { source, .. } = copy else { panic!() };
+    /// assert_eq!(source.raw_os_error(), Some(libc::ENOSPC));
+    /// // An error without an OS code keeps its kind and message.
+    /// let e = Error::Open {
+    ///     action: "open",
+    ///     path: "/nowhere".into(),
+    ///     source: std::io::Error::new(std::io::ErrorKind::NotFound, "gone"),
+    /// };
+    /// let Error::Open { source, .. } = e.duplicate() else { panic!() };
+    /// assert_eq!((source.kind(), source.to_string()), (std::io::ErrorKind::NotFound, "gone".to_string()));
+    /// ```
     pub fn duplicate(&self) -> Error {
         fn dup(e: &std::io::Error) -> std::io::Error {
             match e.raw_os_error() {

@@ -31,6 +31,17 @@ use crate::db::Tree;
 use crate::Result;
 
 /// One entry: (key, value).
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20)).unwrap();
+/// use dana::iter::Entry;
+/// let t = db.create_tree("t").unwrap();
+/// t.put(b"k", b"v").unwrap();
+/// let entries: Vec<Entry> = t.iter().collect::<dana::Result<_>>().unwrap();
+/// let (key, value) = &entries[0];
+/// assert_eq!((key.as_slice(), value.as_slice()), (&b"k"[..], &b"v"[..]));
+/// ```
 pub type Entry = (Vec<u8>, Vec<u8>);
 
 /// One end of an iteration.

@@ -13,6 +13,14 @@ use crate::wal::{control, Durability};
 
 /// Bytes a new database's data files start with, all devices together
 /// (less if [`Options::capacity_bytes`] is smaller). They grow on demand.
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// let opts = dana::Options::default().pool_bytes(8 << 20);
+/// let _db = dana::Db::open(dir.path(), opts).unwrap();
+/// let len = std::fs::metadata(dir.path().join("dana.0")).unwrap().len();
+/// assert_eq!(len, dana::INITIAL_DATA_BYTES);
+/// ```
 pub const INITIAL_DATA_BYTES: u64 = 1 << 20;
 
 /// How to open a database. Start from [`Options::default`] and chain the
@@ -94,6 +102,15 @@ impl Options {
     }
 
     /// The buffer pool size set.
+    ///
+    /// ```
+    /// let opts = dana::Options::default().pool_bytes(8 << 20);
+    /// assert_eq!(opts.pool_bytes_value(), 8 << 20);
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let db = dana::Db::open(dir.path(), opts.clone()).unwrap();
+    /// // The pool holds that many bytes of page frames.
+    /// assert_eq!(db.pool().frames() * db.pool().page_size(), opts.pool_bytes_value());
+    /// ```
     pub fn pool_bytes_value(&self) -> usize {
         self.pool_bytes
     }
@@ -213,6 +230,13 @@ impl Options {
     }
 
     /// The eviction policy set.
+    ///
+    /// ```
+    /// use dana::EvictionPolicy;
+    /// let opts = dana::Options::default();
+    /// assert_eq!(opts.eviction_value(), EvictionPolicy::Watt);
+    /// assert_eq!(opts.eviction(EvictionPolicy::Clock).eviction_value(), EvictionPolicy::Clock);
+    /// ```
     pub fn eviction_value(&self) -> EvictionPolicy {
         self.eviction
     }
@@ -267,6 +291,13 @@ impl Options {
     }
 
     /// The configured durability.
+    ///
+    /// ```
+    /// use dana::Durability;
+    /// assert_eq!(dana::Options::default().durability_value(), Durability::Sync);
+    /// let opts = dana::Options::default().durability(Durability::Async);
+    /// assert_eq!(opts.durability_value(), Durability::Async);
+    /// ```
     pub fn durability_value(&self) -> Durability {
         self.durability
     }
@@ -362,36 +393,73 @@ impl Options {
     }
 
     /// The page size set.
+    ///
+    /// ```
+    /// assert_eq!(dana::Options::default().page_size_value(), 4096);
+    /// assert_eq!(dana::Options::default().page_size(16384).page_size_value(), 16384);
+    /// ```
     pub fn page_size_value(&self) -> usize {
         self.page_size
     }
 
     /// The maximum size set (None: no limit but the devices').
+    ///
+    /// ```
+    /// assert_eq!(dana::Options::default().capacity_bytes_value(), None);
+    /// let opts = dana::Options::default().capacity_bytes(64 << 20);
+    /// assert_eq!(opts.capacity_bytes_value(), Some(64 << 20));
+    /// ```
     pub fn capacity_bytes_value(&self) -> Option<u64> {
         self.capacity_bytes
     }
 
     /// The number of devices set.
+    ///
+    /// ```
+    /// assert_eq!(dana::Options::default().devices_value(), 1);
+    /// assert_eq!(dana::Options::default().devices(4).devices_value(), 4);
+    /// ```
     pub fn devices_value(&self) -> usize {
         self.devices
     }
 
     /// Whether `O_DIRECT` is used.
+    ///
+    /// ```
+    /// assert!(dana::Options::default().direct_value());
+    /// assert!(!dana::Options::default().direct_io(false).direct_value());
+    /// ```
     pub fn direct_value(&self) -> bool {
         self.direct
     }
 
     /// The log size set.
+    ///
+    /// ```
+    /// assert_eq!(dana::Options::default().log_bytes_value(), 64 << 20);
+    /// assert_eq!(dana::Options::default().log_bytes(1 << 20).log_bytes_value(), 1 << 20);
+    /// ```
     pub fn log_bytes_value(&self) -> u64 {
         self.log_bytes
     }
 
     /// Whether a new log file is created whole.
+    ///
+    /// ```
+    /// assert!(!dana::Options::default().log_preallocate_value());
+    /// assert!(dana::Options::default().log_preallocate(true).log_preallocate_value());
+    /// ```
     pub fn log_preallocate_value(&self) -> bool {
         self.log_preallocate
     }
 
     /// The log path set, if any.
+    ///
+    /// ```
+    /// assert_eq!(dana::Options::default().log_path_value(), None);
+    /// let opts = dana::Options::default().log_path("/tmp/db.wal");
+    /// assert_eq!(opts.log_path_value(), Some(&std::path::PathBuf::from("/tmp/db.wal")));
+    /// ```
     pub fn log_path_value(&self) -> Option<&PathBuf> {
         self.log_path.as_ref()
     }
@@ -413,6 +481,11 @@ impl Options {
     }
 
     /// True if [`Options::read_only`] was set.
+    ///
+    /// ```
+    /// assert!(!dana::Options::default().is_read_only());
+    /// assert!(dana::Options::default().read_only().is_read_only());
+    /// ```
     pub fn is_read_only(&self) -> bool {
         self.read_only
     }

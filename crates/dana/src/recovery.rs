@@ -14,12 +14,6 @@ use crate::wal::recover::{self, Recovered};
 use crate::wal::{Resume, Wal};
 use crate::{Error, Options, Result};
 
-/// Finds the log and runs recovery's first part (the redo of page
-/// records): formats a log for a new database (or one that never had
-/// one), checks the identity of an existing one against `db_log_id` (the
-/// meta page's), refuses a read-only open that would need recovery.
-/// Returns where the log resumes (None: no log to use), what recovery
-/// found, and the identity of a log it formatted.
 /// What recovery did when the database opened.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecoveryReport {
@@ -35,6 +29,12 @@ pub struct RecoveryReport {
     pub log_end: u64,
 }
 
+/// Finds the log and runs recovery's first part (the redo of page
+/// records): formats a log for a new database (or one that never had
+/// one), checks the identity of an existing one against `db_log_id` (the
+/// meta page's), refuses a read-only open that would need recovery.
+/// Returns where the log resumes (None: no log to use), what recovery
+/// found, and the identity of a log it formatted.
 pub(crate) fn prepare_log(
     array: &Array,
     log: Option<&Target>,

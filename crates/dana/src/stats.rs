@@ -13,6 +13,21 @@ const SUB: usize = 1 << SUB_BITS;
 const BUCKETS: usize = 64 * SUB;
 
 /// A concurrent histogram of durations.
+///
+/// ```
+/// use std::time::Duration;
+/// let h = std::sync::Arc::new(dana::stats::Histogram::default());
+/// let threads: Vec<_> = (0..2)
+///     .map(|_| {
+///         let h = h.clone();
+///         std::thread::spawn(move || (0..100).for_each(|_| h.record(Duration::from_micros(5))))
+///     })
+///     .collect();
+/// threads.into_iter().for_each(|t| t.join().unwrap());
+/// let s = h.snapshot();
+/// assert_eq!(s.count, 200);
+/// assert_eq!((s.mean_ns(), s.max_ns), (5_000, 5_000));
+/// ```
 pub struct Histogram {
     buckets: Box<[AtomicU64]>,
     count: AtomicU64,
@@ -51,11 +66,28 @@ fn bucket_low(b: usize) -> u64 {
 
 impl Histogram {
     /// Records one duration.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let h = dana::stats::Histogram::default();
+    /// h.record(Duration::from_micros(3));
+    /// h.record(Duration::from_millis(1));
+    /// let s = h.snapshot();
+    /// assert_eq!((s.count, s.sum_ns, s.max_ns), (2, 1_003_000, 1_000_000));
+    /// ```
     pub fn record(&self, d: Duration) {
         self.record_ns(d.as_nanos().min(u64::MAX as u128) as u64);
     }
 
     /// Records one duration in nanoseconds.
+    ///
+    /// ```
+    /// let h = dana::stats::Histogram::default();
+    /// h.record_ns(250);
+    /// h.record_ns(750);
+    /// let s = h.snapshot();
+    /// assert_eq!((s.count, s.mean_ns(), s.max_ns), (2, 500, 750));
+    /// ```
     pub fn record_ns(&self, ns: u64) {
         self.buckets[bucket_of(ns).min(BUCKETS - 1)].fetch_add(1, Relaxed);
         self.count.fetch_add(1, Relaxed);
@@ -64,6 +96,15 @@ impl Histogram {
     }
 
     /// A consistent-enough copy for reporting.
+    ///
+    /// ```
+    /// let h = dana::stats::Histogram::default();
+    /// h.record_ns(100);
+    /// let s = h.snapshot();
+    /// h.record_ns(200); // later records do not change a snapshot taken
+    /// assert_eq!(s.count, 1);
+    /// assert_eq!(h.snapshot().count, 2);
+    /// ```
     pub fn snapshot(&self) -> HistogramSnapshot {
         HistogramSnapshot {
             buckets: self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
@@ -74,7 +115,22 @@ impl Histogram {
     }
 }
 
-/// A point-in-time copy of a [`Histogram`].
+/// A point-in-time copy of a [`Histogram`]. The buffer pool reports its
+/// latencies as these (see [`crate::Db::pool_stats`]).
+///
+/// ```
+/// # let dir = tempfile::tempdir().unwrap();
+/// let opts = dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20);
+/// let db = dana::Db::open(dir.path(), opts.clone()).unwrap();
+/// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+/// db.close().unwrap();
+/// let db = dana::Db::open(dir.path(), opts).unwrap(); // an empty pool
+/// assert_eq!(db.tree("t").unwrap().get(b"k").unwrap(), Some(b"v".to_vec()));
+/// let stats = db.pool_stats();
+/// let miss = &stats.miss; // how long each page read from disk took
+/// assert!(miss.count >= 1 && miss.count <= stats.misses);
+/// assert!(miss.mean_ns() <= miss.max_ns && miss.quantile_ns(0.5) <= miss.max_ns);
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct HistogramSnapshot {
     buckets: Vec<u64>,
@@ -88,12 +144,32 @@ pub struct HistogramSnapshot {
 
 impl HistogramSnapshot {
     /// Mean in ns (0 when empty).
+    ///
+    /// ```
+    /// let h = dana::stats::Histogram::default();
+    /// assert_eq!(h.snapshot().mean_ns(), 0);
+    /// for ns in [100, 200, 600] {
+    ///     h.record_ns(ns);
+    /// }
+    /// assert_eq!(h.snapshot().mean_ns(), 300);
+    /// ```
     pub fn mean_ns(&self) -> u64 {
         self.sum_ns.checked_div(self.count).unwrap_or(0)
     }
 
     /// The `q` quantile (0..=1) in ns: the lower edge of the bucket that
     /// holds it (within 12.5%).
+    ///
+    /// ```
+    /// let h = dana::stats::Histogram::default();
+    /// assert_eq!(h.snapshot().quantile_ns(0.5), 0); // empty
+    /// for us in 1..=100u64 {
+    ///     h.record_ns(us * 1_000);
+    /// }
+    /// let p50 = h.snapshot().quantile_ns(0.5);
+    /// assert!(p50 <= 50_000 && p50 >= 50_000 - 50_000 / 8, "{p50}");
+    /// assert!(h.snapshot().quantile_ns(1.0) <= 100_000);
+    /// ```
     pub fn quantile_ns(&self, q: f64) -> u64 {
         if self.count == 0 {
             return 0;
@@ -110,6 +186,17 @@ impl HistogramSnapshot {
     }
 
     /// The difference `self - earlier` (for per-interval figures).
+    ///
+    /// ```
+    /// let h = dana::stats::Histogram::default();
+    /// h.record_ns(1_024);
+    /// let earlier = h.snapshot();
+    /// h.record_ns(3_072);
+    /// h.record_ns(5_120);
+    /// let interval = h.snapshot().since(&earlier);
+    /// assert_eq!((interval.count, interval.sum_ns, interval.mean_ns()), (2, 8_192, 4_096));
+    /// assert_eq!(interval.quantile_ns(0.0), 3_072); // the earlier sample is not in it
+    /// ```
     pub fn since(&self, earlier: &HistogramSnapshot) -> HistogramSnapshot {
         let buckets = if earlier.buckets.len() == self.buckets.len() {
             self.buckets
