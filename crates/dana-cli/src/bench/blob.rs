@@ -79,7 +79,7 @@ pub struct BlobArgs {
     #[arg(long, default_value = "sync", value_parser = super::parse_durability)]
     pub durability: Durability,
     /// Small and short: values up to 1 MiB, 1 s phases, 64 MiB per write
-    /// phase, a 8 MiB pool.
+    /// phase, an 8 MiB pool.
     #[arg(long)]
     pub quick: bool,
     /// Output settings.
@@ -606,7 +606,7 @@ fn run_size(a: &BlobArgs, size: u64, disk: Option<&Disk>) -> CliResult<SizeRepor
     // Untimed: more values, many per commit, until the data is several
     // times the pool.
     let want = ((a.pool_bytes as f64 * a.data_factor) as u64).div_ceil(size);
-    let mut values = next.load(Ordering::Relaxed).min(max_values).max(written);
+    let mut values = next.load(Ordering::Relaxed).min(max_values);
     if values < want {
         let per_txn = ((4 << 20) / size).clamp(1, 256);
         let from = Arc::new(AtomicU64::new(values));

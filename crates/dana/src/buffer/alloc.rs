@@ -535,23 +535,8 @@ impl BufferPool {
             Some(pid) => (pid, true),
             None => (self.extend_mark(s).await?, false),
         };
-        // On an error the page stays used in memory: a page lost until the
-        // next open is safe, a page handed out twice is not.
-        let p = self.allocate_page(s, geo, pid, t, reused).await?;
-        self.took_page();
-        Ok(p)
-    }
-
-    /// The rest of [`BufferPool::allocate_in_for`] once `pid` is chosen
-    /// (and marked used in memory): its map bit, its new page, the count.
-    async fn allocate_page<'a>(
-        &'a self,
-        s: &mut SpaceGuard<'a>,
-        geo: Geometry,
-        pid: u64,
-        t: PageType,
-        reused: bool,
-    ) -> Result<PageMut<'a>> {
+        // On an error below the page stays used in memory: a page lost
+        // until the next open is safe, a page handed out twice is not.
         let map = s.map(self, geo.map_page_of(pid)).await?;
         let (at, mask) = geo.bit(pid);
         if map[at] & mask != 0 {
@@ -566,6 +551,7 @@ impl BufferPool {
         let meta = s.meta_mut();
         let count = get_u64(meta, OFF_FREE_COUNT);
         put_u64(meta, OFF_FREE_COUNT, count.saturating_sub(1));
+        self.took_page();
         Ok(p)
     }
 

@@ -6,8 +6,8 @@
 //! crash before the commit leaks nothing), the I/O that writes and reads
 //! a value's bytes (between the caller's memory and the devices through
 //! aligned staging buffers of at most 1 MiB, eight in flight per value,
-//! up to 32 of them kept for reuse; never through the frames or the log), the map-bit changes a commit makes for
-//! the extents it takes and frees (logged in the commit record itself, so
+//! up to 32 of them kept for reuse; never through the frames or the log),
+//! the map-bit changes a commit makes for the extents it takes and frees (logged in the commit record itself, so
 //! they are durable exactly when the commit is), and the two reader
 //! epochs that keep a freed extent from reuse while a read that saw the
 //! old reference may still be in it.
@@ -215,12 +215,13 @@ impl BlobHold<'_> {
         self.kept = true;
     }
 
-    /// Writes the value's bytes into the held extents (see
-    /// [`BufferPool::write_blob`]) and returns their crc32c.
+    /// Writes the value's bytes into the held extents (not synced: the
+    /// caller syncs the devices, [`BufferPool::sync_devices`], before its
+    /// commit record) and returns their crc32c. Runs on a worker.
     pub async fn write(&mut self, bytes: &[u8]) -> Result<u32> {
         self.writing = true;
         let crc = self.pool.write_blob(&self.extents, bytes).await;
-        // write_blob returns only once none of its writes is in flight.
+        // No write of it is in flight any more, failed or not.
         self.writing = false;
         crc
     }
@@ -469,59 +470,46 @@ impl BufferPool {
         }
     }
 
-    /// Writes `bytes` into `extents` (which hold exactly its pages) and
-    /// returns their crc32c. Not synced: the caller syncs the devices
-    /// ([`BufferPool::sync_devices`]) before its commit record. Runs on a
-    /// worker.
-    pub async fn write_blob(&self, extents: &[Extent], bytes: &[u8]) -> Result<u32> {
+    /// Writes `bytes` into `extents` (which hold exactly its pages), 8
+    /// I/Os in flight, and returns their crc32c. Returns only once none of
+    /// its writes is in flight, also on a failure: the caller gives the
+    /// extents back then, and a write still in flight must not land in
+    /// pages that another value has taken meanwhile.
+    async fn write_blob(&self, extents: &[Extent], bytes: &[u8]) -> Result<u32> {
         let ps = self.page_size;
         let crc = crc32c::crc32c(bytes);
         let mut inflight = VecDeque::new();
-        let mut failed = None;
-        for (dev, offset, pieces) in self.blob_ios(extents, 0, bytes.len().div_ceil(ps) as u64) {
-            let len = pieces.len() * ps;
-            if inflight.len() == DEPTH {
-                if let Some((f, region)) = inflight.pop_front() {
-                    if let Err(e) = f.await {
-                        failed = Some(e);
-                        break;
+        let issued: Result<()> = async {
+            for (dev, offset, pieces) in self.blob_ios(extents, 0, bytes.len().div_ceil(ps) as u64)
+            {
+                let len = pieces.len() * ps;
+                if inflight.len() == DEPTH {
+                    if let Some((f, region)) = inflight.pop_front() {
+                        f.await?;
+                        self.unstage(region);
                     }
-                    self.unstage(region);
                 }
+                let mut buf = self.stage(len)?;
+                for (k, &page_no) in pieces.iter().enumerate() {
+                    let from = page_no as usize * ps;
+                    let to = (from + ps).min(bytes.len());
+                    buf[k * ps..k * ps + (to - from)].copy_from_slice(&bytes[from..to]);
+                    // A reused buffer holds old bytes past a value's end.
+                    buf[k * ps + (to - from)..(k + 1) * ps].fill(0);
+                }
+                let st = &self.stats;
+                st.blob_writes.fetch_add(1, Ordering::Relaxed);
+                st.blob_write_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                let region = Arc::new(buf);
+                // SAFETY: `region` is ours alone; nobody writes it until
+                // this request's completion is awaited.
+                let io = unsafe { IoBuf::shared(region.clone(), 0, len)? };
+                inflight.push_back((sched::perform(dev, Request::write(0, offset, io)), region));
             }
-            let mut buf = match self.stage(len) {
-                Ok(b) => b,
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            };
-            for (k, &page_no) in pieces.iter().enumerate() {
-                let from = page_no as usize * ps;
-                let to = (from + ps).min(bytes.len());
-                buf[k * ps..k * ps + (to - from)].copy_from_slice(&bytes[from..to]);
-                // A reused buffer holds old bytes past a value's end.
-                buf[k * ps + (to - from)..(k + 1) * ps].fill(0);
-            }
-            let st = &self.stats;
-            st.blob_writes.fetch_add(1, Ordering::Relaxed);
-            st.blob_write_bytes.fetch_add(len as u64, Ordering::Relaxed);
-            let region = Arc::new(buf);
-            // SAFETY: `region` is ours alone; nobody writes it until this
-            // request's completion is awaited below.
-            match unsafe { IoBuf::shared(region.clone(), 0, len) } {
-                Ok(io) => {
-                    inflight.push_back((sched::perform(dev, Request::write(0, offset, io)), region))
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
+            Ok(())
         }
-        // Every write started is awaited, even after a failure: the caller
-        // gives the extents back then, and a write still in flight must not
-        // land in pages that another value has taken meanwhile.
+        .await;
+        let mut failed = issued.err();
         for (f, region) in inflight {
             match f.await {
                 Ok(()) => self.unstage(region),
@@ -609,16 +597,18 @@ impl BufferPool {
     /// a kept one for long I/Os, else a new one.
     fn stage(&self, len: usize) -> Result<AlignedBuf> {
         if len > SMALL_IO && len <= IO_BYTES {
-            let kept = self
-                .alloc
-                .blobs
-                .staging
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pop();
+            let kept = self.kept_staging().pop();
             return kept.map_or_else(|| AlignedBuf::new(IO_BYTES, self.page_size), Ok);
         }
         AlignedBuf::new(len, self.page_size)
+    }
+
+    fn kept_staging(&self) -> std::sync::MutexGuard<'_, Vec<AlignedBuf>> {
+        self.alloc
+            .blobs
+            .staging
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Keeps a staging buffer for reuse once its I/O is done (the
@@ -628,15 +618,10 @@ impl BufferPool {
         let Ok(buf) = Arc::try_unwrap(region) else {
             return;
         };
-        if buf.len() != IO_BYTES || buf.align() != self.page_size {
+        if buf.len() != IO_BYTES {
             return;
         }
-        let mut kept = self
-            .alloc
-            .blobs
-            .staging
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut kept = self.kept_staging();
         if kept.len() < STAGING_KEPT {
             kept.push(buf);
         }

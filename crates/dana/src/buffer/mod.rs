@@ -138,10 +138,10 @@ pub struct PoolStats {
     frame_waits: AtomicU64,
     prefetches: AtomicU64,
     /// Large-value I/Os and their bytes (never through frames).
-    pub(crate) blob_reads: AtomicU64,
-    pub(crate) blob_read_bytes: AtomicU64,
-    pub(crate) blob_writes: AtomicU64,
-    pub(crate) blob_write_bytes: AtomicU64,
+    blob_reads: AtomicU64,
+    blob_read_bytes: AtomicU64,
+    blob_writes: AtomicU64,
+    blob_write_bytes: AtomicU64,
     /// Data-file syncs ([`BufferPool::sync_devices`], one per device).
     device_syncs: AtomicU64,
     /// How long each wait for a free frame took.
