@@ -218,8 +218,12 @@ struct TaskLog {
     txns: Vec<Txn>,
     /// How many of them had to survive.
     required: usize,
-    /// The commit LSN of each acknowledged one, in order (0: unknown).
+    /// The commit LSN (GSN) of each acknowledged one, in order (0:
+    /// unknown).
     lsns: Vec<u64>,
+    /// The worker (so the log) its commits went through: the state is a
+    /// prefix of each log's order, not of the order across logs.
+    log: u64,
 }
 
 /// What the judge found.
@@ -317,18 +321,21 @@ fn judge(
     Ok((out, matched))
 }
 
-/// Across committers: the acknowledged commits (with a known LSN) that
-/// are missing although one with a later LSN survived. `spans`: per
+/// Across committers of one log: the acknowledged commits (with a known
+/// LSN) that are missing although one with a later LSN in the same log
+/// survived (the logs of a database become durable independently, so
+/// only within one log is the state a prefix of the order). `spans`: per
 /// committer, the fewest and the most of its transactions whose prefix
 /// equals the state (they differ when transactions change nothing, such
 /// as deletes of absent keys; those in between are neither counted
 /// present nor absent).
 fn out_of_order(logs: &[TaskLog], spans: &[Option<(usize, usize)>]) -> u64 {
-    let (mut present, mut absent) = (Vec::new(), Vec::new());
+    let mut groups: BTreeMap<u64, (Vec<u64>, Vec<u64>)> = BTreeMap::new();
     for (log, span) in logs.iter().zip(spans) {
         let Some((fewest, most)) = *span else {
             continue;
         };
+        let (present, absent) = groups.entry(log.log).or_default();
         for (i, &lsn) in log.lsns.iter().enumerate().filter(|(_, &l)| l != 0) {
             if i < fewest {
                 present.push(lsn);
@@ -337,9 +344,14 @@ fn out_of_order(logs: &[TaskLog], spans: &[Option<(usize, usize)>]) -> u64 {
             }
         }
     }
-    present.iter().max().map_or(0, |&newest| {
-        absent.iter().filter(|&&l| l < newest).count() as u64
-    })
+    groups
+        .values()
+        .map(|(present, absent)| {
+            present.iter().max().map_or(0, |&newest| {
+                absent.iter().filter(|&&l| l < newest).count() as u64
+            })
+        })
+        .sum()
 }
 
 /// Commits of `txns` each of whose writes not overwritten by a later one
@@ -484,6 +496,31 @@ impl SimRig {
     /// The log file offset of the byte just before stream LSN `lsn`.
     fn log_offset(lsn: u64) -> u64 {
         CONTROL_BYTES + (lsn - 1) % SIM_LOG
+    }
+
+    /// For each commit record in the durable log image after the redo
+    /// point: the GSN after it (what its commit returned) and the stream
+    /// LSN after it (where its bytes end).
+    fn commit_ends(&self) -> BTreeMap<u64, u64> {
+        let Some(c) = self.control() else {
+            return BTreeMap::new();
+        };
+        let mut stream = self.log.read_durable(CONTROL_BYTES, SIM_LOG as usize);
+        stream.rotate_left((c.redo % c.capacity) as usize);
+        let Ok(scan) = dana::wal::recover::scan(&stream, &c) else {
+            return BTreeMap::new();
+        };
+        let mut out = BTreeMap::new();
+        for (lsn, off) in scan.changes {
+            if let dana::wal::record::Parsed::Record(r) =
+                dana::wal::record::parse(&stream[off..], lsn)
+            {
+                if r.kind == dana::wal::record::Kind::Commit {
+                    out.insert(r.gsn + 1, lsn + r.len as u64);
+                }
+            }
+        }
+        out
     }
 
     /// The newest control block of the durable log image.
@@ -664,6 +701,8 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
                     .collect(),
                 required,
                 lsns: a.clone(),
+                // One worker, one log.
+                log: 0,
             }
         })
         .collect();
@@ -678,7 +717,9 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
             .filter(|l| l.required > 0)
             .map(|l| acks[l.task as usize][l.required - 1])
             .max();
-        if let Some(lsn) = newest.filter(|&l| l > 0) {
+        // Commits return GSNs: find where the record lies in the log.
+        let ends = rig.commit_ends();
+        if let Some(&lsn) = newest.filter(|&l| l > 0).and_then(|g| ends.get(&g)) {
             let at = SimRig::log_offset(lsn) / 512 * 512;
             rig.log.overwrite_durable(at, &[0u8; 512]);
         }
@@ -838,7 +879,13 @@ pub fn flip_sweep(seed: u64, flips: u64, txns: u64) -> Result<(u64, u64), String
             // Dropped without close: no checkpoint moves the redo point.
         }
         let redo = rig.control().map(|c| c.redo).unwrap_or(0);
-        let after: Vec<u64> = lsns.iter().copied().filter(|&l| l > redo + 64).collect();
+        // Commits return GSNs: where each record ends in the log.
+        let ends = rig.commit_ends();
+        let after: Vec<u64> = lsns
+            .iter()
+            .filter_map(|g| ends.get(g).copied())
+            .filter(|&l| l > redo + 64)
+            .collect();
         // A commit in the first half of those after the redo point: many
         // flushes followed it.
         let Some(&lsn) = after.get((s as usize) % (after.len() / 2).max(1)) else {
@@ -959,6 +1006,13 @@ fn child(dir: &Path, seed: u64, starts: &[u64], durability: Durability) -> CliRe
         .map(|(task, &start)| {
             let (db, trees, out) = (db.clone(), trees.clone(), out.clone());
             std::thread::spawn(move || -> CliResult<()> {
+                {
+                    let home = db.runtime().home_worker();
+                    let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
+                    writeln!(o, "home {task} {home}")
+                        .and_then(|_| o.flush())
+                        .map_err(|e| CliError(format!("pipe: {e}")))?;
+                }
                 for i in start.. {
                     let t = txn(seed, task as u64, i, max);
                     let mut tx = db.begin();
@@ -1053,6 +1107,7 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
         let _ = child.wait();
         let _ = reader.join();
         let mut acks = vec![Vec::new(); tasks as usize];
+        let mut homes = vec![0u64; tasks as usize];
         let mut durable = 0u64;
         let mut ready = false;
         for line in rx.try_iter() {
@@ -1069,6 +1124,13 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
                     acks.get_mut(task)
                         .ok_or_else(|| fail(format!("bad task in {line:?}")))?
                         .push(lsn);
+                }
+                (Some("home"), Some(task), Some(w)) => {
+                    if let (Ok(task), Ok(w)) = (task.parse::<usize>(), w.parse()) {
+                        if let Some(h) = homes.get_mut(task) {
+                            *h = w;
+                        }
+                    }
                 }
                 (Some("durable"), Some(d), _) => durable = durable.max(d.parse().unwrap_or(0)),
                 _ => {}
@@ -1098,6 +1160,7 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
                         .collect(),
                     required,
                     lsns: a.clone(),
+                    log: homes[task as usize],
                 }
             })
             .collect();
@@ -1295,7 +1358,19 @@ mod tests {
             txns: Vec::new(),
             required: lsns.len(),
             lsns: lsns.to_vec(),
+            log: 0,
         }
+    }
+
+    /// Two logs become durable independently: a commit missing in one
+    /// while a later one of the other survived is no disorder.
+    #[test]
+    fn order_is_judged_within_each_log() {
+        let mut logs = [log(0, &[10, 30, 50]), log(1, &[20, 40, 60])];
+        logs[1].log = 1;
+        assert_eq!(out_of_order(&logs, &[Some((1, 1)), Some((3, 3))]), 0);
+        logs[1].log = 0;
+        assert_eq!(out_of_order(&logs, &[Some((1, 1)), Some((3, 3))]), 2);
     }
 
     #[test]

@@ -139,20 +139,20 @@ fn check_is_locked_out_by_a_writer_in_another_process_and_writes_nothing() {
     // Copy the files while open: a crashed database that needs recovery.
     let copy = dir.path().join("copy");
     std::fs::create_dir(&copy).unwrap();
-    for f in ["dana.0", "dana.wal"] {
+    for f in ["dana.0", "dana.wal", "dana.wal.1"] {
         std::fs::copy(dir.path().join(f), copy.join(f)).unwrap();
     }
     db.close().unwrap();
     let o = dana(&["check"], &copy);
     assert!(!o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("needs recovery"), "{}", text(&o));
-    let before: Vec<Vec<u8>> = ["dana.0", "dana.wal"]
+    let before: Vec<Vec<u8>> = ["dana.0", "dana.wal", "dana.wal.1"]
         .iter()
         .map(|f| std::fs::read(dir.path().join(f)).unwrap())
         .collect();
     let o = dana(&["check"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
-    let after: Vec<Vec<u8>> = ["dana.0", "dana.wal"]
+    let after: Vec<Vec<u8>> = ["dana.0", "dana.wal", "dana.wal.1"]
         .iter()
         .map(|f| std::fs::read(dir.path().join(f)).unwrap())
         .collect();

@@ -14,26 +14,37 @@ use std::sync::Arc;
 use crate::buffer::BufferPool;
 use crate::sched::{self, SystemTask};
 use crate::wal::record;
-use crate::wal::Wal;
+use crate::wal::LogSet;
 use crate::Result;
 
 /// A checkpoint: every page dirty when it starts is written back (at the
-/// pace of write-back, after its records are durable), the data devices
-/// are synced, the checkpoint record is made durable and the control block
-/// names it. Recovery then starts at its redo LSN.
-pub(crate) async fn checkpoint(pool: &BufferPool, wal: &Arc<Wal>) -> Result<()> {
-    let redo = wal.begin_checkpoint();
+/// pace of write-back, after its records are durable in every log), the
+/// data devices are synced, each log's checkpoint record is made durable
+/// and its control block names it. Recovery then starts each log at its
+/// redo LSN. (A crash between two logs' control blocks leaves some logs
+/// at the previous checkpoint: they redo more, which is harmless.)
+pub(crate) async fn checkpoint(pool: &BufferPool, wal: &Arc<LogSet>) -> Result<()> {
+    let bound = wal.begin_checkpoint();
     pool.flush_all().await?;
-    let (lsn, end) = wal.append(record::checkpoint(redo).into_unsealed())?;
-    wal.want(end);
-    wal.wait_durable(end).await?;
-    wal.finish_checkpoint(lsn, redo).await
+    let mut ends = Vec::with_capacity(wal.logs().len());
+    for l in wal.logs() {
+        let (_, end) = l.append_checkpoint(record::checkpoint(bound).into_unsealed())?;
+        l.want(end);
+        ends.push(end);
+    }
+    for (l, &end) in wal.logs().iter().zip(&ends) {
+        l.wait_durable(end).await?;
+    }
+    for l in wal.logs() {
+        l.finish_checkpoint().await?;
+    }
+    Ok(())
 }
 
 /// [`checkpoint`], one at a time.
 pub(crate) async fn exclusive_checkpoint(
     pool: &BufferPool,
-    wal: &Arc<Wal>,
+    wal: &Arc<LogSet>,
     busy: &AtomicBool,
 ) -> Result<()> {
     while busy.swap(true, Ordering::AcqRel) {
@@ -57,7 +68,7 @@ impl Drop for Busy<'_> {
 /// stops the pool and the log (the next open recovers).
 pub(crate) struct Checkpointer {
     pub(crate) pool: Arc<BufferPool>,
-    pub(crate) wal: Arc<Wal>,
+    pub(crate) wal: Arc<LogSet>,
     /// Set while a checkpoint runs (shared with `Db::checkpoint`).
     pub(crate) busy: Arc<AtomicBool>,
     /// Set when the database closes: no checkpoint starts any more.

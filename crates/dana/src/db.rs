@@ -114,8 +114,8 @@ pub struct Db {
 
 impl Db {
     /// Opens the database in directory `dir`, creating the directory and
-    /// its files (`dana.0`, `dana.1`, ..., `dana.wal`) if they do not
-    /// exist.
+    /// its files (`dana.0`, `dana.1`, ..., `dana.wal`, `dana.wal.1`, ...)
+    /// if they do not exist.
     ///
     /// The directory, the data files and the log are locked (`flock`):
     /// exclusively, or shared with [`Options::read_only`]; another open of
@@ -220,6 +220,40 @@ impl Db {
         opts: Options,
         create: bool,
     ) -> Result<Db> {
+        Db::open_array_with_logs(array, log.into_iter().collect(), opts, create)
+    }
+
+    /// [`Db::open_array_with_log`] with several logs: `logs[i]` is log `i`
+    /// (each worker appends to one, see [`Options::logs`]); an empty list
+    /// is no log. A new database gets as many logs as are given (the
+    /// options' count is for databases opened from files); an existing
+    /// one must be given as many as it was created with.
+    ///
+    /// ```
+    /// use dana::io::sim::{SimConfig, SimDisk};
+    /// use dana::io::{Array, Target};
+    /// let data = SimDisk::new(0, 16 << 20, SimConfig::default());
+    /// let logs: Vec<_> = (1..3)
+    ///     .map(|i| SimDisk::new(i, dana::wal::CONTROL_BYTES + (1 << 20), SimConfig::default()))
+    ///     .collect();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).log_bytes(2 << 20);
+    /// let open = |create| {
+    ///     let array = Array::new(vec![Target::Sim(data.clone())], 4096).unwrap();
+    ///     let logs = logs.iter().map(|l| Target::Sim(l.clone())).collect();
+    ///     dana::Db::open_array_with_logs(array, logs, opts.clone(), create)
+    /// };
+    /// let db = open(true).unwrap();
+    /// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    /// drop(db); // no close: the commit is only in a log
+    /// let db = open(false).unwrap();
+    /// assert_eq!(db.tree("t").unwrap().get(b"k").unwrap(), Some(b"v".to_vec()));
+    /// ```
+    pub fn open_array_with_logs(
+        array: Array,
+        logs: Vec<Target>,
+        opts: Options,
+        create: bool,
+    ) -> Result<Db> {
         let meta = if create {
             None
         } else {
@@ -230,7 +264,7 @@ impl Db {
             let facts = match open::identify_target(first, &opts) {
                 Ok(f) => f,
                 Err(e) => {
-                    open::torn_meta_fallback(&e, log.as_ref(), array.width(), &opts).ok_or(e)?
+                    open::torn_meta_fallback(&e, logs.first(), array.width(), &opts).ok_or(e)?
                 }
             };
             if facts.width != array.width() {
@@ -248,12 +282,21 @@ impl Db {
         // A database with a log always uses it; one without gets one only
         // when a log is wanted and it may be written.
         let has_log = meta.is_some_and(|m| m.log_id != 0);
+        if let Some(m) = meta.filter(|_| has_log && !logs.is_empty()) {
+            if m.logs as usize != logs.len() {
+                return Err(Error::Log(format!(
+                    "the database has {} logs; {} were given",
+                    m.logs,
+                    logs.len()
+                )));
+            }
+        }
         let wanted = opts.durability != Durability::Off && !opts.read_only;
-        let log = log.filter(|_| has_log || wanted);
+        let logs = if has_log || wanted { logs } else { Vec::new() };
         Db::start(
             open::Opened {
                 array,
-                log,
+                logs,
                 create,
                 meta,
                 locks: Locks::default(),
@@ -373,8 +416,8 @@ impl Db {
         self.block_on(tx.commit_async())?
     }
 
-    /// [`Db::commit`], returning the LSN just after the commit record (see
-    /// [`Transaction::commit_lsn_async`]).
+    /// [`Db::commit`], returning the sequence number (GSN) just after the
+    /// commit record (see [`Transaction::commit_lsn_async`]).
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -382,9 +425,11 @@ impl Db {
     /// let t = db.create_tree("t").unwrap();
     /// let mut tx = db.begin();
     /// tx.put(&t, b"k", b"v").unwrap();
-    /// let lsn = db.commit_lsn(tx).unwrap();
+    /// let lsn = db.commit_lsn(tx).unwrap(); // `Sync`: durable on return
     /// assert!(lsn > 0);
-    /// assert!(db.wal_stats().unwrap().durable >= lsn); // `Sync`: durable on return
+    /// // Its own log was durable past it; every log is, after a checkpoint.
+    /// db.checkpoint().unwrap();
+    /// assert!(db.wal_stats().unwrap().durable >= lsn);
     /// ```
     pub fn commit_lsn(&self, tx: Transaction) -> Result<u64> {
         self.block_on(tx.commit_lsn_async())?
@@ -1065,6 +1110,22 @@ impl Tree {
     pub async fn get_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.live(false)?;
         self.btree.get(key).await
+    }
+
+    /// [`Tree::get_async`] with the GSN of the leaf read (a transaction's
+    /// commit depends on the logs up to there).
+    pub(crate) async fn get_versioned_async(&self, key: &[u8]) -> Result<(Option<Vec<u8>>, u64)> {
+        self.live(false)?;
+        self.btree.get_versioned(key).await
+    }
+
+    /// [`Tree::get_versioned_async`] from any thread.
+    pub(crate) fn get_versioned(&self, key: &[u8]) -> Result<(Option<Vec<u8>>, u64)> {
+        let key = key.to_vec();
+        self.run(move |t| {
+            let key = key.clone();
+            async move { t.get_versioned(&key).await }
+        })
     }
 
     /// [`Tree::put`] inside a task: a commit of its own, with the

@@ -124,8 +124,9 @@ impl Drop for Locks {
 /// What an open found and opened.
 pub(crate) struct Opened {
     pub(crate) array: Array,
-    /// The log file, if there is one (or one was created).
-    pub(crate) log: Option<Target>,
+    /// The log files, if the database has logs (or they were created):
+    /// log `i` at index `i`.
+    pub(crate) logs: Vec<Target>,
     /// True if the database is new (to be formatted).
     pub(crate) create: bool,
     /// The meta page's facts of an existing database.
@@ -182,6 +183,7 @@ pub(crate) fn torn_meta_fallback(
         page_size: opts.page_size_value(),
         width,
         log_id: ctl.log_id,
+        logs: ctl.count,
     })
 }
 
@@ -258,50 +260,78 @@ fn device_options(opts: &Options, create_size: Option<u64>) -> DeviceOptions {
     }
 }
 
-/// Opens the log file at `path` for a database whose meta page is `meta`
-/// (None: a new database). Creates it only when the database has no log
-/// yet and the options want one.
-fn open_log(
+/// The path of log `i` whose first log is at `path`: `path` itself for
+/// log 0, `path` with `.i` appended for the others.
+pub(crate) fn log_file_path(path: &Path, i: usize) -> PathBuf {
+    if i == 0 {
+        return path.to_path_buf();
+    }
+    let mut p = path.as_os_str().to_owned();
+    p.push(format!(".{i}"));
+    PathBuf::from(p)
+}
+
+/// Opens the log files of a database whose first log is at `path` and
+/// whose meta page is `meta` (None: a new database), as devices `index`,
+/// `index + 1`, ... Creates them only when the database has no log yet
+/// and the options want one (as many as [`Options::logs_value`]).
+fn open_logs(
     path: &Path,
     index: usize,
     opts: &Options,
     meta: Option<&MetaFacts>,
     undo: &mut Undo,
-) -> Result<Option<Target>> {
+) -> Result<Vec<Target>> {
     let has_log = meta.is_some_and(|m| m.log_id != 0);
-    let exists = path.exists();
-    if !exists {
-        if has_log {
-            return Err(Error::Log(format!(
-                "the database has a log (id {:016x}) but {} is missing; restore it, or \
-                 the commits it held are lost",
-                meta.map_or(0, |m| m.log_id),
-                path.display()
-            )));
-        }
-        if opts.is_read_only() || opts.durability_value() == Durability::Off {
-            return Ok(None);
-        }
-    }
     if !has_log && opts.durability_value() == Durability::Off {
         // A database without a log opened without one: leave any file
         // there alone.
-        return Ok(None);
+        return Ok(Vec::new());
     }
+    let count = match meta.filter(|_| has_log) {
+        Some(m) if m.logs as usize > crate::wal::MAX_LOGS => {
+            return Err(Error::Log(format!(
+                "the meta page names {} logs, more than {}",
+                m.logs,
+                crate::wal::MAX_LOGS
+            )))
+        }
+        Some(m) => (m.logs as usize).max(1),
+        None => opts.logs_value(),
+    };
     // A new log file holds its control blocks and the first MiB of its
     // stream (the log grows it ahead of its flushes), or all of it.
+    let per_log = crate::wal::per_log_bytes(opts.log_bytes_value(), count);
     let stream = if opts.log_preallocate_value() {
-        opts.log_bytes_value()
+        per_log
     } else {
-        opts.log_bytes_value().min(INITIAL_LOG_BYTES)
+        per_log.min(INITIAL_LOG_BYTES)
     };
-    let size = CONTROL_BYTES + stream;
-    let dopts = device_options(opts, (!exists).then_some(size));
-    let d = Device::open(path, index, dopts)?;
-    if !exists {
-        undo.created_file(path);
+    let mut logs = Vec::with_capacity(count);
+    for i in 0..count {
+        let path = log_file_path(path, i);
+        let exists = path.exists();
+        if !exists {
+            if has_log {
+                return Err(Error::Log(format!(
+                    "the database has a log (id {:016x}) but {} (log {i} of {count}) is \
+                     missing; restore it, or the commits it held are lost",
+                    meta.map_or(0, |m| m.log_id),
+                    path.display()
+                )));
+            }
+            if opts.is_read_only() {
+                return Ok(Vec::new());
+            }
+        }
+        let dopts = device_options(opts, (!exists).then_some(CONTROL_BYTES + stream));
+        let d = Device::open(&path, index + i, dopts)?;
+        if !exists {
+            undo.created_file(&path);
+        }
+        logs.push(Target::File(Arc::new(d)));
     }
-    Ok(Some(Target::File(Arc::new(d))))
+    Ok(logs)
 }
 
 /// Opens (creating if needed and allowed) the database in directory `dir`.
@@ -371,8 +401,8 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
         None
     };
     let array = Array::new(targets, opts.page_size_value() as u64)?;
-    let log = open_log(&log_path, count, opts, meta.as_ref(), undo)?;
-    if let Some(t) = &log {
+    let logs = open_logs(&log_path, count, opts, meta.as_ref(), undo)?;
+    for t in &logs {
         locks.device(t);
     }
     if !exists {
@@ -383,7 +413,7 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
     }
     Ok(Opened {
         array,
-        log,
+        logs,
         create: !exists,
         meta,
         locks,
@@ -439,8 +469,8 @@ pub(crate) fn open_paths(
         }
     };
     let array = Array::new(targets, opts.page_size_value() as u64)?;
-    let log = open_log(&log_path, paths.len(), opts, meta.as_ref(), undo)?;
-    if let Some(t) = &log {
+    let logs = open_logs(&log_path, paths.len(), opts, meta.as_ref(), undo)?;
+    for t in &logs {
         locks.device(t);
     }
     let mut sync_dirs = Vec::new();
@@ -455,7 +485,7 @@ pub(crate) fn open_paths(
     }
     Ok(Opened {
         array,
-        log,
+        logs,
         create,
         meta,
         locks,

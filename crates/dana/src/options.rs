@@ -55,6 +55,7 @@ pub struct Options {
     pub(crate) durability: Durability,
     pub(crate) async_window: Duration,
     pub(crate) log_bytes: u64,
+    pub(crate) logs: usize,
     pub(crate) log_preallocate: bool,
     pub(crate) log_path: Option<PathBuf>,
     pub(crate) read_only: bool,
@@ -80,6 +81,7 @@ impl Default for Options {
             durability: Durability::Sync,
             async_window: Duration::from_millis(10),
             log_bytes: 64 << 20,
+            logs: 0,
             log_preallocate: false,
             log_path: None,
             read_only: false,
@@ -126,6 +128,41 @@ impl Options {
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = n;
         self
+    }
+
+    /// Number of write-ahead logs of a new database (default 0: one per
+    /// worker; at most [`crate::wal::MAX_LOGS`]). Each worker appends to
+    /// its own log and group-commits it on its own (log `i` belongs to
+    /// worker `i % workers`); recovery merges them by sequence number. An
+    /// existing database keeps the number it was created with. The log
+    /// files are the log path (`dana.wal`) and, for log `i > 0`, that
+    /// path with `.i` appended.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).workers(2).logs(3);
+    /// assert_eq!(opts.logs_value(), 3);
+    /// let db = dana::Db::open(dir.path(), opts).unwrap();
+    /// assert!(dir.path().join("dana.wal.2").exists());
+    /// # drop(db);
+    /// assert_eq!(dana::Options::default().workers(4).logs_value(), 4);
+    /// ```
+    pub fn logs(mut self, n: usize) -> Self {
+        self.logs = n;
+        self
+    }
+
+    /// The number of logs a new database gets (see [`Options::logs`]).
+    ///
+    /// ```
+    /// assert_eq!(dana::Options::default().logs_value(), 2); // one per worker
+    /// ```
+    pub fn logs_value(&self) -> usize {
+        match self.logs {
+            0 => self.workers.max(1),
+            n => n,
+        }
+        .min(crate::wal::MAX_LOGS)
     }
 
     /// Page size in bytes, a power of two from 4096 to 65536, fixed when the
@@ -317,9 +354,10 @@ impl Options {
         self
     }
 
-    /// Bytes of the circular log (default 64 MiB; a multiple of 4 KiB; at
-    /// most [`crate::wal::recover::MAX_LOG_BYTES`]).
-    /// A checkpoint starts when a quarter of it is in use.
+    /// Bytes of the circular logs, split evenly among them (default 64
+    /// MiB; a multiple of 4 KiB; at least 1 MiB per log; at most
+    /// [`crate::wal::recover::MAX_LOG_BYTES`] each). A checkpoint starts
+    /// when a quarter of a log is in use.
     ///
     /// ```
     /// assert_eq!(dana::Options::default().log_bytes_value(), 64 << 20);
@@ -343,7 +381,8 @@ impl Options {
     /// let opts = dana::Options::default().pool_bytes(8 << 20).log_bytes(8 << 20).log_preallocate(true);
     /// assert!(opts.log_preallocate_value());
     /// let _db = dana::Db::open(dir.path(), opts).unwrap();
-    /// assert!(std::fs::metadata(dir.path().join("dana.wal")).unwrap().len() >= 8 << 20);
+    /// // Two logs (one per worker), 4 MiB each.
+    /// assert!(std::fs::metadata(dir.path().join("dana.wal")).unwrap().len() >= 4 << 20);
     /// ```
     pub fn log_preallocate(mut self, on: bool) -> Self {
         self.log_preallocate = on;

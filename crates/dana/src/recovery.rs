@@ -10,8 +10,8 @@ use crate::buffer::BufferPool;
 use crate::checkpoint::checkpoint;
 use crate::io::{Array, Target};
 use crate::wal::record::{self, Write};
-use crate::wal::recover::{self, Recovered};
-use crate::wal::{Resume, Wal};
+use crate::wal::recover::{self, LogPlace, Recovered};
+use crate::wal::{LogSet, Resume};
 use crate::{Error, Options, Result};
 
 /// What recovery did when the database opened.
@@ -25,74 +25,101 @@ pub struct RecoveryReport {
     pub pages_repaired: u64,
     /// Commit records re-applied through the trees.
     pub commits: u64,
-    /// Where the valid log ended.
+    /// The GSN after the last valid record of every log (where the
+    /// database's sequence numbers go on).
     pub log_end: u64,
 }
 
-/// Finds the log and runs recovery's first part (the redo of page
-/// records): formats a log for a new database (or one that never had
-/// one), checks the identity of an existing one against `db_log_id` (the
-/// meta page's), refuses a read-only open that would need recovery.
-/// Returns where the log resumes (None: no log to use), what recovery
-/// found, and the identity of a log it formatted.
-pub(crate) fn prepare_log(
+/// Where the logs resume: each log's stream position, and the next GSN.
+pub(crate) struct LogStart {
+    pub(crate) resume: Vec<Resume>,
+    pub(crate) next_gsn: u64,
+}
+
+/// Finds the logs and runs recovery's first part (the redo of page
+/// records): formats the logs of a new database (or one that never had
+/// any), checks the identity and place of existing ones against
+/// `db_log_id` (the meta page's) and their number, refuses a read-only
+/// open that would need recovery. Returns where the logs resume (None: no
+/// log to use), what recovery found, and the identity of logs it
+/// formatted.
+pub(crate) fn prepare_logs(
     array: &Array,
-    log: Option<&Target>,
+    logs: &[Target],
     db_log_id: u64,
     create: bool,
     opts: &Options,
-) -> Result<(Option<Resume>, Option<Recovered>, Option<u64>)> {
-    let read_only = opts.read_only;
-    let mut recovered = None;
-    let mut new_id = None;
-    let resume = match log {
-        None => None,
-        Some(t) => {
+) -> Result<(Option<LogStart>, Option<Recovered>, Option<u64>)> {
+    if logs.is_empty() {
+        return Ok((None, None, None));
+    }
+    let count = logs.len() as u32;
+    if create || db_log_id == 0 {
+        // A new database, or one that never had a log: whatever the files
+        // hold is not ours; format them.
+        if opts.read_only {
+            return Ok((None, None, None));
+        }
+        let id = opts.log_identity.unwrap_or_else(new_log_id);
+        let per_log = crate::wal::per_log_bytes(opts.log_bytes, logs.len());
+        let mut resume = Vec::with_capacity(logs.len());
+        for (i, t) in logs.iter().enumerate() {
             let block = t.alignment().io.max(512);
-            if create || db_log_id == 0 {
-                // A new database, or one that never had a log: whatever
-                // the file holds is not ours; format it.
-                if read_only {
-                    None
-                } else {
-                    let id = opts.log_identity.unwrap_or_else(new_log_id);
-                    new_id = Some(id);
-                    Some(recover::format(t, opts.log_bytes, block, id)?)
-                }
-            } else {
-                let ctl = recover::read_control(t)?.ok_or_else(|| Error::CorruptLog {
-                    offset: 0,
-                    what: "both control blocks of the log are damaged; the database's log \
-                           cannot be found"
-                        .into(),
-                })?;
-                if ctl.log_id != db_log_id {
-                    return Err(Error::Log(format!(
-                        "the log belongs to another database (log id {:016x}, this \
-                         database's is {db_log_id:016x})",
-                        ctl.log_id
-                    )));
-                }
-                if read_only {
-                    if recover::needs_recovery(t, ctl)? {
-                        return Err(Error::NeedsRecovery(
-                            "the log holds changes after the last checkpoint".into(),
-                        ));
-                    }
-                    None
-                } else {
-                    let r = recover::recover(array, t, ctl)?;
-                    let resume = r.resume;
-                    recovered = Some(r);
-                    resume
-                }
+            let place = LogPlace {
+                index: i as u32,
+                count,
+                next_gsn: 1,
+            };
+            resume.push(recover::format(t, per_log, block, id, place)?);
+        }
+        let start = LogStart {
+            resume,
+            next_gsn: 1,
+        };
+        return Ok((Some(start), None, Some(id)));
+    }
+    let mut ctls = Vec::with_capacity(logs.len());
+    for (i, t) in logs.iter().enumerate() {
+        let ctl = recover::read_control(t)?.ok_or_else(|| Error::CorruptLog {
+            offset: 0,
+            what: format!(
+                "both control blocks of log {i} are damaged; the database's log cannot be found"
+            ),
+        })?;
+        if ctl.log_id != db_log_id {
+            return Err(Error::Log(format!(
+                "log {i} belongs to another database (log id {:016x}, this database's is \
+                 {db_log_id:016x})",
+                ctl.log_id
+            )));
+        }
+        if ctl.index != i as u32 || ctl.count != count {
+            return Err(Error::Log(format!(
+                "log file {i} says it is log {} of {}; the database has {count} logs",
+                ctl.index, ctl.count
+            )));
+        }
+        ctls.push((t.clone(), ctl));
+    }
+    if opts.read_only {
+        for (i, (t, ctl)) in ctls.iter().enumerate() {
+            if recover::needs_recovery(t, *ctl)? {
+                return Err(Error::NeedsRecovery(format!(
+                    "log {i} holds changes after the last checkpoint"
+                )));
             }
         }
+        return Ok((None, None, None));
+    }
+    let r = recover::recover(array, &ctls)?;
+    let start = LogStart {
+        resume: r.resume.clone(),
+        next_gsn: r.next_gsn,
     };
-    Ok((resume, recovered, new_id))
+    Ok((Some(start), Some(r), None))
 }
 
-/// Recovery, part two: re-applies `commits` (LSN, writes), in log order.
+/// Recovery, part two: re-applies `commits` (GSN, writes), in GSN order.
 ///
 /// Their page changes are logged (full images first: a page written back
 /// now may tear), so the log grows. When it is three quarters full, the
@@ -106,30 +133,35 @@ pub(crate) fn prepare_log(
 /// ones.)
 pub(crate) async fn reapply(
     pool: &Arc<BufferPool>,
-    wal: Option<&Arc<Wal>>,
+    wal: Option<&Arc<LogSet>>,
     commits: &[(u64, Vec<Write<'static>>)],
 ) -> Result<()> {
-    // LSN of each commit's record, and whether the log counts it as being
-    // applied (only after it was appended again).
+    // GSN of each commit's record, and whether the log counts it as being
+    // applied (only after it was appended again). Everything is appended
+    // to this task's log.
     let mut lsns: Vec<u64> = commits.iter().map(|c| c.0).collect();
     let mut registered = false;
+    let local = wal.map(|w| w.local().clone());
     for i in 0..commits.len() {
-        if let Some(w) = wal.filter(|w| w.used() > w.capacity() / 4 * 3) {
+        if let (Some(set), Some(w)) = (
+            wal,
+            local.as_ref().filter(|w| w.used() > w.capacity() / 4 * 3),
+        ) {
             for j in i..commits.len() {
-                let (lsn, _) = w.append_commit(record::commit(&commits[j].1).into_unsealed())?;
+                let (lsn, _) = w.append_commit(record::commit(&commits[j].1).into_unsealed(), 0)?;
                 if registered {
                     w.applied(lsns[j]);
                 }
                 lsns[j] = lsn;
             }
             registered = true;
-            checkpoint(pool, w).await?;
+            checkpoint(pool, set).await?;
         }
         // Without a log (`Durability::Off` on a database that has none)
         // nothing is logged, so no LSN covers the changes.
         let cover = if wal.is_some() { lsns[i] } else { 0 };
         crate::txn::apply(pool, &commits[i].1, false, cover).await?;
-        if let (Some(w), true) = (wal, registered) {
+        if let (Some(w), true) = (&local, registered) {
             w.applied(lsns[i]);
         }
     }

@@ -24,7 +24,7 @@ use crate::recovery::{self, reapply, RecoveryReport};
 use crate::sched::{RequestKind, Runtime};
 use crate::txn::{Committer, KeyLocks};
 use crate::wal::record::Write;
-use crate::wal::{Durability, Wal};
+use crate::wal::{Durability, LogSet, Wal, MAX_LOGS};
 use crate::{Error, Options, Result};
 
 /// A database brought up: what `Db` holds.
@@ -46,7 +46,7 @@ pub(crate) struct Started {
 pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
     let open::Opened {
         array,
-        log,
+        logs,
         create,
         meta,
         locks,
@@ -56,14 +56,15 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
     if create && read_only {
         return Err(Error::ReadOnly);
     }
+    if logs.len() > MAX_LOGS {
+        return Err(Error::InvalidArgument(format!(
+            "{} logs: at most {MAX_LOGS}",
+            logs.len()
+        )));
+    }
     let array = array.with_max_bytes(opts.capacity_bytes);
-    let (resume, mut recovered, new_id) = recovery::prepare_log(
-        &array,
-        log.as_ref(),
-        meta.map_or(0, |m| m.log_id),
-        create,
-        &opts,
-    )?;
+    let (start, mut recovered, new_id) =
+        recovery::prepare_logs(&array, &logs, meta.map_or(0, |m| m.log_id), create, &opts)?;
     let frames = opts.pool_bytes / opts.page_size;
     let mut pool_config = PoolConfig::with_frames(frames);
     pool_config.read_only = read_only;
@@ -71,21 +72,30 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
     pool_config.max_writes_in_flight = (opts.device_budget / 2).max(1);
     let pool = BufferPool::new(array.clone(), &pool_config)?;
     let mut targets = array.targets().to_vec();
-    let wal = match (&log, resume) {
-        (Some(t), Some(resume)) => {
-            targets.push(t.clone());
-            let block = t.alignment().io.max(512);
-            let w = Wal::new(
-                array.width(),
-                block,
-                opts.async_window,
-                resume,
-                Some(t.clone()),
-            )?;
+    let log_count = logs.len();
+    let wal = match start {
+        Some(start) => {
+            let shared = LogSet::shared(log_count, start.next_gsn);
+            let mut set = Vec::with_capacity(log_count);
+            for (i, (t, resume)) in logs.iter().zip(start.resume).enumerate() {
+                targets.push(t.clone());
+                let block = t.alignment().io.max(512);
+                set.push(Wal::new(
+                    i,
+                    log_count,
+                    shared.clone(),
+                    array.width() + i,
+                    block,
+                    opts.async_window,
+                    resume,
+                    Some(t.clone()),
+                )?);
+            }
+            let w = LogSet::new(set, shared, opts.workers)?;
             pool.attach_wal(w.clone())?;
             Some(w)
         }
-        _ => None,
+        None => None,
     };
     // Completions go to their owners; every worker steps eviction, the
     // log's flush and the checkpoint starter between tasks.
@@ -132,7 +142,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
             p.root(CATALOG_SLOT).await?
         };
         if let Some(id) = new_id {
-            p.set_log_id(id).await?;
+            p.set_log_id(id, log_count as u32).await?;
         }
         if !read_only {
             match &w2 {
@@ -158,7 +168,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         pages_redone: r.pages_redone,
         pages_repaired: r.pages_repaired,
         commits: reapplied,
-        log_end: r.end,
+        log_end: r.next_gsn,
     });
     // A database that has a log keeps using it: `Off` then means that
     // commits do not wait for it (as `Async`).

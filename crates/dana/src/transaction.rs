@@ -37,6 +37,10 @@ pub struct Transaction {
     writes: BTreeMap<(u64, Vec<u8>), Option<Vec<u8>>>,
     inserts: BTreeMap<(u64, Vec<u8>), ()>,
     durability: Durability,
+    /// The most GSN of a leaf this transaction read: its commit depends
+    /// on every log up to there (it may have read another worker's write
+    /// that its log has not made durable yet).
+    read_gsn: u64,
 }
 
 impl Transaction {
@@ -51,6 +55,7 @@ impl Transaction {
             writes: BTreeMap::new(),
             inserts: BTreeMap::new(),
             durability,
+            read_gsn: 0,
         }
     }
 
@@ -96,7 +101,8 @@ impl Transaction {
         if let Some(v) = self.writes.get(&id) {
             return Ok(v.clone());
         }
-        let v = tree.get_async(key).await?;
+        let (v, gsn) = tree.get_versioned_async(key).await?;
+        self.read_gsn = self.read_gsn.max(gsn);
         self.reads.entry(id).or_insert_with(|| v.clone());
         Ok(v)
     }
@@ -119,7 +125,8 @@ impl Transaction {
         if let Some(v) = self.writes.get(&id) {
             return Ok(v.clone());
         }
-        let v = tree.get(key)?;
+        let (v, gsn) = tree.get_versioned(key)?;
+        self.read_gsn = self.read_gsn.max(gsn);
         self.reads.entry(id).or_insert_with(|| v.clone());
         Ok(v)
     }
@@ -249,10 +256,11 @@ impl Transaction {
         self.commit_lsn_async().await.map(|_| ())
     }
 
-    /// [`Transaction::commit_async`], returning the LSN just after its
-    /// commit record (0 without a log, or for a transaction that writes
-    /// nothing). With [`Durability::Async`] the commit is durable once the
-    /// log's durable LSN ([`crate::Db::wal_stats`]) reaches it.
+    /// [`Transaction::commit_async`], returning the sequence number (GSN)
+    /// just after its commit record (0 without a log, or for a transaction
+    /// that writes nothing). The commit is durable once the durable GSN
+    /// of every log ([`crate::Db::wal_stats`]) reaches it (or, sooner,
+    /// once its own worker's log's does: a `Sync` commit returns then).
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -265,6 +273,7 @@ impl Transaction {
     /// }).unwrap().unwrap();
     /// assert!(lsn > 0);
     /// assert_eq!(none, 0); // it wrote nothing
+    /// db.checkpoint().unwrap(); // every log durable past it
     /// assert!(db.wal_stats().unwrap().durable >= lsn);
     /// ```
     pub async fn commit_lsn_async(self) -> Result<u64> {
@@ -285,7 +294,7 @@ impl Transaction {
             .map(|((tree, key), value)| Write::new(tree, key, value))
             .collect();
         self.committer
-            .commit_at(writes, checks, self.durability)
+            .commit_at(writes, checks, self.durability, self.read_gsn)
             .await
             .map(|(_, lsn)| lsn)
     }

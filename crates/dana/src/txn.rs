@@ -46,7 +46,7 @@ use crate::buffer::blob::{self, BlobHold, BlobRef, Extent};
 use crate::buffer::BufferPool;
 use crate::sched;
 use crate::wal::record::{self, Write};
-use crate::wal::{Durability, Wal};
+use crate::wal::{Durability, LogSet};
 use crate::{Error, Result};
 
 /// Number of key lock stripes.
@@ -127,7 +127,7 @@ pub(crate) enum Expect {
 /// What commits need from the database.
 pub(crate) struct Committer {
     pub(crate) pool: Arc<BufferPool>,
-    pub(crate) wal: Option<Arc<Wal>>,
+    pub(crate) wal: Option<Arc<LogSet>>,
     pub(crate) locks: KeyLocks,
     pub(crate) durability: Durability,
     /// The database was opened read-only: every commit fails.
@@ -204,18 +204,21 @@ impl Committer {
         checks: Vec<(u64, Vec<u8>, Expect)>,
         durability: Durability,
     ) -> Result<Vec<Applied>> {
-        self.commit_at(writes, checks, durability)
+        self.commit_at(writes, checks, durability, 0)
             .await
             .map(|(a, _)| a)
     }
 
-    /// [`Committer::commit`], also returning the LSN just after the commit
-    /// record (0 without a log or without writes).
+    /// [`Committer::commit`], also returning the GSN just after the commit
+    /// record (0 without a log or without writes). `read_gsn`: the most
+    /// GSN of a leaf the transaction read (its commit record depends on
+    /// every log up to there).
     pub(crate) async fn commit_at(
         &self,
         mut writes: Vec<Write<'_>>,
         checks: Vec<(u64, Vec<u8>, Expect)>,
         durability: Durability,
+        read_gsn: u64,
     ) -> Result<(Vec<Applied>, u64)> {
         self.live(true)?;
         if !sched::on_worker() {
@@ -231,8 +234,11 @@ impl Committer {
         for w in &writes {
             self.tree_alive(w.tree)?;
         }
+        // The commit depends on what it read, and on what it validated.
+        let mut dep = read_gsn;
         for (tree, key, expect) in &checks {
-            let now = BTree::open(&self.pool, *tree).get(key).await?;
+            let (now, gsn) = BTree::open(&self.pool, *tree).get_versioned(key).await?;
+            dep = dep.max(gsn);
             match expect {
                 Expect::Absent if now.is_some() => return Err(Error::KeyExists),
                 Expect::Value(v) if *v != now => {
@@ -251,7 +257,10 @@ impl Committer {
             Some(_) if !writes.is_empty() => Some(record::commit_head(&writes)),
             _ => None,
         };
-        let log_space = match (&self.wal, &head) {
+        // This task's worker's log: admission, the record and the wait
+        // are all on it.
+        let log = self.wal.as_ref().map(|w| w.local().clone());
+        let log_space = match (&log, &head) {
             (Some(w), Some(h)) => {
                 // Every page the apply touches or allocates may log a full
                 // image, and so may the map pages of large values.
@@ -269,14 +278,14 @@ impl Committer {
                 .blob_space_in(&mut s, &stored.taken, &large.freed, stored.delta)
                 .await?;
             match head {
-                Some(h) => Some(self.pool.log_commit(&mut s, h.into_raw())?),
+                Some(h) => Some(self.pool.log_commit(&mut s, h.into_raw(), dep)?),
                 None => None,
             }
         } else {
-            match (&self.wal, head) {
+            match (&log, head) {
                 (Some(w), Some(mut h)) => {
                     h.u32(0);
-                    Some(w.append_commit(h.into_unsealed())?)
+                    Some(w.append_commit(h.into_unsealed(), dep)?)
                 }
                 _ => None,
             }
@@ -293,8 +302,10 @@ impl Committer {
         }
         drop(space);
         drop(log_space);
-        if let (Some(w), Some((lsn, _))) = (&self.wal, logged) {
-            w.applied(lsn);
+        // The commit record was appended to the local log, whether through
+        // the pool (large values) or not: the same task, the same worker.
+        if let (Some(w), Some((gsn, _))) = (&log, logged) {
+            w.applied(gsn);
         }
         drop(guard);
         let applied = match applied {
@@ -311,7 +322,7 @@ impl Committer {
                 return Err(e);
             }
         };
-        if let (Some(w), Some((_, end)), Durability::Sync) = (&self.wal, logged, durability) {
+        if let (Some(w), Some((_, end)), Durability::Sync) = (&log, logged, durability) {
             w.wait_durable(end).await?;
         }
         Ok((applied, logged.map_or(0, |(_, end)| end)))
@@ -406,7 +417,7 @@ impl Committer {
             );
         }
         if let (Some(w), true) = (&self.wal, holds.iter().any(BlobHold::reused)) {
-            w.wait_durable(w.end()).await?;
+            w.wait_all_durable(w.next_gsn()).await?;
         }
         let mut taken = Vec::new();
         for (h, &i) in holds.iter_mut().zip(&plan.writes) {

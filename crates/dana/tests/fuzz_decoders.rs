@@ -36,7 +36,7 @@ fn decode_record(bytes: &[u8]) {
                 if let Ok(entries) = record::page_entries(&r) {
                     let mut page = vec![0u8; PS];
                     for e in entries {
-                        let _ = e.apply(&mut page, 4096);
+                        let _ = e.apply(&mut page, 4096, 4096);
                     }
                 }
             }
@@ -166,9 +166,9 @@ proptest! {
     #[test]
     fn mutated_control_blocks_never_validate_wrongly(
         seq in any::<u64>(),
-        flip in (0usize..60, 1u8..=255),
+        flip in (0usize..76, 1u8..=255),
     ) {
-        let c = Control { seq, checkpoint: 1, redo: 4096, capacity: 1 << 20, block: 512, log_id: 9 };
+        let c = Control { seq, checkpoint: 1, redo: 4096, capacity: 1 << 20, block: 512, log_id: 9, next_gsn: 5, index: 0, count: 2 };
         let mut b = c.encode();
         b[flip.0] ^= flip.1;
         // A flipped block is rejected (its checksum), never misread.
@@ -191,6 +191,9 @@ proptest! {
             capacity: stream.len() as u64,
             block: 512,
             log_id: 1,
+            next_gsn: 1,
+            index: 0,
+            count: 1,
         };
         stream.rotate_left((ctl.redo % ctl.capacity) as usize);
         let _ = recover::scan(&stream, &ctl);

@@ -49,7 +49,12 @@ fn load(db: &Db, from: u64, to: u64, batch: u64, round: u64) -> (Vec<u64>, Optio
 #[test]
 fn a_new_database_starts_small_and_its_files_grow_with_the_data() {
     let dir = tempfile::tempdir().unwrap();
-    let opts = Options::default().pool_bytes(4 << 20).log_bytes(16 << 20);
+    // One log, so that the whole log budget is one file's (the logs of a
+    // database with several grow the same way, each its own share).
+    let opts = Options::default()
+        .pool_bytes(4 << 20)
+        .log_bytes(16 << 20)
+        .logs(1);
     let data = dir.path().join("dana.0");
     let db = Db::open(dir.path(), opts.clone()).unwrap();
     db.create_tree("t").unwrap();
@@ -107,9 +112,15 @@ fn a_preallocated_log_is_whole_from_the_start() {
         .log_bytes(8 << 20)
         .log_preallocate(true);
     let db = Db::open(dir.path(), opts).unwrap();
-    let log = std::fs::metadata(dir.path().join("dana.wal")).unwrap();
-    assert_eq!(log.len(), CONTROL_BYTES + (8 << 20));
-    assert!(log.blocks() * 512 >= 8 << 20, "written, not a sparse file");
+    // Two logs (one per worker), each half of the log budget.
+    for name in ["dana.wal", "dana.wal.1"] {
+        let log = std::fs::metadata(dir.path().join(name)).unwrap();
+        assert_eq!(log.len(), CONTROL_BYTES + (4 << 20), "{name}");
+        assert!(
+            log.blocks() * 512 >= 4 << 20,
+            "{name}: written, not a sparse file"
+        );
+    }
     let (_, err) = load(&db, 0, 2000, 100, 0);
     assert!(err.is_none(), "{err:?}");
     assert_eq!(db.wal_stats().unwrap().file_growths, 0);

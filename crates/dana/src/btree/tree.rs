@@ -379,6 +379,30 @@ impl BTree {
         }
     }
 
+    /// [`BTree::get`], with the GSN of the leaf read (at least the GSN of
+    /// the change that wrote the value returned, or removed it): a commit
+    /// that used the value depends on the logs up to there.
+    pub async fn get_versioned(&self, key: &[u8]) -> Result<(Option<Vec<u8>>, u64)> {
+        self.check_key(key)?;
+        let (raw, gsn) = {
+            let g = self.leaf_shared(key, None).await?;
+            let n = Node::new(&g).map_err(corrupt(g.pid()))?;
+            (
+                n.get_entry(key).map(|(v, r)| (v.to_vec(), r)),
+                page::page_lsn(&g),
+            )
+        };
+        match raw {
+            Some((_, true)) => {
+                let v = self.get_large(key).await?;
+                // The leaf again: the value may have changed in between.
+                let g = self.leaf_shared(key, None).await?;
+                Ok((v, gsn.max(page::page_lsn(&g))))
+            }
+            other => Ok((other.map(|(v, _)| v), gsn)),
+        }
+    }
+
     /// Applies `f` to the value of `key` (no copy for a value stored in
     /// the leaf), if present.
     pub async fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {

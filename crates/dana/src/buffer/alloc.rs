@@ -23,6 +23,7 @@
 //! | 64..72   | large values in the database (references)    |
 //! | 72..80   | free pages below the high-water mark         |
 //! | 80..88   | log identity (0: the database has no log)    |
+//! | 88..92   | number of logs (one per worker at creation)  |
 //! | 128..384 | 32 root slots (u64 page ids) for upper layers|
 //!
 //! (Upper layers give the slots their meaning: the catalogue in slot 0,
@@ -36,7 +37,10 @@
 //! leaf changes are logged only by its commit record (the page header's
 //! `UNLOGGED` flag); version 5 the free-space map in place of the free
 //! list; version 6 large values (leaf references, commit records that
-//! carry the map changes of their extents, the count at bytes 64..72).
+//! carry the map changes of their extents, the count at bytes 64..72);
+//! version 7 per-worker logs (the number of logs at bytes 88..92, the
+//! GSN in every record and in the page LSN field, control blocks naming
+//! their log's place and a GSN).
 //!
 //! When the pages run low the array grows (`grow.rs`); a reservation or an
 //! allocation short of pages waits for that growth, or fails with
@@ -56,7 +60,7 @@ use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"DANAMETA";
 /// The on-disk format this build reads and writes (see the module doc).
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 const OFF_MAGIC: usize = 32;
 const OFF_VERSION: usize = 40;
 const OFF_PAGE_SIZE: usize = 44;
@@ -66,6 +70,7 @@ const OFF_NEXT: usize = 56;
 const OFF_LARGE_VALUES: usize = 64;
 const OFF_FREE_COUNT: usize = 72;
 const OFF_LOG_ID: usize = 80;
+const OFF_LOG_COUNT: usize = 88;
 const OFF_ROOTS: usize = 128;
 /// Number of root slots in the meta page.
 pub const ROOT_SLOTS: usize = 32;
@@ -143,6 +148,8 @@ pub struct MetaFacts {
     pub width: usize,
     /// Identity of the database's log (0: no log).
     pub log_id: u64,
+    /// Number of logs (0: no log).
+    pub logs: u32,
 }
 
 /// Reads the facts of a meta page from its first bytes (at least 4096).
@@ -176,6 +183,7 @@ pub fn meta_facts(first: &[u8]) -> std::result::Result<MetaFacts, String> {
         page_size,
         width,
         log_id: get_u64(first, OFF_LOG_ID),
+        logs: get_u32(first, OFF_LOG_COUNT),
     })
 }
 
@@ -337,11 +345,12 @@ impl BufferPool {
         Ok(get_u64(&m, OFF_LOG_ID))
     }
 
-    /// Records the identity of the database's log in the meta page (made
-    /// durable by the next checkpoint or flush).
-    pub async fn set_log_id(&self, id: u64) -> Result<()> {
+    /// Records the identity and number of the database's logs in the meta
+    /// page (made durable by the next checkpoint or flush).
+    pub async fn set_log_id(&self, id: u64, logs: u32) -> Result<()> {
         let mut m = self.fix_exclusive(META_PAGE).await?;
         put_u64(&mut m, OFF_LOG_ID, id);
+        m[OFF_LOG_COUNT..OFF_LOG_COUNT + 4].copy_from_slice(&logs.to_le_bytes());
         Ok(())
     }
 

@@ -430,6 +430,7 @@ impl BufferPool {
         &'a self,
         space: &mut SpaceGuard<'a>,
         commit: Vec<u8>,
+        dep: u64,
     ) -> Result<(u64, u64)> {
         let Some(wal) = self.wal.get() else {
             return Ok((0, 0));
@@ -439,7 +440,7 @@ impl BufferPool {
         let mut commit = Some(commit);
         let logged = self.log_pages_with(&mut all, |changes| {
             let c = commit.take().unwrap_or_default();
-            wal.log_commit(c, changes).map(Some)
+            wal.log_commit(c, changes, dep).map(Some)
         })?;
         Ok(logged.unwrap_or((0, 0)))
     }
@@ -1468,7 +1469,7 @@ impl PageMut<'_> {
         page::set_unlogged(self, false);
         // SAFETY: the exclusive latch is held while this guard lives.
         let bytes = unsafe { self.pool.frame_bytes(self.frame) };
-        let image = wal.log_covered(self.pid, bytes)?;
+        let image = wal.log_covered(self.pid, bytes, self.cover)?;
         if image.is_none() {
             page::set_unlogged(self, true);
         }

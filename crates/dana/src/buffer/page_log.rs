@@ -19,7 +19,10 @@
 //!
 //! Either way the record's LSN (or the commit's) becomes the page LSN
 //! before the latch drops; write-back then waits until the log is durable
-//! past a page's LSN (the WAL rule). Never: encodes a record (the log
+//! past a page's LSN (the WAL rule). A database may have several logs
+//! (one per worker, `wal::LogSet`): a page's LSN is then the global
+//! sequence number (GSN) of its last change, which orders the records of
+//! every log, and "durable past it" means durable in every log. Never: encodes a record (the log
 //! does) or does the log's I/O (the log's requests and their completions
 //! are routed by the scheduler to the log itself).
 
@@ -52,12 +55,20 @@ pub trait PageLog: Send + Sync {
     /// map's changes for a commit's large values. Returns the record's LSN
     /// (every page's LSN) and the LSN after it; registers the commit as
     /// being applied, like any commit record.
-    fn log_commit(&self, commit: Vec<u8>, changes: &[PageChange<'_>]) -> Result<(u64, u64)>;
+    /// `dep`: the most GSN of a page the transaction read (the record
+    /// depends on the other logs up to there).
+    fn log_commit(
+        &self,
+        commit: Vec<u8>,
+        changes: &[PageChange<'_>],
+        dep: u64,
+    ) -> Result<(u64, u64)>;
     /// A covered change of page `page` (its bytes now, its page LSN still
     /// the one before the change), redone at recovery by the commit record
-    /// that covers it. Returns the LSN of a full image if the log appended
-    /// one (the page's first change since a checkpoint began), else None.
-    fn log_covered(&self, pid: u64, page: &[u8]) -> Result<Option<u64>>;
+    /// at `cover` that covers it. Returns the LSN of a full image if the
+    /// log appended one (the page's first change since a checkpoint
+    /// began), else None.
+    fn log_covered(&self, pid: u64, page: &[u8], cover: u64) -> Result<Option<u64>>;
     /// Everything before this LSN is on stable storage.
     fn durable(&self) -> u64;
     /// Asks for a flush up to `lsn` without waiting.

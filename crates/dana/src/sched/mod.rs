@@ -315,7 +315,28 @@ impl Runtime {
         w.push_job(Box::pin(future), &self.shared.shutdown)
     }
 
-    /// Runs `future` on a worker and waits for its output. Must not be
+    /// The worker that [`Runtime::block_on`] runs the calling thread's
+    /// futures on: each thread gets one on its first call (threads are
+    /// spread round robin) and keeps it, so that one thread's commits go
+    /// through one worker's log, in order.
+    pub fn home_worker(&self) -> usize {
+        static NEXT_HOME: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        thread_local! {
+            static HOME: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+        }
+        let home = HOME.with(|h| match h.get() {
+            Some(home) => home,
+            None => {
+                let home = NEXT_HOME.fetch_add(1, Ordering::Relaxed);
+                h.set(Some(home));
+                home
+            }
+        });
+        home % self.shared.workers.len()
+    }
+
+    /// Runs `future` on the calling thread's home worker
+    /// ([`Runtime::home_worker`]) and waits for its output. Must not be
     /// called from a worker thread (it would block the worker).
     pub fn block_on<T, F>(&self, future: F) -> Result<T>
     where
@@ -328,7 +349,7 @@ impl Runtime {
             ));
         }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.spawn(async move {
+        self.spawn_on(self.home_worker(), async move {
             let _ = tx.send(future.await);
         })?;
         rx.recv().map_err(|_| Error::Shutdown)

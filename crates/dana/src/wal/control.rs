@@ -9,23 +9,26 @@
 //! | bytes  | field                                          |
 //! |--------|------------------------------------------------|
 //! | 0..8   | magic `DANAWAL1`                               |
-//! | 8..12  | format version (2)                             |
+//! | 8..12  | format version (3)                             |
 //! | 12..16 | flush block (bytes)                            |
 //! | 16..24 | sequence number                                |
 //! | 24..32 | LSN of the checkpoint record                   |
 //! | 32..40 | redo LSN: recovery starts here                 |
 //! | 40..48 | capacity: bytes of the circular record stream  |
 //! | 48..56 | log identity (also in the database's meta page)|
-//! | 56..60 | crc32c of bytes 0..56                          |
+//! | 56..64 | next GSN when the checkpoint began (at least)  |
+//! | 64..68 | this log's index among the database's logs     |
+//! | 68..72 | number of logs of the database                 |
+//! | 72..76 | crc32c of bytes 0..72                          |
 //!
 //! Never: trusts a block whose checksum or magic does not match.
 
 /// Bytes reserved for each control block (and the largest flush block).
 pub const BLOCK: u64 = 4096;
 const MAGIC: &[u8; 8] = b"DANAWAL1";
-const VERSION: u32 = 2;
-const LEN: usize = 60;
-const CRC_AT: usize = 56;
+const VERSION: u32 = 3;
+const LEN: usize = 76;
+const CRC_AT: usize = 72;
 
 /// One control block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +45,13 @@ pub struct Control {
     pub block: u64,
     /// The log's identity, the same in the database's meta page.
     pub log_id: u64,
+    /// A GSN no record or page of the database had when the checkpoint
+    /// began (recovery's GSNs start at least here).
+    pub next_gsn: u64,
+    /// This log's index among the database's logs.
+    pub index: u32,
+    /// Number of logs of the database.
+    pub count: u32,
 }
 
 impl Control {
@@ -56,6 +66,9 @@ impl Control {
         b.extend_from_slice(&self.redo.to_le_bytes());
         b.extend_from_slice(&self.capacity.to_le_bytes());
         b.extend_from_slice(&self.log_id.to_le_bytes());
+        b.extend_from_slice(&self.next_gsn.to_le_bytes());
+        b.extend_from_slice(&self.index.to_le_bytes());
+        b.extend_from_slice(&self.count.to_le_bytes());
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
         b
@@ -79,6 +92,9 @@ impl Control {
             redo: u64_at(32),
             capacity: u64_at(40),
             log_id: u64_at(48),
+            next_gsn: u64_at(56),
+            index: u32_at(64),
+            count: u32_at(68),
         })
     }
 
@@ -108,6 +124,9 @@ mod tests {
             capacity: 1 << 20,
             block: 512,
             log_id: 7,
+            next_gsn: seq * 3,
+            index: 1,
+            count: 2,
         };
         let mut area = vec![0u8; 2 * BLOCK as usize];
         area[..LEN].copy_from_slice(&c(4).encode());

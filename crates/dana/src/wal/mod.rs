@@ -1,22 +1,32 @@
-//! The write-ahead log: appending records, group commit, and the state of
-//! checkpoints.
+//! One write-ahead log: appending records, group commit, and the state of
+//! checkpoints. A database has one log per worker ([`LogSet`]); this is
+//! one of them.
 //!
-//! Owns: the log tail in memory (records not yet handed to a write), the
-//! one flush in flight (write(s), then fdatasync, through the worker's
-//! queue to the log device), the durable LSN, the tasks waiting for it,
-//! the sticky log error, the LSNs a checkpoint needs (where redo starts;
-//! below which a page's next change logs a full image), the log space
-//! promised to admitted commits ([`Wal::admit`]), and the encoding of the
-//! page changes the buffer pool hands over (its `PageLog` implementation).
+//! Owns: the records appended and not yet flushed (unsealed: their place
+//! in the file is given when a flush takes them), the one flush in flight
+//! (write(s), then fdatasync, through a worker's queue to the log's
+//! device), the durable end, the tasks waiting for it, the sticky log
+//! error, the LSN where a checkpoint's redo starts, and the log space
+//! promised to admitted commits ([`Wal::admit`]).
 //!
-//! Group commit: a committing task appends its record, gets its LSN and
+//! Sequence numbers: every record gets a GSN from the counter all logs
+//! share, under this log's lock, so a log's records are in GSN order. A
+//! record may *depend* on the records of other logs up to a GSN (it
+//! changes a page, or commits a read, whose last change another log holds
+//! and has not made durable): a flush takes records only up to the first
+//! one whose dependency is not durable in every other log yet, and asks
+//! those logs to flush. So a record is never durable before what it
+//! depends on, and recovery never finds a record without its past: the
+//! logs never need to be cut back to a common point.
+//!
+//! Group commit: a committing task appends its record, gets its GSN and
 //! awaits [`Wal::wait_durable`]; it never flushes itself. A worker's
 //! system step ([`Wal::pump`]) starts a flush when someone waits, when
-//! write-back needs a page's record durable, or when async commits have
-//! waited a whole window; the flush takes every record appended so far, so
-//! one write and one fdatasync make a whole group durable and wake all of
-//! it. While a flush is in flight new commits gather for the next one. No
-//! thread ever blocks on a flush.
+//! write-back or another log needs records durable, or when async commits
+//! have waited a whole window; the flush takes every record appended so
+//! far (up to a blocked dependency), so one write and one fdatasync make
+//! a whole group durable and wake all of it. While a flush is in flight
+//! new commits gather for the next one. No thread ever blocks on a flush.
 //!
 //! The log file: two control blocks ([`control`]) then a circular stream
 //! of `capacity` bytes. A record at stream position (LSN) `l` lies at file
@@ -32,15 +42,20 @@
 //! the whole capacity and never changes size again.
 //!
 //! Never: writes a record into space the last completed checkpoint still
-//! needs, writes past the durable end of a growing log file, acknowledges a commit before its fdatasync completed, or retries
-//! after a failed log write or sync (the error is sticky: every later
-//! append and wait fails with [`Error::Poisoned`]).
+//! needs, writes past the durable end of a growing log file, makes a
+//! record durable before the records of other logs it depends on,
+//! acknowledges a commit before its fdatasync completed, or retries after
+//! a failed log write or sync (the error is sticky: every later append and
+//! wait fails with [`Error::Poisoned`]).
 
 pub mod control;
 pub mod record;
 pub mod recover;
+pub mod set;
 
-use std::collections::BTreeMap;
+pub use set::LogSet;
+
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -53,7 +68,7 @@ use crate::buffer::page_log::PageChange;
 use crate::io::grower::Grower;
 use crate::io::{AlignedBuf, Completion, IoBuf, Request};
 use crate::sched;
-use crate::sched::{CompletionHandler, IoTiming, RequestKind, SystemTask, WakerList};
+use crate::sched::{RequestKind, WakerList};
 use crate::{Error, Result};
 
 /// Bytes at the start of the log file that hold the control blocks.
@@ -61,6 +76,16 @@ pub const CONTROL_BYTES: u64 = 2 * control::BLOCK;
 
 /// Stream bytes a new log file starts with (it grows to its capacity).
 pub const INITIAL_LOG_BYTES: u64 = 1 << 20;
+
+/// The most logs a database has (one per worker).
+pub const MAX_LOGS: usize = 64;
+
+/// Stream bytes of each of `count` logs sharing `total` (whole control
+/// blocks, at least 1 MiB each).
+pub fn per_log_bytes(total: u64, count: usize) -> u64 {
+    let block = control::BLOCK;
+    (total / count.max(1) as u64 / block * block).max(1 << 20)
+}
 
 /// How long a failed growth of the log file answers for the next ones.
 const LOG_GROWTH_RETRY: Duration = Duration::from_secs(1);
@@ -95,9 +120,13 @@ pub enum Durability {
 }
 
 /// The log's own ids of its requests (kind [`RequestKind::Log`]): a
-/// flush's write(s) and its sync.
+/// flush's write(s) and its sync, of log `index`: `index << 1 | what`.
 const FLUSH_WRITE: u64 = 0;
 const FLUSH_SYNC: u64 = 1;
+
+fn request_id(index: usize, what: u64) -> u64 {
+    (index as u64) << 1 | what
+}
 
 /// Counters of the log.
 #[derive(Debug, Default)]
@@ -137,13 +166,28 @@ pub struct WalStatsSnapshot {
     pub checkpoints: u64,
     /// Times the log file grew (on its first lap).
     pub file_growths: u64,
-    /// The durable LSN.
+    /// Every record (and commit) with a GSN below this is durable, in
+    /// every log.
     pub durable: u64,
-    /// The next LSN to be assigned.
+    /// The next GSN to be assigned.
     pub end: u64,
 }
 
 impl WalStatsSnapshot {
+    /// Adds another log's counters to these.
+    pub fn add(&mut self, o: &WalStatsSnapshot) {
+        self.records += o.records;
+        self.bytes += o.bytes;
+        self.flushes += o.flushes;
+        self.commits += o.commits;
+        self.commit_bytes += o.commit_bytes;
+        self.page_bytes += o.page_bytes;
+        self.images += o.images;
+        self.admit_waits += o.admit_waits;
+        self.checkpoints += o.checkpoints;
+        self.file_growths += o.file_growths;
+    }
+
     /// Counters accumulated since `earlier` (`durable` and `end` stay
     /// this snapshot's).
     pub fn since(&self, earlier: &WalStatsSnapshot) -> WalStatsSnapshot {
@@ -163,32 +207,154 @@ impl WalStatsSnapshot {
     }
 }
 
+/// What every log of a database shares: the GSN counter, the bound
+/// below which a page's next change logs a full image, and each log's
+/// durable point, flush request and dependency block.
+pub(crate) struct Shared {
+    /// The next GSN to assign.
+    next_gsn: AtomicU64,
+    /// A page whose GSN is below this logs a full image at its next
+    /// change (set when a checkpoint begins).
+    fpi_below: AtomicU64,
+    /// Per log: the GSN of its first record not yet durable (u64::MAX:
+    /// none). Set under the log's lock.
+    unflushed: Box<[AtomicU64]>,
+    /// Per log: a flush is wanted of its records below this GSN.
+    wanted: Box<[AtomicU64]>,
+    /// Per log: records wait for other logs to become durable.
+    blocked: Box<[AtomicBool]>,
+    /// A log failed: every log stops (records of the others may depend
+    /// on its records, which will never be durable).
+    poisoned: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn new(count: usize, next_gsn: u64) -> Arc<Shared> {
+        Arc::new(Shared {
+            next_gsn: AtomicU64::new(next_gsn.max(1)),
+            fpi_below: AtomicU64::new(next_gsn.max(1)),
+            unflushed: (0..count).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            wanted: (0..count).map(|_| AtomicU64::new(0)).collect(),
+            blocked: (0..count).map(|_| AtomicBool::new(false)).collect(),
+            poisoned: AtomicBool::new(false),
+        })
+    }
+
+    /// Every record of every log other than `me` below this GSN is
+    /// durable.
+    fn others_durable_below(&self, me: usize) -> u64 {
+        self.unflushed
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != me)
+            .map(|(_, u)| u.load(Ordering::Acquire))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Every record of every log below this GSN is durable.
+    pub(crate) fn durable_below(&self) -> u64 {
+        self.unflushed
+            .iter()
+            .map(|u| u.load(Ordering::Acquire))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// The next GSN to assign.
+    pub(crate) fn next_gsn(&self) -> u64 {
+        self.next_gsn.load(Ordering::Acquire)
+    }
+
+    /// See [`Shared::fpi_below`].
+    pub(crate) fn full_image_below(&self) -> u64 {
+        self.fpi_below.load(Ordering::Acquire)
+    }
+
+    /// From now on, pages changed before now log a full image at their
+    /// next change (a checkpoint began).
+    pub(crate) fn begin_full_images(&self) {
+        let now = self.next_gsn();
+        self.fpi_below.fetch_max(now, Ordering::AcqRel);
+    }
+
+    /// Asks every log but `me` to flush its records up to GSN `dep`.
+    fn want_others(&self, me: usize, dep: u64) {
+        for (j, w) in self.wanted.iter().enumerate() {
+            if j != me {
+                w.fetch_max(dep + 1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
 struct Flushing {
     end: u64,
     writes: usize,
 }
 
+/// A record appended and not yet taken by a flush.
+struct Queued {
+    len: usize,
+    gsn: u64,
+    /// Other logs must be durable up to this GSN first (0: nothing).
+    dep: u64,
+    kind: Queue,
+}
+
+/// What a queued record is, to the log itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    /// A commit record (being applied until `Wal::applied`).
+    Commit,
+    /// A checkpoint record (the control block names its LSN).
+    Checkpoint,
+    /// Any other.
+    Other,
+}
+
+/// Where the running checkpoint's redo starts in this log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RedoAt {
+    /// No checkpoint runs.
+    Idle,
+    /// At this LSN (a commit still being applied when it began).
+    Fixed(u64),
+    /// At the first record sealed with a GSN at or past `gsn` (found:
+    /// `lsn`).
+    Watch { gsn: u64, lsn: Option<u64> },
+}
+
 struct State {
-    /// Next LSN to assign.
+    /// The LSN the next sealed record takes.
     end: u64,
-    /// Checksum of the last record (the next record's chain).
+    /// Checksum of the last sealed record (the next record's chain).
     last_crc: u32,
-    /// Bytes of `[buf_start, end)`, not yet handed to a write.
-    buf: Vec<u8>,
-    buf_start: u64,
+    /// Records appended, unsealed, in GSN order.
+    pending: Vec<u8>,
+    queue: VecDeque<Queued>,
     flushing: Option<Flushing>,
-    /// When the oldest record in `buf` was appended.
+    /// When the oldest record in `pending` was appended.
     since: Option<Instant>,
     /// Redo LSN of the last completed checkpoint: the log before it may
     /// be overwritten.
     redo: u64,
-    /// Commit LSNs whose writes are being applied (a checkpoint's redo
-    /// point may not pass them).
-    applying: BTreeMap<u64, u32>,
+    /// Commits whose writes are being applied, by GSN, with the LSN their
+    /// record took once sealed (0 before): a checkpoint's redo point may
+    /// not pass them.
+    applying: BTreeMap<u64, u64>,
+    /// The running checkpoint's redo point.
+    redo_at: RedoAt,
+    /// LSN of the last checkpoint record sealed.
+    checkpoint_lsn: u64,
 }
 
-/// The write-ahead log of one database.
+/// One write-ahead log of a database.
 pub struct Wal {
+    /// Which log of the database this is, and how many there are.
+    index: usize,
+    count: u32,
+    shared: Arc<Shared>,
     device: usize,
     log_id: u64,
     /// Where the log resumed, and the end of the valid records before it:
@@ -199,11 +365,12 @@ pub struct Wal {
     capacity: u64,
     window: Duration,
     state: Mutex<State>,
+    /// The LSN up to which the stream is durable.
     durable: AtomicU64,
-    fpi_below: AtomicU64,
+    /// A flush is in flight.
+    flushing_now: AtomicBool,
     /// Log bytes promised to commits admitted and not yet applied.
     reserved: AtomicU64,
-    wanted: AtomicU64,
     waiters: Mutex<Vec<(u64, Waker)>>,
     has_waiters: AtomicBool,
     /// Commits waiting in [`Wal::admit`] for log space.
@@ -217,88 +384,6 @@ pub struct Wal {
     /// Set for a log file shorter than its capacity.
     growth: Option<LogGrowth>,
     stats: WalStats,
-}
-
-impl crate::buffer::page_log::PageLog for Wal {
-    fn log_changes(&self, changes: &[PageChange<'_>]) -> Result<Option<u64>> {
-        let mut b = record::RecordBuilder::new(record::Kind::Pages);
-        if self.put_pages(&mut b, changes) == 0 {
-            return Ok(None);
-        }
-        let rec = b.into_unsealed();
-        self.stats
-            .page_bytes
-            .fetch_add(rec.len() as u64, Ordering::Relaxed);
-        self.append(rec).map(|(lsn, _)| Some(lsn))
-    }
-
-    fn log_commit(&self, commit: Vec<u8>, changes: &[PageChange<'_>]) -> Result<(u64, u64)> {
-        let mut b = record::RecordBuilder::from_raw(commit, record::Kind::Commit)?;
-        self.put_pages(&mut b, changes);
-        self.append_commit(b.into_unsealed())
-    }
-
-    fn log_covered(&self, pid: u64, page: &[u8]) -> Result<Option<u64>> {
-        if page::page_lsn(page) >= self.full_image_below() {
-            return Ok(None);
-        }
-        self.log_changes(&[PageChange {
-            pid,
-            before: None,
-            after: page,
-            fresh: true,
-        }])
-    }
-
-    fn durable(&self) -> u64 {
-        Wal::durable(self)
-    }
-
-    fn want(&self, lsn: u64) {
-        Wal::want(self, lsn);
-    }
-
-    fn poisoned(&self) -> Option<Error> {
-        Wal::poisoned(self)
-    }
-}
-
-/// The log owns the completions of its flushes' writes and syncs.
-impl CompletionHandler for Wal {
-    fn complete(&self, kind: RequestKind, id: u64, c: Completion, _: IoTiming) {
-        debug_assert_eq!(kind, RequestKind::Log);
-        self.flush_completed(id, c);
-    }
-}
-
-/// Group commit's flush, a system task every worker steps.
-impl SystemTask for Wal {
-    fn name(&self) -> &'static str {
-        "log flush"
-    }
-
-    fn step(&self) -> bool {
-        self.pump()
-    }
-
-    /// The end of the async window of the oldest unflushed record (no
-    /// deadline while a flush is in flight: its completion wakes the
-    /// worker, and nothing to flush needs none).
-    fn due_in(&self) -> Option<Duration> {
-        if self
-            .growth
-            .as_ref()
-            .is_some_and(|g| g.blocked.load(Ordering::Acquire))
-        {
-            // A flush waits for the log file to grow: look again soon.
-            return Some(Duration::from_millis(1));
-        }
-        let st = self.lock();
-        match (&st.flushing, st.since) {
-            (None, Some(t)) => Some(self.window.saturating_sub(t.elapsed())),
-            _ => None,
-        }
-    }
 }
 
 /// Log bytes promised to one admitted commit ([`Wal::admit`]); released on
@@ -316,7 +401,7 @@ impl Drop for LogReservation<'_> {
     }
 }
 
-/// Where the log resumes, from recovery or a fresh format.
+/// Where a log resumes, from recovery or a fresh format.
 #[derive(Debug, Clone, Copy)]
 pub struct Resume {
     /// The next LSN (block aligned).
@@ -336,16 +421,36 @@ pub struct Resume {
     pub valid_end: u64,
 }
 
+/// How many records at the head of `queue` a flush may take when every
+/// other log is durable below GSN `others`, their bytes, and the
+/// dependency of the first record it may not take (0: it takes all).
+fn flushable(queue: &VecDeque<Queued>, others: u64) -> (usize, usize, u64) {
+    let (mut n, mut bytes) = (0, 0);
+    for q in queue {
+        if q.dep != 0 && q.dep >= others {
+            return (n, bytes, q.dep);
+        }
+        n += 1;
+        bytes += q.len;
+    }
+    (n, bytes, 0)
+}
+
 fn align_up(v: u64, a: u64) -> u64 {
     v.div_ceil(a) * a
 }
 
 impl Wal {
-    /// A log on queue index `device` (of every worker), resuming at
-    /// `resume` (its capacity included), flushes padded to `block` bytes.
-    /// `file`: the log's target, if it may be shorter than its capacity
-    /// and grow (a regular file; see [`recover::is_growable`]).
-    pub fn new(
+    /// Log `index` of `count` sharing `shared`, on queue index `device` (of
+    /// every worker), resuming at `resume` (its capacity included),
+    /// flushes padded to `block` bytes. `file`: the log's target, if it
+    /// may be shorter than its capacity and grow (a regular file; see
+    /// [`recover::is_growable`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        index: usize,
+        count: usize,
+        shared: Arc<Shared>,
         device: usize,
         block: u64,
         window: Duration,
@@ -360,7 +465,11 @@ impl Wal {
                 control::BLOCK
             )));
         }
+        assert!(index < count && count <= shared.unflushed.len());
         Ok(Arc::new(Wal {
+            index,
+            count: count as u32,
+            shared,
             device,
             log_id: resume.log_id,
             resumed_at: resume.end,
@@ -371,17 +480,18 @@ impl Wal {
             state: Mutex::new(State {
                 end: resume.end,
                 last_crc: resume.last_crc,
-                buf: Vec::new(),
-                buf_start: resume.end,
+                pending: Vec::new(),
+                queue: VecDeque::new(),
                 flushing: None,
                 since: None,
                 redo: resume.redo,
                 applying: BTreeMap::new(),
+                redo_at: RedoAt::Idle,
+                checkpoint_lsn: 0,
             }),
             durable: AtomicU64::new(resume.end),
-            fpi_below: AtomicU64::new(resume.end),
+            flushing_now: AtomicBool::new(false),
             reserved: AtomicU64::new(0),
-            wanted: AtomicU64::new(0),
             waiters: Mutex::new(Vec::new()),
             has_waiters: AtomicBool::new(false),
             space_waiters: Arc::default(),
@@ -496,30 +606,40 @@ impl Wal {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Which log of the database this is.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
     /// Stream bytes of the log file.
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
 
-    /// Everything before this LSN is on stable storage.
-    pub fn durable(&self) -> u64 {
-        self.durable.load(Ordering::Acquire)
+    /// Every record of this log below this GSN is durable.
+    pub fn durable_below(&self) -> u64 {
+        self.shared.unflushed[self.index].load(Ordering::Acquire)
     }
 
-    /// A page whose LSN is below this logs a full image at its next change.
-    pub fn full_image_below(&self) -> u64 {
-        self.fpi_below.load(Ordering::Acquire)
-    }
-
-    /// The error that stopped the log, if any.
+    /// The error that stopped the log, if any (another log's failure
+    /// stops this one too).
     pub fn poisoned(&self) -> Option<Error> {
         if !self.poisoned.load(Ordering::Acquire) {
+            if self.shared.poisoned.load(Ordering::Acquire) {
+                return Some(Error::Poisoned("another log of the database failed".into()));
+            }
             return None;
         }
         let p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
         Some(Error::Poisoned(
             p.clone().unwrap_or_else(|| "log failure".into()),
         ))
+    }
+
+    /// True once another log of the database failed and this one has not
+    /// yet stopped (its waiters wait for nothing).
+    pub(crate) fn stopped_by_another(&self) -> bool {
+        self.shared.poisoned.load(Ordering::Acquire) && !self.poisoned.load(Ordering::Acquire)
     }
 
     /// Stops the log for good: every later append and wait fails.
@@ -531,14 +651,15 @@ impl Wal {
             }
         }
         self.poisoned.store(true, Ordering::Release);
+        self.shared.poisoned.store(true, Ordering::Release);
         self.wake_waiters(true);
         self.space_waiters.wake_all();
     }
 
-    /// Counters.
+    /// Counters (`durable`: this log's durable point; `end`: the next GSN).
     pub fn stats(&self) -> WalStatsSnapshot {
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let end = self.lock().end;
+        let end = self.shared.next_gsn();
         WalStatsSnapshot {
             records: l(&self.stats.records),
             bytes: l(&self.stats.bytes),
@@ -550,7 +671,7 @@ impl Wal {
             admit_waits: l(&self.stats.admit_waits),
             checkpoints: l(&self.stats.checkpoints),
             file_growths: self.growth.as_ref().map_or(0, |g| l(&g.growths)),
-            durable: self.durable(),
+            durable: self.durable_below().min(end),
             end,
         }
     }
@@ -558,12 +679,16 @@ impl Wal {
     /// Appends a page section to `b`: a count, then one entry per changed
     /// page of `changes` (a difference, or a full image where the rules of
     /// FORMAT.md ask for one). Returns the entries written.
-    fn put_pages(&self, b: &mut record::RecordBuilder, changes: &[PageChange<'_>]) -> u32 {
+    pub(crate) fn put_pages(
+        &self,
+        b: &mut record::RecordBuilder,
+        changes: &[PageChange<'_>],
+    ) -> u32 {
         let count_at = b.len();
         b.u32(0);
         let mut n = 0u32;
         let mut images = 0;
-        let fpi_below = self.full_image_below();
+        let fpi_below = self.shared.full_image_below();
         for c in changes {
             // A new page, the first change since a checkpoint began (a
             // torn write-back of it can be rebuilt), or a page the pool
@@ -592,62 +717,86 @@ impl Wal {
         n
     }
 
-    /// Appends an unsealed record; returns its LSN and the LSN after it.
-    pub fn append(&self, record: Vec<u8>) -> Result<(u64, u64)> {
-        self.append_inner(record, false)
+    /// Appends an unsealed record that depends on the other logs up to GSN
+    /// `dep` (0: on nothing); returns its GSN and the GSN after it.
+    pub fn append(&self, record: Vec<u8>, dep: u64) -> Result<(u64, u64)> {
+        self.append_inner(record, Queue::Other, dep)
     }
 
-    /// Appends a commit record and registers it as being applied until
-    /// [`Wal::applied`].
-    pub fn append_commit(&self, record: Vec<u8>) -> Result<(u64, u64)> {
+    /// Appends a checkpoint record (its LSN goes into the control block).
+    pub(crate) fn append_checkpoint(&self, record: Vec<u8>) -> Result<(u64, u64)> {
+        self.append_inner(record, Queue::Checkpoint, 0)
+    }
+
+    /// Appends a commit record (depending on the other logs up to `dep`)
+    /// and registers it as being applied until [`Wal::applied`].
+    pub fn append_commit(&self, record: Vec<u8>, dep: u64) -> Result<(u64, u64)> {
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         self.stats
             .commit_bytes
             .fetch_add(record.len() as u64, Ordering::Relaxed);
-        self.append_inner(record, true)
+        self.append_inner(record, Queue::Commit, dep)
     }
 
-    fn append_inner(&self, mut record: Vec<u8>, applying: bool) -> Result<(u64, u64)> {
+    /// Counts a page record's bytes.
+    pub(crate) fn count_page_bytes(&self, n: usize) {
+        self.stats.page_bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    fn append_inner(&self, mut record: Vec<u8>, kind: Queue, dep: u64) -> Result<(u64, u64)> {
         if let Some(e) = self.poisoned() {
             return Err(e);
         }
-        let len = record.len() as u64;
-        if len > self.capacity / 8 {
+        let len = record.len();
+        if len as u64 > self.capacity / 8 {
             return Err(Error::TooLarge {
                 what: "log record",
-                len: record.len(),
+                len,
                 max: (self.capacity / 8) as usize,
             });
         }
         let mut st = self.lock();
-        let lsn = st.end;
-        st.last_crc = record::seal(&mut record, lsn, st.last_crc);
-        st.buf.extend_from_slice(&record);
-        st.end += len;
+        let gsn = self.shared.next_gsn.fetch_add(1, Ordering::AcqRel);
+        record::set_gsn(&mut record, gsn);
+        // A dependency on records the other logs already made durable is
+        // none (the common case: remote flushes are avoided).
+        let dep = if dep != 0 && dep >= self.shared.others_durable_below(self.index) {
+            dep
+        } else {
+            0
+        };
+        if st.queue.is_empty() && st.flushing.is_none() {
+            self.shared.unflushed[self.index].store(gsn, Ordering::Release);
+        }
+        st.pending.extend_from_slice(&record);
+        st.queue.push_back(Queued {
+            len,
+            gsn,
+            dep,
+            kind,
+        });
         st.since.get_or_insert_with(Instant::now);
-        if applying {
-            *st.applying.entry(lsn).or_insert(0) += 1;
+        if kind == Queue::Commit {
+            st.applying.insert(gsn, 0);
         }
-        let end = st.end;
         drop(st);
-        self.stats.records.fetch_add(1, Ordering::Relaxed);
-        self.stats.bytes.fetch_add(len, Ordering::Relaxed);
-        Ok((lsn, end))
-    }
-
-    /// The commit at `lsn` is fully applied to the pages.
-    pub fn applied(&self, lsn: u64) {
-        let mut st = self.lock();
-        if let Some(n) = st.applying.get_mut(&lsn) {
-            *n -= 1;
-            if *n == 0 {
-                st.applying.remove(&lsn);
-            }
+        if dep != 0 {
+            // The logs this record waits for flush without waiting for
+            // their own windows.
+            self.shared.want_others(self.index, dep);
         }
+        self.stats.records.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        Ok((gsn, gsn + 1))
     }
 
-    /// Waits until the log is durable up to `end` (an LSN returned by an
-    /// append). Fails if the log is poisoned.
+    /// The commit with GSN `gsn` is fully applied to the pages.
+    pub fn applied(&self, gsn: u64) {
+        self.lock().applying.remove(&gsn);
+    }
+
+    /// Waits until this log is durable below GSN `end` (the second value
+    /// an append returned). Fails if the log is poisoned.
     pub fn wait_durable(self: &Arc<Self>, end: u64) -> DurableWait {
         DurableWait {
             wal: self.clone(),
@@ -655,16 +804,16 @@ impl Wal {
         }
     }
 
-    /// Asks for a flush up to `lsn` without waiting (write-back of a page
-    /// whose record is not yet durable).
-    pub fn want(&self, lsn: u64) {
-        self.wanted.fetch_max(lsn, Ordering::AcqRel);
+    /// Asks for a flush of this log's records below GSN `end` without
+    /// waiting.
+    pub fn want(&self, end: u64) {
+        self.shared.wanted[self.index].fetch_max(end, Ordering::AcqRel);
     }
 
     /// Stream bytes in use: appended since the last checkpoint's redo LSN.
     pub fn used(&self) -> u64 {
         let st = self.lock();
-        st.end - st.redo
+        st.end + st.pending.len() as u64 - st.redo
     }
 
     /// Admits a commit that may append up to `bytes` (its record and the
@@ -711,7 +860,8 @@ impl Wal {
             }
             let (end, used) = {
                 let st = self.lock();
-                (st.end, st.end - st.redo)
+                let end = st.end + st.pending.len() as u64;
+                (end, end - st.redo)
             };
             if used > self.capacity / 2 {
                 self.request_checkpoint();
@@ -738,7 +888,7 @@ impl Wal {
     }
 
     fn wake_waiters(&self, all: bool) {
-        let durable = self.durable();
+        let durable = self.durable_below();
         let woken: Vec<Waker> = {
             let mut w = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
             let mut out = Vec::new();
@@ -758,36 +908,91 @@ impl Wal {
         }
     }
 
+    /// True if a flush of this log may be worth a look now: records wait,
+    /// none is in flight, and someone wants them (cheap: atomics only).
+    pub(crate) fn wants_flush(&self) -> bool {
+        let first = self.durable_below();
+        first != u64::MAX
+            && !self.flushing_now.load(Ordering::Acquire)
+            && (self.has_waiters.load(Ordering::Acquire)
+                || self.shared.wanted[self.index].load(Ordering::Acquire) > first
+                || self.shared.blocked[self.index].load(Ordering::Acquire))
+    }
+
+    /// Records of this log wait for other logs to become durable.
+    pub(crate) fn is_blocked(&self) -> bool {
+        self.shared.blocked[self.index].load(Ordering::Acquire)
+    }
+
+    /// How long until this log's async window asks for a flush (None: no
+    /// deadline: a flush in flight wakes its worker when it completes, and
+    /// nothing to flush needs none).
+    pub(crate) fn due_in(&self) -> Option<Duration> {
+        if self
+            .growth
+            .as_ref()
+            .is_some_and(|g| g.blocked.load(Ordering::Acquire))
+        {
+            // A flush waits for the log file to grow: look again soon.
+            return Some(Duration::from_millis(1));
+        }
+        if self.wants_flush() {
+            return Some(Duration::ZERO);
+        }
+        let st = self.lock();
+        match (&st.flushing, st.since) {
+            (None, Some(t)) => Some(self.window.saturating_sub(t.elapsed())),
+            _ => None,
+        }
+    }
+
     /// Starts a flush if one is needed and none is in flight. Runs on a
     /// worker (it queues I/O). Returns true if it started one.
     pub fn pump(&self) -> bool {
-        if self.poisoned.load(Ordering::Acquire) {
+        if self.poisoned.load(Ordering::Acquire) || self.shared.poisoned.load(Ordering::Acquire) {
             return false;
         }
-        let mut st = self.lock();
+        let mut guard = self.lock();
         // A quarter of the log in use asks for a checkpoint, unless one is
         // running (it frees the log only when it finishes; asking again
         // would start a second one right after it).
         if !self.checkpoint_wanted.load(Ordering::Acquire)
             && !self.in_checkpoint.load(Ordering::Acquire)
-            && st.end - st.redo > self.capacity / 4
+            && guard.end + guard.pending.len() as u64 - guard.redo > self.capacity / 4
         {
-            drop(st);
+            drop(guard);
             self.request_checkpoint();
-            st = self.lock();
+            guard = self.lock();
         }
-        if st.flushing.is_some() || st.buf.is_empty() {
+        let st = &mut *guard;
+        let Some(front) = st.queue.front() else {
+            return false;
+        };
+        if st.flushing.is_some() {
             return false;
         }
-        let durable = self.durable();
         let need = self.has_waiters.load(Ordering::Acquire)
-            || self.wanted.load(Ordering::Acquire) > durable
+            || self.shared.wanted[self.index].load(Ordering::Acquire) > front.gsn
+            || self.shared.blocked[self.index].load(Ordering::Acquire)
             || st.since.is_some_and(|t| t.elapsed() >= self.window);
         if !need {
             return false;
         }
-        let start = st.buf_start;
-        let end = align_up(st.end + record::FLUSH_MARKER_LEN as u64, self.block);
+        // The records whose dependencies are durable in every other log.
+        let others = self.shared.others_durable_below(self.index);
+        let (n, bytes, blocked_on) = flushable(&st.queue, others);
+        self.shared.blocked[self.index].store(blocked_on != 0, Ordering::Release);
+        if blocked_on != 0 {
+            self.shared.want_others(self.index, blocked_on);
+        }
+        if n == 0 {
+            return false;
+        }
+        let start = st.end;
+        let end = align_up(
+            st.end + (bytes + record::FLUSH_MARKER_LEN) as u64,
+            self.block,
+        );
         self.grow_ahead(end);
         if !self.has_room(end) {
             // The log file has not grown that far yet: the flush waits
@@ -804,33 +1009,59 @@ impl Wal {
             // The records would overwrite log space the last checkpoint
             // still needs. Admission keeps half of the log free for
             // operations in progress; getting here means it did not.
-            drop(st);
+            drop(guard);
             self.request_checkpoint();
             return false;
         }
+        // Seal the records taken at their places in the stream.
+        let mut data: Vec<u8> = st.pending.drain(..bytes).collect();
+        let mut at = 0;
+        for q in st.queue.drain(..n) {
+            let lsn = st.end + at as u64;
+            st.last_crc = record::seal(&mut data[at..at + q.len], lsn, st.last_crc);
+            match q.kind {
+                Queue::Commit => {
+                    if let Some(l) = st.applying.get_mut(&q.gsn) {
+                        *l = lsn;
+                    }
+                }
+                Queue::Checkpoint => st.checkpoint_lsn = lsn,
+                Queue::Other => {}
+            }
+            if let RedoAt::Watch {
+                gsn,
+                lsn: at @ None,
+            } = &mut st.redo_at
+            {
+                if q.gsn >= *gsn {
+                    *at = Some(lsn);
+                }
+            }
+            at += q.len;
+        }
+        st.end += bytes as u64;
         // The flush's last record names the LSN durable now: recovery tells
         // damage to durable records from a torn last flush with it.
+        let durable = self.durable.load(Ordering::Acquire);
         let proven = if durable <= self.resumed_at {
             self.resumed_valid_end
         } else {
             durable
         };
         let mut marker = record::flush_marker(proven).into_unsealed();
-        let at = st.end;
-        st.last_crc = record::seal(&mut marker, at, st.last_crc);
-        st.buf.extend_from_slice(&marker);
+        st.last_crc = record::seal(&mut marker, st.end, st.last_crc);
+        data.extend_from_slice(&marker);
         st.end += marker.len() as u64;
         self.stats.records.fetch_add(1, Ordering::Relaxed);
         self.stats
             .bytes
             .fetch_add(marker.len() as u64, Ordering::Relaxed);
         let pad = (end - st.end) as usize;
-        let new_len = st.buf.len() + pad;
-        st.buf.resize(new_len, 0);
+        data.resize(data.len() + pad, 0);
         st.end = end;
-        st.buf_start = end;
-        st.since = None;
-        let data = std::mem::take(&mut st.buf);
+        if st.queue.is_empty() {
+            st.since = None;
+        }
         // Split at the file's wrap point.
         let mut pieces = Vec::new();
         let mut at = start;
@@ -844,12 +1075,13 @@ impl Wal {
             end,
             writes: pieces.len(),
         });
-        drop(st);
+        self.flushing_now.store(true, Ordering::Release);
+        drop(guard);
         self.stats.bytes.fetch_add(pad as u64, Ordering::Relaxed);
         for (offset, from, len) in pieces {
             let queued = AlignedBuf::new(len, control::BLOCK as usize).and_then(|mut b| {
                 b[..len].copy_from_slice(&data[from..from + len]);
-                let tag = RequestKind::Log.tag(FLUSH_WRITE);
+                let tag = RequestKind::Log.tag(request_id(self.index, FLUSH_WRITE));
                 sched::enqueue(self.device, Request::write(tag, offset, IoBuf::owned(b)))
                     .map_err(|_| Error::WouldBlock)
             });
@@ -861,14 +1093,16 @@ impl Wal {
         true
     }
 
-    /// A completion of one of a flush's requests (`id`: which).
-    fn flush_completed(&self, id: u64, c: Completion) {
+    /// A completion of one of a flush's requests (`id`: the request id
+    /// [`request_id`] gave it).
+    pub(crate) fn flush_completed(&self, id: u64, c: Completion) {
         if let Err(e) = c.result {
             self.lock().flushing = None;
+            self.flushing_now.store(false, Ordering::Release);
             self.poison_with(&e);
             return;
         }
-        if id == FLUSH_WRITE {
+        if id & 1 == FLUSH_WRITE {
             let all_written = {
                 let mut st = self.lock();
                 match st.flushing.as_mut() {
@@ -880,7 +1114,7 @@ impl Wal {
                 }
             };
             if all_written {
-                let tag = RequestKind::Log.tag(FLUSH_SYNC);
+                let tag = RequestKind::Log.tag(request_id(self.index, FLUSH_SYNC));
                 if sched::enqueue(self.device, Request::flush(tag)).is_err() {
                     self.poison_with(&Error::WouldBlock);
                 }
@@ -888,10 +1122,15 @@ impl Wal {
             return;
         }
         // The fdatasync completed: the flushed range is durable.
-        let end = self.lock().flushing.take().map(|f| f.end);
-        if let Some(end) = end {
-            self.durable.fetch_max(end, Ordering::AcqRel);
-            self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut st = self.lock();
+            if let Some(f) = st.flushing.take() {
+                self.durable.fetch_max(f.end, Ordering::AcqRel);
+                self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+            }
+            let first = st.queue.front().map_or(u64::MAX, |q| q.gsn);
+            self.shared.unflushed[self.index].store(first, Ordering::Release);
+            self.flushing_now.store(false, Ordering::Release);
         }
         self.wake_waiters(false);
         self.pump();
@@ -911,36 +1150,47 @@ impl Wal {
         self.checkpoint_wanted.store(true, Ordering::Release);
     }
 
-    /// Starts a checkpoint: its redo LSN (the end of the log, or the
-    /// oldest commit still being applied). From now on the first change
-    /// of every page last changed before the log end logs a full image:
-    /// the bound is the log end, not the redo LSN, because a page changed
-    /// between the two is written back by this checkpoint and its next
-    /// change is the first record after the redo LSN that can rebuild it
-    /// from a torn write.
-    pub fn begin_checkpoint(&self) -> u64 {
+    /// Starts a checkpoint in this log, whose state `st` the caller holds
+    /// ([`LogSet::begin_checkpoint`] holds every log's while it moves the
+    /// full-image bound to `fpi`): redo will start at the record of the
+    /// oldest commit still being applied, or at the first record sealed
+    /// from now on with a GSN at or past `fpi` (records appended before,
+    /// still unsealed, lie before it: their pages are written back by the
+    /// checkpoint).
+    fn begin_checkpoint_in(&self, st: &mut State, fpi: u64) {
         self.checkpoint_wanted.store(false, Ordering::Release);
         self.in_checkpoint.store(true, Ordering::Release);
+        let sealed = st.applying.values().copied().filter(|&l| l != 0).min();
+        st.redo_at = match sealed {
+            // Records are sealed in GSN order: nothing older is unsealed.
+            Some(lsn) => RedoAt::Fixed(lsn),
+            None => RedoAt::Watch {
+                gsn: st.applying.keys().next().map_or(fpi, |&g| g.min(fpi)),
+                lsn: None,
+            },
+        };
+    }
+
+    /// The running checkpoint's redo LSN in this log, once its record is
+    /// sealed (the record's GSN is past the bound, so the watch found one).
+    fn checkpoint_redo(&self) -> u64 {
         let st = self.lock();
-        let redo = st
-            .applying
-            .keys()
-            .next()
-            .copied()
-            .unwrap_or(st.end)
-            .min(st.end);
-        self.fpi_below.fetch_max(st.end, Ordering::AcqRel);
-        redo
+        match st.redo_at {
+            RedoAt::Fixed(lsn) | RedoAt::Watch { lsn: Some(lsn), .. } => lsn,
+            // Not reached; the previous redo point is always safe.
+            RedoAt::Idle | RedoAt::Watch { lsn: None, .. } => {
+                debug_assert!(false, "a checkpoint finished before its record was sealed");
+                st.redo
+            }
+        }
     }
 
-    /// The LSN after the last record appended.
-    pub fn end(&self) -> u64 {
-        self.lock().end
-    }
-
-    /// Ends a checkpoint whose record is durable at `lsn`: writes the
-    /// control block naming it, syncs it, and frees the log before `redo`.
-    pub async fn finish_checkpoint(&self, lsn: u64, redo: u64) -> Result<()> {
+    /// Ends a checkpoint whose record is durable: writes the control block
+    /// naming it and the redo LSN, syncs it, and frees the log before the
+    /// redo LSN.
+    pub async fn finish_checkpoint(&self) -> Result<()> {
+        let redo = self.checkpoint_redo();
+        let lsn = self.lock().checkpoint_lsn;
         let seq = self.control_seq.fetch_add(1, Ordering::AcqRel) + 1;
         let block = control::Control {
             seq,
@@ -949,6 +1199,9 @@ impl Wal {
             capacity: self.capacity,
             block: self.block,
             log_id: self.log_id,
+            next_gsn: self.shared.next_gsn(),
+            index: self.index as u32,
+            count: self.count,
         }
         .encode();
         let offset = (seq % 2) * control::BLOCK;
@@ -959,6 +1212,7 @@ impl Wal {
         self.op(Request::flush(0)).await?;
         let mut st = self.lock();
         st.redo = st.redo.max(redo);
+        st.redo_at = RedoAt::Idle;
         drop(st);
         self.in_checkpoint.store(false, Ordering::Release);
         self.space_waiters.wake_all();
@@ -982,7 +1236,7 @@ impl Drop for Wal {
     }
 }
 
-/// Resolves once the log is durable up to an LSN.
+/// Resolves once a log is durable below a GSN.
 pub struct DurableWait {
     wal: Arc<Wal>,
     end: u64,
@@ -996,7 +1250,7 @@ impl Future for DurableWait {
         if let Some(e) = wal.poisoned() {
             return Poll::Ready(Err(e));
         }
-        if wal.durable() >= self.end {
+        if wal.durable_below() >= self.end {
             return Poll::Ready(Ok(()));
         }
         {
@@ -1005,7 +1259,7 @@ impl Future for DurableWait {
             wal.has_waiters.store(true, Ordering::Release);
         }
         // A flush may have completed between the check and the push.
-        if wal.durable() >= self.end || wal.poisoned.load(Ordering::Acquire) {
+        if wal.durable_below() >= self.end || wal.poisoned().is_some() {
             cx.waker().wake_by_ref();
         }
         Poll::Pending
@@ -1017,23 +1271,32 @@ mod tests {
     use super::*;
     use crate::wal::record::{self, Write};
 
-    fn wal() -> Arc<Wal> {
-        Wal::new(
-            0,
-            512,
-            Duration::from_secs(3600),
-            Resume {
-                end: 512,
-                last_crc: 0,
-                redo: 512,
-                control_seq: 0,
-                capacity: 1 << 20,
-                log_id: 1,
-                valid_end: 512,
-            },
-            None,
-        )
-        .unwrap()
+    fn logs(n: usize) -> Arc<LogSet> {
+        let shared = Shared::new(n, 1);
+        let logs = (0..n)
+            .map(|i| {
+                Wal::new(
+                    i,
+                    n,
+                    shared.clone(),
+                    i,
+                    512,
+                    Duration::from_secs(3600),
+                    Resume {
+                        end: 512,
+                        last_crc: 0,
+                        redo: 512,
+                        control_seq: 0,
+                        capacity: 1 << 20,
+                        log_id: 1,
+                        valid_end: 512,
+                    },
+                    None,
+                )
+                .unwrap()
+            })
+            .collect();
+        LogSet::new(logs, shared, n).unwrap()
     }
 
     fn commit() -> Vec<u8> {
@@ -1054,7 +1317,8 @@ mod tests {
     /// woken when a reservation drops; it then gets in.
     #[test]
     fn admit_parks_until_a_reservation_drops() {
-        let w = wal();
+        let set = logs(1);
+        let w = &set.logs()[0];
         let quarter = w.capacity() / 4;
         let held: Vec<_> = (0..3)
             .map(|_| {
@@ -1090,20 +1354,89 @@ mod tests {
     /// recovery could not rebuild.)
     #[test]
     fn a_checkpoint_behind_an_applying_commit_asks_full_images_up_to_the_log_end() {
-        let w = wal();
-        let (slow, _) = w.append_commit(commit()).unwrap();
-        let (_, end) = w.append_commit(commit()).unwrap();
-        w.applied(end - 1); // not the slow one's LSN: no effect
-        let redo = w.begin_checkpoint();
+        let set = logs(2);
+        let (a, b) = (&set.logs()[0], &set.logs()[1]);
+        let (slow, _) = a.append_commit(commit(), 0).unwrap();
+        let (_, end) = b.append_commit(commit(), 0).unwrap();
+        b.applied(end - 1);
+        set.begin_checkpoint();
         assert_eq!(
-            redo, slow,
-            "the redo LSN waits for the commit being applied"
+            a.lock().redo_at,
+            RedoAt::Watch {
+                gsn: slow,
+                lsn: None
+            },
+            "log 0's redo waits for the slow commit's record, not yet sealed"
         );
+        assert_eq!(
+            b.lock().redo_at,
+            RedoAt::Watch {
+                gsn: end,
+                lsn: None
+            },
+            "log 1's redo starts at the first record appended after the checkpoint began"
+        );
+        // The slow commit, once sealed, pins its log's redo LSN.
+        a.lock().applying.insert(slow, 4096);
+        set.begin_checkpoint();
+        assert_eq!(a.lock().redo_at, RedoAt::Fixed(4096));
         assert!(
-            w.full_image_below() >= end,
-            "pages changed up to the log end ({end}) must log a full image at their next change, \
-             but only those below {} do",
-            w.full_image_below()
+            set.full_image_below() >= end,
+            "pages changed up to the newest GSN ({end}) must log a full image at their next \
+             change, but only those below {} do",
+            set.full_image_below()
         );
+    }
+
+    /// A record that depends on another log's records not yet durable is
+    /// not flushed, nor is anything after it; records before it are.
+    #[test]
+    fn a_flush_stops_at_a_record_whose_dependency_is_not_durable() {
+        let q = |gsn, dep| Queued {
+            len: 64,
+            gsn,
+            dep,
+            kind: Queue::Other,
+        };
+        let queue: VecDeque<Queued> = [q(10, 0), q(12, 11), q(14, 0)].into_iter().collect();
+        assert_eq!(
+            flushable(&queue, 11),
+            (1, 64, 11),
+            "GSN 11 is not durable yet"
+        );
+        assert_eq!(
+            flushable(&queue, 12),
+            (3, 192, 0),
+            "every log is durable below 12"
+        );
+        assert_eq!(
+            flushable(&queue, u64::MAX),
+            (3, 192, 0),
+            "the other logs are idle"
+        );
+    }
+
+    /// Appending to one log makes a dependency on another log's record not
+    /// yet durable; one on a durable record, or on the log's own, is none.
+    #[test]
+    fn dependencies_are_kept_only_on_other_logs_records_not_yet_durable() {
+        let set = logs(2);
+        let (a, b) = (&set.logs()[0], &set.logs()[1]);
+        let (ga, _) = a.append(commit(), 0).unwrap();
+        // b depends on a's record, which is not durable: kept.
+        let (gb, _) = b.append(commit(), ga).unwrap();
+        assert_eq!(b.lock().queue.back().unwrap().dep, ga);
+        assert!(
+            set.shared.wanted[0].load(Ordering::Acquire) > ga,
+            "log 0 is asked to flush what log 1 waits for"
+        );
+        // a depends on its own record and on b's: b's is not durable.
+        a.append(commit(), gb).unwrap();
+        assert_eq!(a.lock().queue.back().unwrap().dep, gb);
+        // Once log 1 is durable past gb, a dependency below it is none.
+        set.shared.unflushed[1].store(u64::MAX, Ordering::Release);
+        a.append(commit(), gb).unwrap();
+        assert_eq!(a.lock().queue.back().unwrap().dep, 0);
+        assert_eq!(set.durable_below(), ga, "log 0 holds the oldest record");
     }
 }

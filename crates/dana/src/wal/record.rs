@@ -5,7 +5,7 @@
 //! change (before image -> after image, as byte segments), and redo of a
 //! page entry onto a page. Never: does I/O or touches the buffer pool.
 //!
-//! Every record starts with a 24-byte header and is padded to 8 bytes:
+//! Every record starts with a 32-byte header and is padded to 8 bytes:
 //!
 //! | bytes  | field                                                     |
 //! |--------|-----------------------------------------------------------|
@@ -15,17 +15,23 @@
 //! | 16     | kind ([`Kind`])                                           |
 //! | 17..20 | zero                                                      |
 //! | 20..24 | crc32c of the previous record (the chain)                 |
+//! | 24..32 | GSN: the record's global sequence number (0: none)        |
 //!
 //! A record is valid only where the log stream places it (its LSN) and
 //! only after the record it names as previous (its chain), so a stale
 //! record from an earlier lap of the log file, garbage, or records that
 //! survived behind a torn write all end the log at recovery.
+//!
+//! The LSN places a record in its own log; the GSN orders it among the
+//! records of every log of the database (one log per worker): it is the
+//! value a page's header takes when the record changes the page, and the
+//! order in which recovery redoes and re-applies records of all logs.
 
 use crate::{Error, Result};
 use std::borrow::Cow;
 
 /// Bytes of a record header.
-pub const HEADER: usize = 24;
+pub const HEADER: usize = 32;
 /// Offset of the checksum-covered part.
 const CRC_FROM: usize = 4;
 /// Page header bytes that the log never carries: the checksum (set at
@@ -44,7 +50,8 @@ pub enum Kind {
     Pages = 1,
     /// A committed transaction's writes (logical: tree, key, value).
     Commit = 2,
-    /// A completed checkpoint: redo may start at the LSN it names.
+    /// A checkpoint's record: the GSN bound of its full images (the
+    /// control block names where redo starts).
     Checkpoint = 3,
     /// The last record of every flush: the LSN that was durable when the
     /// flush was issued. A valid marker after a break in the log proves
@@ -155,6 +162,16 @@ impl RecordBuilder {
     }
 }
 
+/// Sets the GSN of an unsealed record (when it is appended).
+pub fn set_gsn(record: &mut [u8], gsn: u64) {
+    record[24..32].copy_from_slice(&gsn.to_le_bytes());
+}
+
+/// The GSN of a record, sealed or not.
+pub fn gsn_of(record: &[u8]) -> u64 {
+    u64_at(record, 24).unwrap_or(0)
+}
+
 /// Sets the LSN, the chain and the checksum of an unsealed record;
 /// returns the checksum (the next record's `prev`).
 pub fn seal(record: &mut [u8], lsn: u64, prev: u32) -> u32 {
@@ -170,6 +187,8 @@ pub fn seal(record: &mut [u8], lsn: u64, prev: u32) -> u32 {
 pub struct Record<'a> {
     /// Its position in the log stream.
     pub lsn: u64,
+    /// Its global sequence number (0 for flush markers and checkpoints).
+    pub gsn: u64,
     /// What it holds.
     pub kind: Kind,
     /// The body (after the header, padding included).
@@ -202,11 +221,12 @@ pub fn parse(bytes: &[u8], lsn: u64) -> Parsed<'_> {
     let Some(head) = bytes.get(..HEADER) else {
         return Parsed::Invalid;
     };
-    let (Some(crc), Some(len), Some(at), Some(prev)) = (
+    let (Some(crc), Some(len), Some(at), Some(prev), Some(gsn)) = (
         u32_at(head, 0),
         u32_at(head, 4),
         u64_at(head, 8),
         u32_at(head, 20),
+        u64_at(head, 24),
     ) else {
         return Parsed::Invalid;
     };
@@ -222,6 +242,7 @@ pub fn parse(bytes: &[u8], lsn: u64) -> Parsed<'_> {
     };
     Parsed::Record(Record {
         lsn,
+        gsn,
         kind,
         body: &bytes[HEADER..len],
         len,
@@ -336,8 +357,9 @@ impl PageEntry<'_> {
         self.flags & FULL_IMAGE != 0
     }
 
-    /// Redoes this entry on `page` and sets its LSN.
-    pub fn apply(&self, page: &mut [u8], lsn: u64) -> Result<()> {
+    /// Redoes this entry (of the record at `lsn`, for errors) on `page`
+    /// and sets its page GSN to `gsn`.
+    pub fn apply(&self, page: &mut [u8], lsn: u64, gsn: u64) -> Result<()> {
         if self.is_full() {
             page.fill(0);
         }
@@ -357,7 +379,7 @@ impl PageEntry<'_> {
             dst.copy_from_slice(data);
             at += 8 + len;
         }
-        crate::buffer::page::set_page_lsn(page, lsn);
+        crate::buffer::page::set_page_lsn(page, gsn);
         Ok(())
     }
 }
@@ -532,10 +554,10 @@ fn commit_parts<'a>(rec: &Record<'a>) -> Result<(Vec<Write<'static>>, Vec<PageEn
     Ok((out, pages))
 }
 
-/// A checkpoint record naming where redo starts.
-pub fn checkpoint(redo: u64) -> RecordBuilder {
+/// A checkpoint record naming its full-image bound (a GSN).
+pub fn checkpoint(bound: u64) -> RecordBuilder {
     let mut b = RecordBuilder::new(Kind::Checkpoint);
-    b.u64(redo);
+    b.u64(bound);
     b
 }
 
@@ -554,9 +576,9 @@ pub fn flush_durable(rec: &Record<'_>) -> Result<u64> {
     u64_at(rec.body, 0).ok_or_else(|| bad_log(rec.lsn, "flush marker without its LSN"))
 }
 
-/// The redo LSN of a [`Kind::Checkpoint`] record.
+/// The full-image bound of a [`Kind::Checkpoint`] record.
 pub fn checkpoint_redo(rec: &Record<'_>) -> Result<u64> {
-    u64_at(rec.body, 0).ok_or_else(|| bad_log(rec.lsn, "checkpoint without redo LSN"))
+    u64_at(rec.body, 0).ok_or_else(|| bad_log(rec.lsn, "checkpoint without its bound"))
 }
 
 #[cfg(test)]
@@ -592,7 +614,7 @@ mod tests {
         let e = page_entries(&r).unwrap();
         assert_eq!(e.len(), 1);
         let mut page = before.clone();
-        e[0].apply(&mut page, 4096).unwrap();
+        e[0].apply(&mut page, 4096, 4096).unwrap();
         assert_eq!(page[100..], after[100..]);
         assert_eq!(crate::buffer::page::page_lsn(&page), 4096);
     }
@@ -612,7 +634,7 @@ mod tests {
             panic!("record does not parse");
         };
         let mut torn = vec![0xAAu8; 4096];
-        page_entries(&r).unwrap()[0].apply(&mut torn, 0).unwrap();
+        page_entries(&r).unwrap()[0].apply(&mut torn, 0, 0).unwrap();
         assert_eq!(torn, page);
     }
 

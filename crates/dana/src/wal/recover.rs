@@ -1,9 +1,12 @@
-//! Recovery, part one: read the log, find its true end, and redo page
+//! Recovery, part one: read the logs, find their true ends, and redo page
 //! changes onto the devices, before the buffer pool opens.
 //!
-//! Owns: the scan of the log from the last checkpoint's redo LSN (records
-//! valid only at their LSN and in their chain), the redo of every page
-//! entry newer than the page (page LSN), and the repair of pages that fail
+//! Owns: the scan of each log from its last checkpoint's redo LSN
+//! (records valid only at their LSN and in their chain), the merge of the
+//! records of every log by GSN (a log never made a record durable before
+//! the records of other logs it depends on, so whatever prefix of each
+//! log survived, the merge has no hole a record depends on), the redo of
+//! every page entry newer than the page (page GSN), and the repair of pages that fail
 //! their checksum from the first full page image logged after the redo
 //! LSN. Pages a committed large value took are left alone by every entry
 //! logged before that commit (the value's bytes, synced before its
@@ -35,21 +38,20 @@ use crate::{Error, Result};
 /// What recovery found and did.
 #[derive(Debug, Clone, Default)]
 pub struct Recovered {
-    /// Where the log resumes.
-    pub resume: Option<Resume>,
-    /// Records scanned from the redo LSN.
+    /// Where each log resumes (log `i` at index `i`).
+    pub resume: Vec<Resume>,
+    /// The GSN to assign next: past every record found and every GSN the
+    /// control blocks name.
+    pub next_gsn: u64,
+    /// Records scanned from the redo LSNs.
     pub records: u64,
-    /// Redo LSN used.
-    pub redo: u64,
-    /// End of the valid log.
-    pub end: u64,
     /// Pages changed by redo.
     pub pages_redone: u64,
     /// Pages rebuilt from a full image because they failed their checksum.
     pub pages_repaired: u64,
     /// Page entries skipped because the page already had them.
     pub entries_skipped: u64,
-    /// Committed writes to re-apply, in log order.
+    /// Committed writes to re-apply, by GSN, in GSN order.
     pub commits: Vec<(u64, Vec<Write<'static>>)>,
 }
 
@@ -89,9 +91,27 @@ fn sync(q: &mut dyn IoQueue) -> Result<()> {
     sync_io(q, Request::flush(0))?.result.map(|_| ())
 }
 
+/// Which log of how many a control block belongs to, and the GSN the
+/// database's records start at.
+#[derive(Debug, Clone, Copy)]
+pub struct LogPlace {
+    /// This log's index.
+    pub index: u32,
+    /// Number of logs of the database.
+    pub count: u32,
+    /// A GSN past every page's.
+    pub next_gsn: u64,
+}
+
 /// Formats a fresh log on `log`: both control blocks name an empty log
 /// whose first record will be at LSN `block`.
-pub fn format(log: &Target, capacity: u64, block: u64, log_id: u64) -> Result<Resume> {
+pub fn format(
+    log: &Target,
+    capacity: u64,
+    block: u64,
+    log_id: u64,
+    place: LogPlace,
+) -> Result<Resume> {
     let growable = is_growable(log);
     if capacity > MAX_LOG_BYTES {
         return Err(Error::InvalidArgument(format!(
@@ -114,6 +134,9 @@ pub fn format(log: &Target, capacity: u64, block: u64, log_id: u64) -> Result<Re
         capacity,
         block,
         log_id,
+        next_gsn: place.next_gsn,
+        index: place.index,
+        count: place.count,
     };
     let mut area = vec![0u8; CONTROL_BYTES as usize];
     area[..c.encode().len()].copy_from_slice(&c.encode());
@@ -314,7 +337,7 @@ pub fn needs_recovery(log: &Target, ctl: Control) -> Result<bool> {
 }
 
 /// For each page with log entries that a committed large value took: the
-/// LSN of the last commit that took it. Commits are in log order.
+/// GSN of the last commit that took it. Commits are in GSN order.
 fn taken_by_large_values<T>(
     commits: &[(u64, Vec<Write<'static>>)],
     by_page: &BTreeMap<u64, T>,
@@ -328,7 +351,7 @@ fn taken_by_large_values<T>(
             .filter_map(|w| w.value.as_ref())
         {
             let r = BlobRef::decode(v, page_size)
-                .map_err(|e| Error::Log(format!("commit record at LSN {lsn}: {e}")))?;
+                .map_err(|e| Error::Log(format!("commit record with GSN {lsn}: {e}")))?;
             for e in &r.extents {
                 for (&pid, _) in by_page.range(e.page_ids()) {
                     taken.insert(pid, *lsn);
@@ -366,47 +389,74 @@ fn reinit_if_free(array: &Array, queues: &mut [Box<dyn IoQueue>], pid: u64) -> R
     write_at(queues[dev].as_mut(), offset, &free)
 }
 
-/// Scans the log and redoes page changes onto `array`'s devices, then
-/// syncs them. Returns the commits to re-apply and where the log resumes.
-pub fn recover(array: &Array, log: &Target, ctl: Control) -> Result<Recovered> {
-    let cap = ctl.capacity;
-    let stream = read_stream(log, &ctl)?;
-    let found = scan(&stream, &ctl)?;
+/// One log as recovery reads it: its stream (rotated to the redo LSN),
+/// its control block and what the scan found.
+struct Found {
+    stream: Vec<u8>,
+    ctl: Control,
+    scan: Scan,
+}
+
+/// Scans every log (`logs[i]`: log `i` and its newest control block) and
+/// redoes page changes onto `array`'s devices in GSN order, then syncs
+/// them. Returns the commits to re-apply (in GSN order) and where each
+/// log resumes.
+pub fn recover(array: &Array, logs: &[(Target, Control)]) -> Result<Recovered> {
+    let mut found = Vec::with_capacity(logs.len());
+    for (t, ctl) in logs {
+        let stream = read_stream(t, ctl)?;
+        let scan = scan(&stream, ctl)?;
+        found.push(Found {
+            stream,
+            ctl: *ctl,
+            scan,
+        });
+    }
     let mut out = Recovered {
-        redo: ctl.redo,
-        records: found.records,
-        end: found.end,
+        records: found.iter().map(|f| f.scan.records).sum(),
+        next_gsn: logs
+            .iter()
+            .map(|(_, c)| c.next_gsn)
+            .max()
+            .unwrap_or(1)
+            .max(1),
         ..Default::default()
     };
-    let last = found.last_crc;
-    let valid_end = found.end;
 
-    // Page entries by page, in log order: those of Pages records and the
-    // map changes that commit records of large values carry.
-    let mut by_page: BTreeMap<u64, Vec<(u64, record::PageEntry<'_>)>> = BTreeMap::new();
-    for &(lsn, off) in &found.changes {
-        let Parsed::Record(r) = record::parse(&stream[off..], lsn) else {
-            return Err(Error::Log(format!(
-                "record at LSN {lsn} changed under recovery"
-            )));
-        };
-        let entries = if r.kind == Kind::Commit {
-            out.commits.push((lsn, record::commit_writes(&r)?));
-            record::commit_pages(&r)?
-        } else {
-            record::page_entries(&r)?
-        };
-        for e in entries {
-            if e.pid >= array.max_pages() {
+    // Page entries by page, and commits, of every log, by GSN: those of
+    // Pages records and the map changes that commit records of large
+    // values carry.
+    let mut by_page: BTreeMap<u64, Vec<(u64, u64, record::PageEntry<'_>)>> = BTreeMap::new();
+    for f in &found {
+        for &(lsn, off) in &f.scan.changes {
+            let Parsed::Record(r) = record::parse(&f.stream[off..], lsn) else {
                 return Err(Error::Log(format!(
-                    "record at LSN {lsn} changes page {}, beyond the most the array can hold \
-                     ({} pages)",
-                    e.pid,
-                    array.max_pages()
+                    "record at LSN {lsn} changed under recovery"
                 )));
+            };
+            out.next_gsn = out.next_gsn.max(r.gsn + 1);
+            let entries = if r.kind == Kind::Commit {
+                out.commits.push((r.gsn, record::commit_writes(&r)?));
+                record::commit_pages(&r)?
+            } else {
+                record::page_entries(&r)?
+            };
+            for e in entries {
+                if e.pid >= array.max_pages() {
+                    return Err(Error::Log(format!(
+                        "record at LSN {lsn} changes page {}, beyond the most the array can \
+                         hold ({} pages)",
+                        e.pid,
+                        array.max_pages()
+                    )));
+                }
+                by_page.entry(e.pid).or_default().push((r.gsn, lsn, e));
             }
-            by_page.entry(e.pid).or_default().push((lsn, e));
         }
+    }
+    out.commits.sort_by_key(|c| c.0);
+    for entries in by_page.values_mut() {
+        entries.sort_by_key(|e| e.0);
     }
 
     // Growth is durable before a page past the old end is used, so this
@@ -433,7 +483,7 @@ pub fn recover(array: &Array, log: &Target, ctl: Control) -> Result<Recovered> {
         // before its commit: those entries must not come back over them.
         if let Some(&cut) = taken.get(&pid) {
             let before = entries.len();
-            entries.retain(|(lsn, _)| *lsn > cut);
+            entries.retain(|(gsn, _, _)| *gsn > cut);
             out.entries_skipped += (before - entries.len()) as u64;
             if entries.is_empty() {
                 continue;
@@ -443,27 +493,27 @@ pub fn recover(array: &Array, log: &Target, ctl: Control) -> Result<Recovered> {
         let q = queues[dev].as_mut();
         let mut bytes = read_at(q, offset, ps)?;
         let intact = page::verify(&bytes, pid).is_ok();
-        let mut lsn_now = if intact {
+        let mut gsn_now = if intact {
             Some(page::page_lsn(&bytes))
         } else {
             None
         };
         let mut changed = false;
-        for (lsn, e) in entries {
-            match lsn_now {
-                Some(l) if lsn <= l => out.entries_skipped += 1,
+        for (gsn, lsn, e) in entries {
+            match gsn_now {
+                Some(g) if gsn <= g => out.entries_skipped += 1,
                 None if !e.is_full() => out.entries_skipped += 1,
                 _ => {
-                    if lsn_now.is_none() {
+                    if gsn_now.is_none() {
                         out.pages_repaired += 1;
                     }
-                    e.apply(&mut bytes, lsn)?;
-                    lsn_now = Some(lsn);
+                    e.apply(&mut bytes, lsn, gsn)?;
+                    gsn_now = Some(gsn);
                     changed = true;
                 }
             }
         }
-        if lsn_now.is_none() {
+        if gsn_now.is_none() {
             damaged.push(pid);
             continue;
         }
@@ -480,16 +530,18 @@ pub fn recover(array: &Array, log: &Target, ctl: Control) -> Result<Recovered> {
     for q in &mut queues {
         sync(q.as_mut())?;
     }
-    let block = ctl.block;
-    let end = valid_end.div_ceil(block) * block;
-    out.resume = Some(Resume {
-        end,
-        last_crc: last.unwrap_or(0),
-        redo: ctl.redo,
-        control_seq: ctl.seq,
-        capacity: cap,
-        log_id: ctl.log_id,
-        valid_end,
-    });
+    for f in &found {
+        let block = f.ctl.block;
+        let valid_end = f.scan.end;
+        out.resume.push(Resume {
+            end: valid_end.div_ceil(block) * block,
+            last_crc: f.scan.last_crc.unwrap_or(0),
+            redo: f.ctl.redo,
+            control_seq: f.ctl.seq,
+            capacity: f.ctl.capacity,
+            log_id: f.ctl.log_id,
+            valid_end,
+        });
+    }
     Ok(out)
 }

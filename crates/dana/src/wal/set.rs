@@ -1,0 +1,288 @@
+//! The logs of a database, one per worker, as one write-ahead log.
+//!
+//! Owns: which log a task appends to (its worker's: group commit is per
+//! log and needs no lock any other worker takes), the GSN counter and
+//! full-image bound the logs share ([`Shared`]), the page-change contract
+//! the buffer pool sees ([`PageLog`]: a page's GSN is the GSN of its last
+//! change, in whichever log; write-back waits until every log is durable
+//! past it), the routing of the logs' completions, and the flush step
+//! every worker runs.
+//!
+//! Dependencies between logs (the remote flushes of Haubenschild et al.,
+//! SIGMOD 2020): a record that changes a page, or a commit that read a
+//! page, whose GSN names a change another log has not made durable,
+//! depends on the other logs up to that GSN; its log flushes it only once
+//! they are durable there (`Wal::pump`). A change to a page whose last
+//! change is durable, or in the task's own log, depends on nothing: the
+//! common case, in which a commit waits for its own log only.
+//!
+//! Never: lets a page be written back before every log is durable past
+//! its GSN, or a record become durable before what it depends on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{record, Shared, Wal, WalStatsSnapshot};
+use crate::buffer::page;
+use crate::buffer::page_log::{PageChange, PageLog};
+use crate::io::Completion;
+use crate::sched::{self, CompletionHandler, IoTiming, RequestKind, SystemTask};
+use crate::{Error, Result};
+
+/// The logs of one database.
+pub struct LogSet {
+    logs: Vec<Arc<Wal>>,
+    pub(super) shared: Arc<Shared>,
+    /// Workers of the runtime (log `i` belongs to worker `i % workers`).
+    workers: usize,
+}
+
+impl LogSet {
+    /// The shared state for `count` logs whose GSNs start at `next_gsn`.
+    pub(crate) fn shared(count: usize, next_gsn: u64) -> Arc<Shared> {
+        Shared::new(count, next_gsn)
+    }
+
+    /// The set of `logs` (log `i` at index `i`) sharing `shared`, flushed
+    /// by `workers` workers.
+    pub(crate) fn new(
+        logs: Vec<Arc<Wal>>,
+        shared: Arc<Shared>,
+        workers: usize,
+    ) -> Result<Arc<LogSet>> {
+        if logs.is_empty() || logs.iter().enumerate().any(|(i, l)| l.index() != i) {
+            return Err(Error::InvalidArgument(
+                "a log set needs logs 0..n in order".into(),
+            ));
+        }
+        Ok(Arc::new(LogSet {
+            logs,
+            shared,
+            workers: workers.max(1),
+        }))
+    }
+
+    /// The logs.
+    pub fn logs(&self) -> &[Arc<Wal>] {
+        &self.logs
+    }
+
+    /// The log of the calling task's worker (log 0 off a worker).
+    pub fn local(&self) -> &Arc<Wal> {
+        let w = sched::current_worker().unwrap_or(0);
+        &self.logs[w % self.logs.len()]
+    }
+
+    /// The next GSN to be assigned.
+    pub fn next_gsn(&self) -> u64 {
+        self.shared.next_gsn()
+    }
+
+    /// Every record of every log below this GSN is durable (the next GSN
+    /// if nothing waits).
+    pub fn durable_below(&self) -> u64 {
+        self.shared.durable_below().min(self.next_gsn())
+    }
+
+    /// A page whose GSN is below this logs a full image at its next change.
+    pub fn full_image_below(&self) -> u64 {
+        self.shared.full_image_below()
+    }
+
+    /// Starts a checkpoint in every log and, from now on, makes every page
+    /// changed before now log a full image at its next change; returns
+    /// that bound (a GSN). Both at once, under every log's lock: every
+    /// record with a GSN past the bound lies past its log's redo point,
+    /// so the first change of a page after the checkpoint began, a full
+    /// image, is always where recovery will read (a torn write-back of
+    /// the page is rebuilt from it).
+    pub(crate) fn begin_checkpoint(&self) -> u64 {
+        let mut states: Vec<_> = self.logs.iter().map(|l| l.lock()).collect();
+        self.shared.begin_full_images();
+        let fpi = self.shared.full_image_below();
+        for (l, st) in self.logs.iter().zip(states.iter_mut()) {
+            l.begin_checkpoint_in(st, fpi);
+        }
+        fpi
+    }
+
+    /// The first error that stopped a log, if any.
+    pub fn poisoned(&self) -> Option<Error> {
+        self.logs.iter().find_map(|l| l.poisoned())
+    }
+
+    /// Stops every log for good.
+    pub fn poison_with(&self, e: &Error) {
+        for l in &self.logs {
+            l.poison_with(e);
+        }
+    }
+
+    /// Waits until every log is durable below GSN `end`.
+    pub async fn wait_all_durable(&self, end: u64) -> Result<()> {
+        self.want(end);
+        for l in &self.logs {
+            l.wait_durable(end).await?;
+        }
+        Ok(())
+    }
+
+    /// True when a log asks for a checkpoint.
+    pub fn checkpoint_due(&self) -> bool {
+        self.logs.iter().any(|l| l.checkpoint_due())
+    }
+
+    /// Waits for growths of the log files in progress to finish.
+    pub fn finish_growth(&self) {
+        for l in &self.logs {
+            l.finish_growth();
+        }
+    }
+
+    /// The logs' counters, summed (`durable`: every record below it is
+    /// durable in every log; `end`: the next GSN).
+    pub fn stats(&self) -> WalStatsSnapshot {
+        let mut s = WalStatsSnapshot::default();
+        for l in &self.logs {
+            s.add(&l.stats());
+        }
+        // A checkpoint covers every log: count it once.
+        s.checkpoints = self.logs[0].stats().checkpoints;
+        s.end = self.next_gsn();
+        s.durable = self.durable_below();
+        s
+    }
+
+    /// The most GSN any of `changes` had before the change: the record
+    /// that logs them depends on the logs up to there.
+    fn dep_of(changes: &[PageChange<'_>]) -> u64 {
+        changes
+            .iter()
+            .map(|c| page::page_lsn(c.after))
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn append_pages(&self, log: &Wal, changes: &[PageChange<'_>], dep: u64) -> Result<Option<u64>> {
+        let mut b = record::RecordBuilder::new(record::Kind::Pages);
+        if log.put_pages(&mut b, changes) == 0 {
+            return Ok(None);
+        }
+        let rec = b.into_unsealed();
+        log.count_page_bytes(rec.len());
+        log.append(rec, dep).map(|(gsn, _)| Some(gsn))
+    }
+}
+
+impl PageLog for LogSet {
+    fn log_changes(&self, changes: &[PageChange<'_>]) -> Result<Option<u64>> {
+        self.append_pages(self.local(), changes, Self::dep_of(changes))
+    }
+
+    fn log_commit(
+        &self,
+        commit: Vec<u8>,
+        changes: &[PageChange<'_>],
+        dep: u64,
+    ) -> Result<(u64, u64)> {
+        let log = self.local();
+        let mut b = record::RecordBuilder::from_raw(commit, record::Kind::Commit)?;
+        log.put_pages(&mut b, changes);
+        log.append_commit(b.into_unsealed(), dep.max(Self::dep_of(changes)))
+    }
+
+    fn log_covered(&self, pid: u64, page: &[u8], cover: u64) -> Result<Option<u64>> {
+        if page::page_lsn(page) >= self.full_image_below() {
+            return Ok(None);
+        }
+        let change = PageChange {
+            pid,
+            before: None,
+            after: page,
+            fresh: true,
+        };
+        // The image holds the covering commit's change too.
+        let dep = page::page_lsn(page).max(cover);
+        self.append_pages(self.local(), &[change], dep)
+    }
+
+    fn durable(&self) -> u64 {
+        self.shared.durable_below()
+    }
+
+    fn want(&self, end: u64) {
+        for l in &self.logs {
+            l.want(end);
+        }
+    }
+
+    fn poisoned(&self) -> Option<Error> {
+        LogSet::poisoned(self)
+    }
+}
+
+/// The logs own the completions of their flushes' writes and syncs.
+impl CompletionHandler for LogSet {
+    fn complete(&self, kind: RequestKind, id: u64, c: Completion, _: IoTiming) {
+        debug_assert_eq!(kind, RequestKind::Log);
+        let Some(log) = self.logs.get((id >> 1) as usize) else {
+            debug_assert!(false, "a log completion for log {}", id >> 1);
+            return;
+        };
+        log.flush_completed(id, c);
+        if let Some(e) = log.poisoned() {
+            self.poison_with(&e);
+            return;
+        }
+        // A log whose records waited for this one may go on now.
+        for l in &self.logs {
+            if l.is_blocked() {
+                l.pump();
+            }
+        }
+    }
+}
+
+/// Group commit's flushes, a system task every worker steps: its own
+/// logs (log `i` belongs to worker `i % workers`), and any other that
+/// someone waits for.
+impl SystemTask for LogSet {
+    fn name(&self) -> &'static str {
+        "log flush"
+    }
+
+    fn step(&self) -> bool {
+        // A log failed: stop the others, waking whoever waits on them.
+        if let Some(e) = self
+            .logs
+            .iter()
+            .find(|l| l.stopped_by_another())
+            .and(self.poisoned())
+        {
+            for l in &self.logs {
+                l.poison_with(&e);
+            }
+        }
+        let me = sched::current_worker().unwrap_or(0);
+        let workers = self.workers;
+        let mut started = false;
+        for (i, l) in self.logs.iter().enumerate() {
+            if i % workers == me % workers || l.wants_flush() {
+                started |= l.pump();
+            }
+        }
+        started
+    }
+
+    /// The nearest deadline of this worker's own logs.
+    fn due_in(&self) -> Option<Duration> {
+        let me = sched::current_worker().unwrap_or(0);
+        let workers = self.workers;
+        self.logs
+            .iter()
+            .enumerate()
+            .filter(|(i, l)| i % workers == me % workers || l.wants_flush())
+            .filter_map(|(_, l)| l.due_in())
+            .min()
+    }
+}
