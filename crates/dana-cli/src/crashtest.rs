@@ -976,6 +976,9 @@ fn kill_options(durability: Durability) -> Options {
         .capacity_bytes(64 << 20)
         .log_bytes(4 << 20)
         .workers(2)
+        // One log per worker: kill -9 across logs that become durable
+        // independently.
+        .logs(2)
         .durability(durability)
 }
 

@@ -130,7 +130,8 @@ fn check_is_locked_out_by_a_writer_in_another_process_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let opts = Options::default()
         .pool_bytes(4 << 20)
-        .capacity_bytes(32 << 20);
+        .capacity_bytes(32 << 20)
+        .logs(2);
     let db = Db::open(dir.path(), opts.clone()).unwrap();
     db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
     let o = dana(&["check"], dir.path());

@@ -81,7 +81,7 @@ impl Default for Options {
             durability: Durability::Sync,
             async_window: Duration::from_millis(10),
             log_bytes: 64 << 20,
-            logs: 0,
+            logs: 1,
             log_preallocate: false,
             log_path: None,
             read_only: false,
@@ -130,13 +130,17 @@ impl Options {
         self
     }
 
-    /// Number of write-ahead logs of a new database (default 0: one per
-    /// worker; at most [`crate::wal::MAX_LOGS`]). Each worker appends to
-    /// its own log and group-commits it on its own (log `i` belongs to
-    /// worker `i % workers`); recovery merges them by sequence number. An
-    /// existing database keeps the number it was created with. The log
-    /// files are the log path (`dana.wal`) and, for log `i > 0`, that
-    /// path with `.i` appended.
+    /// Number of write-ahead logs of a new database (default 1; 0: one per
+    /// worker; at most [`crate::wal::MAX_LOGS`]). With several, each
+    /// worker appends to its own log and group-commits it on its own (log
+    /// `i` belongs to worker `i % workers`), and recovery merges them by
+    /// sequence number. That takes the log's lock and flush off the path
+    /// other workers share (the point on many cores and several devices);
+    /// on one disk it costs throughput (`docs/PERF.md`: about 0.6x of one
+    /// log with 256 committers on this project's 2-core VM), hence the
+    /// default. An existing database keeps the number it was created
+    /// with. The log files are the log path (`dana.wal`) and, for log
+    /// `i > 0`, that path with `.i` appended.
     ///
     /// ```
     /// let dir = tempfile::tempdir().unwrap();
@@ -145,7 +149,7 @@ impl Options {
     /// let db = dana::Db::open(dir.path(), opts).unwrap();
     /// assert!(dir.path().join("dana.wal.2").exists());
     /// # drop(db);
-    /// assert_eq!(dana::Options::default().workers(4).logs_value(), 4);
+    /// assert_eq!(dana::Options::default().workers(4).logs(0).logs_value(), 4); // one per worker
     /// ```
     pub fn logs(mut self, n: usize) -> Self {
         self.logs = n;
@@ -155,7 +159,7 @@ impl Options {
     /// The number of logs a new database gets (see [`Options::logs`]).
     ///
     /// ```
-    /// assert_eq!(dana::Options::default().logs_value(), 2); // one per worker
+    /// assert_eq!(dana::Options::default().logs_value(), 1);
     /// ```
     pub fn logs_value(&self) -> usize {
         match self.logs {
@@ -381,8 +385,7 @@ impl Options {
     /// let opts = dana::Options::default().pool_bytes(8 << 20).log_bytes(8 << 20).log_preallocate(true);
     /// assert!(opts.log_preallocate_value());
     /// let _db = dana::Db::open(dir.path(), opts).unwrap();
-    /// // Two logs (one per worker), 4 MiB each.
-    /// assert!(std::fs::metadata(dir.path().join("dana.wal")).unwrap().len() >= 4 << 20);
+    /// assert!(std::fs::metadata(dir.path().join("dana.wal")).unwrap().len() >= 8 << 20);
     /// ```
     pub fn log_preallocate(mut self, on: bool) -> Self {
         self.log_preallocate = on;

@@ -41,12 +41,16 @@ pub struct CommitArgs {
     /// Buffer pool bytes.
     #[arg(long, default_value_t = 256 << 20)]
     pub pool_bytes: usize,
+    /// Write-ahead logs (0: one per worker; see `Options::logs`).
+    #[arg(long, default_value_t = 1)]
+    pub logs: usize,
 }
 
 fn options(a: &CommitArgs, d: Durability) -> Options {
     Options::default()
         .pool_bytes(a.pool_bytes)
         .workers(a.workers)
+        .logs(a.logs)
         .capacity_bytes(4 << 30)
         .log_bytes(256 << 20)
         // Whole and zero-filled before the run: this measures the log's
@@ -139,8 +143,9 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
     let _ = std::fs::remove_dir_all(&a.path);
     std::fs::create_dir_all(&a.path).context(format!("creating {}", a.path.display()))?;
     println!(
-        "dana bench commit: {} workers, pool {} MiB, {} s per point, 8-byte keys, 120-byte values, one write per commit",
+        "dana bench commit: {} workers, {} logs, pool {} MiB, {} s per point, 8-byte keys, 120-byte values, one write per commit",
         a.workers,
+        options(a, Durability::Sync).logs_value(),
         a.pool_bytes >> 20,
         a.seconds
     );

@@ -67,6 +67,16 @@ impl LogSet {
         &self.logs
     }
 
+    /// True if worker `w` keeps log `i`'s async window: the log it
+    /// appends to, and the logs it owns (log `i` belongs to worker
+    /// `i % workers`, so a log no worker appends to still flushes). With
+    /// fewer logs than workers several workers append to one log, and
+    /// each of them keeps its window (an async commit's worker must wake
+    /// for it: another may sleep with no deadline).
+    fn tends(&self, w: usize, i: usize) -> bool {
+        w % self.logs.len() == i || i % self.workers == w % self.workers
+    }
+
     /// The log of the calling task's worker (log 0 off a worker).
     pub fn local(&self) -> &Arc<Wal> {
         let w = sched::current_worker().unwrap_or(0);
@@ -264,24 +274,22 @@ impl SystemTask for LogSet {
             }
         }
         let me = sched::current_worker().unwrap_or(0);
-        let workers = self.workers;
         let mut started = false;
         for (i, l) in self.logs.iter().enumerate() {
-            if i % workers == me % workers || l.wants_flush() {
+            if self.tends(me, i) || l.wants_flush() {
                 started |= l.pump();
             }
         }
         started
     }
 
-    /// The nearest deadline of this worker's own logs.
+    /// The nearest deadline of the logs this worker tends.
     fn due_in(&self) -> Option<Duration> {
         let me = sched::current_worker().unwrap_or(0);
-        let workers = self.workers;
         self.logs
             .iter()
             .enumerate()
-            .filter(|(i, l)| i % workers == me % workers || l.wants_flush())
+            .filter(|(i, l)| self.tends(me, *i) || l.wants_flush())
             .filter_map(|(_, l)| l.due_in())
             .min()
     }
