@@ -136,7 +136,7 @@ impl Options {
     /// `i` belongs to worker `i % workers`), and recovery merges them by
     /// sequence number. That takes the log's lock and flush off the path
     /// other workers share (the point on many cores and several devices);
-    /// on one disk it costs throughput (`docs/PERF.md`: about 0.6x of one
+    /// on one disk it costs throughput (`docs/PERF.md`: 0.51x-0.64x of one
     /// log with 256 committers on this project's 2-core VM), hence the
     /// default. An existing database keeps the number it was created
     /// with. The log files are the log path (`dana.wal`) and, for log

@@ -19,7 +19,8 @@
 //! | 56..64 | next GSN when the checkpoint began (at least)  |
 //! | 64..68 | this log's index among the database's logs     |
 //! | 68..72 | number of logs of the database                 |
-//! | 72..76 | crc32c of bytes 0..72                          |
+//! | 72..80 | redo GSN: commits from it on are re-applied    |
+//! | 80..84 | crc32c of bytes 0..80                          |
 //!
 //! Never: trusts a block whose checksum or magic does not match.
 
@@ -27,8 +28,8 @@
 pub const BLOCK: u64 = 4096;
 const MAGIC: &[u8; 8] = b"DANAWAL1";
 const VERSION: u32 = 3;
-const LEN: usize = 76;
-const CRC_AT: usize = 72;
+const LEN: usize = 84;
+const CRC_AT: usize = 80;
 
 /// One control block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +53,11 @@ pub struct Control {
     pub index: u32,
     /// Number of logs of the database.
     pub count: u32,
+    /// The checkpoint's redo GSN: recovery re-applies the commits from it
+    /// on (of every log: the newest such GSN among the logs' control
+    /// blocks, since the checkpoint's pages were synced before any
+    /// control block was written).
+    pub redo_gsn: u64,
 }
 
 impl Control {
@@ -69,6 +75,7 @@ impl Control {
         b.extend_from_slice(&self.next_gsn.to_le_bytes());
         b.extend_from_slice(&self.index.to_le_bytes());
         b.extend_from_slice(&self.count.to_le_bytes());
+        b.extend_from_slice(&self.redo_gsn.to_le_bytes());
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
         b
@@ -95,6 +102,7 @@ impl Control {
             next_gsn: u64_at(56),
             index: u32_at(64),
             count: u32_at(68),
+            redo_gsn: u64_at(72),
         })
     }
 
@@ -127,6 +135,7 @@ mod tests {
             next_gsn: seq * 3,
             index: 1,
             count: 2,
+            redo_gsn: seq * 2,
         };
         let mut area = vec![0u8; 2 * BLOCK as usize];
         area[..LEN].copy_from_slice(&c(4).encode());

@@ -345,6 +345,12 @@ struct State {
     applying: BTreeMap<u64, u64>,
     /// The running checkpoint's redo point.
     redo_at: RedoAt,
+    /// The running checkpoint's redo GSN (see `LogSet::begin_checkpoint`).
+    redo_gsn: u64,
+    /// Each flush since the last checkpoint's redo LSN: where it starts
+    /// and the most GSN it holds (a checkpoint finds where its redo GSN's
+    /// records start among those already sealed).
+    batches: VecDeque<(u64, u64)>,
     /// LSN of the last checkpoint record sealed.
     checkpoint_lsn: u64,
 }
@@ -487,6 +493,8 @@ impl Wal {
                 redo: resume.redo,
                 applying: BTreeMap::new(),
                 redo_at: RedoAt::Idle,
+                redo_gsn: 0,
+                batches: VecDeque::new(),
                 checkpoint_lsn: 0,
             }),
             durable: AtomicU64::new(resume.end),
@@ -909,19 +917,21 @@ impl Wal {
     }
 
     /// True if a flush of this log may be worth a look now: records wait,
-    /// none is in flight, and someone wants them (cheap: atomics only).
+    /// none is in flight, and someone wants them (cheap: atomics only). A
+    /// log whose records wait for another log is not: that log's flush
+    /// completion pumps it (no worker polls meanwhile).
     pub(crate) fn wants_flush(&self) -> bool {
         let first = self.durable_below();
         first != u64::MAX
             && !self.flushing_now.load(Ordering::Acquire)
+            && !self.is_blocked()
             && (self.has_waiters.load(Ordering::Acquire)
-                || self.shared.wanted[self.index].load(Ordering::Acquire) > first
-                || self.shared.blocked[self.index].load(Ordering::Acquire))
+                || self.shared.wanted[self.index].load(Ordering::Acquire) > first)
     }
 
     /// Records of this log wait for other logs to become durable.
     pub(crate) fn is_blocked(&self) -> bool {
-        self.shared.blocked[self.index].load(Ordering::Acquire)
+        self.shared.blocked[self.index].load(Ordering::SeqCst)
     }
 
     /// How long until this log's async window asks for a flush (None: no
@@ -979,10 +989,25 @@ impl Wal {
             return false;
         }
         // The records whose dependencies are durable in every other log.
-        let others = self.shared.others_durable_below(self.index);
-        let (n, bytes, blocked_on) = flushable(&st.queue, others);
-        self.shared.blocked[self.index].store(blocked_on != 0, Ordering::Release);
+        let mut others = self.shared.others_durable_below(self.index);
+        let (mut n, mut bytes, mut blocked_on) = flushable(&st.queue, others);
         if blocked_on != 0 {
+            // Blocked: the completion of the flush of a log this waits for
+            // pumps this one. Set the flag, then look again: the fences
+            // here and in `flush_completed` make sure that a flush
+            // completing meanwhile either sees the flag or is seen here
+            // (else neither would pump, and nothing would wake this log).
+            self.shared.blocked[self.index].store(true, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            let now = self.shared.others_durable_below(self.index);
+            if now != others {
+                others = now;
+                (n, bytes, blocked_on) = flushable(&st.queue, others);
+            }
+        }
+        if blocked_on == 0 {
+            self.shared.blocked[self.index].store(false, Ordering::Release);
+        } else {
             self.shared.want_others(self.index, blocked_on);
         }
         if n == 0 {
@@ -1014,6 +1039,8 @@ impl Wal {
             return false;
         }
         // Seal the records taken at their places in the stream.
+        let batch_max = st.queue.get(n - 1).map_or(0, |q| q.gsn);
+        st.batches.push_back((st.end, batch_max));
         let mut data: Vec<u8> = st.pending.drain(..bytes).collect();
         let mut at = 0;
         for q in st.queue.drain(..n) {
@@ -1129,9 +1156,12 @@ impl Wal {
                 self.stats.flushes.fetch_add(1, Ordering::Relaxed);
             }
             let first = st.queue.front().map_or(u64::MAX, |q| q.gsn);
-            self.shared.unflushed[self.index].store(first, Ordering::Release);
+            self.shared.unflushed[self.index].store(first, Ordering::SeqCst);
             self.flushing_now.store(false, Ordering::Release);
         }
+        // Pairs with the fence in `pump`: the caller (`LogSet`) reads the
+        // other logs' blocked flags after this.
+        std::sync::atomic::fence(Ordering::SeqCst);
         self.wake_waiters(false);
         self.pump();
     }
@@ -1150,24 +1180,27 @@ impl Wal {
         self.checkpoint_wanted.store(true, Ordering::Release);
     }
 
+    /// The oldest GSN of a commit this log is still applying, if any.
+    fn oldest_applying(st: &State) -> Option<u64> {
+        st.applying.keys().next().copied()
+    }
+
     /// Starts a checkpoint in this log, whose state `st` the caller holds
-    /// ([`LogSet::begin_checkpoint`] holds every log's while it moves the
-    /// full-image bound to `fpi`): redo will start at the record of the
-    /// oldest commit still being applied, or at the first record sealed
-    /// from now on with a GSN at or past `fpi` (records appended before,
-    /// still unsealed, lie before it: their pages are written back by the
-    /// checkpoint).
-    fn begin_checkpoint_in(&self, st: &mut State, fpi: u64) {
+    /// ([`LogSet::begin_checkpoint`] holds every log's while it picks the
+    /// checkpoint's redo GSN `g` and moves the full-image bound): redo
+    /// will start at the first flush that holds a record with a GSN at or
+    /// past `g`, or, if none is sealed yet, at the first record sealed
+    /// from now on with such a GSN. Every log's redo covers every record
+    /// from `g` on, so recovery re-applies the same suffix of the commits
+    /// of all logs (re-applying a commit without a later one on the same
+    /// key would undo the later one).
+    fn begin_checkpoint_in(&self, st: &mut State, g: u64) {
         self.checkpoint_wanted.store(false, Ordering::Release);
         self.in_checkpoint.store(true, Ordering::Release);
-        let sealed = st.applying.values().copied().filter(|&l| l != 0).min();
-        st.redo_at = match sealed {
-            // Records are sealed in GSN order: nothing older is unsealed.
-            Some(lsn) => RedoAt::Fixed(lsn),
-            None => RedoAt::Watch {
-                gsn: st.applying.keys().next().map_or(fpi, |&g| g.min(fpi)),
-                lsn: None,
-            },
+        st.redo_gsn = g;
+        st.redo_at = match st.batches.iter().find(|b| b.1 >= g) {
+            Some(&(start, _)) => RedoAt::Fixed(start),
+            None => RedoAt::Watch { gsn: g, lsn: None },
         };
     }
 
@@ -1190,7 +1223,10 @@ impl Wal {
     /// redo LSN.
     pub async fn finish_checkpoint(&self) -> Result<()> {
         let redo = self.checkpoint_redo();
-        let lsn = self.lock().checkpoint_lsn;
+        let (lsn, redo_gsn) = {
+            let st = self.lock();
+            (st.checkpoint_lsn, st.redo_gsn)
+        };
         let seq = self.control_seq.fetch_add(1, Ordering::AcqRel) + 1;
         let block = control::Control {
             seq,
@@ -1202,6 +1238,7 @@ impl Wal {
             next_gsn: self.shared.next_gsn(),
             index: self.index as u32,
             count: self.count,
+            redo_gsn,
         }
         .encode();
         let offset = (seq % 2) * control::BLOCK;
@@ -1213,6 +1250,10 @@ impl Wal {
         let mut st = self.lock();
         st.redo = st.redo.max(redo);
         st.redo_at = RedoAt::Idle;
+        // Flushes wholly before the redo LSN are no longer needed.
+        while st.batches.get(1).is_some_and(|b| b.0 <= st.redo) {
+            st.batches.pop_front();
+        }
         drop(st);
         self.in_checkpoint.store(false, Ordering::Release);
         self.space_waiters.wake_all();
@@ -1360,26 +1401,27 @@ mod tests {
         let (_, end) = b.append_commit(commit(), 0).unwrap();
         b.applied(end - 1);
         set.begin_checkpoint();
-        assert_eq!(
-            a.lock().redo_at,
-            RedoAt::Watch {
-                gsn: slow,
-                lsn: None
-            },
-            "log 0's redo waits for the slow commit's record, not yet sealed"
-        );
-        assert_eq!(
-            b.lock().redo_at,
-            RedoAt::Watch {
-                gsn: end,
-                lsn: None
-            },
-            "log 1's redo starts at the first record appended after the checkpoint began"
-        );
-        // The slow commit, once sealed, pins its log's redo LSN.
-        a.lock().applying.insert(slow, 4096);
+        for l in [a, b] {
+            assert_eq!(
+                l.lock().redo_at,
+                RedoAt::Watch {
+                    gsn: slow,
+                    lsn: None
+                },
+                "every log's redo waits for the slow commit's GSN: recovery re-applies one \
+                 suffix of the commits of all logs"
+            );
+        }
+        // Once a flush holding records from that GSN on is sealed, it pins
+        // its log's redo LSN.
+        a.lock().batches.push_back((4096, slow));
+        b.lock().batches.push_back((2048, slow - 1));
         set.begin_checkpoint();
         assert_eq!(a.lock().redo_at, RedoAt::Fixed(4096));
+        assert!(
+            matches!(b.lock().redo_at, RedoAt::Watch { gsn, .. } if gsn == slow),
+            "log 1's sealed flush holds only older records"
+        );
         assert!(
             set.full_image_below() >= end,
             "pages changed up to the newest GSN ({end}) must log a full image at their next \

@@ -137,6 +137,7 @@ pub fn format(
         next_gsn: place.next_gsn,
         index: place.index,
         count: place.count,
+        redo_gsn: 0,
     };
     let mut area = vec![0u8; CONTROL_BYTES as usize];
     area[..c.encode().len()].copy_from_slice(&c.encode());
@@ -404,6 +405,13 @@ struct Found {
 pub fn recover(array: &Array, logs: &[(Target, Control)]) -> Result<Recovered> {
     let mut found = Vec::with_capacity(logs.len());
     for (t, ctl) in logs {
+        if ctl.next_gsn >= u64::MAX / 2 || ctl.redo_gsn >= u64::MAX / 2 {
+            return Err(Error::Log(format!(
+                "log {} names GSN {}, beyond any the database assigns",
+                ctl.index,
+                ctl.next_gsn.max(ctl.redo_gsn)
+            )));
+        }
         let stream = read_stream(t, ctl)?;
         let scan = scan(&stream, ctl)?;
         found.push(Found {
@@ -434,6 +442,12 @@ pub fn recover(array: &Array, logs: &[(Target, Control)]) -> Result<Recovered> {
                     "record at LSN {lsn} changed under recovery"
                 )));
             };
+            if r.gsn >= u64::MAX / 2 {
+                return Err(Error::Log(format!(
+                    "record at LSN {lsn} has GSN {}, beyond any the database assigns",
+                    r.gsn
+                )));
+            }
             out.next_gsn = out.next_gsn.max(r.gsn + 1);
             let entries = if r.kind == Kind::Commit {
                 out.commits.push((r.gsn, record::commit_writes(&r)?));
@@ -455,6 +469,13 @@ pub fn recover(array: &Array, logs: &[(Target, Control)]) -> Result<Recovered> {
         }
     }
     out.commits.sort_by_key(|c| c.0);
+    // The pages hold every commit below the newest checkpoint's redo GSN
+    // (its pages were synced before any log's control block named it); a
+    // log whose control block is older scans from further back, and
+    // re-applying its older commits could undo later ones of other logs.
+    let redo_gsn = logs.iter().map(|(_, c)| c.redo_gsn).max().unwrap_or(0);
+    let applied_before = out.commits.partition_point(|c| c.0 < redo_gsn);
+    let reapply = out.commits.split_off(applied_before);
     for entries in by_page.values_mut() {
         entries.sort_by_key(|e| e.0);
     }
@@ -474,7 +495,13 @@ pub fn recover(array: &Array, logs: &[(Target, Control)]) -> Result<Recovered> {
         .map(|t| open_queue(t, &Backend::Blocking, 4))
         .collect::<Result<Vec<_>>>()?;
     let ps = array.page_size() as usize;
-    let taken = taken_by_large_values(&out.commits, &by_page, ps)?;
+    let taken = {
+        let mut all = std::mem::take(&mut out.commits);
+        all.extend(reapply.iter().cloned());
+        let t = taken_by_large_values(&all, &by_page, ps)?;
+        out.commits = reapply;
+        t
+    };
     // Pages that fail their checksum with no full image to repair them
     // from: judged once every page is redone (by the map's final word).
     let mut damaged = Vec::new();

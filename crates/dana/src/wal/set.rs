@@ -101,19 +101,28 @@ impl LogSet {
 
     /// Starts a checkpoint in every log and, from now on, makes every page
     /// changed before now log a full image at its next change; returns
-    /// that bound (a GSN). Both at once, under every log's lock: every
-    /// record with a GSN past the bound lies past its log's redo point,
-    /// so the first change of a page after the checkpoint began, a full
-    /// image, is always where recovery will read (a torn write-back of
-    /// the page is rebuilt from it).
+    /// that bound (a GSN). Under every log's lock at once: the bound
+    /// moves, and the checkpoint's redo GSN is picked: the bound, or the
+    /// oldest commit any log is still applying (its covered changes are
+    /// redone only from its record). Every log's redo point then lies at
+    /// or before its first record with a GSN from the redo GSN on, so
+    /// every record past the bound lies past its log's redo point (the
+    /// first change of a page after the checkpoint began, a full image,
+    /// is where recovery will read) and recovery re-applies one suffix of
+    /// the commits of all logs.
     pub(crate) fn begin_checkpoint(&self) -> u64 {
         let mut states: Vec<_> = self.logs.iter().map(|l| l.lock()).collect();
         self.shared.begin_full_images();
-        let fpi = self.shared.full_image_below();
+        let bound = self.shared.full_image_below();
+        let g = states
+            .iter()
+            .filter_map(|st| Wal::oldest_applying(st))
+            .min()
+            .map_or(bound, |a| a.min(bound));
         for (l, st) in self.logs.iter().zip(states.iter_mut()) {
-            l.begin_checkpoint_in(st, fpi);
+            l.begin_checkpoint_in(st, g);
         }
-        fpi
+        bound
     }
 
     /// The first error that stopped a log, if any.
