@@ -12,7 +12,7 @@
 //!    [`Error::NoSpace`], before anything is logged: a commit that can
 //!    fail for space fails here, and recovery, which re-applies logged
 //!    commits, never needs more space than the database had), then the
-//!    most log bytes it can append ([`Wal::admit`]: waits for a
+//!    most log bytes it can append ([`crate::wal::Wal::admit`]: waits for a
 //!    checkpoint if the log is too full);
 //! 4. append one commit record holding all the writes (this is the commit
 //!    point: recovery re-applies every commit record it finds);

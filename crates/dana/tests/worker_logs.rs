@@ -109,6 +109,17 @@ fn unflushed_write_on_worker_0(db: &Db, key: &'static [u8]) -> u64 {
     end
 }
 
+/// Cuts the power under `db`, turns it back on and opens the database
+/// again (recovery runs): the database and its tree "t".
+fn power_cycle(rig: &Rig, db: Db) -> (Db, dana::Tree) {
+    rig.cut();
+    drop(db);
+    rig.power_on();
+    let db = rig.open(false).unwrap();
+    let t = db.tree("t").unwrap();
+    (db, t)
+}
+
 fn fresh(seed: u64) -> (Rig, Db) {
     let rig = Rig::new(seed);
     let db = rig.open(true).unwrap();
@@ -131,11 +142,7 @@ fn a_commit_that_read_another_workers_unflushed_write_survives_with_it() {
         tx.commit_async().await
     })
     .unwrap();
-    rig.cut();
-    drop(db);
-    rig.power_on();
-    let db = rig.open(false).unwrap();
-    let t = db.tree("t").unwrap();
+    let (db, t) = power_cycle(&rig, db);
     assert_eq!(
         t.get(b"b").unwrap(),
         Some(b"a".to_vec()),
@@ -158,11 +165,7 @@ fn a_commit_that_read_nothing_remote_waits_for_its_own_log_only() {
     // once log 1 is durable; log 0 is not asked to flush.
     let t = db.tree("t").unwrap();
     on(&db, 1, async move { t.put_async(b"c", b"c").await }).unwrap();
-    rig.cut();
-    drop(db);
-    rig.power_on();
-    let db = rig.open(false).unwrap();
-    let t = db.tree("t").unwrap();
+    let (db, t) = power_cycle(&rig, db);
     assert_eq!(
         t.get(b"c").unwrap(),
         Some(b"c".to_vec()),

@@ -2,7 +2,7 @@
 //!
 //! Owns: which log a task appends to (its worker's: group commit is per
 //! log and needs no lock any other worker takes), the GSN counter and
-//! full-image bound the logs share ([`Shared`]), the page-change contract
+//! full-image bound the logs share (`Shared`), the page-change contract
 //! the buffer pool sees ([`PageLog`]: a page's GSN is the GSN of its last
 //! change, in whichever log; write-back waits until every log is durable
 //! past it), the routing of the logs' completions, and the flush step
