@@ -82,7 +82,6 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
                 let block = t.alignment().io.max(512);
                 set.push(Wal::new(
                     i,
-                    log_count,
                     shared.clone(),
                     array.width() + i,
                     block,

@@ -373,7 +373,7 @@ impl BTree {
     /// The value of `key`, if present (a large value is read whole from
     /// its extents and its checksum verified).
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        match self.get_raw(key).await? {
+        match self.get_raw(key).await?.0 {
             Some((_, true)) => self.get_large(key).await,
             other => Ok(other.map(|(v, _)| v)),
         }
@@ -383,23 +383,14 @@ impl BTree {
     /// the change that wrote the value returned, or removed it): a commit
     /// that used the value depends on the logs up to there.
     pub async fn get_versioned(&self, key: &[u8]) -> Result<(Option<Vec<u8>>, u64)> {
-        self.check_key(key)?;
-        let (raw, gsn) = {
-            let g = self.leaf_shared(key, None).await?;
-            let n = Node::new(&g).map_err(corrupt(g.pid()))?;
-            (
-                n.get_entry(key).map(|(v, r)| (v.to_vec(), r)),
-                page::page_lsn(&g),
-            )
-        };
-        match raw {
-            Some((_, true)) => {
+        match self.get_raw(key).await? {
+            (Some((_, true)), gsn) => {
                 let v = self.get_large(key).await?;
                 // The leaf again: the value may have changed in between.
-                let g = self.leaf_shared(key, None).await?;
-                Ok((v, gsn.max(page::page_lsn(&g))))
+                let (_, again) = self.get_raw(key).await?;
+                Ok((v, gsn.max(again)))
             }
-            other => Ok((other.map(|(v, _)| v), gsn)),
+            (other, gsn) => Ok((other.map(|(v, _)| v), gsn)),
         }
     }
 
@@ -420,19 +411,20 @@ impl BTree {
     }
 
     /// The stored payload of `key` and whether it is a large value's
-    /// reference, if present.
-    async fn get_raw(&self, key: &[u8]) -> Result<Option<(Vec<u8>, bool)>> {
+    /// reference, if present, and the GSN of the leaf it was read from.
+    async fn get_raw(&self, key: &[u8]) -> Result<(Option<(Vec<u8>, bool)>, u64)> {
         self.check_key(key)?;
         let g = self.leaf_shared(key, None).await?;
         let n = Node::new(&g).map_err(corrupt(g.pid()))?;
-        Ok(n.get_entry(key).map(|(v, r)| (v.to_vec(), r)))
+        let raw = n.get_entry(key).map(|(v, r)| (v.to_vec(), r));
+        Ok((raw, page::page_lsn(&g)))
     }
 
     /// What `key` holds: a value, or a large value's reference. To use the
     /// reference's extents, read it inside a reader epoch
     /// ([`BufferPool::blob_reader`]) so that they stay its own.
     async fn stored(&self, key: &[u8]) -> Result<Option<Stored>> {
-        Ok(match self.get_raw(key).await? {
+        Ok(match self.get_raw(key).await?.0 {
             None => None,
             Some((v, false)) => Some(Stored::Value(v)),
             Some((raw, true)) => Some(Stored::Reference(BlobRef::read(

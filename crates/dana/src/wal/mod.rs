@@ -55,7 +55,7 @@ pub mod set;
 
 pub use set::LogSet;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -241,7 +241,7 @@ impl Shared {
     }
 
     /// Every record of every log other than `me` below this GSN is
-    /// durable.
+    /// durable (`me` out of range: of every log).
     fn others_durable_below(&self, me: usize) -> u64 {
         self.unflushed
             .iter()
@@ -254,11 +254,7 @@ impl Shared {
 
     /// Every record of every log below this GSN is durable.
     pub(crate) fn durable_below(&self) -> u64 {
-        self.unflushed
-            .iter()
-            .map(|u| u.load(Ordering::Acquire))
-            .min()
-            .unwrap_or(u64::MAX)
+        self.others_durable_below(usize::MAX)
     }
 
     /// The next GSN to assign.
@@ -272,10 +268,10 @@ impl Shared {
     }
 
     /// From now on, pages changed before now log a full image at their
-    /// next change (a checkpoint began).
-    pub(crate) fn begin_full_images(&self) {
+    /// next change (a checkpoint began); returns that bound.
+    pub(crate) fn begin_full_images(&self) -> u64 {
         let now = self.next_gsn();
-        self.fpi_below.fetch_max(now, Ordering::AcqRel);
+        self.fpi_below.fetch_max(now, Ordering::AcqRel).max(now)
     }
 
     /// Asks every log but `me` to flush its records up to GSN `dep`.
@@ -320,9 +316,9 @@ enum RedoAt {
     Idle,
     /// At this LSN (a commit still being applied when it began).
     Fixed(u64),
-    /// At the first record sealed with a GSN at or past `gsn` (found:
-    /// `lsn`).
-    Watch { gsn: u64, lsn: Option<u64> },
+    /// At the first record sealed with a GSN at or past the redo GSN
+    /// (once found).
+    Watch(Option<u64>),
 }
 
 struct State {
@@ -339,10 +335,9 @@ struct State {
     /// Redo LSN of the last completed checkpoint: the log before it may
     /// be overwritten.
     redo: u64,
-    /// Commits whose writes are being applied, by GSN, with the LSN their
-    /// record took once sealed (0 before): a checkpoint's redo point may
-    /// not pass them.
-    applying: BTreeMap<u64, u64>,
+    /// GSNs of the commits whose writes are being applied: a
+    /// checkpoint's redo GSN may not pass them.
+    applying: BTreeSet<u64>,
     /// The running checkpoint's redo point.
     redo_at: RedoAt,
     /// The running checkpoint's redo GSN (see `LogSet::begin_checkpoint`).
@@ -357,9 +352,8 @@ struct State {
 
 /// One write-ahead log of a database.
 pub struct Wal {
-    /// Which log of the database this is, and how many there are.
+    /// Which log of the database this is (of `shared`'s).
     index: usize,
-    count: u32,
     shared: Arc<Shared>,
     device: usize,
     log_id: u64,
@@ -447,15 +441,13 @@ fn align_up(v: u64, a: u64) -> u64 {
 }
 
 impl Wal {
-    /// Log `index` of `count` sharing `shared`, on queue index `device` (of
+    /// Log `index` of those sharing `shared`, on queue index `device` (of
     /// every worker), resuming at `resume` (its capacity included),
     /// flushes padded to `block` bytes. `file`: the log's target, if it
     /// may be shorter than its capacity and grow (a regular file; see
     /// [`recover::is_growable`]).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         index: usize,
-        count: usize,
         shared: Arc<Shared>,
         device: usize,
         block: u64,
@@ -471,10 +463,9 @@ impl Wal {
                 control::BLOCK
             )));
         }
-        assert!(index < count && count <= shared.unflushed.len());
+        assert!(index < shared.unflushed.len());
         Ok(Arc::new(Wal {
             index,
-            count: count as u32,
             shared,
             device,
             log_id: resume.log_id,
@@ -491,7 +482,7 @@ impl Wal {
                 flushing: None,
                 since: None,
                 redo: resume.redo,
-                applying: BTreeMap::new(),
+                applying: BTreeSet::new(),
                 redo_at: RedoAt::Idle,
                 redo_gsn: 0,
                 batches: VecDeque::new(),
@@ -785,7 +776,7 @@ impl Wal {
         });
         st.since.get_or_insert_with(Instant::now);
         if kind == Queue::Commit {
-            st.applying.insert(gsn, 0);
+            st.applying.insert(gsn);
         }
         drop(st);
         if dep != 0 {
@@ -1041,28 +1032,20 @@ impl Wal {
         // Seal the records taken at their places in the stream.
         let batch_max = st.queue.get(n - 1).map_or(0, |q| q.gsn);
         st.batches.push_back((st.end, batch_max));
-        let mut data: Vec<u8> = st.pending.drain(..bytes).collect();
+        let mut data = if n == st.queue.len() {
+            std::mem::take(&mut st.pending)
+        } else {
+            st.pending.drain(..bytes).collect()
+        };
         let mut at = 0;
         for q in st.queue.drain(..n) {
             let lsn = st.end + at as u64;
             st.last_crc = record::seal(&mut data[at..at + q.len], lsn, st.last_crc);
-            match q.kind {
-                Queue::Commit => {
-                    if let Some(l) = st.applying.get_mut(&q.gsn) {
-                        *l = lsn;
-                    }
-                }
-                Queue::Checkpoint => st.checkpoint_lsn = lsn,
-                Queue::Other => {}
+            if q.kind == Queue::Checkpoint {
+                st.checkpoint_lsn = lsn;
             }
-            if let RedoAt::Watch {
-                gsn,
-                lsn: at @ None,
-            } = &mut st.redo_at
-            {
-                if q.gsn >= *gsn {
-                    *at = Some(lsn);
-                }
+            if st.redo_at == RedoAt::Watch(None) && q.gsn >= st.redo_gsn {
+                st.redo_at = RedoAt::Watch(Some(lsn));
             }
             at += q.len;
         }
@@ -1182,7 +1165,7 @@ impl Wal {
 
     /// The oldest GSN of a commit this log is still applying, if any.
     fn oldest_applying(st: &State) -> Option<u64> {
-        st.applying.keys().next().copied()
+        st.applying.first().copied()
     }
 
     /// Starts a checkpoint in this log, whose state `st` the caller holds
@@ -1200,7 +1183,7 @@ impl Wal {
         st.redo_gsn = g;
         st.redo_at = match st.batches.iter().find(|b| b.1 >= g) {
             Some(&(start, _)) => RedoAt::Fixed(start),
-            None => RedoAt::Watch { gsn: g, lsn: None },
+            None => RedoAt::Watch(None),
         };
     }
 
@@ -1209,9 +1192,9 @@ impl Wal {
     fn checkpoint_redo(&self) -> u64 {
         let st = self.lock();
         match st.redo_at {
-            RedoAt::Fixed(lsn) | RedoAt::Watch { lsn: Some(lsn), .. } => lsn,
+            RedoAt::Fixed(lsn) | RedoAt::Watch(Some(lsn)) => lsn,
             // Not reached; the previous redo point is always safe.
-            RedoAt::Idle | RedoAt::Watch { lsn: None, .. } => {
+            RedoAt::Idle | RedoAt::Watch(None) => {
                 debug_assert!(false, "a checkpoint finished before its record was sealed");
                 st.redo
             }
@@ -1237,7 +1220,7 @@ impl Wal {
             log_id: self.log_id,
             next_gsn: self.shared.next_gsn(),
             index: self.index as u32,
-            count: self.count,
+            count: self.shared.unflushed.len() as u32,
             redo_gsn,
         }
         .encode();
@@ -1318,7 +1301,6 @@ mod tests {
             .map(|i| {
                 Wal::new(
                     i,
-                    n,
                     shared.clone(),
                     i,
                     512,
@@ -1402,12 +1384,10 @@ mod tests {
         b.applied(end - 1);
         set.begin_checkpoint();
         for l in [a, b] {
+            let st = l.lock();
             assert_eq!(
-                l.lock().redo_at,
-                RedoAt::Watch {
-                    gsn: slow,
-                    lsn: None
-                },
+                (st.redo_at, st.redo_gsn),
+                (RedoAt::Watch(None), slow),
                 "every log's redo waits for the slow commit's GSN: recovery re-applies one \
                  suffix of the commits of all logs"
             );
@@ -1418,10 +1398,13 @@ mod tests {
         b.lock().batches.push_back((2048, slow - 1));
         set.begin_checkpoint();
         assert_eq!(a.lock().redo_at, RedoAt::Fixed(4096));
-        assert!(
-            matches!(b.lock().redo_at, RedoAt::Watch { gsn, .. } if gsn == slow),
+        let st = b.lock();
+        assert_eq!(
+            (st.redo_at, st.redo_gsn),
+            (RedoAt::Watch(None), slow),
             "log 1's sealed flush holds only older records"
         );
+        drop(st);
         assert!(
             set.full_image_below() >= end,
             "pages changed up to the newest GSN ({end}) must log a full image at their next \

@@ -469,13 +469,6 @@ pub fn recover(array: &Array, logs: &[(Target, Control)]) -> Result<Recovered> {
         }
     }
     out.commits.sort_by_key(|c| c.0);
-    // The pages hold every commit below the newest checkpoint's redo GSN
-    // (its pages were synced before any log's control block named it); a
-    // log whose control block is older scans from further back, and
-    // re-applying its older commits could undo later ones of other logs.
-    let redo_gsn = logs.iter().map(|(_, c)| c.redo_gsn).max().unwrap_or(0);
-    let applied_before = out.commits.partition_point(|c| c.0 < redo_gsn);
-    let reapply = out.commits.split_off(applied_before);
     for entries in by_page.values_mut() {
         entries.sort_by_key(|e| e.0);
     }
@@ -495,13 +488,15 @@ pub fn recover(array: &Array, logs: &[(Target, Control)]) -> Result<Recovered> {
         .map(|t| open_queue(t, &Backend::Blocking, 4))
         .collect::<Result<Vec<_>>>()?;
     let ps = array.page_size() as usize;
-    let taken = {
-        let mut all = std::mem::take(&mut out.commits);
-        all.extend(reapply.iter().cloned());
-        let t = taken_by_large_values(&all, &by_page, ps)?;
-        out.commits = reapply;
-        t
-    };
+    // Every commit found says which pages its large values took.
+    let taken = taken_by_large_values(&out.commits, &by_page, ps)?;
+    // The pages hold every commit below the newest checkpoint's redo GSN
+    // (its pages were synced before any log's control block named it); a
+    // log whose control block is older scans from further back, and
+    // re-applying its older commits could undo later ones of other logs.
+    let redo_gsn = logs.iter().map(|(_, c)| c.redo_gsn).max().unwrap_or(0);
+    let applied_before = out.commits.partition_point(|c| c.0 < redo_gsn);
+    out.commits.drain(..applied_before);
     // Pages that fail their checksum with no full image to repair them
     // from: judged once every page is redone (by the map's final word).
     let mut damaged = Vec::new();

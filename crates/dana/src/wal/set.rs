@@ -112,8 +112,7 @@ impl LogSet {
     /// the commits of all logs.
     pub(crate) fn begin_checkpoint(&self) -> u64 {
         let mut states: Vec<_> = self.logs.iter().map(|l| l.lock()).collect();
-        self.shared.begin_full_images();
-        let bound = self.shared.full_image_below();
+        let bound = self.shared.begin_full_images();
         let g = states
             .iter()
             .filter_map(|st| Wal::oldest_applying(st))
@@ -166,7 +165,7 @@ impl LogSet {
             s.add(&l.stats());
         }
         // A checkpoint covers every log: count it once.
-        s.checkpoints = self.logs[0].stats().checkpoints;
+        s.checkpoints /= self.logs.len() as u64;
         s.end = self.next_gsn();
         s.durable = self.durable_below();
         s
@@ -278,9 +277,7 @@ impl SystemTask for LogSet {
             .find(|l| l.stopped_by_another())
             .and(self.poisoned())
         {
-            for l in &self.logs {
-                l.poison_with(&e);
-            }
+            self.poison_with(&e);
         }
         let me = sched::current_worker().unwrap_or(0);
         let mut started = false;
