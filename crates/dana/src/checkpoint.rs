@@ -4,28 +4,40 @@
 //! Owns: the order of a checkpoint (full images from the log end, write
 //! back, sync, record, control block), the flag that keeps checkpoints
 //! one at a time, and [`Checkpointer`], the system task every worker
-//! steps. Never: decides when one is due (the log does: a quarter of it in
-//! use, or a commit short of space) or blocks a worker (a checkpoint runs
-//! as a task; the step only starts it).
+//! steps, which checkpoints continuously: one shard of the pages (page
+//! id modulo [`crate::Options::checkpoint_shards`]) each time, round
+//! robin (Haubenschild et al., SIGMOD 2020), so the redo point follows
+//! the log end without a burst that writes every dirty page at once.
+//! Never: decides when one is due (the log does: a share of it appended
+//! since the last one began, a quarter of it in use, or a commit short of
+//! space) or blocks a worker (a checkpoint runs as a task; the step only
+//! starts it).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::buffer::BufferPool;
 use crate::sched::{self, SystemTask};
 use crate::wal::record;
-use crate::wal::LogSet;
+use crate::wal::{CheckpointScope, LogSet};
 use crate::Result;
 
-/// A checkpoint: every page dirty when it starts is written back (at the
-/// pace of write-back, after its records are durable in every log), the
-/// data devices are synced, each log's checkpoint record is made durable
-/// and its control block names it. Recovery then starts each log at its
-/// redo LSN. (A crash between two logs' control blocks leaves some logs
-/// at the previous checkpoint: they redo more, which is harmless.)
-pub(crate) async fn checkpoint(pool: &BufferPool, wal: &Arc<LogSet>) -> Result<()> {
-    let bound = wal.begin_checkpoint();
-    pool.flush_all().await?;
+/// A checkpoint of `scope`: every page of it dirty when it starts is
+/// written back (at the pace of write-back, after its records are durable
+/// in every log), the data devices are synced, each log's checkpoint
+/// record is made durable and its control block names it. Recovery then
+/// starts each log at its redo LSN: for a shard, where the shard
+/// checkpointed longest ago began (see `LogSet::begin_checkpoint`). (A
+/// crash between two logs' control blocks leaves some logs at the
+/// previous checkpoint: they redo more, which is harmless.)
+pub(crate) async fn checkpoint(
+    pool: &BufferPool,
+    wal: &Arc<LogSet>,
+    scope: CheckpointScope,
+) -> Result<()> {
+    let bound = wal.begin_checkpoint(scope);
+    let shards = wal.checkpoint_shards();
+    pool.flush_where(|pid| scope.holds(pid, shards)).await?;
     let mut ends = Vec::with_capacity(wal.logs().len());
     for l in wal.logs() {
         let (_, end) = l.append_checkpoint(record::checkpoint(bound).into_unsealed())?;
@@ -41,7 +53,7 @@ pub(crate) async fn checkpoint(pool: &BufferPool, wal: &Arc<LogSet>) -> Result<(
     Ok(())
 }
 
-/// [`checkpoint`], one at a time.
+/// [`checkpoint`] of every page, one at a time.
 pub(crate) async fn exclusive_checkpoint(
     pool: &BufferPool,
     wal: &Arc<LogSet>,
@@ -51,7 +63,7 @@ pub(crate) async fn exclusive_checkpoint(
         sched::yield_now().await;
     }
     let _busy = Busy(busy);
-    checkpoint(pool, wal).await
+    checkpoint(pool, wal, CheckpointScope::All).await
 }
 
 /// Clears the one-at-a-time flag when a checkpoint ends, however it ends.
@@ -63,9 +75,10 @@ impl Drop for Busy<'_> {
     }
 }
 
-/// The system task that starts a checkpoint (as a task on the worker that
-/// steps it) when the log asks for one and none runs. A failed checkpoint
-/// stops the pool and the log (the next open recovers).
+/// The system task that starts a checkpoint of the next shard (as a task
+/// on the worker that steps it) when the log asks for one and none runs.
+/// A failed checkpoint stops the pool and the log (the next open
+/// recovers).
 pub(crate) struct Checkpointer {
     pub(crate) pool: Arc<BufferPool>,
     pub(crate) wal: Arc<LogSet>,
@@ -73,6 +86,8 @@ pub(crate) struct Checkpointer {
     pub(crate) busy: Arc<AtomicBool>,
     /// Set when the database closes: no checkpoint starts any more.
     pub(crate) stop: Arc<AtomicBool>,
+    /// The shard the next checkpoint writes (round robin).
+    pub(crate) next_shard: AtomicUsize,
 }
 
 impl SystemTask for Checkpointer {
@@ -89,9 +104,14 @@ impl SystemTask for Checkpointer {
             return false;
         }
         let (pool, wal, busy) = (self.pool.clone(), self.wal.clone(), self.busy.clone());
+        let shards = wal.checkpoint_shards();
+        let scope = match shards {
+            1 => CheckpointScope::All,
+            n => CheckpointScope::Shard(self.next_shard.fetch_add(1, Ordering::Relaxed) % n),
+        };
         let started = sched::spawn_here(async move {
             let _busy = Busy(&busy);
-            if let Err(e) = checkpoint(&pool, &wal).await {
+            if let Err(e) = checkpoint(&pool, &wal, scope).await {
                 pool.poison(&e);
                 wal.poison_with(&e);
             }

@@ -56,6 +56,7 @@ pub struct Options {
     pub(crate) async_window: Duration,
     pub(crate) log_bytes: u64,
     pub(crate) logs: usize,
+    pub(crate) checkpoint_shards: usize,
     pub(crate) log_preallocate: bool,
     pub(crate) log_path: Option<PathBuf>,
     pub(crate) read_only: bool,
@@ -82,6 +83,7 @@ impl Default for Options {
             async_window: Duration::from_millis(10),
             log_bytes: 64 << 20,
             logs: 1,
+            checkpoint_shards: 8,
             log_preallocate: false,
             log_path: None,
             read_only: false,
@@ -167,6 +169,34 @@ impl Options {
             n => n,
         }
         .min(crate::wal::MAX_LOGS)
+    }
+
+    /// Checkpoint shards (default 8; 1 to 64; not stored: any open may
+    /// choose). Checkpoints run continuously: each time a share of the log
+    /// (a quarter of it over the shards) has been appended since the last
+    /// one began, the next shard's dirty pages (page id modulo the shard
+    /// count) are written back, and the redo point moves to where the
+    /// shard checkpointed longest ago began. So about a quarter of the log
+    /// lies between the redo point and the end, as with whole checkpoints
+    /// (which 1 gives), but the write-back comes a shard at a time instead
+    /// of every dirty page at once. `Db::checkpoint`, close, recovery and
+    /// a dropped tree still checkpoint every page.
+    ///
+    /// ```
+    /// assert_eq!(dana::Options::default().checkpoint_shards_value(), 8);
+    /// let opts = dana::Options::default().checkpoint_shards(1); // whole checkpoints
+    /// assert_eq!(opts.checkpoint_shards_value(), 1);
+    /// assert_eq!(dana::Options::default().checkpoint_shards(0).checkpoint_shards_value(), 1);
+    /// assert_eq!(dana::Options::default().checkpoint_shards(1000).checkpoint_shards_value(), 64);
+    /// ```
+    pub fn checkpoint_shards(mut self, n: usize) -> Self {
+        self.checkpoint_shards = n.clamp(1, crate::wal::MAX_CHECKPOINT_SHARDS);
+        self
+    }
+
+    /// The checkpoint shards set (see [`Options::checkpoint_shards`]).
+    pub fn checkpoint_shards_value(&self) -> usize {
+        self.checkpoint_shards
     }
 
     /// Page size in bytes, a power of two from 4096 to 65536, fixed when the
@@ -361,7 +391,8 @@ impl Options {
     /// Bytes of the circular logs, split evenly among them (default 64
     /// MiB; a multiple of 4 KiB; at least 1 MiB per log; at most
     /// [`crate::wal::recover::MAX_LOG_BYTES`] each). A checkpoint starts
-    /// when a quarter of a log is in use.
+    /// when a quarter of a log is in use (continuously: see
+    /// [`Options::checkpoint_shards`]).
     ///
     /// ```
     /// assert_eq!(dana::Options::default().log_bytes_value(), 64 << 20);

@@ -11,7 +11,7 @@ use crate::checkpoint::checkpoint;
 use crate::io::{Array, Target};
 use crate::wal::record::{self, Write};
 use crate::wal::recover::{self, LogPlace, Recovered};
-use crate::wal::{LogSet, Resume};
+use crate::wal::{CheckpointScope, LogSet, Resume};
 use crate::{Error, Options, Result};
 
 /// What recovery did when the database opened.
@@ -122,10 +122,15 @@ pub(crate) fn prepare_logs(
 /// Recovery, part two: re-applies `commits` (GSN, writes), in GSN order.
 ///
 /// Their page changes are logged (full images first: a page written back
-/// now may tear), so the log grows. When it is three quarters full, the
-/// commits still to re-apply are appended again at the log end and a
-/// checkpoint moves the redo LSN to the first of them: everything before
-/// is on the pages, and the log is back to those commit records. (The
+/// now may tear), so the log grows. Before the log in use plus the commit
+/// records still to re-apply pass three quarters of it, those records are
+/// appended again at the log end and a checkpoint moves the redo LSN to
+/// the first of them: everything before is on the pages, and the log is
+/// back to those commit records. (Admission counted the commit records in
+/// use twice for this: they and the log in use fit in three quarters when
+/// the crash came. The first version appended them again only once the log
+/// was three quarters full, and with continuous checkpoints a 32-committer
+/// crash run's open filled the log that way and hung.) (The
 /// first version re-applied everything in one go: with 32 committers a
 /// crashed run's commits needed more log than there was, the log could not
 /// be flushed, and the open hung. Checkpoints with the redo LSN at the
@@ -142,11 +147,23 @@ pub(crate) async fn reapply(
     let mut lsns: Vec<u64> = commits.iter().map(|c| c.0).collect();
     let mut registered = false;
     let local = wal.map(|w| w.local().clone());
+    // Bytes of the commit records from each one to the last: what
+    // appending the rest again costs.
+    let mut rest = vec![0u64; commits.len() + 1];
+    if wal.is_some() {
+        for i in (0..commits.len()).rev() {
+            rest[i] = rest[i + 1] + record::commit(&commits[i].1).into_unsealed().len() as u64;
+        }
+    }
+    let mut appended_at = None;
     for i in 0..commits.len() {
         if let (Some(set), Some(w)) = (
             wal,
-            local.as_ref().filter(|w| w.used() > w.capacity() / 4 * 3),
+            local
+                .as_ref()
+                .filter(|w| appended_at != Some(i) && w.used() + rest[i] > w.capacity() / 4 * 3),
         ) {
+            appended_at = Some(i);
             for j in i..commits.len() {
                 let (lsn, _) = w.append_commit(record::commit(&commits[j].1).into_unsealed(), 0)?;
                 if registered {
@@ -155,7 +172,7 @@ pub(crate) async fn reapply(
                 lsns[j] = lsn;
             }
             registered = true;
-            checkpoint(pool, set).await?;
+            checkpoint(pool, set, CheckpointScope::All).await?;
         }
         // Without a log (`Durability::Off` on a database that has none)
         // nothing is logged, so no LSN covers the changes.

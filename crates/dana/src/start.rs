@@ -24,7 +24,7 @@ use crate::recovery::{self, reapply, RecoveryReport};
 use crate::sched::{RequestKind, Runtime};
 use crate::txn::{Committer, KeyLocks};
 use crate::wal::record::Write;
-use crate::wal::{Durability, LogSet, Wal, MAX_LOGS};
+use crate::wal::{CheckpointScope, Durability, LogSet, Wal, MAX_LOGS};
 use crate::{Error, Options, Result};
 
 /// A database brought up: what `Db` holds.
@@ -75,7 +75,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
     let log_count = logs.len();
     let wal = match start {
         Some(start) => {
-            let shared = LogSet::shared(log_count, start.next_gsn);
+            let shared = LogSet::shared(log_count, start.next_gsn, opts.checkpoint_shards);
             let mut set = Vec::with_capacity(log_count);
             for (i, (t, resume)) in logs.iter().zip(start.resume).enumerate() {
                 targets.push(t.clone());
@@ -112,6 +112,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
                 wal: w.clone(),
                 busy: checkpointing.clone(),
                 stop: stop.clone(),
+                next_shard: Default::default(),
             }));
     }
     let rt = Runtime::start(
@@ -145,7 +146,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         }
         if !read_only {
             match &w2 {
-                Some(w) => checkpoint(&p, w).await?,
+                Some(w) => checkpoint(&p, w, CheckpointScope::All).await?,
                 None => p.flush_all().await?,
             }
             // After the checkpoint: no commit that wrote to a tree

@@ -6,7 +6,12 @@
 //! the flushes they took, next to a loop of one 4 KiB O_DIRECT write plus
 //! fdatasync per commit on a file in the same directory (what a commit
 //! costs without group commit). (2) Inserts per second by the same tasks
-//! with the log off, async and sync, so the log's cost shows as a ratio.
+//! with the log off, async and sync, so the log's cost shows as a ratio;
+//! then async and sync again for each further checkpoint shard count asked, in the
+//! same invocation (continuous against whole checkpoints). Each insert
+//! run also reports its commit latency percentiles, its slowest 100 ms
+//! against its mean, and the log in use (what recovery would read after a
+//! crash) sampled every 100 ms.
 //! Never: reports a figure it did not measure in this invocation.
 
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -19,6 +24,7 @@ use clap::Args;
 use dana::io::AlignedBuf;
 use dana::wal::WalStatsSnapshot;
 use dana::{Db, Durability, Options};
+use hdrhistogram::Histogram;
 
 use crate::rng::XorShift;
 use crate::{CliError, CliResult, Context};
@@ -44,10 +50,20 @@ pub struct CommitArgs {
     /// Write-ahead logs (0: one per worker; see `Options::logs`).
     #[arg(long, default_value_t = 1)]
     pub logs: usize,
+    /// Checkpoint shards (`Options::checkpoint_shards`; 1: whole
+    /// checkpoints). The first runs every measurement; each further one
+    /// runs the async and sync inserts again.
+    #[arg(long, value_delimiter = ',', default_value = "8")]
+    pub checkpoint_shards: Vec<usize>,
 }
 
 fn options(a: &CommitArgs, d: Durability) -> Options {
+    options_sharded(a, d, a.checkpoint_shards.first().copied().unwrap_or(8))
+}
+
+fn options_sharded(a: &CommitArgs, d: Durability, shards: usize) -> Options {
     Options::default()
+        .checkpoint_shards(shards)
         .pool_bytes(a.pool_bytes)
         .workers(a.workers)
         .logs(a.logs)
@@ -60,14 +76,26 @@ fn options(a: &CommitArgs, d: Durability) -> Options {
         .durability(d)
 }
 
+/// What one run of [`commit_rate`] saw besides the rate.
+struct RunShape {
+    /// Commit latency, µs (acknowledged commits).
+    latency: Histogram<u64>,
+    /// Commits in the slowest 100 ms window, per second.
+    slowest_window: f64,
+    /// Log in use (redo point to end), sampled every 100 ms: most and mean.
+    in_use_max: u64,
+    in_use_mean: f64,
+}
+
 /// Runs `tasks` tasks committing one-write transactions for `secs`;
-/// returns commits/s, the commits counted and what the log did meanwhile.
+/// returns commits/s, the commits counted, what the log did meanwhile and
+/// the run's shape.
 fn commit_rate(
     db: &Db,
     tasks: usize,
     secs: f64,
     seed: u64,
-) -> CliResult<(f64, u64, WalStatsSnapshot)> {
+) -> CliResult<(f64, u64, WalStatsSnapshot, RunShape)> {
     let tree = db.tree_or_create("t")?;
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
@@ -86,34 +114,71 @@ fn commit_rate(
         let d = db.clone();
         db.spawn(async move {
             let mut r = XorShift::new(seed ^ ((t as u64 + 1) * 7919));
+            let mut lat = latency_histogram();
             while !stop.load(Ordering::Relaxed) {
+                let began = Instant::now();
                 let mut txn = d.begin();
                 let key = r.next_u64().to_be_bytes();
                 let ok =
                     txn.put(&tree, &key, &[7u8; 120]).is_ok() && txn.commit_async().await.is_ok();
                 if ok {
                     done.fetch_add(1, Ordering::Relaxed);
+                    lat.saturating_record(began.elapsed().as_micros() as u64);
                 } else {
                     failed.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            let _ = tx.send(());
+            let _ = tx.send(lat);
         })?;
     }
     drop(tx);
-    std::thread::sleep(Duration::from_secs_f64(secs));
+    // Sample the rate and the log in use every 100 ms.
+    let window = Duration::from_millis(100);
+    let (mut slowest, mut last, mut in_use_max, mut in_use_sum, mut samples) =
+        (f64::INFINITY, 0u64, 0u64, 0u64, 0u64);
+    while started.elapsed().as_secs_f64() + window.as_secs_f64() <= secs {
+        let t0 = Instant::now();
+        std::thread::sleep(window);
+        let now = done.load(Ordering::Relaxed);
+        slowest = slowest.min((now - last) as f64 / t0.elapsed().as_secs_f64());
+        last = now;
+        let in_use = db.wal_stats().map_or(0, |s| s.in_use);
+        in_use_max = in_use_max.max(in_use);
+        in_use_sum += in_use;
+        samples += 1;
+    }
+    let rest = secs - started.elapsed().as_secs_f64();
+    if rest > 0.0 {
+        std::thread::sleep(Duration::from_secs_f64(rest));
+    }
     let n = done.load(Ordering::Relaxed);
     let elapsed = started.elapsed().as_secs_f64();
     let after = db.wal_stats().unwrap_or_default();
     stop.store(true, Ordering::Relaxed);
-    for _ in rx {}
+    let mut latency = latency_histogram();
+    for h in rx {
+        latency
+            .add(&h)
+            .map_err(|e| CliError(format!("merging latencies: {e}")))?;
+    }
     if failed.load(Ordering::Relaxed) > 0 {
         return Err(CliError(format!(
             "{} commits failed",
             failed.load(Ordering::Relaxed)
         )));
     }
-    Ok((n as f64 / elapsed, n, after.since(&before)))
+    let shape = RunShape {
+        latency,
+        slowest_window: if slowest.is_finite() { slowest } else { 0.0 },
+        in_use_max,
+        in_use_mean: in_use_sum as f64 / samples.max(1) as f64,
+    };
+    Ok((n as f64 / elapsed, n, after.since(&before), shape))
+}
+
+/// Commit latencies in µs, 1 µs to 100 s.
+fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 100_000_000, 3).expect("valid histogram bounds")
 }
 
 /// One 4 KiB O_DIRECT write plus fdatasync per commit, for `secs`.
@@ -160,7 +225,7 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
     {
         let db = Db::open(a.path.join("db"), options(a, Durability::Sync))?;
         for &t in &a.tasks {
-            let (rate, n, u) = commit_rate(&db, t, a.seconds, t as u64)?;
+            let (rate, n, u, _) = commit_rate(&db, t, a.seconds, t as u64)?;
             let commits = n.max(1) as f64;
             println!(
                 "{t:>6} {rate:>12.0} {:>10.2} {:>14.1} {:>10.0}",
@@ -172,20 +237,34 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
         db.close()?;
     }
     let t = *a.tasks.iter().max().unwrap_or(&256);
-    println!("inserts with {t} tasks, each insert its own commit:");
+    let first = a.checkpoint_shards.first().copied().unwrap_or(8);
+    println!(
+        "inserts with {t} tasks, each insert its own commit ({first} checkpoint shards unless \
+         said):"
+    );
     let mut off = 0.0;
-    for (name, d) in [
+    let mut runs: Vec<(String, Durability, usize)> = [
         ("off", Durability::Off),
         ("async", Durability::Async),
         ("sync", Durability::Sync),
-    ] {
-        let dir = a.path.join(format!("insert-{name}"));
-        let db = Db::open(&dir, options(a, d))?;
-        let (rate, n, u) = commit_rate(&db, t, a.seconds, 99)?;
+    ]
+    .into_iter()
+    .map(|(n, d)| (n.to_string(), d, first))
+    .collect();
+    for &s in a.checkpoint_shards.iter().skip(1) {
+        runs.push((format!("async, {s} shards"), Durability::Async, s));
+        runs.push((format!("sync, {s} shards"), Durability::Sync, s));
+    }
+    for (name, d, shards) in runs {
+        let dir = a.path.join("insert");
+        let _ = std::fs::remove_dir_all(&dir);
+        let db = Db::open(&dir, options_sharded(a, d, shards))?;
+        let (rate, n, u, shape) = commit_rate(&db, t, a.seconds, 99)?;
         if d == Durability::Off {
             off = rate;
         }
         let n = n.max(1) as f64;
+        let q = |p: f64| shape.latency.value_at_quantile(p);
         println!(
             "  log {name:<5} {rate:>10.0} inserts/s  {:>5.2} of log off  {:>6.0} log bytes/insert \
              (commit records {:.0}, page records {:.0}, full images per 1,000 inserts {:.0}, \
@@ -197,6 +276,17 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
             u.images as f64 * 1000.0 / n,
             u.checkpoints,
             u.admit_waits
+        );
+        println!(
+            "      latency µs p50 {} p99 {} p99.9 {} max {}; slowest 100 ms {:.2} of the mean; \
+             log in use (recovery's read) mean {:.1} MiB, most {:.1} MiB",
+            q(0.5),
+            q(0.99),
+            q(0.999),
+            shape.latency.max(),
+            shape.slowest_window / rate.max(1.0),
+            shape.in_use_mean / (1 << 20) as f64,
+            shape.in_use_max as f64 / (1 << 20) as f64
         );
         db.close()?;
         let _ = std::fs::remove_dir_all(&dir);

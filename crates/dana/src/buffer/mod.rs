@@ -1147,6 +1147,13 @@ impl BufferPool {
     /// Writes back every dirty page and makes the writes durable (one
     /// fdatasync per device). Must run inside a task.
     pub async fn flush_all(&self) -> Result<()> {
+        self.flush_where(|_| true).await
+    }
+
+    /// Writes back every dirty page whose id `chosen` accepts (a
+    /// checkpoint's shard) and makes the writes durable (one fdatasync
+    /// per device). Must run inside a task.
+    pub async fn flush_where(&self, chosen: impl Fn(u64) -> bool) -> Result<()> {
         if let Some(e) = self.poisoned() {
             return Err(e);
         }
@@ -1155,6 +1162,9 @@ impl BufferPool {
             let meta = &self.frames[f as usize];
             loop {
                 let pid = meta.pid.load(Ordering::Acquire);
+                if pid != NO_PAGE && !chosen(pid) {
+                    break;
+                }
                 // A write-back in flight (an eviction's: it cleared the
                 // dirty flag when it started) must complete before the
                 // sync below, or the sync does not cover it: a checkpoint

@@ -80,6 +80,36 @@ pub const INITIAL_LOG_BYTES: u64 = 1 << 20;
 /// The most logs a database has (one per worker).
 pub const MAX_LOGS: usize = 64;
 
+/// Most checkpoint shards ([`crate::Options::checkpoint_shards`]).
+pub const MAX_CHECKPOINT_SHARDS: usize = 64;
+
+/// What one checkpoint covers: every page, or the pages of one shard
+/// (page id modulo the number of shards: continuous checkpointing writes
+/// the dirty pages of one shard at a time, round robin).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointScope {
+    /// Every page (a checkpoint asked for by `Db::checkpoint`, close,
+    /// recovery or a dropped tree).
+    All,
+    /// The pages whose id modulo the shard count is this.
+    Shard(usize),
+}
+
+impl CheckpointScope {
+    /// True if page `pid` is in this scope, of `shards` shards.
+    pub fn holds(self, pid: u64, shards: usize) -> bool {
+        match self {
+            CheckpointScope::All => true,
+            CheckpointScope::Shard(s) => shard_of(pid, shards) == s,
+        }
+    }
+}
+
+/// The checkpoint shard of page `pid`, of `shards`.
+fn shard_of(pid: u64, shards: usize) -> usize {
+    (pid % shards.max(1) as u64) as usize
+}
+
 /// Stream bytes of each of `count` logs sharing `total` (whole control
 /// blocks, at least 1 MiB each).
 pub fn per_log_bytes(total: u64, count: usize) -> u64 {
@@ -166,6 +196,9 @@ pub struct WalStatsSnapshot {
     pub checkpoints: u64,
     /// Times the log file grew (on its first lap).
     pub file_growths: u64,
+    /// Stream bytes from the last checkpoint's redo point to the end,
+    /// summed over the logs: what recovery would read after a crash now.
+    pub in_use: u64,
     /// Every record (and commit) with a GSN below this is durable, in
     /// every log.
     pub durable: u64,
@@ -186,6 +219,7 @@ impl WalStatsSnapshot {
         self.admit_waits += o.admit_waits;
         self.checkpoints += o.checkpoints;
         self.file_growths += o.file_growths;
+        self.in_use += o.in_use;
     }
 
     /// Counters accumulated since `earlier` (`durable` and `end` stay
@@ -207,15 +241,26 @@ impl WalStatsSnapshot {
     }
 }
 
-/// What every log of a database shares: the GSN counter, the bound
+/// What every log of a database shares: the GSN counter, the bounds
 /// below which a page's next change logs a full image, and each log's
 /// durable point, flush request and dependency block.
 pub(crate) struct Shared {
     /// The next GSN to assign.
     next_gsn: AtomicU64,
-    /// A page whose GSN is below this logs a full image at its next
-    /// change (set when a checkpoint begins).
-    fpi_below: AtomicU64,
+    /// Per checkpoint shard: a page of it whose GSN is below this logs a
+    /// full image at its next change (set when a checkpoint of the shard
+    /// begins, under every log's lock).
+    fpi_below: Box<[AtomicU64]>,
+    /// Per checkpoint shard: recovery must re-apply the commits from this
+    /// GSN on for the shard's pages to be whole (its last checkpoint's
+    /// bound, or the oldest commit being applied when it began: that
+    /// commit's changes to the shard's pages may have missed the
+    /// checkpoint's write-back, and they are redone only from its record).
+    redo_floor: Box<[AtomicU64]>,
+    /// Moves with every bound (under every log's lock): a record whose
+    /// pages were encoded against older bounds is encoded again before it
+    /// takes a GSN (`Wal::append_checked`).
+    fpi_epoch: AtomicU64,
     /// Per log: the GSN of its first record not yet durable (u64::MAX:
     /// none). Set under the log's lock.
     unflushed: Box<[AtomicU64]>,
@@ -229,10 +274,17 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(count: usize, next_gsn: u64) -> Arc<Shared> {
+    pub(crate) fn new(count: usize, next_gsn: u64, shards: usize) -> Arc<Shared> {
+        let shards = shards.clamp(1, MAX_CHECKPOINT_SHARDS);
         Arc::new(Shared {
             next_gsn: AtomicU64::new(next_gsn.max(1)),
-            fpi_below: AtomicU64::new(next_gsn.max(1)),
+            fpi_below: (0..shards)
+                .map(|_| AtomicU64::new(next_gsn.max(1)))
+                .collect(),
+            redo_floor: (0..shards)
+                .map(|_| AtomicU64::new(next_gsn.max(1)))
+                .collect(),
+            fpi_epoch: AtomicU64::new(0),
             unflushed: (0..count).map(|_| AtomicU64::new(u64::MAX)).collect(),
             wanted: (0..count).map(|_| AtomicU64::new(0)).collect(),
             blocked: (0..count).map(|_| AtomicBool::new(false)).collect(),
@@ -262,16 +314,56 @@ impl Shared {
         self.next_gsn.load(Ordering::Acquire)
     }
 
-    /// See [`Shared::fpi_below`].
-    pub(crate) fn full_image_below(&self) -> u64 {
-        self.fpi_below.load(Ordering::Acquire)
+    /// Checkpoint shards.
+    pub(crate) fn shards(&self) -> usize {
+        self.fpi_below.len()
     }
 
-    /// From now on, pages changed before now log a full image at their
-    /// next change (a checkpoint began); returns that bound.
-    pub(crate) fn begin_full_images(&self) -> u64 {
+    /// Page `pid` logs a full image at its next change if its GSN is below
+    /// this (see [`Shared::fpi_below`]).
+    pub(crate) fn full_image_below(&self, pid: u64) -> u64 {
+        self.fpi_below[shard_of(pid, self.shards())].load(Ordering::Acquire)
+    }
+
+    /// Where recovery must start re-applying commits for every shard's
+    /// pages to be whole: the lowest redo floor of any shard.
+    pub(crate) fn redo_gsn(&self) -> u64 {
+        self.redo_floor
+            .iter()
+            .map(|b| b.load(Ordering::Acquire))
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// See [`Shared::fpi_epoch`]: read before the bounds a record is
+    /// encoded against.
+    fn fpi_epoch(&self) -> u64 {
+        self.fpi_epoch.load(Ordering::Acquire)
+    }
+
+    /// From now on, pages of `scope` changed before now log a full image
+    /// at their next change (a checkpoint of them began), and their redo
+    /// floor is now or `applying` (the oldest commit being applied, if
+    /// older); returns the bound. The caller holds every log's lock.
+    pub(crate) fn begin_full_images(&self, scope: CheckpointScope, applying: Option<u64>) -> u64 {
         let now = self.next_gsn();
-        self.fpi_below.fetch_max(now, Ordering::AcqRel).max(now)
+        let floor = applying.map_or(now, |a| a.min(now));
+        let shards = self.shards();
+        for s in 0..shards {
+            if scope.holds(s as u64, shards) {
+                self.fpi_below[s].fetch_max(now, Ordering::AcqRel);
+                // Never lower than before: a commit applying now that was
+                // appended before the shard's last checkpoint was applying
+                // then too, and that floor is at or below it.
+                let old = self.redo_floor[s].swap(floor, Ordering::AcqRel);
+                debug_assert!(
+                    old <= floor,
+                    "shard {s}: redo floor {old} moved back to {floor}"
+                );
+            }
+        }
+        self.fpi_epoch.fetch_add(1, Ordering::AcqRel);
+        now
     }
 
     /// Asks every log but `me` to flush its records up to GSN `dep`.
@@ -282,6 +374,21 @@ impl Shared {
             }
         }
     }
+}
+
+/// An append's GSN and the GSN after it, or the record back (its page
+/// entries were encoded against full-image bounds a checkpoint moved).
+pub(crate) type Appended = std::result::Result<(u64, u64), Vec<u8>>;
+
+/// What [`Wal::put_pages`] put into a record.
+pub(crate) struct PutPages {
+    /// Page entries.
+    pub(crate) entries: u32,
+    /// Of which full images.
+    pub(crate) images: u64,
+    /// The full-image bounds the entries were encoded against (None: all
+    /// whole, right whatever the bounds).
+    pub(crate) epoch: Option<u64>,
 }
 
 struct Flushing {
@@ -342,12 +449,21 @@ struct State {
     redo_at: RedoAt,
     /// The running checkpoint's redo GSN (see `LogSet::begin_checkpoint`).
     redo_gsn: u64,
-    /// Each flush since the last checkpoint's redo LSN: where it starts
-    /// and the most GSN it holds (a checkpoint finds where its redo GSN's
-    /// records start among those already sealed).
-    batches: VecDeque<(u64, u64)>,
+    /// Each flush since the last checkpoint's redo LSN: where it starts,
+    /// the most GSN it holds (a checkpoint finds where its redo GSN's
+    /// records start among those already sealed) and its commit records'
+    /// bytes.
+    batches: VecDeque<(u64, u64, u64)>,
+    /// Bytes of the commit records from the redo LSN to the end (sealed
+    /// or not): what recovery would append again to re-apply them (see
+    /// [`Wal::admit`]).
+    commit_bytes: u64,
     /// LSN of the last checkpoint record sealed.
     checkpoint_lsn: u64,
+    /// The stream's end when the last checkpoint began (or the log
+    /// resumed): continuous checkpointing starts the next shard's once the
+    /// log has grown by its share past it.
+    last_begin: u64,
 }
 
 /// One write-ahead log of a database.
@@ -486,7 +602,9 @@ impl Wal {
                 redo_at: RedoAt::Idle,
                 redo_gsn: 0,
                 batches: VecDeque::new(),
+                commit_bytes: 0,
                 checkpoint_lsn: 0,
+                last_begin: resume.end,
             }),
             durable: AtomicU64::new(resume.end),
             flushing_now: AtomicBool::new(false),
@@ -670,6 +788,7 @@ impl Wal {
             admit_waits: l(&self.stats.admit_waits),
             checkpoints: l(&self.stats.checkpoints),
             file_growths: self.growth.as_ref().map_or(0, |g| l(&g.growths)),
+            in_use: self.used(),
             durable: self.durable_below().min(end),
             end,
         }
@@ -677,25 +796,36 @@ impl Wal {
 
     /// Appends a page section to `b`: a count, then one entry per changed
     /// page of `changes` (a difference, or a full image where the rules of
-    /// FORMAT.md ask for one). Returns the entries written.
+    /// FORMAT.md ask for one; every entry whole with `all_full`).
     pub(crate) fn put_pages(
         &self,
         b: &mut record::RecordBuilder,
         changes: &[PageChange<'_>],
-    ) -> u32 {
+        all_full: bool,
+    ) -> PutPages {
+        // Read before the bounds: an append checks it did not move.
+        let epoch = self.shared.fpi_epoch();
         let count_at = b.len();
         b.u32(0);
-        let mut n = 0u32;
-        let mut images = 0;
-        let fpi_below = self.shared.full_image_below();
+        let mut put = PutPages {
+            entries: 0,
+            images: 0,
+            epoch: (!all_full).then_some(epoch),
+        };
         for c in changes {
-            // A new page, the first change since a checkpoint began (a
-            // torn write-back of it can be rebuilt), or a page the pool
-            // kept no copy of (covered changes since its last record are
-            // in no page record, so a difference would not compose at
-            // redo): the whole page.
+            // A new page, the first change since a checkpoint of its shard
+            // began (a torn write-back of it can be rebuilt), or a page
+            // the pool kept no copy of (covered changes since its last
+            // record are in no page record, so a difference would not
+            // compose at redo): the whole page.
             let before = match c.before {
-                Some(b) if !c.fresh && page::page_lsn(c.after) >= fpi_below => Some(b),
+                Some(b)
+                    if !all_full
+                        && !c.fresh
+                        && page::page_lsn(c.after) >= self.shared.full_image_below(c.pid) =>
+                {
+                    Some(b)
+                }
                 _ => None,
             };
             let full = before.is_none();
@@ -708,12 +838,19 @@ impl Wal {
             }
             let flags = if full { record::FULL_IMAGE } else { 0 };
             record::put_page_entry(b, c.pid, flags, c.after, &segs);
-            n += 1;
-            images += u64::from(full);
+            put.entries += 1;
+            put.images += u64::from(full);
         }
-        b.set_u32_at(count_at, n);
-        self.stats.images.fetch_add(images, Ordering::Relaxed);
-        n
+        b.set_u32_at(count_at, put.entries);
+        if put.entries == 0 {
+            put.epoch = None;
+        }
+        put
+    }
+
+    /// Counts the full images of a page section appended.
+    pub(crate) fn count_images(&self, put: &PutPages) {
+        self.stats.images.fetch_add(put.images, Ordering::Relaxed);
     }
 
     /// Appends an unsealed record that depends on the other logs up to GSN
@@ -730,11 +867,37 @@ impl Wal {
     /// Appends a commit record (depending on the other logs up to `dep`)
     /// and registers it as being applied until [`Wal::applied`].
     pub fn append_commit(&self, record: Vec<u8>, dep: u64) -> Result<(u64, u64)> {
-        self.stats.commits.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .commit_bytes
-            .fetch_add(record.len() as u64, Ordering::Relaxed);
-        self.append_inner(record, Queue::Commit, dep)
+        self.append_commit_checked(record, dep, None)?
+            .map_err(|_| Error::Log("a record encoded against no bounds came back stale".into()))
+    }
+
+    /// [`Wal::append_commit`] of a record whose page section was encoded
+    /// against the full-image bounds of `epoch` ([`PutPages::epoch`]): the
+    /// record back, appended nothing, if they moved since.
+    pub(crate) fn append_commit_checked(
+        &self,
+        record: Vec<u8>,
+        dep: u64,
+        epoch: Option<u64>,
+    ) -> Result<Appended> {
+        let len = record.len() as u64;
+        let r = self.append_checked(record, Queue::Commit, dep, epoch)?;
+        if r.is_ok() {
+            self.stats.commits.fetch_add(1, Ordering::Relaxed);
+            self.stats.commit_bytes.fetch_add(len, Ordering::Relaxed);
+        }
+        Ok(r)
+    }
+
+    /// [`Wal::append`] of a page record encoded against the bounds of
+    /// `epoch`: the record back if they moved since.
+    pub(crate) fn append_pages_checked(
+        &self,
+        record: Vec<u8>,
+        dep: u64,
+        epoch: Option<u64>,
+    ) -> Result<Appended> {
+        self.append_checked(record, Queue::Other, dep, epoch)
     }
 
     /// Counts a page record's bytes.
@@ -742,7 +905,26 @@ impl Wal {
         self.stats.page_bytes.fetch_add(n as u64, Ordering::Relaxed);
     }
 
-    fn append_inner(&self, mut record: Vec<u8>, kind: Queue, dep: u64) -> Result<(u64, u64)> {
+    fn append_inner(&self, record: Vec<u8>, kind: Queue, dep: u64) -> Result<(u64, u64)> {
+        self.append_checked(record, kind, dep, None)?
+            .map_err(|_| Error::Log("a record encoded against no bounds came back stale".into()))
+    }
+
+    /// Appends `record` unless its page entries were encoded against the
+    /// full-image bounds of `epoch` and a checkpoint moved them since
+    /// (the record comes back: the caller encodes again). Checked under the log's lock,
+    /// where the record takes its GSN and where a checkpoint moves the
+    /// bounds: a difference encoded before a checkpoint began and
+    /// appended after it would be a page's first record past the
+    /// checkpoint's redo point without being a full image, and a torn
+    /// write-back of the page could not be rebuilt.
+    fn append_checked(
+        &self,
+        mut record: Vec<u8>,
+        kind: Queue,
+        dep: u64,
+        epoch: Option<u64>,
+    ) -> Result<Appended> {
         if let Some(e) = self.poisoned() {
             return Err(e);
         }
@@ -755,6 +937,9 @@ impl Wal {
             });
         }
         let mut st = self.lock();
+        if epoch.is_some_and(|e| e != self.shared.fpi_epoch()) {
+            return Ok(Err(record));
+        }
         let gsn = self.shared.next_gsn.fetch_add(1, Ordering::AcqRel);
         record::set_gsn(&mut record, gsn);
         // A dependency on records the other logs already made durable is
@@ -777,6 +962,7 @@ impl Wal {
         st.since.get_or_insert_with(Instant::now);
         if kind == Queue::Commit {
             st.applying.insert(gsn);
+            st.commit_bytes += len as u64;
         }
         drop(st);
         if dep != 0 {
@@ -786,7 +972,7 @@ impl Wal {
         }
         self.stats.records.fetch_add(1, Ordering::Relaxed);
         self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
-        Ok((gsn, gsn + 1))
+        Ok(Ok((gsn, gsn + 1)))
     }
 
     /// The commit with GSN `gsn` is fully applied to the pages.
@@ -817,8 +1003,9 @@ impl Wal {
 
     /// Admits a commit that may append up to `bytes` (its record and the
     /// page changes of its apply): waits (asking for a checkpoint) until
-    /// the log in use plus every admitted commit's promise plus `bytes`
-    /// fits in three quarters of the log. So however many commits run at
+    /// the log in use, plus its commit records once more (what recovery
+    /// would append again), plus every admitted commit's promise plus
+    /// `bytes` fits in three quarters of the log. So however many commits run at
     /// once, the log never fills with records a checkpoint cannot get
     /// past: a full log could not be flushed, and a checkpoint needs a
     /// flush (the first version admitted whoever came while the log was
@@ -857,10 +1044,10 @@ impl Wal {
             if let Some(e) = self.poisoned() {
                 return Some(Err(e));
             }
-            let (end, used) = {
+            let (end, used, commits) = {
                 let st = self.lock();
                 let end = st.end + st.pending.len() as u64;
-                (end, end - st.redo)
+                (end, end - st.redo, st.commit_bytes)
             };
             if used > self.capacity / 2 {
                 self.request_checkpoint();
@@ -873,7 +1060,10 @@ impl Wal {
                 Some(Err(e)) => return Some(Err(e)),
                 None => return None,
             }
-            if used + cur + bytes > limit {
+            // The commit records in use count twice: after a crash,
+            // recovery appends them again before a checkpoint can move the
+            // redo LSN past them (`recovery::reapply`), and that must fit.
+            if used + commits + cur + bytes > limit {
                 return None;
             }
             if self
@@ -954,12 +1144,19 @@ impl Wal {
             return false;
         }
         let mut guard = self.lock();
-        // A quarter of the log in use asks for a checkpoint, unless one is
+        // A quarter of the log in use asks for a checkpoint, and so does
+        // each share of it (a quarter over the shards) appended since the
+        // last one began: continuous checkpointing writes one shard's
+        // pages each time, so that the redo point keeps about a quarter of
+        // the log behind the end without a burst of writes. Unless one is
         // running (it frees the log only when it finishes; asking again
         // would start a second one right after it).
+        let end = guard.end + guard.pending.len() as u64;
+        let quarter = self.capacity / 4;
         if !self.checkpoint_wanted.load(Ordering::Acquire)
             && !self.in_checkpoint.load(Ordering::Acquire)
-            && guard.end + guard.pending.len() as u64 - guard.redo > self.capacity / 4
+            && (end - guard.redo > quarter
+                || end - guard.last_begin > quarter / self.shared.shards() as u64)
         {
             drop(guard);
             self.request_checkpoint();
@@ -1031,7 +1228,14 @@ impl Wal {
         }
         // Seal the records taken at their places in the stream.
         let batch_max = st.queue.get(n - 1).map_or(0, |q| q.gsn);
-        st.batches.push_back((st.end, batch_max));
+        let batch_commits = st
+            .queue
+            .iter()
+            .take(n)
+            .filter(|q| q.kind == Queue::Commit)
+            .map(|q| q.len as u64)
+            .sum();
+        st.batches.push_back((st.end, batch_max, batch_commits));
         let mut data = if n == st.queue.len() {
             std::mem::take(&mut st.pending)
         } else {
@@ -1180,9 +1384,10 @@ impl Wal {
     fn begin_checkpoint_in(&self, st: &mut State, g: u64) {
         self.checkpoint_wanted.store(false, Ordering::Release);
         self.in_checkpoint.store(true, Ordering::Release);
+        st.last_begin = st.end + st.pending.len() as u64;
         st.redo_gsn = g;
         st.redo_at = match st.batches.iter().find(|b| b.1 >= g) {
-            Some(&(start, _)) => RedoAt::Fixed(start),
+            Some(&(start, _, _)) => RedoAt::Fixed(start),
             None => RedoAt::Watch(None),
         };
     }
@@ -1235,7 +1440,9 @@ impl Wal {
         st.redo_at = RedoAt::Idle;
         // Flushes wholly before the redo LSN are no longer needed.
         while st.batches.get(1).is_some_and(|b| b.0 <= st.redo) {
-            st.batches.pop_front();
+            if let Some((_, _, commits)) = st.batches.pop_front() {
+                st.commit_bytes -= commits;
+            }
         }
         drop(st);
         self.in_checkpoint.store(false, Ordering::Release);
@@ -1296,7 +1503,11 @@ mod tests {
     use crate::wal::record::{self, Write};
 
     fn logs(n: usize) -> Arc<LogSet> {
-        let shared = Shared::new(n, 1);
+        sharded_logs(n, 1)
+    }
+
+    fn sharded_logs(n: usize, shards: usize) -> Arc<LogSet> {
+        let shared = Shared::new(n, 1, shards);
         let logs = (0..n)
             .map(|i| {
                 Wal::new(
@@ -1382,7 +1593,7 @@ mod tests {
         let (slow, _) = a.append_commit(commit(), 0).unwrap();
         let (_, end) = b.append_commit(commit(), 0).unwrap();
         b.applied(end - 1);
-        set.begin_checkpoint();
+        set.begin_checkpoint(CheckpointScope::All);
         for l in [a, b] {
             let st = l.lock();
             assert_eq!(
@@ -1394,9 +1605,9 @@ mod tests {
         }
         // Once a flush holding records from that GSN on is sealed, it pins
         // its log's redo LSN.
-        a.lock().batches.push_back((4096, slow));
-        b.lock().batches.push_back((2048, slow - 1));
-        set.begin_checkpoint();
+        a.lock().batches.push_back((4096, slow, 0));
+        b.lock().batches.push_back((2048, slow - 1, 0));
+        set.begin_checkpoint(CheckpointScope::All);
         assert_eq!(a.lock().redo_at, RedoAt::Fixed(4096));
         let st = b.lock();
         assert_eq!(
@@ -1406,11 +1617,142 @@ mod tests {
         );
         drop(st);
         assert!(
-            set.full_image_below() >= end,
+            set.full_image_below(7) >= end,
             "pages changed up to the newest GSN ({end}) must log a full image at their next \
              change, but only those below {} do",
-            set.full_image_below()
+            set.full_image_below(7)
         );
+    }
+
+    /// A checkpoint of one shard moves that shard's full-image bound only,
+    /// and its redo GSN is the oldest bound of any shard: the pages of the
+    /// other shards may hold changes since their own bounds logged as
+    /// differences, which recovery must read from there.
+    #[test]
+    fn a_shard_checkpoint_moves_its_bound_and_redoes_from_the_oldest() {
+        let set = sharded_logs(1, 4);
+        let l = &set.logs()[0];
+        let start = set.full_image_below(0);
+        let advance = || {
+            let (g, _) = l.append_commit(commit(), 0).unwrap();
+            l.applied(g);
+        };
+        advance();
+        let b2 = set.begin_checkpoint(CheckpointScope::Shard(2));
+        assert!(b2 > start);
+        assert_eq!(set.full_image_below(6), b2, "page 6 is in shard 2");
+        assert_eq!(
+            set.full_image_below(5),
+            start,
+            "page 5 (shard 1) keeps its bound"
+        );
+        assert_eq!(
+            l.lock().redo_gsn,
+            start,
+            "shards 0, 1 and 3 are still at the start"
+        );
+        for s in [0, 1, 3] {
+            advance();
+            set.begin_checkpoint(CheckpointScope::Shard(s));
+        }
+        assert_eq!(
+            l.lock().redo_gsn,
+            b2,
+            "every shard checkpointed once: the oldest bound is shard 2's"
+        );
+        assert!(CheckpointScope::Shard(1).holds(9, 4) && !CheckpointScope::Shard(1).holds(10, 4));
+    }
+
+    /// A commit still being applied when its shard's checkpoint began may
+    /// have changed a page of that shard after the checkpoint's
+    /// write-back passed it, in no page record: the redo GSN stays at or
+    /// before that commit until the shard is checkpointed again, however
+    /// many other shards are checkpointed after the commit is applied.
+    /// (With the redo GSN taken as the oldest shard bound alone, the
+    /// second round below moved it past the commit, and a crash would
+    /// lose its change.)
+    #[test]
+    fn a_commit_applying_when_its_shard_was_checkpointed_stays_redone_until_the_next_round() {
+        let set = sharded_logs(1, 2);
+        let l = &set.logs()[0];
+        let (slow, _) = l.append_commit(commit(), 0).unwrap();
+        set.begin_checkpoint(CheckpointScope::Shard(0));
+        l.applied(slow);
+        for _ in 0..3 {
+            let (g, _) = l.append_commit(commit(), 0).unwrap();
+            l.applied(g);
+        }
+        set.begin_checkpoint(CheckpointScope::Shard(1));
+        assert!(
+            l.lock().redo_gsn <= slow,
+            "shard 0's pages may lack the commit {slow}: recovery must re-apply it"
+        );
+        set.begin_checkpoint(CheckpointScope::Shard(0));
+        assert!(
+            l.lock().redo_gsn > slow,
+            "both shards written back since it was applied"
+        );
+    }
+
+    /// A page record encoded against the full-image bounds before a
+    /// checkpoint began comes back when appended after: its differences
+    /// would be the first records of their pages past the checkpoint's
+    /// redo point, and a torn write-back could not be rebuilt from them.
+    /// Encoded again whole, it is appended.
+    #[test]
+    fn a_record_encoded_before_a_checkpoint_began_is_encoded_again_whole() {
+        let set = logs(1);
+        let l = &set.logs()[0];
+        let mut before = vec![0u8; 4096];
+        page::init_page(&mut before, 3, page::PageType::Leaf);
+        page::set_page_lsn(&mut before, set.next_gsn());
+        let mut after = before.clone();
+        after[100] = 7;
+        let change = [PageChange {
+            pid: 3,
+            before: Some(&before),
+            after: &after,
+            fresh: false,
+        }];
+        let mut b = record::RecordBuilder::new(record::Kind::Pages);
+        let put = l.put_pages(&mut b, &change, false);
+        assert_eq!((put.entries, put.images), (1, 0), "a difference");
+        let (g, _) = l.append_commit(commit(), 0).unwrap();
+        l.applied(g);
+        set.begin_checkpoint(CheckpointScope::All);
+        let stale = l
+            .append_pages_checked(b.into_unsealed(), 0, put.epoch)
+            .unwrap();
+        assert!(stale.is_err(), "the bounds moved: the record comes back");
+        let mut b = record::RecordBuilder::new(record::Kind::Pages);
+        let put = l.put_pages(&mut b, &change, false);
+        assert_eq!(
+            (put.entries, put.images),
+            (1, 1),
+            "now the page's first change since"
+        );
+        assert!(l
+            .append_pages_checked(b.into_unsealed(), 0, put.epoch)
+            .unwrap()
+            .is_ok());
+        // Through the log set: appended, as a full image.
+        set.begin_checkpoint(CheckpointScope::All);
+        let images = l.stats().images;
+        let mut after2 = after.clone();
+        page::set_page_lsn(&mut after2, set.next_gsn() - 1);
+        after2[200] = 9;
+        let change = [PageChange {
+            pid: 3,
+            before: Some(&after),
+            after: &after2,
+            fresh: false,
+        }];
+        assert!(
+            crate::buffer::page_log::PageLog::log_changes(&*set, &change)
+                .unwrap()
+                .is_some()
+        );
+        assert_eq!(l.stats().images, images + 1);
     }
 
     /// A record that depends on another log's records not yet durable is

@@ -141,6 +141,11 @@ impl RecordBuilder {
         self.buf[at..at + 4].copy_from_slice(&v.to_le_bytes());
     }
 
+    /// Drops what was built past byte `len` (a section to encode again).
+    pub fn truncate(&mut self, len: usize) {
+        self.buf.truncate(len.max(HEADER));
+    }
+
     /// Bytes so far (header included, padding not).
     pub fn len(&self) -> usize {
         self.buf.len()

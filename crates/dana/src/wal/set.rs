@@ -22,7 +22,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{record, Shared, Wal, WalStatsSnapshot};
+use super::{record, CheckpointScope, Shared, Wal, WalStatsSnapshot};
 use crate::buffer::page;
 use crate::buffer::page_log::{PageChange, PageLog};
 use crate::io::Completion;
@@ -38,9 +38,10 @@ pub struct LogSet {
 }
 
 impl LogSet {
-    /// The shared state for `count` logs whose GSNs start at `next_gsn`.
-    pub(crate) fn shared(count: usize, next_gsn: u64) -> Arc<Shared> {
-        Shared::new(count, next_gsn)
+    /// The shared state for `count` logs whose GSNs start at `next_gsn`,
+    /// checkpointed in `shards` shards.
+    pub(crate) fn shared(count: usize, next_gsn: u64, shards: usize) -> Arc<Shared> {
+        Shared::new(count, next_gsn, shards)
     }
 
     /// The set of `logs` (log `i` at index `i`) sharing `shared`, flushed
@@ -94,30 +95,40 @@ impl LogSet {
         self.shared.durable_below().min(self.next_gsn())
     }
 
-    /// A page whose GSN is below this logs a full image at its next change.
-    pub fn full_image_below(&self) -> u64 {
-        self.shared.full_image_below()
+    /// Page `pid` logs a full image at its next change if its GSN is
+    /// below this.
+    pub fn full_image_below(&self, pid: u64) -> u64 {
+        self.shared.full_image_below(pid)
     }
 
-    /// Starts a checkpoint in every log and, from now on, makes every page
-    /// changed before now log a full image at its next change; returns
-    /// that bound (a GSN). Under every log's lock at once: the bound
-    /// moves, and the checkpoint's redo GSN is picked: the bound, or the
-    /// oldest commit any log is still applying (its covered changes are
-    /// redone only from its record). Every log's redo point then lies at
-    /// or before its first record with a GSN from the redo GSN on, so
-    /// every record past the bound lies past its log's redo point (the
-    /// first change of a page after the checkpoint began, a full image,
-    /// is where recovery will read) and recovery re-applies one suffix of
-    /// the commits of all logs.
-    pub(crate) fn begin_checkpoint(&self) -> u64 {
+    /// Checkpoint shards (continuous checkpointing writes one at a time).
+    pub fn checkpoint_shards(&self) -> usize {
+        self.shared.shards()
+    }
+
+    /// Starts a checkpoint of `scope` in every log and, from now on, makes
+    /// every page of `scope` changed before now log a full image at its
+    /// next change; returns that bound (a GSN). Under every log's lock at
+    /// once: the bounds move, and the checkpoint's redo GSN is picked:
+    /// the lowest redo floor of any shard. A shard's floor is its last
+    /// checkpoint's bound, or the oldest commit any log was still applying
+    /// then (its covered changes are redone only from its record, and may
+    /// have missed that checkpoint's write-back); the floor of a shard
+    /// checkpointed longer ago is older, and its pages may hold changes
+    /// since then logged as differences or covered. Every log's redo point
+    /// then lies at or before its first record with a GSN from the redo
+    /// GSN on, so every record past any shard's bound lies past its log's
+    /// redo point (the first change of a page after its shard's checkpoint
+    /// began, a full image, is where recovery will read) and recovery
+    /// re-applies one suffix of the commits of all logs.
+    pub(crate) fn begin_checkpoint(&self, scope: CheckpointScope) -> u64 {
         let mut states: Vec<_> = self.logs.iter().map(|l| l.lock()).collect();
-        let bound = self.shared.begin_full_images();
-        let g = states
+        let applying = states
             .iter()
             .filter_map(|st| Wal::oldest_applying(st))
-            .min()
-            .map_or(bound, |a| a.min(bound));
+            .min();
+        let bound = self.shared.begin_full_images(scope, applying);
+        let g = self.shared.redo_gsn();
         for (l, st) in self.logs.iter().zip(states.iter_mut()) {
             l.begin_checkpoint_in(st, g);
         }
@@ -181,14 +192,25 @@ impl LogSet {
             .unwrap_or(0)
     }
 
+    /// Logs `changes` in one page record; a second encoding, all whole,
+    /// if a checkpoint moved the full-image bounds in between (see
+    /// `Wal::append_checked`; whole pages are right whatever the bounds).
     fn append_pages(&self, log: &Wal, changes: &[PageChange<'_>], dep: u64) -> Result<Option<u64>> {
-        let mut b = record::RecordBuilder::new(record::Kind::Pages);
-        if log.put_pages(&mut b, changes) == 0 {
-            return Ok(None);
+        for all_full in [false, true] {
+            let mut b = record::RecordBuilder::new(record::Kind::Pages);
+            let put = log.put_pages(&mut b, changes, all_full);
+            if put.entries == 0 {
+                return Ok(None);
+            }
+            let rec = b.into_unsealed();
+            let len = rec.len();
+            if let Ok((gsn, _)) = log.append_pages_checked(rec, dep, put.epoch)? {
+                log.count_page_bytes(len);
+                log.count_images(&put);
+                return Ok(Some(gsn));
+            }
         }
-        let rec = b.into_unsealed();
-        log.count_page_bytes(rec.len());
-        log.append(rec, dep).map(|(gsn, _)| Some(gsn))
+        Err(Error::Log("a record of whole pages came back stale".into()))
     }
 }
 
@@ -204,13 +226,34 @@ impl PageLog for LogSet {
         dep: u64,
     ) -> Result<(u64, u64)> {
         let log = self.local();
+        let dep = dep.max(Self::dep_of(changes));
         let mut b = record::RecordBuilder::from_raw(commit, record::Kind::Commit)?;
-        log.put_pages(&mut b, changes);
-        log.append_commit(b.into_unsealed(), dep.max(Self::dep_of(changes)))
+        let raw_len = b.len();
+        // As `append_pages`: whole pages the second time.
+        for all_full in [false, true] {
+            let put = log.put_pages(&mut b, changes, all_full);
+            match log.append_commit_checked(b.into_unsealed(), dep, put.epoch)? {
+                Ok(r) => {
+                    log.count_images(&put);
+                    return Ok(r);
+                }
+                Err(stale) => {
+                    b = record::RecordBuilder::from_raw(stale, record::Kind::Commit)?;
+                    b.truncate(raw_len);
+                }
+            }
+        }
+        Err(Error::Log("a record of whole pages came back stale".into()))
     }
 
     fn log_covered(&self, pid: u64, page: &[u8], cover: u64) -> Result<Option<u64>> {
-        if page::page_lsn(page) >= self.full_image_below() {
+        // Checked outside the log's lock: if a checkpoint of this page's
+        // shard begins right after, the covering commit is one it sees
+        // applying (its record came first), so the checkpoint's redo GSN
+        // is at or before it and the page, dirty with the change, is
+        // written back by the checkpoint before its control block names
+        // it; the page's next change logs an image.
+        if page::page_lsn(page) >= self.full_image_below(pid) {
             return Ok(None);
         }
         let change = PageChange {
