@@ -390,9 +390,10 @@ impl Options {
 
     /// Bytes of the circular logs, split evenly among them (default 64
     /// MiB; a multiple of 4 KiB; at least 1 MiB per log; at most
-    /// [`crate::wal::recover::MAX_LOG_BYTES`] each). A checkpoint starts
-    /// when a quarter of a log is in use (continuously: see
-    /// [`Options::checkpoint_shards`]).
+    /// [`crate::wal::recover::MAX_LOG_BYTES`] each). A checkpoint of one
+    /// shard of the pages starts each time a quarter of a log over the
+    /// shards has been appended, so the redo point stays about a quarter
+    /// of the log behind its end (see [`Options::checkpoint_shards`]).
     ///
     /// ```
     /// assert_eq!(dana::Options::default().log_bytes_value(), 64 << 20);

@@ -126,16 +126,17 @@ pub(crate) fn prepare_logs(
 /// records still to re-apply pass three quarters of it, those records are
 /// appended again at the log end and a checkpoint moves the redo LSN to
 /// the first of them: everything before is on the pages, and the log is
-/// back to those commit records. (Admission counted the commit records in
+/// back to those commit records. Admission counted the commit records in
 /// use twice for this: they and the log in use fit in three quarters when
-/// the crash came. The first version appended them again only once the log
-/// was three quarters full, and with continuous checkpoints a 32-committer
-/// crash run's open filled the log that way and hung.) (The
-/// first version re-applied everything in one go: with 32 committers a
-/// crashed run's commits needed more log than there was, the log could not
-/// be flushed, and the open hung. Checkpoints with the redo LSN at the
-/// next old commit freed too little: the new records sit after the old
-/// ones.)
+/// the crash came, so appending them again fits, and leaves them about
+/// three eighths of the log at most, so the next time fits too. (An
+/// earlier version appended them again only once the log was three
+/// quarters full: with continuous checkpoints a 32-committer crash run's
+/// open filled the log that way and hung. The first version re-applied
+/// everything in one go: with 32 committers a crashed run's commits
+/// needed more log than there was, the log could not be flushed, and the
+/// open hung. Checkpoints with the redo LSN at the next old commit freed
+/// too little: the new records sit after the old ones.)
 pub(crate) async fn reapply(
     pool: &Arc<BufferPool>,
     wal: Option<&Arc<LogSet>>,
@@ -155,15 +156,13 @@ pub(crate) async fn reapply(
             rest[i] = rest[i + 1] + record::commit(&commits[i].1).into_unsealed().len() as u64;
         }
     }
-    let mut appended_at = None;
     for i in 0..commits.len() {
         if let (Some(set), Some(w)) = (
             wal,
             local
                 .as_ref()
-                .filter(|w| appended_at != Some(i) && w.used() + rest[i] > w.capacity() / 4 * 3),
+                .filter(|w| w.used() + rest[i] > w.capacity() / 4 * 3),
         ) {
-            appended_at = Some(i);
             for j in i..commits.len() {
                 let (lsn, _) = w.append_commit(record::commit(&commits[j].1).into_unsealed(), 0)?;
                 if registered {

@@ -7,8 +7,8 @@
 //! fdatasync per commit on a file in the same directory (what a commit
 //! costs without group commit). (2) Inserts per second by the same tasks
 //! with the log off, async and sync, so the log's cost shows as a ratio;
-//! then async and sync again for each further checkpoint shard count asked, in the
-//! same invocation (continuous against whole checkpoints). Each insert
+//! then async and sync again for each further checkpoint shard count
+//! asked, in the same invocation (continuous against whole checkpoints). Each insert
 //! run also reports its commit latency percentiles, its slowest 100 ms
 //! against its mean, and the log in use (what recovery would read after a
 //! crash) sampled every 100 ms.

@@ -378,17 +378,17 @@ impl Shared {
 
 /// An append's GSN and the GSN after it, or the record back (its page
 /// entries were encoded against full-image bounds a checkpoint moved).
-pub(crate) type Appended = std::result::Result<(u64, u64), Vec<u8>>;
+type Appended = std::result::Result<(u64, u64), Vec<u8>>;
 
 /// What [`Wal::put_pages`] put into a record.
-pub(crate) struct PutPages {
+struct PutPages {
     /// Page entries.
-    pub(crate) entries: u32,
+    entries: u32,
     /// Of which full images.
-    pub(crate) images: u64,
+    images: u64,
     /// The full-image bounds the entries were encoded against (None: all
     /// whole, right whatever the bounds).
-    pub(crate) epoch: Option<u64>,
+    epoch: Option<u64>,
 }
 
 struct Flushing {
@@ -797,7 +797,7 @@ impl Wal {
     /// Appends a page section to `b`: a count, then one entry per changed
     /// page of `changes` (a difference, or a full image where the rules of
     /// FORMAT.md ask for one; every entry whole with `all_full`).
-    pub(crate) fn put_pages(
+    fn put_pages(
         &self,
         b: &mut record::RecordBuilder,
         changes: &[PageChange<'_>],
@@ -848,11 +848,6 @@ impl Wal {
         put
     }
 
-    /// Counts the full images of a page section appended.
-    pub(crate) fn count_images(&self, put: &PutPages) {
-        self.stats.images.fetch_add(put.images, Ordering::Relaxed);
-    }
-
     /// Appends an unsealed record that depends on the other logs up to GSN
     /// `dep` (0: on nothing); returns its GSN and the GSN after it.
     pub fn append(&self, record: Vec<u8>, dep: u64) -> Result<(u64, u64)> {
@@ -867,42 +862,70 @@ impl Wal {
     /// Appends a commit record (depending on the other logs up to `dep`)
     /// and registers it as being applied until [`Wal::applied`].
     pub fn append_commit(&self, record: Vec<u8>, dep: u64) -> Result<(u64, u64)> {
-        self.append_commit_checked(record, dep, None)?
-            .map_err(|_| Error::Log("a record encoded against no bounds came back stale".into()))
+        self.append_inner(record, Queue::Commit, dep)
     }
 
-    /// [`Wal::append_commit`] of a record whose page section was encoded
-    /// against the full-image bounds of `epoch` ([`PutPages::epoch`]): the
-    /// record back, appended nothing, if they moved since.
-    pub(crate) fn append_commit_checked(
+    /// Appends a page record of `changes` (None if no page changed);
+    /// returns its GSN.
+    pub(crate) fn append_pages(&self, changes: &[PageChange<'_>], dep: u64) -> Result<Option<u64>> {
+        let b = record::RecordBuilder::new(record::Kind::Pages);
+        let r = self.append_with_pages(b, record::Kind::Pages, changes, dep)?;
+        Ok(r.map(|(gsn, _)| gsn))
+    }
+
+    /// Appends the commit record `commit` (built up to its page section)
+    /// with the page section of `changes`, as [`Wal::append_commit`].
+    pub(crate) fn append_commit_with_pages(
         &self,
-        record: Vec<u8>,
+        commit: Vec<u8>,
+        changes: &[PageChange<'_>],
         dep: u64,
-        epoch: Option<u64>,
-    ) -> Result<Appended> {
-        let len = record.len() as u64;
-        let r = self.append_checked(record, Queue::Commit, dep, epoch)?;
-        if r.is_ok() {
-            self.stats.commits.fetch_add(1, Ordering::Relaxed);
-            self.stats.commit_bytes.fetch_add(len, Ordering::Relaxed);
+    ) -> Result<(u64, u64)> {
+        let b = record::RecordBuilder::from_raw(commit, record::Kind::Commit)?;
+        self.append_with_pages(b, record::Kind::Commit, changes, dep)?
+            .ok_or_else(|| Error::Log("a commit record was not appended".into()))
+    }
+
+    /// Appends `b` (a record of `kind` built up to its page section) with
+    /// the page section of `changes`: encoded once more, every page whole,
+    /// if a checkpoint moved the full-image bounds between the encoding
+    /// and the append (see `Wal::append_checked`; whole pages are right
+    /// whatever the bounds). A page record with no page changed is not
+    /// appended (None).
+    fn append_with_pages(
+        &self,
+        mut b: record::RecordBuilder,
+        kind: record::Kind,
+        changes: &[PageChange<'_>],
+        dep: u64,
+    ) -> Result<Option<(u64, u64)>> {
+        let queue = match kind {
+            record::Kind::Commit => Queue::Commit,
+            _ => Queue::Other,
+        };
+        let head = b.len();
+        for all_full in [false, true] {
+            let put = self.put_pages(&mut b, changes, all_full);
+            if put.entries == 0 && queue == Queue::Other {
+                return Ok(None);
+            }
+            let rec = b.into_unsealed();
+            let len = rec.len() as u64;
+            match self.append_checked(rec, queue, dep, put.epoch)? {
+                Ok(r) => {
+                    self.stats.images.fetch_add(put.images, Ordering::Relaxed);
+                    if queue == Queue::Other {
+                        self.stats.page_bytes.fetch_add(len, Ordering::Relaxed);
+                    }
+                    return Ok(Some(r));
+                }
+                Err(stale) => {
+                    b = record::RecordBuilder::from_raw(stale, kind)?;
+                    b.truncate(head);
+                }
+            }
         }
-        Ok(r)
-    }
-
-    /// [`Wal::append`] of a page record encoded against the bounds of
-    /// `epoch`: the record back if they moved since.
-    pub(crate) fn append_pages_checked(
-        &self,
-        record: Vec<u8>,
-        dep: u64,
-        epoch: Option<u64>,
-    ) -> Result<Appended> {
-        self.append_checked(record, Queue::Other, dep, epoch)
-    }
-
-    /// Counts a page record's bytes.
-    pub(crate) fn count_page_bytes(&self, n: usize) {
-        self.stats.page_bytes.fetch_add(n as u64, Ordering::Relaxed);
+        Err(Error::Log("a record of whole pages came back stale".into()))
     }
 
     fn append_inner(&self, record: Vec<u8>, kind: Queue, dep: u64) -> Result<(u64, u64)> {
@@ -911,10 +934,10 @@ impl Wal {
     }
 
     /// Appends `record` unless its page entries were encoded against the
-    /// full-image bounds of `epoch` and a checkpoint moved them since
-    /// (the record comes back: the caller encodes again). Checked under the log's lock,
-    /// where the record takes its GSN and where a checkpoint moves the
-    /// bounds: a difference encoded before a checkpoint began and
+    /// full-image bounds of `epoch` and a checkpoint moved them since (the
+    /// record comes back: the caller encodes again). Checked under the
+    /// log's lock, where the record takes its GSN and where a checkpoint
+    /// moves the bounds: a difference encoded before a checkpoint began and
     /// appended after it would be a page's first record past the
     /// checkpoint's redo point without being a full image, and a torn
     /// write-back of the page could not be rebuilt.
@@ -965,6 +988,12 @@ impl Wal {
             st.commit_bytes += len as u64;
         }
         drop(st);
+        if kind == Queue::Commit {
+            self.stats.commits.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .commit_bytes
+                .fetch_add(len as u64, Ordering::Relaxed);
+        }
         if dep != 0 {
             // The logs this record waits for flush without waiting for
             // their own windows.
@@ -1005,8 +1034,8 @@ impl Wal {
     /// page changes of its apply): waits (asking for a checkpoint) until
     /// the log in use, plus its commit records once more (what recovery
     /// would append again), plus every admitted commit's promise plus
-    /// `bytes` fits in three quarters of the log. So however many commits run at
-    /// once, the log never fills with records a checkpoint cannot get
+    /// `bytes` fits in three quarters of the log. So however many commits
+    /// run at once, the log never fills with records a checkpoint cannot get
     /// past: a full log could not be flushed, and a checkpoint needs a
     /// flush (the first version admitted whoever came while the log was
     /// under half full; 32 committers overran it). A promise larger than
@@ -1355,9 +1384,11 @@ impl Wal {
 
     // ---- checkpoints ----------------------------------------------------
 
-    /// True when a checkpoint should run: the flush step saw a quarter of
-    /// the log in use, or a commit short of space asked (one atomic load:
-    /// every worker's checkpoint step asks every round).
+    /// True when a checkpoint should run: the flush step saw a share of the
+    /// log (a quarter over the checkpoint shards) appended since the last
+    /// one began or a quarter of it in use, or a commit short of space
+    /// asked (one atomic load: every worker's checkpoint step asks every
+    /// round).
     pub fn checkpoint_due(&self) -> bool {
         self.checkpoint_wanted.load(Ordering::Acquire)
     }
@@ -1721,7 +1752,7 @@ mod tests {
         l.applied(g);
         set.begin_checkpoint(CheckpointScope::All);
         let stale = l
-            .append_pages_checked(b.into_unsealed(), 0, put.epoch)
+            .append_checked(b.into_unsealed(), Queue::Other, 0, put.epoch)
             .unwrap();
         assert!(stale.is_err(), "the bounds moved: the record comes back");
         let mut b = record::RecordBuilder::new(record::Kind::Pages);
@@ -1732,7 +1763,7 @@ mod tests {
             "now the page's first change since"
         );
         assert!(l
-            .append_pages_checked(b.into_unsealed(), 0, put.epoch)
+            .append_checked(b.into_unsealed(), Queue::Other, 0, put.epoch)
             .unwrap()
             .is_ok());
         // Through the log set: appended, as a full image.

@@ -22,7 +22,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{record, CheckpointScope, Shared, Wal, WalStatsSnapshot};
+use super::{CheckpointScope, Shared, Wal, WalStatsSnapshot};
 use crate::buffer::page;
 use crate::buffer::page_log::{PageChange, PageLog};
 use crate::io::Completion;
@@ -191,32 +191,11 @@ impl LogSet {
             .max()
             .unwrap_or(0)
     }
-
-    /// Logs `changes` in one page record; a second encoding, all whole,
-    /// if a checkpoint moved the full-image bounds in between (see
-    /// `Wal::append_checked`; whole pages are right whatever the bounds).
-    fn append_pages(&self, log: &Wal, changes: &[PageChange<'_>], dep: u64) -> Result<Option<u64>> {
-        for all_full in [false, true] {
-            let mut b = record::RecordBuilder::new(record::Kind::Pages);
-            let put = log.put_pages(&mut b, changes, all_full);
-            if put.entries == 0 {
-                return Ok(None);
-            }
-            let rec = b.into_unsealed();
-            let len = rec.len();
-            if let Ok((gsn, _)) = log.append_pages_checked(rec, dep, put.epoch)? {
-                log.count_page_bytes(len);
-                log.count_images(&put);
-                return Ok(Some(gsn));
-            }
-        }
-        Err(Error::Log("a record of whole pages came back stale".into()))
-    }
 }
 
 impl PageLog for LogSet {
     fn log_changes(&self, changes: &[PageChange<'_>]) -> Result<Option<u64>> {
-        self.append_pages(self.local(), changes, Self::dep_of(changes))
+        self.local().append_pages(changes, Self::dep_of(changes))
     }
 
     fn log_commit(
@@ -225,25 +204,8 @@ impl PageLog for LogSet {
         changes: &[PageChange<'_>],
         dep: u64,
     ) -> Result<(u64, u64)> {
-        let log = self.local();
         let dep = dep.max(Self::dep_of(changes));
-        let mut b = record::RecordBuilder::from_raw(commit, record::Kind::Commit)?;
-        let raw_len = b.len();
-        // As `append_pages`: whole pages the second time.
-        for all_full in [false, true] {
-            let put = log.put_pages(&mut b, changes, all_full);
-            match log.append_commit_checked(b.into_unsealed(), dep, put.epoch)? {
-                Ok(r) => {
-                    log.count_images(&put);
-                    return Ok(r);
-                }
-                Err(stale) => {
-                    b = record::RecordBuilder::from_raw(stale, record::Kind::Commit)?;
-                    b.truncate(raw_len);
-                }
-            }
-        }
-        Err(Error::Log("a record of whole pages came back stale".into()))
+        self.local().append_commit_with_pages(commit, changes, dep)
     }
 
     fn log_covered(&self, pid: u64, page: &[u8], cover: u64) -> Result<Option<u64>> {
@@ -264,7 +226,7 @@ impl PageLog for LogSet {
         };
         // The image holds the covering commit's change too.
         let dep = page::page_lsn(page).max(cover);
-        self.append_pages(self.local(), &[change], dep)
+        self.local().append_pages(&[change], dep)
     }
 
     fn durable(&self) -> u64 {
