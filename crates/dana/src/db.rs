@@ -1119,6 +1119,17 @@ impl Tree {
         self.btree.get_versioned(key).await
     }
 
+    /// Runs `fut` on a worker and waits for it, from any thread but a
+    /// worker (a transaction's blocking reads).
+    pub(crate) fn block_on<T, F>(&self, fut: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T>> + Send + 'static,
+    {
+        self.live(false)?;
+        self.db.block_on(fut)?
+    }
+
     /// [`Tree::get_versioned_async`] from any thread.
     pub(crate) fn get_versioned(&self, key: &[u8]) -> Result<(Option<Vec<u8>>, u64)> {
         let key = key.to_vec();

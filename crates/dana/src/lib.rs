@@ -15,6 +15,8 @@
 //! - [`wal`]: the write-ahead log, group commit, checkpoints and recovery.
 //! - [`txn`]: the commit protocol: key locks, validation, reservations,
 //!   the commit record, apply.
+//! - [`validate`]: serializable transactions: read sets validated at
+//!   commit against the trees and the commits in flight.
 //! - [`transaction`]: the public transaction over one or more trees.
 //! - [`iter`]: the streaming, double-ended iterator over a key range.
 //! - [`catalog`]: creating and dropping trees without leaking a page.
@@ -44,6 +46,7 @@ mod start;
 pub mod stats;
 pub mod transaction;
 pub mod txn;
+pub mod validate;
 pub mod wal;
 
 pub use buffer::EvictionPolicy;
@@ -52,4 +55,5 @@ pub use error::{Error, OpKind, Result};
 pub use iter::Iter;
 pub use options::{Options, INITIAL_DATA_BYTES};
 pub use transaction::Transaction;
+pub use validate::Isolation;
 pub use wal::Durability;

@@ -23,6 +23,7 @@ use crate::open::{self, Locks};
 use crate::recovery::{self, reapply, RecoveryReport};
 use crate::sched::{RequestKind, Runtime};
 use crate::txn::{Committer, KeyLocks};
+use crate::validate::InFlight;
 use crate::wal::record::Write;
 use crate::wal::{CheckpointScope, Durability, LogSet, Wal, MAX_LOGS};
 use crate::{Error, Options, Result};
@@ -185,6 +186,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         closed: AtomicBool::new(false),
         dropped: Mutex::new(HashSet::new()),
         any_dropped: AtomicBool::new(false),
+        in_flight: InFlight::new(),
     });
     Ok(Started {
         pool,

@@ -6,9 +6,12 @@
 //! [`crate::Tree`] and commits through the committer).
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::sync::Arc;
 
+use crate::btree::tree::Cursor;
 use crate::txn::{Committer, Expect};
+use crate::validate::{Isolation, RangeRead, ReadSet};
 use crate::wal::record::Write;
 use crate::wal::Durability;
 use crate::Result;
@@ -37,11 +40,17 @@ pub struct Transaction {
     writes: BTreeMap<(u64, Vec<u8>), Option<Vec<u8>>>,
     inserts: BTreeMap<(u64, Vec<u8>), ()>,
     durability: Durability,
+    isolation: Isolation,
+    /// Ranges scanned (kept for serializable transactions only).
+    ranges: Vec<RangeRead>,
     /// The most GSN of a leaf this transaction read: its commit depends
     /// on every log up to there (it may have read another worker's write
     /// that its log has not made durable yet).
     read_gsn: u64,
 }
+
+/// Entries of a scan in the scan's order: `(key, value)`.
+pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 
 impl Transaction {
     pub(crate) fn new(committer: Arc<Committer>) -> Transaction {
@@ -55,7 +64,167 @@ impl Transaction {
             writes: BTreeMap::new(),
             inserts: BTreeMap::new(),
             durability,
+            isolation: Isolation::ReadCommitted,
+            ranges: Vec::new(),
             read_gsn: 0,
+        }
+    }
+
+    /// How this transaction's reads are validated at commit: see
+    /// [`Isolation`]. Set it before the first read.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// use dana::Isolation;
+    /// let (a, b) = (db.create_tree("a").unwrap(), db.create_tree("b").unwrap());
+    /// a.put(b"on-call", b"alice").unwrap();
+    /// let mut tx = db.begin();
+    /// tx.set_isolation(Isolation::Serializable);
+    /// let who = tx.get(&a, b"on-call").unwrap().unwrap(); // validated at commit
+    /// tx.put(&b, b"paged", &who).unwrap();
+    /// a.put(b"on-call", b"bob").unwrap(); // another commit changes what it read
+    /// assert!(matches!(db.commit(tx), Err(dana::Error::Conflict(_))));
+    /// assert_eq!(b.get(b"paged").unwrap(), None); // nothing applied
+    /// ```
+    pub fn set_isolation(&mut self, isolation: Isolation) {
+        debug_assert!(
+            self.reads.is_empty() && self.ranges.is_empty(),
+            "isolation set after a read"
+        );
+        self.isolation = isolation;
+    }
+
+    /// This transaction's isolation.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// assert_eq!(db.begin().isolation(), dana::Isolation::ReadCommitted);
+    /// ```
+    pub fn isolation(&self) -> Isolation {
+        self.isolation
+    }
+
+    /// This transaction's own writes to `tree` in the range, in the
+    /// scan's order (None: a delete).
+    fn own_writes_in(
+        &self,
+        root: u64,
+        lower: Bound<&[u8]>,
+        upper: Bound<&[u8]>,
+        forward: bool,
+    ) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        let key = |b: Bound<&[u8]>| b.map(|k| (root, k.to_vec()));
+        let lo = match key(lower) {
+            Bound::Unbounded => Bound::Included((root, Vec::new())),
+            b => b,
+        };
+        let hi = match key(upper) {
+            Bound::Unbounded => match root.checked_add(1) {
+                Some(next) => Bound::Excluded((next, Vec::new())),
+                None => Bound::Unbounded,
+            },
+            b => b,
+        };
+        if !crate::validate::range_valid(&lo, &hi) {
+            return Vec::new();
+        }
+        let mut own: Vec<_> = self
+            .writes
+            .range((lo, hi))
+            .map(|((_, k), v)| (k.clone(), v.clone()))
+            .collect();
+        if !forward {
+            own.reverse();
+        }
+        own
+    }
+
+    /// Up to `limit` entries of `tree` in `[lower, upper]`, forward or
+    /// backward, as this transaction sees them (its own writes merged in).
+    /// For use inside a task. A serializable transaction's commit
+    /// validates the range as far as the scan went (an entry added,
+    /// changed or removed there by another commit meanwhile fails it with
+    /// [`crate::Error::Conflict`]: no phantoms).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// use std::ops::Bound::{Included, Unbounded};
+    /// let t = db.create_tree("t").unwrap();
+    /// for k in [b"a", b"b", b"c"] {
+    ///     t.put(k, b"1").unwrap();
+    /// }
+    /// let mut tx = db.begin();
+    /// let t2 = t.clone();
+    /// let last_two = db.block_on(async move {
+    ///     tx.delete(&t2, b"c")?;
+    ///     tx.put(&t2, b"bb", b"2")?;
+    ///     tx.scan_async(&t2, Included(&b"a"[..]), Unbounded, false, 2).await
+    /// }).unwrap().unwrap();
+    /// assert_eq!(last_two, vec![(b"bb".to_vec(), b"2".to_vec()), (b"b".to_vec(), b"1".to_vec())]);
+    /// ```
+    pub async fn scan_async(
+        &mut self,
+        tree: &crate::Tree,
+        lower: Bound<&[u8]>,
+        upper: Bound<&[u8]>,
+        forward: bool,
+        limit: usize,
+    ) -> Result<Entries> {
+        let own = self.own_writes_in(tree.root(), lower, upper, forward);
+        let cursor = tree.cursor(lower, upper, forward)?;
+        let (out, read) =
+            scan_merged(cursor, tree.root(), lower, upper, forward, own, limit).await?;
+        self.scanned(read);
+        Ok(out)
+    }
+
+    /// [`Transaction::scan_async`] from any thread.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// use std::ops::Bound::{Excluded, Included};
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"k1", b"x").unwrap();
+    /// let mut tx = db.begin();
+    /// tx.put(&t, b"k2", b"y").unwrap();
+    /// let keys: Vec<_> = tx.scan(&t, Included(&b"k"[..]), Excluded(&b"l"[..]), true, 10).unwrap()
+    ///     .into_iter().map(|(k, _)| k).collect();
+    /// assert_eq!(keys, vec![b"k1".to_vec(), b"k2".to_vec()]);
+    /// ```
+    pub fn scan(
+        &mut self,
+        tree: &crate::Tree,
+        lower: Bound<&[u8]>,
+        upper: Bound<&[u8]>,
+        forward: bool,
+        limit: usize,
+    ) -> Result<Entries> {
+        let own = self.own_writes_in(tree.root(), lower, upper, forward);
+        let cursor = tree.cursor(lower, upper, forward)?;
+        let (root, lo, hi) = (
+            tree.root(),
+            lower.map(<[u8]>::to_vec),
+            upper.map(<[u8]>::to_vec),
+        );
+        let (out, read) = tree.block_on(async move {
+            scan_merged(cursor, root, as_ref(&lo), as_ref(&hi), forward, own, limit).await
+        })?;
+        self.scanned(read);
+        Ok(out)
+    }
+
+    /// Records what a scan read.
+    fn scanned(&mut self, read: Option<(RangeRead, u64)>) {
+        let Some((read, gsn)) = read else {
+            return;
+        };
+        self.read_gsn = self.read_gsn.max(gsn);
+        if self.isolation == Isolation::Serializable {
+            self.ranges.push(read);
         }
     }
 
@@ -277,10 +446,13 @@ impl Transaction {
     /// assert!(db.wal_stats().unwrap().durable >= lsn);
     /// ```
     pub async fn commit_lsn_async(self) -> Result<u64> {
+        let serializable = self.isolation == Isolation::Serializable;
         let mut checks = Vec::new();
-        for (id, v) in &self.reads {
-            if self.writes.contains_key(id) {
-                checks.push((id.0, id.1.clone(), Expect::Value(v.clone())));
+        if !serializable {
+            for (id, v) in &self.reads {
+                if self.writes.contains_key(id) {
+                    checks.push((id.0, id.1.clone(), Expect::Value(v.clone())));
+                }
             }
         }
         for id in self.inserts.keys() {
@@ -288,14 +460,105 @@ impl Transaction {
                 checks.push((id.0, id.1.clone(), Expect::Absent));
             }
         }
+        let read_set = serializable.then(|| ReadSet {
+            points: self
+                .reads
+                .into_iter()
+                .map(|((tree, key), v)| (tree, key, v))
+                .collect(),
+            ranges: self.ranges,
+        });
         let writes = self
             .writes
             .into_iter()
             .map(|((tree, key), value)| Write::new(tree, key, value))
             .collect();
         self.committer
-            .commit_at(writes, checks, self.durability, self.read_gsn)
+            .commit_at(
+                writes,
+                checks,
+                self.durability,
+                self.read_gsn,
+                read_set.as_ref(),
+            )
             .await
             .map(|(_, lsn)| lsn)
     }
+}
+
+fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    b.as_ref().map(Vec::as_slice)
+}
+
+/// Pulls entries from `cursor` and merges `own` (the transaction's writes
+/// in the range, in the scan's order) until `limit` entries. Returns them
+/// with what the scan read from the tree: the range as far as it got
+/// (up to the last entry pulled, or the whole range if the cursor ended)
+/// with the tree's entries there, ascending, and the leaves' most GSN.
+async fn scan_merged(
+    mut cursor: Cursor,
+    tree: u64,
+    lower: Bound<&[u8]>,
+    upper: Bound<&[u8]>,
+    forward: bool,
+    own: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    limit: usize,
+) -> Result<(Entries, Option<(RangeRead, u64)>)> {
+    let mut out = Vec::new();
+    let mut seen: Entries = Vec::new();
+    let mut own = own.into_iter().peekable();
+    if limit == 0 {
+        return Ok((out, None));
+    }
+    let mut next = cursor.next().await?;
+    let mut ended = next.is_none();
+    seen.extend(next.clone());
+    while out.len() < limit {
+        let take_own = match (&next, own.peek()) {
+            (None, None) => break,
+            (None, Some(_)) => true,
+            (Some(_), None) => false,
+            (Some((tk, _)), Some((ok, _))) => {
+                if forward {
+                    ok <= tk
+                } else {
+                    ok >= tk
+                }
+            }
+        };
+        let emitted = if take_own {
+            let (k, v) = own.next().expect("peeked");
+            let shadows = next.as_ref().is_some_and(|(tk, _)| *tk == k);
+            if shadows {
+                next = None;
+            }
+            v.map(|v| (k, v))
+        } else {
+            next.take()
+        };
+        if next.is_none() && !ended {
+            next = cursor.next().await?;
+            ended = next.is_none();
+            seen.extend(next.clone());
+        }
+        out.extend(emitted);
+    }
+    // The range the result depends on: as far as the cursor went.
+    let (mut lo, mut hi) = (lower.map(<[u8]>::to_vec), upper.map(<[u8]>::to_vec));
+    if let (false, Some((k, _))) = (ended, seen.last()) {
+        match forward {
+            true => hi = Bound::Included(k.clone()),
+            false => lo = Bound::Included(k.clone()),
+        }
+    }
+    if !forward {
+        seen.reverse();
+    }
+    let read = RangeRead {
+        tree,
+        lower: lo,
+        upper: hi,
+        seen,
+    };
+    Ok((out, Some((read, cursor.max_gsn()))))
 }

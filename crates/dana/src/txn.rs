@@ -22,15 +22,22 @@
 //! 6. release the locks and the reservation, then, with `Sync` durability, await the group
 //!    flush that makes the commit record durable.
 //!
-//! Isolation: read committed, plus validation of every key a transaction
-//! read and then wrote. Reads see committed data and the transaction's own
-//! writes. Another commit's writes become visible to readers once its
-//! record is in the log, before it is durable (early lock release): a
-//! transaction that read them commits after it in the log, so a crash can
-//! never keep the reader and lose the writer. A plain read outside a
-//! transaction can see a write that a crash then loses (it was never
-//! acknowledged). Not serializable: reads of keys a transaction does not
-//! write are not validated, and scans take no range locks.
+//! Isolation, chosen per transaction ([`crate::Isolation`]):
+//! - read committed (the default): reads see committed data and the
+//!   transaction's own writes; every key a transaction read and then
+//!   wrote is validated in step 2 (no lost update). Reads of keys it does
+//!   not write and its scans are not validated: phantoms and write skew
+//!   are possible;
+//! - serializable: after step 1 the commit registers its keys as in
+//!   flight, and step 2 also validates every key read and every range
+//!   scanned, against the trees and the other commits in flight
+//!   (`validate.rs` says why that is serializable).
+//!
+//! Another commit's writes become visible to readers once its record is
+//! in the log, before it is durable (early lock release): a transaction
+//! that read them commits after it in the log, so a crash can never keep
+//! the reader and lose the writer. A plain read outside a transaction can
+//! see a write that a crash then loses (it was never acknowledged).
 //!
 //! Never: applies a write before its commit record is appended, or
 //! acknowledges a `Sync` commit before its record is durable.
@@ -45,6 +52,7 @@ use crate::btree::{node, BTree};
 use crate::buffer::blob::{self, BlobHold, BlobRef, Extent};
 use crate::buffer::BufferPool;
 use crate::sched;
+use crate::validate::{self, InFlight, ReadSet};
 use crate::wal::record::{self, Write};
 use crate::wal::{Durability, LogSet};
 use crate::{Error, Result};
@@ -141,6 +149,9 @@ pub(crate) struct Committer {
     /// True once `dropped` has an entry (false, the common case: no lock
     /// taken).
     pub(crate) any_dropped: AtomicBool,
+    /// Keys of the commits between validation and the end of their
+    /// apply, for serializable transactions.
+    pub(crate) in_flight: InFlight,
 }
 
 /// What applying one write found.
@@ -204,7 +215,7 @@ impl Committer {
         checks: Vec<(u64, Vec<u8>, Expect)>,
         durability: Durability,
     ) -> Result<Vec<Applied>> {
-        self.commit_at(writes, checks, durability, 0)
+        self.commit_at(writes, checks, durability, 0, None)
             .await
             .map(|(a, _)| a)
     }
@@ -219,23 +230,35 @@ impl Committer {
         checks: Vec<(u64, Vec<u8>, Expect)>,
         durability: Durability,
         read_gsn: u64,
+        reads: Option<&ReadSet>,
     ) -> Result<(Vec<Applied>, u64)> {
-        self.live(true)?;
+        self.live(!writes.is_empty() || reads.is_none())?;
         if !sched::on_worker() {
             return Err(Error::WouldBlock);
         }
         if let Some(e) = self.pool.poisoned() {
             return Err(e);
         }
+        if reads.is_some() && self.in_flight.start() {
+            // The first serializable commit: wait out the commits that
+            // may have skipped registering (they hold their stripes).
+            self.locks.barrier().await;
+        }
         let guard = self
             .locks
             .lock(writes.iter().map(|w| (w.tree, w.key.as_slice())))
             .await;
+        // Registered until applied: what serializable commits validate
+        // against besides the trees.
+        let registered = self.in_flight.register(&writes);
         for w in &writes {
             self.tree_alive(w.tree)?;
         }
         // The commit depends on what it read, and on what it validated.
         let mut dep = read_gsn;
+        if let Some(r) = reads.filter(|r| !r.is_empty()) {
+            dep = dep.max(validate::validate(&self.pool, &self.in_flight, r, &writes).await?);
+        }
         for (tree, key, expect) in &checks {
             let (now, gsn) = BTree::open(&self.pool, *tree).get_versioned(key).await?;
             dep = dep.max(gsn);
@@ -307,6 +330,7 @@ impl Committer {
         if let (Some(w), Some((gsn, _))) = (&log, logged) {
             w.applied(gsn);
         }
+        drop(registered);
         drop(guard);
         let applied = match applied {
             Ok(a) => a,

@@ -1,5 +1,5 @@
 //! The layers import downward only: io < sched < buffer < btree, wal <
-//! txn < options, catalog, checkpoint < check, open, recovery < start <
+//! validate < txn < options, catalog, checkpoint < check, open, recovery < start <
 //! db, transaction (error and
 //! stats serve every layer).
 //! This test reads every source file of the library and fails on an
@@ -18,12 +18,13 @@ fn rank(module: &str) -> Option<u32> {
         "sched" => 2,
         "buffer" => 3,
         "btree" | "wal" => 4,
-        "txn" => 5,
-        "options" => 6,
-        "catalog" | "checkpoint" => 6,
-        "check" | "open" | "recovery" => 7,
-        "start" => 8,
-        "db" => 9,
+        "validate" => 5,
+        "txn" => 6,
+        "options" => 7,
+        "catalog" | "checkpoint" => 7,
+        "check" | "open" | "recovery" => 8,
+        "start" => 9,
+        "db" => 10,
         _ => return None,
     })
 }
@@ -46,6 +47,7 @@ fn reexport(name: &str) -> Option<&'static str> {
         "Transaction" => "transaction",
         "Iter" => "iter",
         "Durability" => "wal",
+        "Isolation" => "validate",
         "EvictionPolicy" => "buffer",
         _ => return None,
     })

@@ -865,6 +865,7 @@ impl BTree {
             pos: 0,
             done: false,
             read_ahead: 1,
+            max_gsn: 0,
         }
     }
 
@@ -995,6 +996,10 @@ pub struct Cursor {
     done: bool,
     /// Leaves to read ahead at the next move (grows to READ_AHEAD).
     read_ahead: usize,
+    /// The most page GSN of the leaves read: what a transaction that
+    /// used the entries depends on (another worker's log may not have
+    /// made that change durable yet).
+    max_gsn: u64,
 }
 
 impl Cursor {
@@ -1026,6 +1031,11 @@ impl Cursor {
         Ok(Some(rest))
     }
 
+    /// The most page GSN of the leaves this cursor has read.
+    pub(crate) fn max_gsn(&self) -> u64 {
+        self.max_gsn
+    }
+
     /// Loads the matching entries of the next leaf. False at the end.
     async fn advance_leaf(&mut self) -> Result<bool> {
         loop {
@@ -1050,6 +1060,7 @@ impl Cursor {
             ahead.truncate(self.read_ahead);
             self.read_ahead = (self.read_ahead * 2).min(READ_AHEAD);
             let n = Node::new(&g).map_err(corrupt(g.pid()))?;
+            self.max_gsn = self.max_gsn.max(page::page_lsn(&g));
             self.buffered.clear();
             self.pos = 0;
             let mut key = Vec::new();

@@ -1,0 +1,225 @@
+//! Serializable transactions (`Isolation::Serializable`): write skew and
+//! phantoms are refused, a read-only transaction learns whether what it
+//! read was consistent, and invariants that only serializability keeps
+//! hold under many interleaved tasks. The concurrent tests yield between
+//! reading and committing so that tasks interleave on every commit.
+
+use std::ops::Bound::{Excluded, Included};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use dana::{Db, Durability, Error, Isolation, Options, Transaction};
+
+fn open(dir: &std::path::Path, d: Durability) -> Db {
+    Db::open(
+        dir,
+        Options::default()
+            .pool_bytes(8 << 20)
+            .capacity_bytes(64 << 20)
+            .workers(2)
+            .durability(d),
+    )
+    .unwrap()
+}
+
+fn serializable(db: &Db) -> Transaction {
+    let mut tx = db.begin();
+    tx.set_isolation(Isolation::Serializable);
+    tx
+}
+
+#[test]
+fn write_skew_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path(), Durability::Sync);
+    let t = db.create_tree("doctors").unwrap();
+    t.put(b"alice", b"on").unwrap();
+    t.put(b"bob", b"on").unwrap();
+    // Each goes off call after seeing the other on call.
+    let (mut a, mut b) = (serializable(&db), serializable(&db));
+    assert_eq!(a.get(&t, b"bob").unwrap(), Some(b"on".to_vec()));
+    assert_eq!(b.get(&t, b"alice").unwrap(), Some(b"on".to_vec()));
+    a.put(&t, b"alice", b"off").unwrap();
+    b.put(&t, b"bob", b"off").unwrap();
+    db.commit(a).unwrap();
+    assert!(matches!(db.commit(b), Err(Error::Conflict(_))));
+    assert_eq!(t.get(b"bob").unwrap(), Some(b"on".to_vec()));
+    // Read committed lets both through: the skew this level is for.
+    t.put(b"alice", b"on").unwrap();
+    let (mut a, mut b) = (db.begin(), db.begin());
+    a.get(&t, b"bob").unwrap();
+    b.get(&t, b"alice").unwrap();
+    a.put(&t, b"alice", b"off").unwrap();
+    b.put(&t, b"bob", b"off").unwrap();
+    db.commit(a).unwrap();
+    db.commit(b).unwrap();
+}
+
+#[test]
+fn a_phantom_in_a_scanned_range_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path(), Durability::Sync);
+    let t = db.create_tree("t").unwrap();
+    let log = db.create_tree("log").unwrap();
+    for k in [b"a1", b"a3", b"b1"] {
+        t.put(k, b"x").unwrap();
+    }
+    let range = |tx: &mut Transaction| {
+        tx.scan(&t, Included(&b"a"[..]), Excluded(&b"b"[..]), true, 100)
+            .unwrap()
+            .len()
+    };
+    // An insert into the range after the scan.
+    let mut tx = serializable(&db);
+    assert_eq!(range(&mut tx), 2);
+    tx.put(&log, b"count", b"2").unwrap();
+    t.put(b"a2", b"x").unwrap();
+    assert!(matches!(db.commit(tx), Err(Error::Conflict(_))));
+    // A change outside the range does not matter.
+    let mut tx = serializable(&db);
+    assert_eq!(range(&mut tx), 3);
+    tx.put(&log, b"count", b"3").unwrap();
+    t.put(b"b2", b"x").unwrap();
+    t.put(b"0", b"x").unwrap();
+    db.commit(tx).unwrap();
+    // A delete, and a changed value, inside it do.
+    for change in [0, 1] {
+        let mut tx = serializable(&db);
+        range(&mut tx);
+        tx.put(&log, b"count", b"?").unwrap();
+        match change {
+            0 => t.delete(b"a1").map(|_| ()).unwrap(),
+            _ => t.put(b"a3", b"y").map(|_| ()).unwrap(),
+        }
+        assert!(matches!(db.commit(tx), Err(Error::Conflict(_))));
+    }
+    // A scan with a limit depends on the range only as far as it went.
+    let mut tx = serializable(&db);
+    let first = tx
+        .scan(&t, Included(&b"a"[..]), Excluded(&b"b"[..]), true, 1)
+        .unwrap();
+    assert_eq!(first[0].0, b"a2");
+    t.put(b"a9", b"x").unwrap();
+    tx.put(&log, b"first", &first[0].0).unwrap();
+    db.commit(tx).unwrap();
+    // Its own writes in the range are its own, not conflicts.
+    let mut tx = serializable(&db);
+    tx.put(&t, b"a5", b"mine").unwrap();
+    tx.delete(&t, b"a2").unwrap();
+    let keys: Vec<Vec<u8>> = tx
+        .scan(&t, Included(&b"a"[..]), Excluded(&b"b"[..]), false, 100)
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(keys, vec![b"a9".to_vec(), b"a5".to_vec(), b"a3".to_vec()]);
+    db.commit(tx).unwrap();
+    assert_eq!(t.get(b"a5").unwrap(), Some(b"mine".to_vec()));
+    assert_eq!(t.get(b"a2").unwrap(), None);
+}
+
+#[test]
+fn a_read_only_transaction_learns_whether_its_reads_were_consistent() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path(), Durability::Sync);
+    let t = db.create_tree("t").unwrap();
+    t.put(b"x", b"1").unwrap();
+    let mut tx = serializable(&db);
+    tx.get(&t, b"x").unwrap();
+    db.commit(tx).unwrap();
+    let mut tx = serializable(&db);
+    tx.get(&t, b"x").unwrap();
+    t.put(b"x", b"2").unwrap();
+    assert!(matches!(db.commit(tx), Err(Error::Conflict(_))));
+}
+
+/// Tasks that each read every key of a group (scanning it) and, if at
+/// most `cap - 1` of them are set, set one more: under serializable
+/// isolation no group ever holds more than `cap` set keys, whatever the
+/// interleaving. Returns the most set keys seen in any group.
+fn run_cap_workload(isolation: Isolation, durability: Durability) -> (usize, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path(), durability);
+    let t = db.create_tree("groups").unwrap();
+    const GROUPS: u8 = 4;
+    const CAP: usize = 3;
+    const TASKS: u64 = 32;
+    const ROUNDS: u64 = 40;
+    let conflicts = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    for task in 0..TASKS {
+        let (db2, t, conflicts, done) = (db.clone(), t.clone(), conflicts.clone(), done.clone());
+        db.spawn(async move {
+            let mut rng = task.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            for round in 0..ROUNDS {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let g = b'a' + (rng % u64::from(GROUPS)) as u8;
+                loop {
+                    let mut tx = db2.begin();
+                    tx.set_isolation(isolation);
+                    let lo = [g];
+                    let hi = [g + 1];
+                    let set = tx
+                        .scan_async(&t, Included(&lo[..]), Excluded(&hi[..]), true, 1000)
+                        .await
+                        .unwrap();
+                    dana::sched::yield_now().await;
+                    if set.len() >= CAP {
+                        break;
+                    }
+                    let key = [g, (task as u8), round as u8];
+                    tx.put(&t, &key, b"set").unwrap();
+                    match tx.commit_async().await {
+                        Ok(()) => break,
+                        Err(Error::Conflict(_)) => {
+                            conflicts.fetch_add(1, Ordering::Relaxed);
+                            dana::sched::yield_now().await;
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
+            done.fetch_add(1, Ordering::Relaxed);
+        })
+        .unwrap();
+    }
+    let started = std::time::Instant::now();
+    while done.load(Ordering::Relaxed) < TASKS {
+        assert!(
+            started.elapsed().as_secs() < 120,
+            "the tasks did not finish"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let mut most = 0;
+    for g in 0..GROUPS {
+        let lo = [b'a' + g];
+        let hi = [b'a' + g + 1];
+        let n = t
+            .scan(Included(&lo[..]), Excluded(&hi[..]), true, 10_000)
+            .unwrap()
+            .len();
+        most = most.max(n);
+    }
+    (most, conflicts.load(Ordering::Relaxed))
+}
+
+#[test]
+fn no_interleaving_breaks_an_invariant_over_a_scanned_range() {
+    for d in [Durability::Sync, Durability::Off] {
+        let (most, conflicts) = run_cap_workload(Isolation::Serializable, d);
+        assert!(most <= 3, "{d:?}: a group holds {most} set keys, cap 3");
+        assert!(conflicts > 0, "{d:?}: the tasks never interleaved");
+    }
+}
+
+#[test]
+fn read_committed_breaks_that_invariant_which_shows_the_test_can_fail() {
+    let (most, _) = run_cap_workload(Isolation::ReadCommitted, Durability::Off);
+    assert!(
+        most > 3,
+        "read committed kept the cap: the workload did not interleave"
+    );
+}
