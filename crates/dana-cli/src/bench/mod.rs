@@ -14,6 +14,7 @@ pub mod diskstats;
 pub mod lookup;
 pub mod pages;
 pub mod timeline;
+pub mod tpcc;
 pub mod ycsb;
 
 use std::path::{Path, PathBuf};
@@ -61,6 +62,10 @@ enum BenchCommand {
     /// read whole, next to raw O_DIRECT writes and reads of the same
     /// shape with the same syncs, on the same file system.
     Blob(blob::BlobArgs),
+    /// TPC-C: the nine tables and two indexes as trees, the five
+    /// transactions in the standard mix (serializable, log on), then the
+    /// spec's consistency conditions.
+    Tpcc(tpcc::TpccArgs),
 }
 
 /// Runs a benchmark.
@@ -71,6 +76,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         BenchCommand::Ycsb(a) => ycsb::run(a),
         BenchCommand::Commit(a) => commit::run(a),
         BenchCommand::Blob(a) => blob::run(a),
+        BenchCommand::Tpcc(a) => tpcc::run(a),
     }
 }
 
