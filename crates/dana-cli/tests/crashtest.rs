@@ -195,3 +195,25 @@ fn thirty_two_committers_never_fill_the_log_and_recovery_finishes() {
         "{text}"
     );
 }
+
+/// TPC-C killed with kill -9 three times (once while it opens and
+/// recovers): the consistency conditions hold after each recovery and
+/// every acknowledged New-Order is there.
+#[test]
+fn tpcc_survives_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, text) = dana(&[
+        "crashtest",
+        "--workload",
+        "tpcc",
+        "--kills",
+        "3",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{text}");
+    let acked = number_before(&text, "kill -9 during TPC-C", "New-Orders acknowledged");
+    let found = number_before(&text, "kill -9 during TPC-C", "found");
+    assert!(acked > 0, "no New-Order was acknowledged: {text}");
+    assert_eq!(acked, found, "{text}");
+}

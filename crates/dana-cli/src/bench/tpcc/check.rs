@@ -13,12 +13,14 @@ use super::kv::DanaTables;
 use super::schema::{
     key, last_id, part, Customer, District, History, Order, OrderLine, Table, Warehouse,
 };
+use super::txns::UNUSED_ITEM;
 use crate::{CliError, CliResult};
 
 /// What the check found.
 #[derive(Debug, Default, serde::Serialize)]
 pub struct Consistency {
-    /// Conditions checked (by number; 13 and 14 are the indexes).
+    /// Conditions checked (by number; 13 and 14 are the indexes, 15 no
+    /// line of a rolled-back New-Order).
     pub conditions: Vec<u32>,
     /// Violations found.
     pub violations: u64,
@@ -87,7 +89,7 @@ struct DistrictFacts {
 /// Checks every condition over the whole database.
 pub fn check(tables: &DanaTables) -> CliResult<Consistency> {
     let mut out = Consistency {
-        conditions: vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14],
+        conditions: vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15],
         ..Consistency::default()
     };
     let mut rows = 0u64;
@@ -147,6 +149,11 @@ pub fn check(tables: &DanaTables) -> CliResult<Consistency> {
         let l = OrderLine::decode(v)?;
         let id = (part(k, 0)?, part(k, 1)?, part(k, 2)?);
         districts.entry((id.0, id.1)).or_default().lines += 1;
+        if l.i_id == UNUSED_ITEM {
+            bad_lines.push(format!(
+                "rollback: order line {k:?} names the unused item of a rolled-back New-Order"
+            ));
+        }
         match orders.get_mut(&id) {
             None => bad_lines.push(format!("order line {k:?} has no order")),
             Some(o) => {

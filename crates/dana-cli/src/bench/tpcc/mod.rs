@@ -18,6 +18,7 @@
 //! again; every retry is counted per type.
 
 pub mod check;
+pub mod crash;
 pub mod gen;
 pub mod kv;
 pub mod load;
@@ -129,6 +130,10 @@ pub struct TpccReport {
     pub consistency: check::Consistency,
 }
 
+/// Called with (warehouse, district, order id) once a New-Order's
+/// commit returned (with `Sync` durability: once it is durable).
+pub type OrderHook = Arc<dyn Fn(u32, u32, u32) + Send + Sync>;
+
 /// Conflicts after which an input is given up (counted, not committed).
 pub const MAX_ATTEMPTS: u32 = 1000;
 
@@ -185,6 +190,7 @@ async fn run_one(
     durability: Durability,
     history_id: u64,
     stats: &mut TaskStats,
+    on_order: Option<&OrderHook>,
 ) -> Result<(), String> {
     let k = input.kind();
     let began = Instant::now();
@@ -196,11 +202,14 @@ async fn run_one(
                 stats.rolled_back[k.index()] += 1;
                 return Ok(());
             }
-            Ok(Outcome::Commit) => tx.commit().await,
+            Ok(Outcome::Commit(order)) => tx.commit().await.map(|()| order),
             Err(e) => Err(e),
         };
         match outcome {
-            Ok(()) => {
+            Ok(order) => {
+                if let (Some(hook), Some((w, d, o))) = (on_order, order) {
+                    hook(w, d, o);
+                }
                 stats.committed[k.index()] += 1;
                 stats.latency[k.index()].saturating_record(began.elapsed().as_micros() as u64);
                 return Ok(());
@@ -250,16 +259,44 @@ pub struct RunResult {
     seconds: f64,
 }
 
-/// Runs the mix for `seconds` with `workers * tasks_per_worker` tasks.
+/// The key part of a History row written by the run with `seed`, task
+/// `task`, its `n`th transaction.
+fn history_id(seed: u64, task: usize, n: u64) -> u64 {
+    debug_assert!(task < 1 << 12 && n < 1 << 28);
+    (1 << 63)
+        | ((seed & ((1 << 23) - 1)) << 40)
+        | ((task as u64 & 0xfff) << 28)
+        | (n & ((1 << 28) - 1))
+}
+
+/// How to run the mix.
+#[derive(Debug, Clone, Copy)]
+pub struct Mix {
+    pub warehouses: u32,
+    pub workers: usize,
+    pub tasks_per_worker: usize,
+    pub durability: Durability,
+    pub seconds: f64,
+    /// Seed of the inputs; it also names the run in History keys, so
+    /// runs on one database must differ in it.
+    pub seed: u64,
+}
+
+/// Runs the mix for `m.seconds` with `m.workers * m.tasks_per_worker`
+/// tasks; `on_order` hears of every New-Order acknowledged.
 pub fn run_mix(
     tables: &Arc<DanaTables>,
-    warehouses: u32,
-    workers: usize,
-    tasks_per_worker: usize,
-    durability: Durability,
-    seconds: f64,
-    seed: u64,
+    m: Mix,
+    on_order: Option<OrderHook>,
 ) -> CliResult<RunResult> {
+    let Mix {
+        warehouses,
+        workers,
+        tasks_per_worker,
+        durability,
+        seconds,
+        seed,
+    } = m;
     let db = &tables.db;
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
@@ -270,12 +307,13 @@ pub fn run_mix(
     let tasks = workers * tasks_per_worker;
     let started = Instant::now();
     for t in 0..tasks {
-        let (tables, stop, done, failure, tx) = (
+        let (tables, stop, done, failure, tx, on_order) = (
             tables.clone(),
             stop.clone(),
             done.clone(),
             failure.clone(),
             tx.clone(),
+            on_order.clone(),
         );
         db.spawn_on(t % workers, async move {
             let mut g = Gen::new(seed ^ ((t as u64 + 1) << 20), run_c);
@@ -286,10 +324,21 @@ pub fn run_mix(
                 let k = Kind::draw(&mut g);
                 let input = Input::draw(k, &mut g, w, warehouses);
                 history += 1;
-                // Unique across tasks and apart from the load's ids
-                // (customer numbers, below 2^32).
-                let hid = (1 << 63) | ((t as u64) << 40) | history;
-                if let Err(m) = run_one(&tables, &input, durability, hid, &mut stats).await {
+                // Unique across tasks and runs of one database (the
+                // seed names the run: a crash test's cycles differ in
+                // it) and apart from the load's ids (customer numbers,
+                // below 2^32): run 23 bits, task 12, count 28.
+                let hid = history_id(seed, t, history);
+                if let Err(m) = run_one(
+                    &tables,
+                    &input,
+                    durability,
+                    hid,
+                    &mut stats,
+                    on_order.as_ref(),
+                )
+                .await
+                {
                     *failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(m);
                     stop.store(true, Ordering::Relaxed);
                 }
@@ -343,6 +392,11 @@ pub fn run(a: &TpccArgs) -> CliResult<()> {
     if warehouses == 0 {
         return Err(CliError("--warehouses must be at least 1".into()));
     }
+    if a.workers * a.tasks_per_worker >= 1 << 12 || a.workers * a.tasks_per_worker == 0 {
+        return Err(CliError(
+            "--workers x --tasks-per-worker must be 1 to 4,095 (history ids)".into(),
+        ));
+    }
     if !quiet {
         println!(
             "dana bench tpcc: {warehouses} warehouses (about {} MiB), pool {} MiB, \
@@ -381,15 +435,15 @@ pub fn run(a: &TpccArgs) -> CliResult<()> {
         disk.as_ref().and_then(Disk::read),
         process_cpu_seconds(),
     );
-    let r = run_mix(
-        &tables,
+    let mix = Mix {
         warehouses,
-        a.workers,
-        a.tasks_per_worker,
-        a.durability,
-        a.seconds,
-        a.seed,
-    )?;
+        workers: a.workers,
+        tasks_per_worker: a.tasks_per_worker,
+        durability: a.durability,
+        seconds: a.seconds,
+        seed: a.seed,
+    };
+    let r = run_mix(&tables, mix, None)?;
     let (p1, w1, d1, c1) = (
         db.pool_stats(),
         db.wal_stats().unwrap_or_default(),
@@ -546,7 +600,19 @@ mod tests {
             .durability(Durability::Sync);
         let (db, tables, rows, _) = create_and_load(dir.path(), opts, 1, 7, true).unwrap();
         assert!(rows > 600_000, "{rows} rows loaded");
-        let r = run_mix(&tables, 1, 2, 4, Durability::Sync, 1.5, 7).unwrap();
+        let r = run_mix(
+            &tables,
+            Mix {
+                warehouses: 1,
+                workers: 2,
+                tasks_per_worker: 4,
+                durability: Durability::Sync,
+                seconds: 1.5,
+                seed: 7,
+            },
+            None,
+        )
+        .unwrap();
         for k in Kind::ALL {
             assert!(
                 r.stats.committed[k.index()] > 0,

@@ -203,8 +203,8 @@ impl Input {
 /// How a transaction body ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// Commit it.
-    Commit,
+    /// Commit it (a New-Order names its order: warehouse, district, id).
+    Commit(Option<(u32, u32, u32)>),
     /// Roll it back (New-Order's unused item): nothing it wrote may
     /// remain.
     Rollback,
@@ -338,7 +338,7 @@ async fn new_order<T: KvTx>(
     }
     // The total the terminal would display (computed as the spec says).
     let _total = total * (10_000 - cust.discount) / 10_000 * (10_000 + wh.tax + dist.tax) / 10_000;
-    Ok(Outcome::Commit)
+    Ok(Outcome::Commit(Some((w, d, o))))
 }
 
 async fn payment<T: KvTx>(
@@ -384,7 +384,7 @@ async fn payment<T: KvTx>(
     let mut hk = key(&[w, d]);
     hk.extend_from_slice(&history_id.to_be_bytes());
     tx.put(Table::History, &hk, &h.encode())?;
-    Ok(Outcome::Commit)
+    Ok(Outcome::Commit(None))
 }
 
 async fn order_status<T: KvTx>(tx: &mut T, w: u32, d: u32, who: &Who) -> TxResult<Outcome> {
@@ -404,7 +404,7 @@ async fn order_status<T: KvTx>(tx: &mut T, w: u32, d: u32, who: &Who) -> TxResul
             OrderLine::decode(&v)?;
         }
     }
-    Ok(Outcome::Commit)
+    Ok(Outcome::Commit(None))
 }
 
 async fn delivery<T: KvTx>(tx: &mut T, w: u32, carrier: u32) -> TxResult<Outcome> {
@@ -439,7 +439,7 @@ async fn delivery<T: KvTx>(tx: &mut T, w: u32, carrier: u32) -> TxResult<Outcome
         cust.delivery_cnt += 1;
         tx.put(Table::Customer, &ck, &cust.encode())?;
     }
-    Ok(Outcome::Commit)
+    Ok(Outcome::Commit(None))
 }
 
 async fn stock_level<T: KvTx>(tx: &mut T, w: u32, d: u32, threshold: i32) -> TxResult<Outcome> {
@@ -461,5 +461,5 @@ async fn stock_level<T: KvTx>(tx: &mut T, w: u32, d: u32, threshold: i32) -> TxR
         }
     }
     let _ = low;
-    Ok(Outcome::Commit)
+    Ok(Outcome::Commit(None))
 }
