@@ -45,7 +45,7 @@ use txns::{Input, Kind, Outcome};
 
 /// Bytes one loaded warehouse takes in dana (measured: see PERF.md),
 /// used to size the default run.
-pub const WAREHOUSE_BYTES: u64 = 160 << 20;
+pub const WAREHOUSE_BYTES: u64 = 128 << 20;
 
 /// `dana bench tpcc`
 #[derive(Args, Debug, Clone)]
