@@ -1,10 +1,10 @@
 //! Serializable transactions: the read set, and the validation of it at
 //! commit against the trees and against the commits in flight.
 //!
-//! Owns: [`Isolation`], a transaction's [`ReadSet`] (keys read with the
+//! Owns: [`Isolation`], a transaction's `ReadSet` (keys read with the
 //! value seen, ranges scanned with the entries seen) and the registry of
 //! keys being written by commits between their validation and the end of
-//! their apply ([`InFlight`]).
+//! their apply (`InFlight`).
 //!
 //! The protocol (optimistic, after Silo, Tu et al., SOSP 2013, with
 //! value comparison in place of record versions):
