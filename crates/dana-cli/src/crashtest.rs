@@ -1060,6 +1060,36 @@ fn child(dir: &Path, seed: u64, starts: &[u64], durability: Durability) -> CliRe
     Ok(())
 }
 
+/// Starts a kill cycle's child with its stdout piped to a thread that
+/// sends each line; stderr is dropped.
+pub fn spawn_child(
+    cmd: &mut Command,
+) -> Result<
+    (
+        std::process::Child,
+        std::sync::mpsc::Receiver<String>,
+        std::thread::JoinHandle<()>,
+    ),
+    String,
+> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("spawn: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no pipe")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Ok((child, rx, reader))
+}
+
 /// `cycles` kill -9 cycles on `dir` with `tasks` committers: each starts a
 /// child, kills it (every third one while it opens and recovers, the
 /// others after a random delay), reopens the database and judges it.
@@ -1091,23 +1121,7 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
         if durability == Durability::Async {
             cmd.arg("--async");
         }
-        let mut child = cmd
-            .arg("--dir")
-            .arg(dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| fail(format!("spawn: {e}")))?;
-        let stdout = child.stdout.take().ok_or_else(|| fail("no pipe".into()))?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let (mut child, rx, reader) = spawn_child(cmd.arg("--dir").arg(dir)).map_err(fail)?;
         let early = c % 3 == 2;
         if early {
             // Kill it while it opens: recovery of the last cycle's log.
@@ -1317,14 +1331,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         started.elapsed().as_secs_f64()
     );
     if args.kills > 0 {
-        let tmp;
-        let dir = match &args.dir {
-            Some(d) => d.clone(),
-            None => {
-                tmp = tempdir()?;
-                tmp.clone()
-            }
-        };
+        let dir = kill_dir(args)?;
         let started = Instant::now();
         let k = kill_cycles(&dir, args.seed, args.kills, args.tasks).map_err(CliError)?;
         lost += k.judged.lost();
@@ -1353,16 +1360,18 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
     lost_is_failure(lost, false)
 }
 
+/// The directory of the kill -9 cycles: `--dir`, or a new temporary one
+/// (removed by the caller after a passing run).
+fn kill_dir(args: &CrashArgs) -> CliResult<PathBuf> {
+    match &args.dir {
+        Some(d) => Ok(d.clone()),
+        None => tempdir(),
+    }
+}
+
 /// `dana crashtest --workload tpcc`.
 fn tpcc_kills(args: &CrashArgs) -> CliResult<()> {
-    let tmp;
-    let dir = match &args.dir {
-        Some(d) => d.clone(),
-        None => {
-            tmp = tempdir()?;
-            tmp.clone()
-        }
-    };
+    let dir = kill_dir(args)?;
     let started = Instant::now();
     let r = tpcc::crash::kill_cycles(&dir, args.seed, args.kills);
     if args.dir.is_none() && r.is_ok() {

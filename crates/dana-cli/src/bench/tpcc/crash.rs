@@ -11,9 +11,9 @@
 //! acknowledged New-Order's order is there, and no line of a rolled-back
 //! New-Order is. Never: counts a cycle whose check failed as passed.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,7 @@ use dana::{Db, Durability, Options};
 use super::kv::DanaTables;
 use super::schema::{key, Table};
 use super::{check, create_and_load, run_mix, Mix, OrderHook};
+use crate::crashtest::spawn_child;
 use crate::rng::XorShift;
 use crate::{CliError, CliResult};
 
@@ -96,25 +97,14 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64) -> Result<KillTotals, Str
                 dir.display()
             )
         };
-        let mut child = Command::new(&exe)
-            .args(["crashtest", "--child", "--workload", "tpcc", "--seed"])
-            .arg((seed + c).to_string())
-            .arg("--dir")
-            .arg(dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| fail(format!("spawn: {e}")))?;
-        let stdout = child.stdout.take().ok_or_else(|| fail("no pipe".into()))?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let (mut child, rx, reader) = spawn_child(
+            Command::new(&exe)
+                .args(["crashtest", "--child", "--workload", "tpcc", "--seed"])
+                .arg((seed + c).to_string())
+                .arg("--dir")
+                .arg(dir),
+        )
+        .map_err(fail)?;
         let early = c % 3 == 2;
         let mut lines = Vec::new();
         if early {
