@@ -173,12 +173,11 @@ impl Transaction {
         forward: bool,
         limit: usize,
     ) -> Result<Entries> {
-        let own = self.own_writes_in(tree.root(), lower, upper, forward);
-        let cursor = tree.cursor(lower, upper, forward)?;
-        let (out, read) =
-            scan_merged(cursor, tree.root(), lower, upper, forward, own, limit).await?;
-        self.scanned(read);
-        Ok(out)
+        let done = self
+            .scan_start(tree, lower, upper, forward, limit)?
+            .run()
+            .await?;
+        Ok(self.scanned(done))
     }
 
     /// [`Transaction::scan_async`] from any thread.
@@ -203,29 +202,37 @@ impl Transaction {
         forward: bool,
         limit: usize,
     ) -> Result<Entries> {
-        let own = self.own_writes_in(tree.root(), lower, upper, forward);
-        let cursor = tree.cursor(lower, upper, forward)?;
-        let (root, lo, hi) = (
-            tree.root(),
-            lower.map(<[u8]>::to_vec),
-            upper.map(<[u8]>::to_vec),
-        );
-        let (out, read) = tree.block_on(async move {
-            scan_merged(cursor, root, as_ref(&lo), as_ref(&hi), forward, own, limit).await
-        })?;
-        self.scanned(read);
-        Ok(out)
+        let scan = self.scan_start(tree, lower, upper, forward, limit)?;
+        let done = tree.block_on(scan.run())?;
+        Ok(self.scanned(done))
     }
 
-    /// Records what a scan read.
-    fn scanned(&mut self, read: Option<(RangeRead, u64)>) {
-        let Some((read, gsn)) = read else {
-            return;
-        };
-        self.read_gsn = self.read_gsn.max(gsn);
-        if self.isolation == Isolation::Serializable {
-            self.ranges.push(read);
-        }
+    /// A scan of `tree` with this transaction's writes in the range.
+    fn scan_start(
+        &self,
+        tree: &crate::Tree,
+        lower: Bound<&[u8]>,
+        upper: Bound<&[u8]>,
+        forward: bool,
+        limit: usize,
+    ) -> Result<Scan> {
+        Ok(Scan {
+            cursor: tree.cursor(lower, upper, forward)?,
+            tree: tree.root(),
+            lower: lower.map(<[u8]>::to_vec),
+            upper: upper.map(<[u8]>::to_vec),
+            forward,
+            own: self.own_writes_in(tree.root(), lower, upper, forward),
+            limit,
+            keep: self.isolation == Isolation::Serializable,
+        })
+    }
+
+    /// Records what a scan read; returns its entries.
+    fn scanned(&mut self, done: Scanned) -> Entries {
+        self.read_gsn = self.read_gsn.max(done.gsn);
+        self.ranges.extend(done.read);
+        done.entries
     }
 
     /// How this transaction's commit waits: [`Durability::Sync`] (the
@@ -486,79 +493,110 @@ impl Transaction {
     }
 }
 
-fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
-    b.as_ref().map(Vec::as_slice)
-}
-
-/// Pulls entries from `cursor` and merges `own` (the transaction's writes
-/// in the range, in the scan's order) until `limit` entries. Returns them
-/// with what the scan read from the tree: the range as far as it got
-/// (up to the last entry pulled, or the whole range if the cursor ended)
-/// with the tree's entries there, ascending, and the leaves' most GSN.
-async fn scan_merged(
-    mut cursor: Cursor,
+/// A scan inside a transaction, ready to run on a worker.
+struct Scan {
+    cursor: Cursor,
     tree: u64,
-    lower: Bound<&[u8]>,
-    upper: Bound<&[u8]>,
+    lower: Bound<Vec<u8>>,
+    upper: Bound<Vec<u8>>,
     forward: bool,
+    /// The transaction's writes in the range, in the scan's order.
     own: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     limit: usize,
-) -> Result<(Entries, Option<(RangeRead, u64)>)> {
-    let mut out = Vec::new();
-    let mut seen: Entries = Vec::new();
-    let mut own = own.into_iter().peekable();
-    if limit == 0 {
-        return Ok((out, None));
-    }
-    let mut next = cursor.next().await?;
-    let mut ended = next.is_none();
-    seen.extend(next.clone());
-    while out.len() < limit {
-        let take_own = match (&next, own.peek()) {
-            (None, None) => break,
-            (None, Some(_)) => true,
-            (Some(_), None) => false,
-            (Some((tk, _)), Some((ok, _))) => {
-                if forward {
-                    ok <= tk
-                } else {
-                    ok >= tk
+    /// Keep what the tree held (a serializable transaction validates it).
+    keep: bool,
+}
+
+/// What a scan returned and read.
+struct Scanned {
+    entries: Entries,
+    /// The most GSN of the leaves read.
+    gsn: u64,
+    /// The range as far as the scan got, with the tree's entries there
+    /// (only when kept).
+    read: Option<RangeRead>,
+}
+
+impl Scan {
+    /// Pulls entries from the cursor and merges the transaction's own
+    /// writes until `limit` entries. The range read ends at the last
+    /// entry pulled, or is the scan's whole range if the cursor ended.
+    async fn run(mut self) -> Result<Scanned> {
+        let mut entries = Vec::new();
+        let mut seen: Entries = Vec::new();
+        if self.limit == 0 {
+            return Ok(Scanned {
+                entries,
+                gsn: 0,
+                read: None,
+            });
+        }
+        let forward = self.forward;
+        let mut own = std::mem::take(&mut self.own).into_iter().peekable();
+        let mut next = self.pull(&mut seen).await?;
+        let mut ended = next.is_none();
+        while entries.len() < self.limit {
+            let take_own = match (&next, own.peek()) {
+                (None, None) => break,
+                (None, Some(_)) => true,
+                (Some(_), None) => false,
+                (Some((tk, _)), Some((ok, _))) => {
+                    if forward {
+                        ok <= tk
+                    } else {
+                        ok >= tk
+                    }
+                }
+            };
+            let emitted = if take_own {
+                let (k, v) = own.next().expect("peeked");
+                let shadows = next.as_ref().is_some_and(|(tk, _)| *tk == k);
+                if shadows {
+                    next = None;
+                }
+                v.map(|v| (k, v))
+            } else {
+                next.take()
+            };
+            if next.is_none() && !ended {
+                next = self.pull(&mut seen).await?;
+                ended = next.is_none();
+            }
+            entries.extend(emitted);
+        }
+        let read = self.keep.then(|| {
+            // The range the result depends on: as far as the cursor went.
+            let (mut lo, mut hi) = (self.lower, self.upper);
+            if let (false, Some((k, _))) = (ended, seen.last()) {
+                match forward {
+                    true => hi = Bound::Included(k.clone()),
+                    false => lo = Bound::Included(k.clone()),
                 }
             }
-        };
-        let emitted = if take_own {
-            let (k, v) = own.next().expect("peeked");
-            let shadows = next.as_ref().is_some_and(|(tk, _)| *tk == k);
-            if shadows {
-                next = None;
+            if !forward {
+                seen.reverse();
             }
-            v.map(|v| (k, v))
-        } else {
-            next.take()
-        };
-        if next.is_none() && !ended {
-            next = cursor.next().await?;
-            ended = next.is_none();
+            RangeRead {
+                tree: self.tree,
+                lower: lo,
+                upper: hi,
+                seen,
+            }
+        });
+        Ok(Scanned {
+            entries,
+            gsn: self.cursor.max_gsn(),
+            read,
+        })
+    }
+
+    /// The cursor's next entry, also kept in `seen` if the scan keeps
+    /// what it read.
+    async fn pull(&mut self, seen: &mut Entries) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let next = self.cursor.next().await?;
+        if self.keep {
             seen.extend(next.clone());
         }
-        out.extend(emitted);
+        Ok(next)
     }
-    // The range the result depends on: as far as the cursor went.
-    let (mut lo, mut hi) = (lower.map(<[u8]>::to_vec), upper.map(<[u8]>::to_vec));
-    if let (false, Some((k, _))) = (ended, seen.last()) {
-        match forward {
-            true => hi = Bound::Included(k.clone()),
-            false => lo = Bound::Included(k.clone()),
-        }
-    }
-    if !forward {
-        seen.reverse();
-    }
-    let read = RangeRead {
-        tree,
-        lower: lo,
-        upper: hi,
-        seen,
-    };
-    Ok((out, Some((read, cursor.max_gsn()))))
 }

@@ -232,6 +232,8 @@ impl Committer {
         read_gsn: u64,
         reads: Option<&ReadSet>,
     ) -> Result<(Vec<Applied>, u64)> {
+        // A serializable transaction that wrote nothing only validates:
+        // a read-only database allows it.
         self.live(!writes.is_empty() || reads.is_none())?;
         if !sched::on_worker() {
             return Err(Error::WouldBlock);

@@ -119,15 +119,14 @@ pub(crate) struct Registered<'a> {
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
-        for (tree, key) in &self.keys {
-            let mut s = self.in_flight.shard(*tree);
-            if let Some(set) = s.get_mut(tree) {
-                set.remove(key.as_slice());
+        self.in_flight.each_key(&self.keys, |s, tree, key| {
+            if let Some(set) = s.get_mut(&tree) {
+                set.remove(key);
                 if set.is_empty() {
-                    s.remove(tree);
+                    s.remove(&tree);
                 }
             }
-        }
+        });
     }
 }
 
@@ -139,9 +138,33 @@ impl InFlight {
         }
     }
 
+    fn shard_of(tree: u64) -> usize {
+        (tree ^ (tree >> 17)) as usize % SHARDS
+    }
+
     fn shard(&self, tree: u64) -> std::sync::MutexGuard<'_, Shard> {
-        let i = (tree ^ (tree >> 17)) as usize % SHARDS;
-        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+        self.shards[Self::shard_of(tree)]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on each of `keys` under its tree's shard lock, taking a
+    /// shard once per run of keys in it (a commit's writes come sorted by
+    /// tree) and never two at once.
+    fn each_key(&self, keys: &[(u64, Vec<u8>)], mut f: impl FnMut(&mut Shard, u64, &[u8])) {
+        let mut held: Option<(usize, std::sync::MutexGuard<'_, Shard>)> = None;
+        for (tree, key) in keys {
+            let i = Self::shard_of(*tree);
+            let s = match &mut held {
+                Some((h, s)) if *h == i => s,
+                _ => {
+                    // Release the shard held before taking the next.
+                    held = None;
+                    &mut held.insert((i, self.shard(*tree))).1
+                }
+            };
+            f(s, *tree, key);
+        }
     }
 
     /// True if commits register their keys.
@@ -162,14 +185,10 @@ impl InFlight {
     pub(crate) fn register(&self, writes: &[Write<'_>]) -> Registered<'_> {
         let mut keys = Vec::new();
         if self.is_on() {
-            keys.reserve(writes.len());
-            for w in writes {
-                self.shard(w.tree)
-                    .entry(w.tree)
-                    .or_default()
-                    .insert(w.key.clone());
-                keys.push((w.tree, w.key.clone()));
-            }
+            keys = writes.iter().map(|w| (w.tree, w.key.clone())).collect();
+            self.each_key(&keys, |s, tree, key| {
+                s.entry(tree).or_default().insert(key.to_vec());
+            });
         }
         Registered {
             in_flight: self,
