@@ -191,8 +191,15 @@ pub(crate) fn owned_bounds<K: AsRef<[u8]> + ?Sized>(
 
 /// The bounds of the keys that start with `prefix`: from the prefix
 /// itself (included) to the first byte string above every such key
-/// (excluded), or unbounded when the prefix is all `0xff` bytes.
-pub(crate) fn prefix_bounds(prefix: &[u8]) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+/// (excluded), or unbounded when the prefix is all `0xff` bytes. What
+/// [`crate::Tree::prefix`] iterates; for scans that take bounds.
+///
+/// ```
+/// use std::ops::Bound;
+/// let (lo, hi) = dana::iter::prefix_bounds(b"user/");
+/// assert_eq!((lo, hi), (Bound::Included(b"user/".to_vec()), Bound::Excluded(b"user0".to_vec())));
+/// ```
+pub fn prefix_bounds(prefix: &[u8]) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
     let mut upper = prefix.to_vec();
     while let Some(last) = upper.pop() {
         if last < 0xff {

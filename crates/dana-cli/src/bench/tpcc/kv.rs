@@ -7,7 +7,7 @@
 //! as another error, or another error as a conflict (the runner retries
 //! exactly the conflicts).
 
-use std::ops::Bound::{Excluded, Included};
+use std::ops::Bound;
 use std::sync::Arc;
 
 use dana::{Db, Durability, Error, Isolation, Transaction, Tree};
@@ -49,16 +49,35 @@ pub trait KvTx {
     fn put(&mut self, t: Table, key: &[u8], value: &[u8]) -> TxResult<()>;
     /// Removes `key` at commit.
     fn delete(&mut self, t: Table, key: &[u8]) -> TxResult<()>;
-    /// Up to `limit` entries with keys in `[lo, hi)`, forward or
-    /// backward, as this transaction sees them.
+    /// Up to `limit` entries with keys in `[lo, hi]` (each bound
+    /// inclusive, exclusive or open), forward or backward, as this
+    /// transaction sees them.
     async fn scan(
         &mut self,
         t: Table,
-        lo: &[u8],
-        hi: &[u8],
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
         forward: bool,
         limit: usize,
     ) -> TxResult<Vec<(Vec<u8>, Vec<u8>)>>;
+    /// [`KvTx::scan`] of the keys that start with `prefix`.
+    async fn scan_prefix(
+        &mut self,
+        t: Table,
+        prefix: &[u8],
+        forward: bool,
+        limit: usize,
+    ) -> TxResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let (lo, hi) = dana::iter::prefix_bounds(prefix);
+        self.scan(
+            t,
+            lo.as_ref().map(Vec::as_slice),
+            hi.as_ref().map(Vec::as_slice),
+            forward,
+            limit,
+        )
+        .await
+    }
     /// Commits: all the writes or none.
     async fn commit(self) -> TxResult<()>;
 }
@@ -123,20 +142,14 @@ impl KvTx for DanaTx {
     async fn scan(
         &mut self,
         t: Table,
-        lo: &[u8],
-        hi: &[u8],
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
         forward: bool,
         limit: usize,
     ) -> TxResult<Vec<(Vec<u8>, Vec<u8>)>> {
         Ok(self
             .tx
-            .scan_async(
-                self.tables.tree(t),
-                Included(lo),
-                Excluded(hi),
-                forward,
-                limit,
-            )
+            .scan_async(self.tables.tree(t), lo, hi, forward, limit)
             .await?)
     }
 

@@ -32,11 +32,10 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use dana::{Db, Durability, Isolation, Options};
-use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::diskstats::Disk;
-use super::{clear_dana_files, thousands};
+use super::{thousands, Latency};
 use crate::report::{num, process_cpu_seconds, Machine, Table as TextTable};
 use crate::{CliError, CliResult, Context};
 use gen::{Gen, NuRandC};
@@ -97,9 +96,9 @@ pub struct TypeReport {
     pub conflicts: u64,
     /// Inputs given up after [`MAX_ATTEMPTS`] conflicts.
     pub abandoned: u64,
-    pub p50_us: u64,
-    pub p99_us: u64,
-    pub p999_us: u64,
+    /// Committed transactions, from the input drawn to the commit's
+    /// return (retries included).
+    pub latency: Latency,
 }
 
 /// The whole report.
@@ -137,42 +136,24 @@ pub type OrderHook = Arc<dyn Fn(u32, u32, u32) + Send + Sync>;
 /// Conflicts after which an input is given up (counted, not committed).
 pub const MAX_ATTEMPTS: u32 = 1000;
 
-/// What one task counted.
-struct TaskStats {
-    committed: [u64; 5],
-    rolled_back: [u64; 5],
-    conflicts: [u64; 5],
-    abandoned: [u64; 5],
-    latency: Vec<Histogram<u64>>,
+/// What the tasks count, per transaction type ([`Kind::index`]), shared
+/// by all of them.
+#[derive(Default)]
+struct Counts {
+    committed: [AtomicU64; 5],
+    rolled_back: [AtomicU64; 5],
+    conflicts: [AtomicU64; 5],
+    abandoned: [AtomicU64; 5],
+    /// Input drawn to commit, retries included.
+    latency: [dana::stats::Histogram; 5],
 }
 
-impl TaskStats {
-    fn new() -> TaskStats {
-        TaskStats {
-            committed: [0; 5],
-            rolled_back: [0; 5],
-            conflicts: [0; 5],
-            abandoned: [0; 5],
-            latency: (0..5).map(|_| histogram()).collect(),
-        }
-    }
-
-    fn add(&mut self, o: &TaskStats) -> CliResult<()> {
-        for i in 0..5 {
-            self.committed[i] += o.committed[i];
-            self.rolled_back[i] += o.rolled_back[i];
-            self.conflicts[i] += o.conflicts[i];
-            self.abandoned[i] += o.abandoned[i];
-            self.latency[i]
-                .add(&o.latency[i])
-                .map_err(|e| CliError(format!("merging latencies: {e}")))?;
-        }
-        Ok(())
-    }
+fn bump(counter: &[AtomicU64; 5], k: Kind) {
+    counter[k.index()].fetch_add(1, Ordering::Relaxed);
 }
 
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds")
+fn total(counter: &[AtomicU64; 5]) -> u64 {
+    counter.iter().map(|c| c.load(Ordering::Relaxed)).sum()
 }
 
 /// The isolation each type runs at.
@@ -189,7 +170,7 @@ async fn run_one(
     input: &Input,
     durability: Durability,
     history_id: u64,
-    stats: &mut TaskStats,
+    counts: &Counts,
     on_order: Option<&OrderHook>,
 ) -> Result<(), String> {
     let k = input.kind();
@@ -199,7 +180,7 @@ async fn run_one(
         let outcome = match txns::run(&mut tx, input, history_id).await {
             Ok(Outcome::Rollback) => {
                 drop(tx);
-                stats.rolled_back[k.index()] += 1;
+                bump(&counts.rolled_back, k);
                 return Ok(());
             }
             Ok(Outcome::Commit(order)) => tx.commit().await.map(|()| order),
@@ -210,18 +191,18 @@ async fn run_one(
                 if let (Some(hook), Some((w, d, o))) = (on_order, order) {
                     hook(w, d, o);
                 }
-                stats.committed[k.index()] += 1;
-                stats.latency[k.index()].saturating_record(began.elapsed().as_micros() as u64);
+                bump(&counts.committed, k);
+                counts.latency[k.index()].record(began.elapsed());
                 return Ok(());
             }
             Err(TxError::Conflict) => {
-                stats.conflicts[k.index()] += 1;
+                bump(&counts.conflicts, k);
                 dana::sched::yield_now().await;
             }
             Err(TxError::Failed(m)) => return Err(format!("{}: {m}", k.name())),
         }
     }
-    stats.abandoned[k.index()] += 1;
+    bump(&counts.abandoned, k);
     Ok(())
 }
 
@@ -236,7 +217,6 @@ pub fn create_and_load(
 ) -> CliResult<(Db, Arc<DanaTables>, u64, f64)> {
     let _ = std::fs::remove_dir_all(path);
     std::fs::create_dir_all(path).context(format!("creating {}", path.display()))?;
-    clear_dana_files(path)?;
     let db = Db::open(path, opts)?;
     let tables = DanaTables::open(&db)?;
     let started = Instant::now();
@@ -255,7 +235,7 @@ pub fn create_and_load(
 /// The run's counters: per-type stats plus what the engine and the disk
 /// did.
 pub struct RunResult {
-    stats: TaskStats,
+    counts: Arc<Counts>,
     seconds: f64,
 }
 
@@ -301,24 +281,23 @@ pub fn run_mix(
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let failure: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-    let (tx, rx) = std::sync::mpsc::channel();
+    let counts = Arc::new(Counts::default());
     let load_c = NuRandC::load(seed);
     let run_c = NuRandC::run(load_c, seed);
     let tasks = workers * tasks_per_worker;
     let started = Instant::now();
     for t in 0..tasks {
-        let (tables, stop, done, failure, tx, on_order) = (
+        let (tables, stop, done, failure, counts, on_order) = (
             tables.clone(),
             stop.clone(),
             done.clone(),
             failure.clone(),
-            tx.clone(),
+            counts.clone(),
             on_order.clone(),
         );
         db.spawn_on(t % workers, async move {
             let mut g = Gen::new(seed ^ ((t as u64 + 1) << 20), run_c);
             let w = (t as u32 % warehouses) + 1;
-            let mut stats = TaskStats::new();
             let mut history = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let k = Kind::draw(&mut g);
@@ -329,38 +308,36 @@ pub fn run_mix(
                 // it) and apart from the load's ids (customer numbers,
                 // below 2^32): run 23 bits, task 12, count 28.
                 let hid = history_id(seed, t, history);
-                if let Err(m) = run_one(
-                    &tables,
-                    &input,
-                    durability,
-                    hid,
-                    &mut stats,
-                    on_order.as_ref(),
-                )
-                .await
+                if let Err(m) =
+                    run_one(&tables, &input, durability, hid, &counts, on_order.as_ref()).await
                 {
                     *failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(m);
                     stop.store(true, Ordering::Relaxed);
                 }
             }
-            let _ = tx.send(stats);
             done.fetch_add(1, Ordering::Release);
         })?;
     }
-    drop(tx);
     while started.elapsed().as_secs_f64() < seconds && !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(20));
     }
     stop.store(true, Ordering::Relaxed);
     let seconds = started.elapsed().as_secs_f64();
-    let mut stats = TaskStats::new();
-    for s in rx {
-        stats.add(&s)?;
+    // Each task finishes the input it is running.
+    let stopped = Instant::now();
+    while done.load(Ordering::Acquire) < tasks as u64 {
+        if stopped.elapsed() > Duration::from_secs(300) {
+            return Err(CliError(format!(
+                "{} of {tasks} TPC-C tasks did not stop within 300 s",
+                tasks as u64 - done.load(Ordering::Acquire)
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
     if let Some(m) = failure.lock().unwrap_or_else(|e| e.into_inner()).take() {
         return Err(CliError(format!("a TPC-C transaction failed: {m}")));
     }
-    Ok(RunResult { stats, seconds })
+    Ok(RunResult { counts, seconds })
 }
 
 fn options(a: &TpccArgs, pool: u64, warehouses: u32) -> Options {
@@ -451,8 +428,8 @@ pub fn run(a: &TpccArgs) -> CliResult<()> {
         process_cpu_seconds(),
     );
     let after_bytes = p1.array_pages * page;
-    let s = &r.stats;
-    let txs: u64 = s.committed.iter().sum::<u64>() + s.rolled_back.iter().sum::<u64>();
+    let c = &r.counts;
+    let txs = total(&c.committed) + total(&c.rolled_back);
     let per = |v: u64| v as f64 / txs.max(1) as f64;
     let disk_delta = match (d0, d1) {
         (Some(a0), Some(a1)) => Some(a1.since(&a0)),
@@ -461,18 +438,17 @@ pub fn run(a: &TpccArgs) -> CliResult<()> {
     let types: Vec<TypeReport> = Kind::ALL
         .iter()
         .map(|&k| {
-            let i = k.index();
-            let h = &s.latency[i];
+            let (i, n) = (k.index(), |a: &[AtomicU64; 5]| {
+                a[k.index()].load(Ordering::Relaxed)
+            });
             TypeReport {
                 name: k.name(),
                 isolation: isolation_of(k).to_string(),
-                committed: s.committed[i],
-                rolled_back: s.rolled_back[i],
-                conflicts: s.conflicts[i],
-                abandoned: s.abandoned[i],
-                p50_us: h.value_at_quantile(0.5),
-                p99_us: h.value_at_quantile(0.99),
-                p999_us: h.value_at_quantile(0.999),
+                committed: n(&c.committed),
+                rolled_back: n(&c.rolled_back),
+                conflicts: n(&c.conflicts),
+                abandoned: n(&c.abandoned),
+                latency: Latency::from(&c.latency[i].snapshot()),
             }
         })
         .collect();
@@ -493,7 +469,10 @@ pub fn run(a: &TpccArgs) -> CliResult<()> {
         load_seconds,
         seconds: r.seconds,
         transactions_per_s: txs as f64 / r.seconds,
-        tpmc: (s.committed[0] + s.rolled_back[0]) as f64 / r.seconds * 60.0,
+        tpmc: (c.committed[Kind::NewOrder.index()].load(Ordering::Relaxed)
+            + c.rolled_back[Kind::NewOrder.index()].load(Ordering::Relaxed)) as f64
+            / r.seconds
+            * 60.0,
         types,
         page_reads_per_tx: per(p1.reads - p0.reads),
         page_writes_per_tx: per(p1.writes - p0.writes),
@@ -548,9 +527,9 @@ fn print_report(r: &TpccReport) {
             thousands(ty.rolled_back as f64),
             thousands(ty.conflicts as f64),
             thousands(ty.abandoned as f64),
-            thousands(ty.p50_us as f64),
-            thousands(ty.p99_us as f64),
-            thousands(ty.p999_us as f64),
+            thousands(ty.latency.p50_us),
+            thousands(ty.latency.p99_us),
+            thousands(ty.latency.p999_us),
         ]);
     }
     print!("{}", t.render());
@@ -615,7 +594,7 @@ mod tests {
         .unwrap();
         for k in Kind::ALL {
             assert!(
-                r.stats.committed[k.index()] > 0,
+                r.counts.committed[k.index()].load(Ordering::Relaxed) > 0,
                 "no {} committed",
                 k.name()
             );

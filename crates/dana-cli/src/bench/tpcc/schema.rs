@@ -81,21 +81,6 @@ pub fn key(parts: &[u32]) -> Vec<u8> {
     k
 }
 
-/// The first key after every key that starts with `prefix` (None: there
-/// is none, the prefix is all 0xff).
-pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    // All 0xff: no key is larger than the prefix's extensions but longer
-    // 0xff runs; never reached with the keys here (ids < 2^31).
-    vec![0xff; prefix.len() + 1]
-}
-
 /// Width of the name columns in the by-name index (padded with zeros).
 pub const NAME_WIDTH: usize = 16;
 
@@ -362,9 +347,6 @@ mod tests {
         assert!(key(&[1, 9]) < key(&[2, 0]));
         assert_eq!(last_id(&key(&[4, 5, 6])).unwrap(), 6);
         assert_eq!(part(&key(&[4, 5, 6]), 1).unwrap(), 5);
-        let p = key(&[3, 7]);
-        assert!(key(&[3, 7, u32::MAX]) < prefix_end(&p));
-        assert!(key(&[3, 8]) >= prefix_end(&p));
         let a = by_name_key(1, 1, b"ABLE", b"zed", 9);
         let b = by_name_key(1, 1, b"ABLEABLE", b"amy", 1);
         assert!(a < b);
