@@ -9,8 +9,10 @@
 //! library from Debian's packages (`librocksdb-dev` 7.8.3,
 //! `liblmdb-dev` 0.9.24, `libwiredtiger-dev` 3.2.1), and compiled only
 //! with the cargo feature of the same name (`rocksdb`, `lmdb`,
-//! `wiredtiger`; none by default). `unsafe` lives in those three files
-//! only.
+//! `wiredtiger`; none by default). `unsafe` lives in the binding files
+//! only (`rocksdb.rs`, `lmdb.rs`, `wiredtiger.rs`, and the transactional
+//! `rocksdb_txn.rs`, `wiredtiger_txn.rs` that TPC-C uses through
+//! [`txn::TxPeer`]).
 //!
 //! # Fairness rules
 //!
@@ -63,9 +65,16 @@ mod lmdb;
 #[cfg(feature = "rocksdb")]
 #[allow(unsafe_code)]
 mod rocksdb;
+#[cfg(feature = "rocksdb")]
+#[allow(unsafe_code)]
+mod rocksdb_txn;
+pub mod txn;
 #[cfg(feature = "wiredtiger")]
 #[allow(unsafe_code)]
 mod wiredtiger;
+#[cfg(feature = "wiredtiger")]
+#[allow(unsafe_code)]
+mod wiredtiger_txn;
 
 /// A key-value engine the benchmarks compare dana with.
 pub trait PeerEngine: Send + Sync {

@@ -26,7 +26,7 @@ use crate::{CliError, CliResult};
 macro_rules! opaque {
     ($($name:ident),*) => {$(
         #[repr(C)]
-        struct $name {
+        pub(super) struct $name {
             _private: [u8; 0],
         }
     )*};
@@ -48,7 +48,7 @@ opaque!(
 #[link(name = "rocksdb")]
 extern "C" {
     fn rocksdb_options_create() -> *mut Options;
-    fn rocksdb_options_destroy(o: *mut Options);
+    pub(super) fn rocksdb_options_destroy(o: *mut Options);
     fn rocksdb_options_set_create_if_missing(o: *mut Options, v: c_uchar);
     fn rocksdb_options_increase_parallelism(o: *mut Options, total_threads: c_int);
     fn rocksdb_options_set_compression(o: *mut Options, v: c_int);
@@ -68,21 +68,21 @@ extern "C" {
     );
     fn rocksdb_filterpolicy_create_bloom(bits_per_key: f64) -> *mut FilterPolicy;
     fn rocksdb_cache_create_lru(capacity: usize) -> *mut Cache;
-    fn rocksdb_cache_destroy(c: *mut Cache);
+    pub(super) fn rocksdb_cache_destroy(c: *mut Cache);
 
     fn rocksdb_open(o: *const Options, name: *const c_char, errptr: *mut *mut c_char) -> *mut Db;
     fn rocksdb_close(db: *mut Db);
-    fn rocksdb_free(p: *mut c_void);
+    pub(super) fn rocksdb_free(p: *mut c_void);
 
-    fn rocksdb_readoptions_create() -> *mut ReadOptions;
-    fn rocksdb_readoptions_destroy(r: *mut ReadOptions);
+    pub(super) fn rocksdb_readoptions_create() -> *mut ReadOptions;
+    pub(super) fn rocksdb_readoptions_destroy(r: *mut ReadOptions);
     fn rocksdb_readoptions_set_fill_cache(r: *mut ReadOptions, v: c_uchar);
-    fn rocksdb_writeoptions_create() -> *mut WriteOptions;
-    fn rocksdb_writeoptions_destroy(w: *mut WriteOptions);
-    fn rocksdb_writeoptions_disable_WAL(w: *mut WriteOptions, disable: c_int);
-    fn rocksdb_flushoptions_create() -> *mut FlushOptions;
-    fn rocksdb_flushoptions_destroy(f: *mut FlushOptions);
-    fn rocksdb_flushoptions_set_wait(f: *mut FlushOptions, v: c_uchar);
+    pub(super) fn rocksdb_writeoptions_create() -> *mut WriteOptions;
+    pub(super) fn rocksdb_writeoptions_destroy(w: *mut WriteOptions);
+    pub(super) fn rocksdb_writeoptions_disable_WAL(w: *mut WriteOptions, disable: c_int);
+    pub(super) fn rocksdb_flushoptions_create() -> *mut FlushOptions;
+    pub(super) fn rocksdb_flushoptions_destroy(f: *mut FlushOptions);
+    pub(super) fn rocksdb_flushoptions_set_wait(f: *mut FlushOptions, v: c_uchar);
 
     fn rocksdb_writebatch_create() -> *mut WriteBatch;
     fn rocksdb_writebatch_destroy(b: *mut WriteBatch);
@@ -125,21 +125,24 @@ extern "C" {
         klen: usize,
         errptr: *mut *mut c_char,
     ) -> *mut PinnableSlice;
-    fn rocksdb_pinnableslice_value(s: *const PinnableSlice, vlen: *mut usize) -> *const c_char;
-    fn rocksdb_pinnableslice_destroy(s: *mut PinnableSlice);
+    pub(super) fn rocksdb_pinnableslice_value(
+        s: *const PinnableSlice,
+        vlen: *mut usize,
+    ) -> *const c_char;
+    pub(super) fn rocksdb_pinnableslice_destroy(s: *mut PinnableSlice);
 
     fn rocksdb_create_iterator(db: *mut Db, r: *const ReadOptions) -> *mut Iterator;
-    fn rocksdb_iter_destroy(it: *mut Iterator);
-    fn rocksdb_iter_seek(it: *mut Iterator, k: *const c_char, klen: usize);
-    fn rocksdb_iter_valid(it: *const Iterator) -> c_uchar;
-    fn rocksdb_iter_next(it: *mut Iterator);
-    fn rocksdb_iter_key(it: *const Iterator, klen: *mut usize) -> *const c_char;
-    fn rocksdb_iter_value(it: *const Iterator, vlen: *mut usize) -> *const c_char;
-    fn rocksdb_iter_get_error(it: *const Iterator, errptr: *mut *mut c_char);
+    pub(super) fn rocksdb_iter_destroy(it: *mut Iterator);
+    pub(super) fn rocksdb_iter_seek(it: *mut Iterator, k: *const c_char, klen: usize);
+    pub(super) fn rocksdb_iter_valid(it: *const Iterator) -> c_uchar;
+    pub(super) fn rocksdb_iter_next(it: *mut Iterator);
+    pub(super) fn rocksdb_iter_key(it: *const Iterator, klen: *mut usize) -> *const c_char;
+    pub(super) fn rocksdb_iter_value(it: *const Iterator, vlen: *mut usize) -> *const c_char;
+    pub(super) fn rocksdb_iter_get_error(it: *const Iterator, errptr: *mut *mut c_char);
 }
 
 /// Turns a RocksDB `errptr` into a result, freeing the message.
-fn check(err: *mut c_char, what: impl std::fmt::Display) -> CliResult<()> {
+pub(super) fn check(err: *mut c_char, what: impl std::fmt::Display) -> CliResult<()> {
     if err.is_null() {
         return Ok(());
     }
@@ -155,7 +158,7 @@ fn check(err: *mut c_char, what: impl std::fmt::Display) -> CliResult<()> {
 
 /// Calls `free` on a RocksDB object when dropped (temporary objects on
 /// every path, including errors).
-struct Owned<T>(*mut T, unsafe extern "C" fn(*mut T));
+pub(super) struct Owned<T>(pub(super) *mut T, pub(super) unsafe extern "C" fn(*mut T));
 
 impl<T> Drop for Owned<T> {
     fn drop(&mut self) {
@@ -191,35 +194,7 @@ impl RocksDb {
         let dir = engine_dir(cfg, "rocksdb")?;
         let cpath = CString::new(dir.as_os_str().as_bytes())
             .map_err(|_| CliError(format!("{}: path contains NUL", dir.display())))?;
-        let threads = cfg.threads.clamp(1, 1024) as c_int;
-        let direct = c_uchar::from(cfg.direct_io);
-        // The filter policy is handed to (owned by) the table options, the
-        // table options are copied into `options` and destroyed by the
-        // guard, the cache is shared (refcounted) and destroyed in Drop.
-        // SAFETY: plain constructors and setters on objects created here.
-        let (options, cache) = unsafe {
-            let options = rocksdb_options_create();
-            let cache = rocksdb_cache_create_lru(cfg.cache_bytes.max(1 << 20));
-            let table = Owned(
-                rocksdb_block_based_options_create(),
-                rocksdb_block_based_options_destroy,
-            );
-            rocksdb_block_based_options_set_block_size(table.0, 4096);
-            rocksdb_block_based_options_set_block_cache(table.0, cache);
-            rocksdb_block_based_options_set_cache_index_and_filter_blocks(table.0, 1);
-            rocksdb_block_based_options_set_filter_policy(
-                table.0,
-                rocksdb_filterpolicy_create_bloom(10.0),
-            );
-            rocksdb_options_set_block_based_table_factory(options, table.0);
-            rocksdb_options_set_create_if_missing(options, 1);
-            rocksdb_options_increase_parallelism(options, threads);
-            rocksdb_options_set_compression(options, 0);
-            rocksdb_options_set_max_open_files(options, -1);
-            rocksdb_options_set_use_direct_reads(options, direct);
-            rocksdb_options_set_use_direct_io_for_flush_and_compaction(options, direct);
-            (options, cache)
-        };
+        let (options, cache) = base_options(cfg, cfg.cache_bytes);
         let mut err = ptr::null_mut();
         // SAFETY: `options` is valid, `cpath` is NUL-terminated and lives
         // across the call; `err` is a valid out-pointer.
@@ -248,6 +223,41 @@ impl RocksDb {
             )));
         }
         Ok(me)
+    }
+}
+
+/// The options both RocksDB bindings share (see the module doc), with an
+/// LRU block cache of `cache_bytes`. The caller owns both objects: it
+/// destroys the options, then, after closing the database, the cache.
+pub(super) fn base_options(cfg: &PeerConfig, cache_bytes: usize) -> (*mut Options, *mut Cache) {
+    let threads = cfg.threads.clamp(1, 1024) as c_int;
+    let direct = c_uchar::from(cfg.direct_io);
+    // The filter policy is handed to (owned by) the table options, the
+    // table options are copied into `options` and destroyed by the
+    // guard, the cache is shared (refcounted) and destroyed by the owner.
+    // SAFETY: plain constructors and setters on objects created here.
+    unsafe {
+        let options = rocksdb_options_create();
+        let cache = rocksdb_cache_create_lru(cache_bytes.max(1 << 20));
+        let table = Owned(
+            rocksdb_block_based_options_create(),
+            rocksdb_block_based_options_destroy,
+        );
+        rocksdb_block_based_options_set_block_size(table.0, 4096);
+        rocksdb_block_based_options_set_block_cache(table.0, cache);
+        rocksdb_block_based_options_set_cache_index_and_filter_blocks(table.0, 1);
+        rocksdb_block_based_options_set_filter_policy(
+            table.0,
+            rocksdb_filterpolicy_create_bloom(10.0),
+        );
+        rocksdb_options_set_block_based_table_factory(options, table.0);
+        rocksdb_options_set_create_if_missing(options, 1);
+        rocksdb_options_increase_parallelism(options, threads);
+        rocksdb_options_set_compression(options, 0);
+        rocksdb_options_set_max_open_files(options, -1);
+        rocksdb_options_set_use_direct_reads(options, direct);
+        rocksdb_options_set_use_direct_io_for_flush_and_compaction(options, direct);
+        (options, cache)
     }
 }
 

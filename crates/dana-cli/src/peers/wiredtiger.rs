@@ -27,23 +27,23 @@ use std::ptr;
 use super::{already_loaded, engine_dir, write_marker, PeerConfig, PeerEngine, Pool, LOAD_BATCH};
 use crate::{CliError, CliResult};
 
-const WT_ROLLBACK: c_int = -31800;
-const WT_NOTFOUND: c_int = -31803;
+pub(super) const WT_ROLLBACK: c_int = -31800;
+pub(super) const WT_NOTFOUND: c_int = -31803;
 /// Returned by [`wt!`] when a method pointer is null (never, in 3.2.1).
-const NO_METHOD: c_int = libc::ENOTSUP;
+pub(super) const NO_METHOD: c_int = libc::ENOTSUP;
 
 /// `WT_ITEM`.
 #[repr(C)]
-struct WtItem {
-    data: *const c_void,
-    size: usize,
-    mem: *mut c_void,
-    memsize: usize,
-    flags: u32,
+pub(super) struct WtItem {
+    pub(super) data: *const c_void,
+    pub(super) size: usize,
+    pub(super) mem: *mut c_void,
+    pub(super) memsize: usize,
+    pub(super) flags: u32,
 }
 
 impl WtItem {
-    fn of(b: &[u8]) -> Self {
+    pub(super) fn of(b: &[u8]) -> Self {
         WtItem {
             data: b.as_ptr().cast(),
             size: b.len(),
@@ -52,7 +52,7 @@ impl WtItem {
             flags: 0,
         }
     }
-    fn empty() -> Self {
+    pub(super) fn empty() -> Self {
         Self::of(&[])
     }
 }
@@ -69,39 +69,39 @@ type ConnCfgFn = unsafe extern "C" fn(*mut WtConnection, *const c_char) -> c_int
 
 /// `WT_CURSOR`, up to `close`.
 #[repr(C)]
-struct WtCursor {
-    session: *mut WtSession,
-    uri: *const c_char,
-    key_format: *const c_char,
-    value_format: *const c_char,
-    get_key: Option<CursorVarFn>,
-    get_value: Option<CursorVarFn>,
-    set_key: Option<CursorSetFn>,
-    set_value: Option<CursorSetFn>,
-    compare: Option<CursorCmpFn>,
-    equals: Option<CursorCmpFn>,
-    next: Option<CursorFn>,
-    prev: Option<CursorFn>,
-    reset: Option<CursorFn>,
-    search: Option<CursorFn>,
-    search_near: Option<unsafe extern "C" fn(*mut WtCursor, *mut c_int) -> c_int>,
-    insert: Option<CursorFn>,
-    modify: Option<unsafe extern "C" fn(*mut WtCursor, *mut c_void, c_int) -> c_int>,
-    update: Option<CursorFn>,
-    remove: Option<CursorFn>,
-    reserve: Option<CursorFn>,
-    close: Option<CursorFn>,
+pub(super) struct WtCursor {
+    pub(super) session: *mut WtSession,
+    pub(super) uri: *const c_char,
+    pub(super) key_format: *const c_char,
+    pub(super) value_format: *const c_char,
+    pub(super) get_key: Option<CursorVarFn>,
+    pub(super) get_value: Option<CursorVarFn>,
+    pub(super) set_key: Option<CursorSetFn>,
+    pub(super) set_value: Option<CursorSetFn>,
+    pub(super) compare: Option<CursorCmpFn>,
+    pub(super) equals: Option<CursorCmpFn>,
+    pub(super) next: Option<CursorFn>,
+    pub(super) prev: Option<CursorFn>,
+    pub(super) reset: Option<CursorFn>,
+    pub(super) search: Option<CursorFn>,
+    pub(super) search_near: Option<unsafe extern "C" fn(*mut WtCursor, *mut c_int) -> c_int>,
+    pub(super) insert: Option<CursorFn>,
+    pub(super) modify: Option<unsafe extern "C" fn(*mut WtCursor, *mut c_void, c_int) -> c_int>,
+    pub(super) update: Option<CursorFn>,
+    pub(super) remove: Option<CursorFn>,
+    pub(super) reserve: Option<CursorFn>,
+    pub(super) close: Option<CursorFn>,
 }
 
 /// `WT_SESSION`, up to `checkpoint`.
 #[repr(C)]
-struct WtSession {
-    connection: *mut WtConnection,
-    app_private: *mut c_void,
-    close: Option<SessionCfgFn>,
-    reconfigure: Option<SessionCfgFn>,
-    strerror: Option<unsafe extern "C" fn(*mut WtSession, c_int) -> *const c_char>,
-    open_cursor: Option<
+pub(super) struct WtSession {
+    pub(super) connection: *mut WtConnection,
+    pub(super) app_private: *mut c_void,
+    pub(super) close: Option<SessionCfgFn>,
+    pub(super) reconfigure: Option<SessionCfgFn>,
+    pub(super) strerror: Option<unsafe extern "C" fn(*mut WtSession, c_int) -> *const c_char>,
+    pub(super) open_cursor: Option<
         unsafe extern "C" fn(
             *mut WtSession,
             *const c_char,
@@ -110,23 +110,24 @@ struct WtSession {
             *mut *mut WtCursor,
         ) -> c_int,
     >,
-    alter: Option<SessionNameFn>,
-    create: Option<SessionNameFn>,
-    import: Option<SessionNameFn>,
-    compact: Option<SessionNameFn>,
-    drop: Option<SessionNameFn>,
-    join: Option<
+    pub(super) alter: Option<SessionNameFn>,
+    pub(super) create: Option<SessionNameFn>,
+    pub(super) import: Option<SessionNameFn>,
+    pub(super) compact: Option<SessionNameFn>,
+    pub(super) drop: Option<SessionNameFn>,
+    pub(super) join: Option<
         unsafe extern "C" fn(*mut WtSession, *mut WtCursor, *mut WtCursor, *const c_char) -> c_int,
     >,
-    log_flush: Option<SessionCfgFn>,
-    log_printf: Option<unsafe extern "C" fn(*mut WtSession, *const c_char, ...) -> c_int>,
-    rebalance: Option<SessionNameFn>,
-    rename: Option<
+    pub(super) log_flush: Option<SessionCfgFn>,
+    pub(super) log_printf:
+        Option<unsafe extern "C" fn(*mut WtSession, *const c_char, ...) -> c_int>,
+    pub(super) rebalance: Option<SessionNameFn>,
+    pub(super) rename: Option<
         unsafe extern "C" fn(*mut WtSession, *const c_char, *const c_char, *const c_char) -> c_int,
     >,
-    reset: Option<SessionFn>,
-    salvage: Option<SessionNameFn>,
-    truncate: Option<
+    pub(super) reset: Option<SessionFn>,
+    pub(super) salvage: Option<SessionNameFn>,
+    pub(super) truncate: Option<
         unsafe extern "C" fn(
             *mut WtSession,
             *const c_char,
@@ -135,23 +136,23 @@ struct WtSession {
             *const c_char,
         ) -> c_int,
     >,
-    upgrade: Option<SessionNameFn>,
-    verify: Option<SessionNameFn>,
-    begin_transaction: Option<SessionCfgFn>,
-    commit_transaction: Option<SessionCfgFn>,
-    prepare_transaction: Option<SessionCfgFn>,
-    rollback_transaction: Option<SessionCfgFn>,
-    timestamp_transaction: Option<SessionCfgFn>,
-    query_timestamp:
+    pub(super) upgrade: Option<SessionNameFn>,
+    pub(super) verify: Option<SessionNameFn>,
+    pub(super) begin_transaction: Option<SessionCfgFn>,
+    pub(super) commit_transaction: Option<SessionCfgFn>,
+    pub(super) prepare_transaction: Option<SessionCfgFn>,
+    pub(super) rollback_transaction: Option<SessionCfgFn>,
+    pub(super) timestamp_transaction: Option<SessionCfgFn>,
+    pub(super) query_timestamp:
         Option<unsafe extern "C" fn(*mut WtSession, *mut c_char, *const c_char) -> c_int>,
-    checkpoint: Option<SessionCfgFn>,
+    pub(super) checkpoint: Option<SessionCfgFn>,
 }
 
 /// `WT_CONNECTION`, up to `open_session`.
 #[repr(C)]
-struct WtConnection {
-    async_flush: Option<ConnFn>,
-    async_new_op: Option<
+pub(super) struct WtConnection {
+    pub(super) async_flush: Option<ConnFn>,
+    pub(super) async_new_op: Option<
         unsafe extern "C" fn(
             *mut WtConnection,
             *const c_char,
@@ -160,11 +161,11 @@ struct WtConnection {
             *mut *mut c_void,
         ) -> c_int,
     >,
-    close: Option<ConnCfgFn>,
-    debug_info: Option<ConnCfgFn>,
-    reconfigure: Option<ConnCfgFn>,
-    get_home: Option<unsafe extern "C" fn(*mut WtConnection) -> *const c_char>,
-    configure_method: Option<
+    pub(super) close: Option<ConnCfgFn>,
+    pub(super) debug_info: Option<ConnCfgFn>,
+    pub(super) reconfigure: Option<ConnCfgFn>,
+    pub(super) get_home: Option<unsafe extern "C" fn(*mut WtConnection) -> *const c_char>,
+    pub(super) configure_method: Option<
         unsafe extern "C" fn(
             *mut WtConnection,
             *const c_char,
@@ -174,8 +175,8 @@ struct WtConnection {
             *const c_char,
         ) -> c_int,
     >,
-    is_new: Option<ConnFn>,
-    open_session: Option<
+    pub(super) is_new: Option<ConnFn>,
+    pub(super) open_session: Option<
         unsafe extern "C" fn(
             *mut WtConnection,
             *mut c_void,
@@ -187,7 +188,7 @@ struct WtConnection {
 
 #[link(name = "wiredtiger")]
 extern "C" {
-    fn wiredtiger_open(
+    pub(super) fn wiredtiger_open(
         home: *const c_char,
         event_handler: *mut c_void,
         config: *const c_char,
@@ -204,7 +205,7 @@ macro_rules! wt {
         let h = $h;
         match (*h).$m {
             Some(f) => f(h $(, $arg)*),
-            None => NO_METHOD,
+            None => $crate::peers::wiredtiger::NO_METHOD,
         }
     }};
 }
@@ -221,8 +222,10 @@ macro_rules! wt_set {
     }};
 }
 
+pub(super) use {wt, wt_set};
+
 /// A WiredTiger return code as a result.
-fn check(rc: c_int, what: impl std::fmt::Display) -> CliResult<()> {
+pub(super) fn check(rc: c_int, what: impl std::fmt::Display) -> CliResult<()> {
     if rc == 0 {
         return Ok(());
     }

@@ -7,9 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use dana::Tree;
-
-use super::kv::DanaTables;
+use super::kv::Engine;
 use super::schema::{
     key, last_id, part, Customer, District, History, Order, OrderLine, Table, Warehouse,
 };
@@ -51,17 +49,16 @@ impl Consistency {
     }
 }
 
-fn each(
-    tree: &Tree,
+fn each<E: Engine>(
+    tables: &E,
+    t: Table,
     rows: &mut u64,
     mut f: impl FnMut(&[u8], &[u8]) -> CliResult<()>,
 ) -> CliResult<()> {
-    for e in tree.iter() {
-        let (k, v) = e?;
+    tables.each(t, &mut |k, v| {
         *rows += 1;
-        f(&k, &v)?;
-    }
-    Ok(())
+        f(k, v)
+    })
 }
 
 #[derive(Default, Clone, Copy)]
@@ -87,7 +84,7 @@ struct DistrictFacts {
 }
 
 /// Checks every condition over the whole database.
-pub fn check(tables: &DanaTables) -> CliResult<Consistency> {
+pub fn check<E: Engine>(tables: &E) -> CliResult<Consistency> {
     let mut out = Consistency {
         conditions: vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15],
         ..Consistency::default()
@@ -95,11 +92,11 @@ pub fn check(tables: &DanaTables) -> CliResult<Consistency> {
     let mut rows = 0u64;
     let mut w_ytd: BTreeMap<u32, (i64, i64, i64)> = BTreeMap::new(); // (W_YTD, sum D_YTD, sum H)
     let mut districts: BTreeMap<(u32, u32), DistrictFacts> = BTreeMap::new();
-    each(tables.tree(Table::Warehouse), &mut rows, |k, v| {
+    each(tables, Table::Warehouse, &mut rows, |k, v| {
         w_ytd.entry(part(k, 0)?).or_default().0 = Warehouse::decode(v)?.ytd;
         Ok(())
     })?;
-    each(tables.tree(Table::District), &mut rows, |k, v| {
+    each(tables, Table::District, &mut rows, |k, v| {
         let d = District::decode(v)?;
         let (w, di) = (part(k, 0)?, part(k, 1)?);
         w_ytd.entry(w).or_default().1 += d.ytd;
@@ -109,7 +106,7 @@ pub fn check(tables: &DanaTables) -> CliResult<Consistency> {
         Ok(())
     })?;
     let mut orders: HashMap<(u32, u32, u32), OrderFacts> = HashMap::new();
-    each(tables.tree(Table::Order), &mut rows, |k, v| {
+    each(tables, Table::Order, &mut rows, |k, v| {
         let o = Order::decode(v)?;
         let id = (part(k, 0)?, part(k, 1)?, part(k, 2)?);
         let f = districts.entry((id.0, id.1)).or_default();
@@ -127,7 +124,7 @@ pub fn check(tables: &DanaTables) -> CliResult<Consistency> {
         Ok(())
     })?;
     let mut missing = Vec::new();
-    each(tables.tree(Table::NewOrder), &mut rows, |k, _| {
+    each(tables, Table::NewOrder, &mut rows, |k, _| {
         let id = (part(k, 0)?, part(k, 1)?, part(k, 2)?);
         let f = districts.entry((id.0, id.1)).or_default();
         f.no_min = Some(f.no_min.map_or(id.2, |m| m.min(id.2)));
@@ -145,7 +142,7 @@ pub fn check(tables: &DanaTables) -> CliResult<Consistency> {
     // Delivered order-line amounts per customer (conditions 10 and 12).
     let mut delivered: HashMap<(u32, u32, u32), i64> = HashMap::new();
     let mut bad_lines = Vec::new();
-    each(tables.tree(Table::OrderLine), &mut rows, |k, v| {
+    each(tables, Table::OrderLine, &mut rows, |k, v| {
         let l = OrderLine::decode(v)?;
         let id = (part(k, 0)?, part(k, 1)?, part(k, 2)?);
         districts.entry((id.0, id.1)).or_default().lines += 1;
@@ -175,7 +172,7 @@ pub fn check(tables: &DanaTables) -> CliResult<Consistency> {
         out.violated(m);
     }
     let mut paid: HashMap<(u32, u32, u32), i64> = HashMap::new();
-    each(tables.tree(Table::History), &mut rows, |_, v| {
+    each(tables, Table::History, &mut rows, |_, v| {
         let h = History::decode(v)?;
         w_ytd.entry(h.w_id).or_default().2 += h.amount;
         districts.entry((h.w_id, h.d_id)).or_default().history += h.amount;
@@ -246,12 +243,12 @@ pub fn check(tables: &DanaTables) -> CliResult<Consistency> {
     }
     // Customers: conditions 10 and 12, and the by-name index (13).
     let mut by_name: HashSet<Vec<u8>> = HashSet::new();
-    each(tables.tree(Table::CustomerByName), &mut rows, |k, _| {
+    each(tables, Table::CustomerByName, &mut rows, |k, _| {
         by_name.insert(k.to_vec());
         Ok(())
     })?;
     let mut bad = Vec::new();
-    each(tables.tree(Table::Customer), &mut rows, |k, v| {
+    each(tables, Table::Customer, &mut rows, |k, v| {
         let c = Customer::decode(v)?;
         let id = (part(k, 0)?, part(k, 1)?, part(k, 2)?);
         let del = delivered.get(&id).copied().unwrap_or(0);
@@ -288,7 +285,7 @@ pub fn check(tables: &DanaTables) -> CliResult<Consistency> {
     // Orders by customer (14): one entry per order, naming its customer.
     let mut indexed = 0u64;
     let mut bad = Vec::new();
-    each(tables.tree(Table::OrderByCustomer), &mut rows, |k, _| {
+    each(tables, Table::OrderByCustomer, &mut rows, |k, _| {
         indexed += 1;
         let (w, d, c, o) = (part(k, 0)?, part(k, 1)?, part(k, 2)?, last_id(k)?);
         match orders.get(&(w, d, o)) {

@@ -67,7 +67,7 @@ pub fn child(dir: &Path, seed: u64) -> CliResult<()> {
         seconds: 3600.0,
         seed,
     };
-    run_mix(&tables, mix, Some(hook))?;
+    run_mix(&tables, mix, Some(hook), None)?;
     Ok(())
 }
 
@@ -161,7 +161,7 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64) -> Result<KillTotals, Str
                 missing.push((w, d, o));
             }
         }
-        let consistency = check::check(&tables).map_err(|e| fail(e.0))?;
+        let consistency = check::check(&*tables).map_err(|e| fail(e.0))?;
         db.close().map_err(|e| fail(format!("close: {e}")))?;
         t.cycles += 1;
         t.acknowledged += acked.len() as u64;

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use dana::{Durability, Isolation};
 
 use super::gen::{last_name, Gen, NuRandC};
-use super::kv::{DanaTables, DanaTx, KvTx, TxError};
+use super::kv::{Engine, KvTx, TxError};
 use super::schema::{
     by_name_key, key, Customer, District, History, Item, Order, OrderLine, Stock, Table, Warehouse,
 };
@@ -55,19 +55,23 @@ fn jobs(warehouses: u32) -> Vec<Job> {
 }
 
 /// Rows buffered into load transactions of [`BATCH`] rows.
-struct Batch {
-    tables: Arc<DanaTables>,
-    tx: Option<DanaTx>,
+struct Batch<E: Engine> {
+    tables: Arc<E>,
+    tx: Option<E::Tx>,
     rows: usize,
     loaded: Arc<AtomicU64>,
 }
 
-impl Batch {
+impl<E: Engine> Batch<E> {
     fn put(&mut self, t: Table, k: &[u8], v: &[u8]) -> CliResult<()> {
-        let tx = self.tx.get_or_insert_with(|| {
-            self.tables
-                .begin(Isolation::ReadCommitted, Durability::Async)
-        });
+        let tx = match &mut self.tx {
+            Some(tx) => tx,
+            None => self.tx.insert(
+                self.tables
+                    .begin(Isolation::ReadCommitted, Durability::Async)
+                    .map_err(failed)?,
+            ),
+        };
         tx.put(t, k, v).map_err(failed)?;
         self.rows += 1;
         Ok(())
@@ -107,7 +111,7 @@ fn address(g: &mut Gen) -> [Vec<u8>; 5] {
     ]
 }
 
-async fn run_job(b: &mut Batch, job: Job, seed: u64, c: NuRandC) -> CliResult<()> {
+async fn run_job<E: Engine>(b: &mut Batch<E>, job: Job, seed: u64, c: NuRandC) -> CliResult<()> {
     let mut g = Gen::new(seed, c);
     let now = now_micros();
     match job {
@@ -261,8 +265,8 @@ async fn run_job(b: &mut Batch, job: Job, seed: u64, c: NuRandC) -> CliResult<()
 /// Loads `warehouses` warehouses with `tasks` loader tasks; `progress`
 /// is called with the rows loaded so far, from the calling thread, until
 /// the load is done. Returns the rows loaded.
-pub fn load(
-    tables: &Arc<DanaTables>,
+pub fn load<E: Engine>(
+    tables: &Arc<E>,
     warehouses: u32,
     tasks: usize,
     seed: u64,
@@ -274,7 +278,7 @@ pub fn load(
     let finished = Arc::new(AtomicUsize::new(0));
     let error: Arc<Mutex<Option<CliError>>> = Arc::new(Mutex::new(None));
     let c = NuRandC::load(seed);
-    for _ in 0..tasks {
+    for task in 0..tasks {
         let (jobs, next, loaded, finished, error) = (
             jobs.clone(),
             next.clone(),
@@ -288,7 +292,7 @@ pub fn load(
             rows: 0,
             loaded,
         };
-        tables.db.spawn(async move {
+        tables.spawn(task, async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&job) = jobs.get(i) else {

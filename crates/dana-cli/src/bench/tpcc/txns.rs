@@ -219,13 +219,35 @@ pub fn now_micros() -> u64 {
         .map_or(1, |d| d.as_micros() as u64)
 }
 
+/// The row of `k` in `t`, decoded; missing is an error.
 async fn row<T: KvTx, R>(
     tx: &mut T,
     t: Table,
     k: &[u8],
     decode: impl Fn(&[u8]) -> crate::CliResult<R>,
 ) -> TxResult<R> {
-    match tx.get(t, k).await? {
+    let v = tx.get(t, k).await?;
+    present(t, k, v, decode)
+}
+
+/// [`row`] of a row the transaction will update.
+async fn row_for_update<T: KvTx, R>(
+    tx: &mut T,
+    t: Table,
+    k: &[u8],
+    decode: impl Fn(&[u8]) -> crate::CliResult<R>,
+) -> TxResult<R> {
+    let v = tx.get_for_update(t, k).await?;
+    present(t, k, v, decode)
+}
+
+fn present<R>(
+    t: Table,
+    k: &[u8],
+    v: Option<Vec<u8>>,
+    decode: impl Fn(&[u8]) -> crate::CliResult<R>,
+) -> TxResult<R> {
+    match v {
         Some(v) => Ok(decode(&v)?),
         None => Err(TxError::Failed(format!(
             "{} row {k:?} is missing",
@@ -235,8 +257,15 @@ async fn row<T: KvTx, R>(
 }
 
 /// The customer of (w, d) named by `who`: by id, or the one at position
-/// ceil(n/2) of those with that last name, sorted by first name.
-async fn customer<T: KvTx>(tx: &mut T, w: u32, d: u32, who: &Who) -> TxResult<(u32, Customer)> {
+/// ceil(n/2) of those with that last name, sorted by first name;
+/// `for_update` if the transaction will update it.
+async fn customer<T: KvTx>(
+    tx: &mut T,
+    w: u32,
+    d: u32,
+    who: &Who,
+    for_update: bool,
+) -> TxResult<(u32, Customer)> {
     let c = match who {
         Who::Id(c) => *c,
         Who::LastName(last) => {
@@ -253,7 +282,12 @@ async fn customer<T: KvTx>(tx: &mut T, w: u32, d: u32, who: &Who) -> TxResult<(u
             last_id(&found[found.len().div_ceil(2) - 1].0)?
         }
     };
-    let row = row(tx, Table::Customer, &key(&[w, d, c]), Customer::decode).await?;
+    let k = key(&[w, d, c]);
+    let row = if for_update {
+        row_for_update(tx, Table::Customer, &k, Customer::decode).await?
+    } else {
+        row(tx, Table::Customer, &k, Customer::decode).await?
+    };
     Ok((c, row))
 }
 
@@ -284,7 +318,7 @@ async fn new_order<T: KvTx>(
 ) -> TxResult<Outcome> {
     let wh = row(tx, Table::Warehouse, &key(&[w]), Warehouse::decode).await?;
     let dk = key(&[w, d]);
-    let mut dist = row(tx, Table::District, &dk, District::decode).await?;
+    let mut dist = row_for_update(tx, Table::District, &dk, District::decode).await?;
     let o = dist.next_o_id;
     dist.next_o_id += 1;
     tx.put(Table::District, &dk, &dist.encode())?;
@@ -309,7 +343,7 @@ async fn new_order<T: KvTx>(
         };
         let item = Item::decode(&item)?;
         let sk = key(&[l.supply_w, l.item]);
-        let mut s = row(tx, Table::Stock, &sk, Stock::decode).await?;
+        let mut s = row_for_update(tx, Table::Stock, &sk, Stock::decode).await?;
         let q = l.quantity as i32;
         s.quantity = if s.quantity >= q + 10 {
             s.quantity - q
@@ -352,14 +386,14 @@ async fn payment<T: KvTx>(
     history_id: u64,
 ) -> TxResult<Outcome> {
     let wk = key(&[w]);
-    let mut wh = row(tx, Table::Warehouse, &wk, Warehouse::decode).await?;
+    let mut wh = row_for_update(tx, Table::Warehouse, &wk, Warehouse::decode).await?;
     wh.ytd += amount;
     tx.put(Table::Warehouse, &wk, &wh.encode())?;
     let dk = key(&[w, d]);
-    let mut dist = row(tx, Table::District, &dk, District::decode).await?;
+    let mut dist = row_for_update(tx, Table::District, &dk, District::decode).await?;
     dist.ytd += amount;
     tx.put(Table::District, &dk, &dist.encode())?;
-    let (c, mut cust) = customer(tx, c_w, c_d, who).await?;
+    let (c, mut cust) = customer(tx, c_w, c_d, who, true).await?;
     cust.balance -= amount;
     cust.ytd_payment += amount;
     cust.payment_cnt += 1;
@@ -390,7 +424,7 @@ async fn payment<T: KvTx>(
 }
 
 async fn order_status<T: KvTx>(tx: &mut T, w: u32, d: u32, who: &Who) -> TxResult<Outcome> {
-    let (c, _cust) = customer(tx, w, d, who).await?;
+    let (c, _cust) = customer(tx, w, d, who, false).await?;
     let p = key(&[w, d, c]);
     let last = tx.scan_prefix(Table::OrderByCustomer, &p, false, 1).await?;
     if let Some((k, _)) = last.first() {
@@ -415,7 +449,7 @@ async fn delivery<T: KvTx>(tx: &mut T, w: u32, carrier: u32) -> TxResult<Outcome
         let o = last_id(nk)?;
         tx.delete(Table::NewOrder, nk)?;
         let ok = key(&[w, d, o]);
-        let mut order = row(tx, Table::Order, &ok, Order::decode).await?;
+        let mut order = row_for_update(tx, Table::Order, &ok, Order::decode).await?;
         order.carrier_id = carrier;
         tx.put(Table::Order, &ok, &order.encode())?;
         let mut sum = 0;
@@ -426,7 +460,7 @@ async fn delivery<T: KvTx>(tx: &mut T, w: u32, carrier: u32) -> TxResult<Outcome
             tx.put(Table::OrderLine, &k, &line.encode())?;
         }
         let ck = key(&[w, d, order.c_id]);
-        let mut cust = row(tx, Table::Customer, &ck, Customer::decode).await?;
+        let mut cust = row_for_update(tx, Table::Customer, &ck, Customer::decode).await?;
         cust.balance += sum;
         cust.delivery_cnt += 1;
         tx.put(Table::Customer, &ck, &cust.encode())?;
