@@ -15,8 +15,7 @@
 //! are served from the OS page cache, whatever the cache budget (see
 //! [`PeerEngine::caveat`]).
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::path::PathBuf;
 use std::ptr;
 
@@ -172,8 +171,7 @@ impl Lmdb {
     /// Opens or creates the environment under `cfg.dir/lmdb/`.
     pub fn open(cfg: &PeerConfig) -> CliResult<Self> {
         let dir = engine_dir(cfg, "lmdb")?;
-        let cpath = CString::new(dir.as_os_str().as_bytes())
-            .map_err(|_| CliError(format!("{}: path contains NUL", dir.display())))?;
+        let cpath = super::c_path(&dir)?;
         let existing = std::fs::metadata(dir.join("data.mdb"))
             .map(|m| m.len())
             .unwrap_or(0);

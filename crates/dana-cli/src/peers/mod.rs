@@ -181,6 +181,14 @@ fn not_compiled(name: &str, _cfg: &PeerConfig) -> CliError {
     ))
 }
 
+/// `dir` as a C string for an engine's open call.
+#[allow(dead_code)] // unused without engine features
+fn c_path(dir: &Path) -> CliResult<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| CliError(format!("{}: path contains NUL", dir.display())))
+}
+
 /// The marker file written after a complete load.
 const MARKER: &str = "dana-peer-loaded";
 

@@ -15,8 +15,7 @@
 //! and a full `compact_range`. Reads: `fill_cache` true, checksums
 //! verified (the default). Puts: WAL on, not synced.
 
-use std::ffi::{c_char, c_int, c_uchar, c_void, CStr, CString};
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::{c_char, c_int, c_uchar, c_void, CStr};
 use std::path::PathBuf;
 use std::ptr;
 
@@ -192,8 +191,7 @@ impl RocksDb {
     /// Opens or creates the database under `cfg.dir/rocksdb/`.
     pub fn open(cfg: &PeerConfig) -> CliResult<Self> {
         let dir = engine_dir(cfg, "rocksdb")?;
-        let cpath = CString::new(dir.as_os_str().as_bytes())
-            .map_err(|_| CliError(format!("{}: path contains NUL", dir.display())))?;
+        let cpath = super::c_path(&dir)?;
         let (options, cache) = base_options(cfg, cfg.cache_bytes);
         let mut err = ptr::null_mut();
         // SAFETY: `options` is valid, `cpath` is NUL-terminated and lives

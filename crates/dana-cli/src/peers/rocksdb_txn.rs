@@ -6,7 +6,9 @@
 //! flush/compaction when asked), an LRU block cache of three quarters of
 //! the budget and memtables of an eighth each, at most two
 //! (`write_buffer_size`, `max_write_buffer_number`), so cache plus
-//! memtables stay within the budget. Transactions: `set_snapshot` (reads
+//! memtables stay within the budget; background threads: one per core
+//! (`increase_parallelism`). After the load: a flush, then a wait until
+//! no compaction is pending or running. Transactions: `set_snapshot` (reads
 //! see the snapshot taken at begin; a write or a read-for-update of a key
 //! written since conflicts), deadlock detection on, RocksDB's default lock
 //! timeout (1 s). A durable commit uses `WriteOptions::sync` (the WAL is
@@ -18,9 +20,8 @@
 //! or "Operation failed. Try again": those, and only those, are
 //! [`PeerTxError::Conflict`].
 
-use std::ffi::{c_char, c_int, c_uchar, c_void, CString};
+use std::ffi::{c_char, c_int, c_uchar, c_void};
 use std::ops::Bound;
-use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::ptr;
 use std::sync::Arc;
@@ -75,6 +76,11 @@ extern "C" {
         errptr: *mut *mut c_char,
     ) -> *mut TxnDb;
     fn rocksdb_transactiondb_close(db: *mut TxnDb);
+    fn rocksdb_transactiondb_property_int(
+        db: *mut TxnDb,
+        name: *const c_char,
+        out: *mut u64,
+    ) -> c_int;
     fn rocksdb_transactiondb_flush(
         db: *mut TxnDb,
         f: *const FlushOptions,
@@ -187,8 +193,7 @@ impl RocksTxDb {
     }
 
     fn open_dir(cfg: &PeerConfig, dir: PathBuf) -> CliResult<Self> {
-        let cpath = CString::new(dir.as_os_str().as_bytes())
-            .map_err(|_| CliError(format!("{}: path contains NUL", dir.display())))?;
+        let cpath = super::c_path(&dir)?;
         let memtable_bytes = (cfg.cache_bytes / 8).max(1 << 20);
         let cache_bytes = cfg
             .cache_bytes
@@ -313,7 +318,40 @@ impl TxPeer for RocksTxDb {
             rocksdb_flushoptions_set_wait(fo.0, 1);
             rocksdb_transactiondb_flush(self.db, fo.0, &mut err);
         }
-        check(err, "flushing")
+        check(err, "flushing")?;
+        // Then wait, bounded, until no compaction is pending or running,
+        // so that no run pays for the load's compaction debt.
+        let started = std::time::Instant::now();
+        loop {
+            let (mut pending, mut running) = (0u64, 0u64);
+            // SAFETY: db is live; property names are NUL-terminated
+            // statics; the outputs are valid out-pointers.
+            let rc = unsafe {
+                rocksdb_transactiondb_property_int(
+                    self.db,
+                    c"rocksdb.compaction-pending".as_ptr(),
+                    &mut pending,
+                ) | rocksdb_transactiondb_property_int(
+                    self.db,
+                    c"rocksdb.num-running-compactions".as_ptr(),
+                    &mut running,
+                )
+            };
+            if rc != 0 {
+                return Err(CliError(
+                    "rocksdb: reading the compaction properties failed".into(),
+                ));
+            }
+            if pending == 0 && running == 0 {
+                return Ok(());
+            }
+            if started.elapsed() > std::time::Duration::from_secs(900) {
+                return Err(CliError(
+                    "rocksdb: compactions still pending 900 s after the load".into(),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
     }
 }
 

@@ -20,7 +20,6 @@
 //! pins no page or snapshot between calls.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::ptr;
 
@@ -237,13 +236,100 @@ pub(super) fn check(rc: c_int, what: impl std::fmt::Display) -> CliResult<()> {
     Err(CliError(format!("wiredtiger: {what}: {msg} ({rc})")))
 }
 
+/// Opens the connection in `dir` with `config` and creates table `uri`
+/// (raw byte keys and values, 4 KiB allocation and page sizes, no
+/// compression) unless it exists. The caller closes the connection.
+pub(super) fn connect(
+    dir: &std::path::Path,
+    config: &str,
+    uri: &CStr,
+) -> CliResult<*mut WtConnection> {
+    let home = super::c_path(dir)?;
+    let config = CString::new(config)
+        .map_err(|_| CliError(format!("wiredtiger config {config:?} contains NUL")))?;
+    let mut conn = ptr::null_mut();
+    // SAFETY: home and config are NUL-terminated and outlive the call;
+    // `conn` is an out-pointer.
+    let rc = unsafe { wiredtiger_open(home.as_ptr(), ptr::null_mut(), config.as_ptr(), &mut conn) };
+    check(rc, format_args!("opening {}", dir.display()))?;
+    let table = c"key_format=u,value_format=u,allocation_size=4KB,internal_page_max=4KB,\
+                  leaf_page_max=4KB,block_compressor=";
+    // SAFETY: the connection was just opened.
+    let created = unsafe { open_session(conn) }.and_then(|session| {
+        // SAFETY: the session is live; strings are NUL-terminated; the
+        // session is closed once.
+        let rc = unsafe {
+            let rc = wt!(session, create, uri.as_ptr(), table.as_ptr());
+            wt!(session, close, ptr::null());
+            rc
+        };
+        check(rc, format_args!("creating {}", uri.to_string_lossy()))
+    });
+    if let Err(e) = created {
+        // SAFETY: the connection is open, unused by anyone else, closed once.
+        unsafe { wt!(conn, close, ptr::null()) };
+        return Err(e);
+    }
+    Ok(conn)
+}
+
+/// A new session of `conn`.
+///
+/// # Safety
+/// `conn` must be an open connection.
+pub(super) unsafe fn open_session(conn: *mut WtConnection) -> CliResult<*mut WtSession> {
+    let mut session = ptr::null_mut();
+    // SAFETY: the caller keeps the connection open; `session` is an
+    // out-pointer.
+    let rc = unsafe {
+        wt!(
+            conn,
+            open_session,
+            ptr::null_mut(),
+            ptr::null(),
+            &mut session
+        )
+    };
+    check(rc, "opening a session")?;
+    Ok(session)
+}
+
+/// A new session of `conn` with a cursor on `uri` (default
+/// `overwrite=true`: insert is an upsert).
+///
+/// # Safety
+/// `conn` must be an open connection.
+pub(super) unsafe fn open_handle(conn: *mut WtConnection, uri: &CStr) -> CliResult<Handle> {
+    // SAFETY: the caller keeps the connection open.
+    let session = unsafe { open_session(conn)? };
+    let mut cursor = ptr::null_mut();
+    // SAFETY: the session is live and ours; `cursor` is an out-pointer.
+    let rc = unsafe {
+        wt!(
+            session,
+            open_cursor,
+            uri.as_ptr(),
+            ptr::null_mut(),
+            ptr::null(),
+            &mut cursor
+        )
+    };
+    if rc != 0 {
+        // SAFETY: the session is live and closed once.
+        unsafe { wt!(session, close, ptr::null()) };
+        check(rc, "opening a cursor")?;
+    }
+    Ok(Handle { session, cursor })
+}
+
 /// The table every load uses.
 const URI: &CStr = c"table:dana";
 
-/// A session with an open cursor on [`URI`], used by one thread at a time.
-struct Handle {
-    session: *mut WtSession,
-    cursor: *mut WtCursor,
+/// A session with an open cursor on a table, used by one thread at a
+/// time.
+pub(super) struct Handle {
+    pub(super) session: *mut WtSession,
+    pub(super) cursor: *mut WtCursor,
 }
 
 // SAFETY: a WiredTiger session may move between threads as long as only
@@ -293,9 +379,7 @@ impl WiredTiger {
     /// Opens or creates the database under `cfg.dir/wiredtiger/`.
     pub fn open(cfg: &PeerConfig) -> CliResult<Self> {
         let dir = engine_dir(cfg, "wiredtiger")?;
-        let home = CString::new(dir.as_os_str().as_bytes())
-            .map_err(|_| CliError(format!("{}: path contains NUL", dir.display())))?;
-        let config = CString::new(format!(
+        let config = format!(
             "create,cache_size={}{},eviction=(threads_min=1,threads_max={})",
             cfg.cache_bytes.max(1 << 20),
             if cfg.direct_io {
@@ -304,14 +388,8 @@ impl WiredTiger {
                 ""
             },
             cfg.threads.clamp(1, 20),
-        ))
-        .expect("no NUL in the config");
-        let mut conn = ptr::null_mut();
-        // SAFETY: home and config are NUL-terminated and outlive the call;
-        // `conn` is an out-pointer.
-        let rc =
-            unsafe { wiredtiger_open(home.as_ptr(), ptr::null_mut(), config.as_ptr(), &mut conn) };
-        check(rc, format_args!("opening {}", dir.display()))?;
+        );
+        let conn = connect(&dir, &config, URI)?;
         // From here on Drop closes the connection.
         let me = WiredTiger {
             conn,
@@ -319,61 +397,23 @@ impl WiredTiger {
             dir,
             direct_io: cfg.direct_io,
         };
-        let session = me.session()?;
-        let table = c"key_format=u,value_format=u,allocation_size=4KB,internal_page_max=4KB,\
-                      leaf_page_max=4KB,block_compressor=";
-        // SAFETY: the session is live; strings are NUL-terminated statics.
-        let rc = unsafe { wt!(session, create, URI.as_ptr(), table.as_ptr()) };
-        // SAFETY: the session is live and closed once.
-        unsafe { wt!(session, close, ptr::null()) };
-        check(rc, "creating table:dana")?;
         Ok(me)
     }
 
     /// A new session.
     fn session(&self) -> CliResult<*mut WtSession> {
-        let mut session = ptr::null_mut();
-        // SAFETY: the connection is open; `session` is an out-pointer.
-        let rc = unsafe {
-            wt!(
-                self.conn,
-                open_session,
-                ptr::null_mut(),
-                ptr::null(),
-                &mut session
-            )
-        };
-        check(rc, "opening a session")?;
-        Ok(session)
+        // SAFETY: the connection is open until Drop.
+        unsafe { open_session(self.conn) }
     }
 
     /// A session and cursor for this thread: pooled, or new.
     fn borrow(&self) -> CliResult<Borrowed<'_>> {
-        if let Some(h) = self.handles.take() {
-            return Ok(Borrowed { wt: self, h });
-        }
-        let session = self.session()?;
-        let mut cursor = ptr::null_mut();
-        // SAFETY: the session is live and ours; `cursor` is an out-pointer.
-        let rc = unsafe {
-            wt!(
-                session,
-                open_cursor,
-                URI.as_ptr(),
-                ptr::null_mut(),
-                ptr::null(),
-                &mut cursor
-            )
+        let h = match self.handles.take() {
+            Some(h) => h,
+            // SAFETY: the connection is open until Drop.
+            None => unsafe { open_handle(self.conn, URI)? },
         };
-        if rc != 0 {
-            // SAFETY: the session is live and closed once.
-            unsafe { wt!(session, close, ptr::null()) };
-            check(rc, "opening a cursor")?;
-        }
-        Ok(Borrowed {
-            wt: self,
-            h: Handle { session, cursor },
-        })
+        Ok(Borrowed { wt: self, h })
     }
 
     /// Closes every pooled session (and its cursor).

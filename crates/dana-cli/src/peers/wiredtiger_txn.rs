@@ -19,20 +19,24 @@
 //! open cursor from the per-thread pool and gives it back, reset, when it
 //! ends.
 
-use std::ffi::{c_int, CString};
+use std::ffi::c_int;
 use std::ops::Bound;
-use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::ptr;
 use std::sync::Arc;
 
 use super::txn::{above, below, fresh_dir, Entries, PeerTx, PeerTxError, PeerTxResult, TxPeer};
 use super::wiredtiger::{
-    check, wiredtiger_open, wt, wt_set, WtConnection, WtCursor, WtItem, WtSession, WT_NOTFOUND,
-    WT_ROLLBACK,
+    check, connect, open_handle, open_session, wt, wt_set, Handle, WtConnection, WtCursor, WtItem,
+    WT_NOTFOUND, WT_ROLLBACK,
 };
 use super::{PeerConfig, Pool};
 use crate::{CliError, CliResult};
+
+/// Sessions the connection allows: one per client thread (the sweep
+/// reaches 128 and pooled sessions outlive their threads) plus the
+/// loader's and the checker's, with room to spare.
+const SESSIONS: usize = 1024;
 
 /// The table of the TPC-C load.
 const URI: &std::ffi::CStr = c"table:tpcc";
@@ -49,16 +53,6 @@ fn outcome(rc: c_int, what: &str) -> PeerTxResult<()> {
         )),
     }
 }
-
-/// A session with a cursor on [`URI`].
-struct Handle {
-    session: *mut WtSession,
-    cursor: *mut WtCursor,
-}
-
-// SAFETY: a WiredTiger session may move between threads as long as only
-// one uses it at a time, which the pool and `WtTx` guarantee.
-unsafe impl Send for Handle {}
 
 /// WiredTiger with transactions behind [`TxPeer`].
 pub struct WtTxDb {
@@ -88,27 +82,18 @@ impl WtTxDb {
     }
 
     fn open_dir(cfg: &PeerConfig, dir: PathBuf) -> CliResult<Self> {
-        let home = CString::new(dir.as_os_str().as_bytes())
-            .map_err(|_| CliError(format!("{}: path contains NUL", dir.display())))?;
         let cache_bytes = cfg.cache_bytes.max(1 << 20);
-        let config = CString::new(format!(
-            "create,cache_size={cache_bytes},session_max={},\
+        let config = format!(
+            "create,cache_size={cache_bytes},session_max={SESSIONS},\
              log=(enabled=true,archive=true),checkpoint=(wait=60),\
              eviction=(threads_min=1,threads_max=4){}",
-            cfg.threads.clamp(1, 4096) + 64,
             if cfg.direct_io {
                 ",direct_io=[data]"
             } else {
                 ""
             },
-        ))
-        .expect("no NUL in the config");
-        let mut conn = ptr::null_mut();
-        // SAFETY: home and config are NUL-terminated and outlive the call;
-        // `conn` is an out-pointer.
-        let rc =
-            unsafe { wiredtiger_open(home.as_ptr(), ptr::null_mut(), config.as_ptr(), &mut conn) };
-        check(rc, format_args!("opening {}", dir.display()))?;
+        );
+        let conn = connect(&dir, &config, URI)?;
         // From here on Drop closes the connection.
         let me = WtTxDb {
             conn,
@@ -116,57 +101,16 @@ impl WtTxDb {
             cache_bytes,
             direct_io: cfg.direct_io,
         };
-        let session = me.session()?;
-        let table = c"key_format=u,value_format=u,allocation_size=4KB,internal_page_max=4KB,\
-                      leaf_page_max=4KB,block_compressor=";
-        // SAFETY: the session is live; strings are NUL-terminated statics.
-        let rc = unsafe { wt!(session, create, URI.as_ptr(), table.as_ptr()) };
-        // SAFETY: the session is live and closed once.
-        unsafe { wt!(session, close, ptr::null()) };
-        check(rc, "creating table:tpcc")?;
         Ok(me)
-    }
-
-    fn session(&self) -> CliResult<*mut WtSession> {
-        let mut session = ptr::null_mut();
-        // SAFETY: the connection is open; `session` is an out-pointer.
-        let rc = unsafe {
-            wt!(
-                self.conn,
-                open_session,
-                ptr::null_mut(),
-                ptr::null(),
-                &mut session
-            )
-        };
-        check(rc, "opening a session")?;
-        Ok(session)
     }
 
     /// A pooled session and cursor, or a new one.
     fn handle(&self) -> CliResult<Handle> {
-        if let Some(h) = self.handles.take() {
-            return Ok(h);
+        match self.handles.take() {
+            Some(h) => Ok(h),
+            // SAFETY: the connection is open until Drop.
+            None => unsafe { open_handle(self.conn, URI) },
         }
-        let session = self.session()?;
-        let mut cursor = ptr::null_mut();
-        // SAFETY: the session is live and ours; `cursor` is an out-pointer.
-        let rc = unsafe {
-            wt!(
-                session,
-                open_cursor,
-                URI.as_ptr(),
-                ptr::null_mut(),
-                ptr::null(),
-                &mut cursor
-            )
-        };
-        if rc != 0 {
-            // SAFETY: the session is live and closed once.
-            unsafe { wt!(session, close, ptr::null()) };
-            check(rc, "opening a cursor")?;
-        }
-        Ok(Handle { session, cursor })
     }
 }
 
@@ -216,7 +160,8 @@ impl TxPeer for WtTxDb {
     }
 
     fn settle(&self) -> CliResult<()> {
-        let session = self.session()?;
+        // SAFETY: the connection is open until Drop.
+        let session = unsafe { open_session(self.conn)? };
         // SAFETY: the session is live, ours, and closed once after.
         let rc = unsafe {
             let rc = wt!(session, checkpoint, ptr::null());

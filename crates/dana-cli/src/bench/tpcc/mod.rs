@@ -68,7 +68,8 @@ pub struct TpccArgs {
     pub pool_fraction: Option<f64>,
     /// The log during the run: off, async or sync (a New-Order
     /// acknowledged is on disk). The load always commits async and ends
-    /// with a checkpoint.
+    /// with a checkpoint. Peers keep their log on: off runs them as
+    /// async (commits not synced).
     #[arg(long, default_value = "sync", value_parser = super::parse_durability)]
     pub durability: Durability,
     /// Seconds of the measured run.
@@ -728,11 +729,12 @@ fn run_dana(a: &TpccArgs, warehouses: u32, pool: u64) -> CliResult<DanaReport> {
 fn run_peer(a: &TpccArgs, name: &str, warehouses: u32, pool: u64) -> CliResult<PeerReport> {
     let quiet = a.json;
     let rss0 = crate::report::rss_bytes();
-    let max_threads = a.peer_threads.iter().copied().max().unwrap_or(1);
+    // `threads` sizes the engines' background work: one per core.
+    let cores = std::thread::available_parallelism().map_or(2, usize::from);
     let cfg = crate::peers::PeerConfig {
         dir: a.peer_path.clone(),
         cache_bytes: pool as usize,
-        threads: max_threads,
+        threads: cores,
         direct_io: true,
     };
     let peer = crate::peers::txn::open_tx(name, &cfg)?;
