@@ -23,87 +23,126 @@ use super::{already_loaded, engine_dir, write_marker, PeerConfig, PeerEngine, Po
 use crate::{CliError, CliResult};
 
 #[repr(C)]
-struct MdbEnv {
+pub(super) struct MdbEnv {
     _private: [u8; 0],
 }
 #[repr(C)]
-struct MdbTxn {
+pub(super) struct MdbTxn {
     _private: [u8; 0],
 }
 #[repr(C)]
-struct MdbCursor {
+pub(super) struct MdbCursor {
     _private: [u8; 0],
 }
-type MdbDbi = c_uint;
+pub(super) type MdbDbi = c_uint;
 
 /// `MDB_val`.
 #[repr(C)]
-struct MdbVal {
-    mv_size: usize,
-    mv_data: *mut c_void,
+pub(super) struct MdbVal {
+    pub(super) mv_size: usize,
+    pub(super) mv_data: *mut c_void,
 }
 
 impl MdbVal {
-    fn of(b: &[u8]) -> Self {
+    pub(super) fn of(b: &[u8]) -> Self {
         MdbVal {
             mv_size: b.len(),
             mv_data: b.as_ptr() as *mut c_void,
         }
     }
-    fn empty() -> Self {
+    pub(super) fn empty() -> Self {
         MdbVal {
             mv_size: 0,
             mv_data: ptr::null_mut(),
         }
     }
+
+    /// The bytes the value points at.
+    ///
+    /// # Safety
+    /// The value must point at `mv_size` readable bytes (LMDB's values
+    /// stay valid until their transaction ends or writes) for as long as
+    /// the slice lives.
+    pub(super) unsafe fn bytes<'a>(&self) -> &'a [u8] {
+        if self.mv_size == 0 {
+            return &[];
+        }
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.mv_data as *const u8, self.mv_size) }
+    }
 }
 
-const MDB_NOSYNC: c_uint = 0x10000;
-const MDB_RDONLY: c_uint = 0x20000;
-const MDB_NOTLS: c_uint = 0x200000;
-const MDB_NORDAHEAD: c_uint = 0x800000;
+pub(super) const MDB_NOSYNC: c_uint = 0x10000;
+pub(super) const MDB_RDONLY: c_uint = 0x20000;
+pub(super) const MDB_NOTLS: c_uint = 0x200000;
+pub(super) const MDB_NORDAHEAD: c_uint = 0x800000;
 const MDB_APPEND: c_uint = 0x20000;
-const MDB_NOTFOUND: c_int = -30798;
+pub(super) const MDB_NOTFOUND: c_int = -30798;
 /// `MDB_cursor_op` values.
-const MDB_NEXT: c_int = 8;
-const MDB_SET_RANGE: c_int = 17;
+pub(super) const MDB_FIRST: c_int = 0;
+pub(super) const MDB_LAST: c_int = 6;
+pub(super) const MDB_NEXT: c_int = 8;
+pub(super) const MDB_PREV: c_int = 12;
+pub(super) const MDB_SET_RANGE: c_int = 17;
 
 #[link(name = "lmdb")]
+#[allow(dead_code)] // each binding uses its part
 extern "C" {
-    fn mdb_strerror(err: c_int) -> *const c_char;
-    fn mdb_env_create(env: *mut *mut MdbEnv) -> c_int;
-    fn mdb_env_set_mapsize(env: *mut MdbEnv, size: usize) -> c_int;
-    fn mdb_env_set_maxreaders(env: *mut MdbEnv, readers: c_uint) -> c_int;
-    fn mdb_env_open(env: *mut MdbEnv, path: *const c_char, flags: c_uint, mode: c_uint) -> c_int;
-    fn mdb_env_sync(env: *mut MdbEnv, force: c_int) -> c_int;
-    fn mdb_env_close(env: *mut MdbEnv);
-    fn mdb_txn_begin(
+    pub(super) fn mdb_env_set_flags(env: *mut MdbEnv, flags: c_uint, onoff: c_int) -> c_int;
+    pub(super) fn mdb_del(
+        txn: *mut MdbTxn,
+        dbi: MdbDbi,
+        key: *mut MdbVal,
+        data: *mut MdbVal,
+    ) -> c_int;
+    pub(super) fn mdb_strerror(err: c_int) -> *const c_char;
+    pub(super) fn mdb_env_create(env: *mut *mut MdbEnv) -> c_int;
+    pub(super) fn mdb_env_set_mapsize(env: *mut MdbEnv, size: usize) -> c_int;
+    pub(super) fn mdb_env_set_maxreaders(env: *mut MdbEnv, readers: c_uint) -> c_int;
+    pub(super) fn mdb_env_open(
+        env: *mut MdbEnv,
+        path: *const c_char,
+        flags: c_uint,
+        mode: c_uint,
+    ) -> c_int;
+    pub(super) fn mdb_env_sync(env: *mut MdbEnv, force: c_int) -> c_int;
+    pub(super) fn mdb_env_close(env: *mut MdbEnv);
+    pub(super) fn mdb_txn_begin(
         env: *mut MdbEnv,
         parent: *mut MdbTxn,
         flags: c_uint,
         txn: *mut *mut MdbTxn,
     ) -> c_int;
-    fn mdb_txn_commit(txn: *mut MdbTxn) -> c_int;
-    fn mdb_txn_abort(txn: *mut MdbTxn);
-    fn mdb_txn_reset(txn: *mut MdbTxn);
-    fn mdb_txn_renew(txn: *mut MdbTxn) -> c_int;
-    fn mdb_dbi_open(
+    pub(super) fn mdb_txn_commit(txn: *mut MdbTxn) -> c_int;
+    pub(super) fn mdb_txn_abort(txn: *mut MdbTxn);
+    pub(super) fn mdb_txn_reset(txn: *mut MdbTxn);
+    pub(super) fn mdb_txn_renew(txn: *mut MdbTxn) -> c_int;
+    pub(super) fn mdb_dbi_open(
         txn: *mut MdbTxn,
         name: *const c_char,
         flags: c_uint,
         dbi: *mut MdbDbi,
     ) -> c_int;
-    fn mdb_get(txn: *mut MdbTxn, dbi: MdbDbi, key: *mut MdbVal, data: *mut MdbVal) -> c_int;
-    fn mdb_put(
+    pub(super) fn mdb_get(
+        txn: *mut MdbTxn,
+        dbi: MdbDbi,
+        key: *mut MdbVal,
+        data: *mut MdbVal,
+    ) -> c_int;
+    pub(super) fn mdb_put(
         txn: *mut MdbTxn,
         dbi: MdbDbi,
         key: *mut MdbVal,
         data: *mut MdbVal,
         flags: c_uint,
     ) -> c_int;
-    fn mdb_cursor_open(txn: *mut MdbTxn, dbi: MdbDbi, cursor: *mut *mut MdbCursor) -> c_int;
-    fn mdb_cursor_close(cursor: *mut MdbCursor);
-    fn mdb_cursor_get(
+    pub(super) fn mdb_cursor_open(
+        txn: *mut MdbTxn,
+        dbi: MdbDbi,
+        cursor: *mut *mut MdbCursor,
+    ) -> c_int;
+    pub(super) fn mdb_cursor_close(cursor: *mut MdbCursor);
+    pub(super) fn mdb_cursor_get(
         cursor: *mut MdbCursor,
         key: *mut MdbVal,
         data: *mut MdbVal,
@@ -112,7 +151,7 @@ extern "C" {
 }
 
 /// An LMDB return code as a result.
-fn check(rc: c_int, what: impl std::fmt::Display) -> CliResult<()> {
+pub(super) fn check(rc: c_int, what: impl std::fmt::Display) -> CliResult<()> {
     if rc == 0 {
         Ok(())
     } else {
@@ -121,13 +160,74 @@ fn check(rc: c_int, what: impl std::fmt::Display) -> CliResult<()> {
 }
 
 /// The error for LMDB return code `rc` (non-zero).
-fn error(rc: c_int, what: impl std::fmt::Display) -> CliError {
+pub(super) fn error(rc: c_int, what: impl std::fmt::Display) -> CliError {
     // SAFETY: mdb_strerror returns a static (or strerror) NUL-terminated
     // string for any code.
     let msg = unsafe { CStr::from_ptr(mdb_strerror(rc)) }
         .to_string_lossy()
         .into_owned();
     CliError(format!("lmdb: {what}: {msg} ({rc})"))
+}
+
+/// Creates and opens the environment in `dir` with `flags`, and opens
+/// its main database. The caller owns the environment (and closes it
+/// with `mdb_env_close`); on error nothing is left open.
+pub(super) fn open_env(
+    dir: &std::path::Path,
+    mapsize: usize,
+    readers: c_uint,
+    flags: c_uint,
+) -> CliResult<(*mut MdbEnv, MdbDbi)> {
+    let cpath = super::c_path(dir)?;
+    let mut env = ptr::null_mut();
+    // SAFETY: `env` is an out-pointer.
+    check(
+        unsafe { mdb_env_create(&mut env) },
+        "creating the environment",
+    )?;
+    let opened = (|| {
+        // SAFETY: the environment is live and not yet open.
+        check(
+            unsafe { mdb_env_set_mapsize(env, mapsize) },
+            "setting the map size",
+        )?;
+        // SAFETY: as above.
+        check(
+            unsafe { mdb_env_set_maxreaders(env, readers) },
+            "setting max readers",
+        )?;
+        // SAFETY: `cpath` is NUL-terminated and outlives the call.
+        let rc = unsafe { mdb_env_open(env, cpath.as_ptr(), flags, 0o644) };
+        check(rc, format_args!("opening {}", dir.display()))?;
+        let mut txn = ptr::null_mut();
+        // SAFETY: the environment is open; `txn` is an out-pointer.
+        check(
+            unsafe { mdb_txn_begin(env, ptr::null_mut(), 0, &mut txn) },
+            "begin",
+        )?;
+        let mut dbi = 0;
+        // SAFETY: `txn` is a live write transaction; null name = main DB.
+        let rc = unsafe { mdb_dbi_open(txn, ptr::null(), 0, &mut dbi) };
+        if rc != 0 {
+            // SAFETY: the transaction is live and not used again.
+            unsafe { mdb_txn_abort(txn) };
+            return Err(error(rc, "opening the main database"));
+        }
+        // SAFETY: the transaction is live; commit frees it.
+        check(
+            unsafe { mdb_txn_commit(txn) },
+            "committing the database open",
+        )?;
+        Ok(dbi)
+    })();
+    match opened {
+        Ok(dbi) => Ok((env, dbi)),
+        Err(e) => {
+            // SAFETY: no transaction of the environment is left; closed once.
+            unsafe { mdb_env_close(env) };
+            Err(e)
+        }
+    }
 }
 
 /// A reset read-only transaction waiting in the pool.
@@ -171,60 +271,19 @@ impl Lmdb {
     /// Opens or creates the environment under `cfg.dir/lmdb/`.
     pub fn open(cfg: &PeerConfig) -> CliResult<Self> {
         let dir = engine_dir(cfg, "lmdb")?;
-        let cpath = super::c_path(&dir)?;
         let existing = std::fs::metadata(dir.join("data.mdb"))
             .map(|m| m.len())
             .unwrap_or(0);
         let mapsize = (existing as usize).saturating_mul(2).max(1 << 30);
-        let mut env = ptr::null_mut();
-        // SAFETY: `env` is an out-pointer.
-        check(
-            unsafe { mdb_env_create(&mut env) },
-            "creating the environment",
-        )?;
-        // From here on Drop closes the environment.
-        let mut me = Lmdb {
+        let readers = (cfg.threads.max(1) * 2 + 64).min(1 << 16) as c_uint;
+        let flags = MDB_NOSYNC | MDB_NORDAHEAD | MDB_NOTLS;
+        let (env, dbi) = open_env(&dir, mapsize, readers, flags)?;
+        Ok(Lmdb {
             env,
-            dbi: 0,
+            dbi,
             readers: Pool::new(),
             dir,
-        };
-        let readers = (cfg.threads.max(1) * 2 + 64).min(1 << 16) as c_uint;
-        // SAFETY: the environment is live and not yet open.
-        check(
-            unsafe { mdb_env_set_mapsize(me.env, mapsize) },
-            "setting the map size",
-        )?;
-        // SAFETY: as above.
-        check(
-            unsafe { mdb_env_set_maxreaders(me.env, readers) },
-            "setting max readers",
-        )?;
-        let flags = MDB_NOSYNC | MDB_NORDAHEAD | MDB_NOTLS;
-        // SAFETY: `cpath` is NUL-terminated and outlives the call.
-        let rc = unsafe { mdb_env_open(me.env, cpath.as_ptr(), flags, 0o644) };
-        check(rc, format_args!("opening {}", me.dir.display()))?;
-        let mut txn = ptr::null_mut();
-        // SAFETY: the environment is open; `txn` is an out-pointer.
-        check(
-            unsafe { mdb_txn_begin(me.env, ptr::null_mut(), 0, &mut txn) },
-            "begin",
-        )?;
-        let mut dbi = 0;
-        // SAFETY: `txn` is a live write transaction; null name = main DB.
-        let rc = unsafe { mdb_dbi_open(txn, ptr::null(), 0, &mut dbi) };
-        if rc != 0 {
-            // SAFETY: the transaction is live and not used again.
-            unsafe { mdb_txn_abort(txn) };
-            return Err(error(rc, "opening the main database"));
-        }
-        // SAFETY: the transaction is live; commit frees it.
-        check(
-            unsafe { mdb_txn_commit(txn) },
-            "committing the database open",
-        )?;
-        me.dbi = dbi;
-        Ok(me)
+        })
     }
 
     /// A read-only transaction for this thread: a pooled one renewed, or

@@ -62,6 +62,9 @@ use crate::{CliError, CliResult, Context};
 #[cfg(feature = "lmdb")]
 #[allow(unsafe_code)]
 mod lmdb;
+#[cfg(feature = "lmdb")]
+#[allow(unsafe_code)]
+mod lmdb_txn;
 #[cfg(feature = "rocksdb")]
 #[allow(unsafe_code)]
 mod rocksdb;

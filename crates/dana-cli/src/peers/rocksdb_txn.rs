@@ -7,8 +7,9 @@
 //! the budget and memtables of an eighth each, at most two
 //! (`write_buffer_size`, `max_write_buffer_number`), so cache plus
 //! memtables stay within the budget; background threads: one per core
-//! (`increase_parallelism`). After the load: a flush, then a wait until
-//! no compaction is pending or running. Transactions: `set_snapshot` (reads
+//! (`increase_parallelism`). Settling (after the load and before each
+//! measured run): a flush, then a wait until no compaction is pending or
+//! running. Transactions: `set_snapshot` (reads
 //! see the snapshot taken at begin; a write or a read-for-update of a key
 //! written since conflicts), deadlock detection on, RocksDB's default lock
 //! timeout (1 s). A durable commit uses `WriteOptions::sync` (the WAL is
@@ -285,7 +286,7 @@ impl TxPeer for RocksTxDb {
         )
     }
 
-    fn begin(self: Arc<Self>, sync: bool) -> PeerTxResult<Box<dyn PeerTx>> {
+    fn begin(self: Arc<Self>, sync: bool, _read_only: bool) -> PeerTxResult<Box<dyn PeerTx>> {
         let write = if sync { self.sync_write } else { self.write };
         // SAFETY: the database and options are live (we hold the Arc);
         // the transaction, its snapshot and its read options are owned by
@@ -522,6 +523,6 @@ impl Drop for RocksTx {
 mod tests {
     #[test]
     fn peers_rocksdb_transactions_conform() {
-        super::super::txn::tests::conformance("rocksdb");
+        super::super::txn::tests::conformance("rocksdb", true);
     }
 }

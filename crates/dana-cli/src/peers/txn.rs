@@ -1,6 +1,6 @@
 //! Transactional peer engines for `dana bench tpcc`: one small interface,
-//! [`TxPeer`] and [`PeerTx`], that RocksDB's `TransactionDB` and
-//! WiredTiger's snapshot transactions implement, so the TPC-C transactions
+//! [`TxPeer`] and [`PeerTx`], that RocksDB's `TransactionDB`,
+//! WiredTiger's snapshot transactions and LMDB's serial writers implement, so the TPC-C transactions
 //! written for dana run unchanged on them.
 //!
 //! Owns: the interface, the registry ([`open_tx`]) and the conformance
@@ -19,9 +19,13 @@
 //!   `commit_transaction("sync=on")` with its log enabled); both engines
 //!   group concurrent commits into one sync.
 //! - Isolation: snapshot isolation with first-writer-wins conflicts on
-//!   both (TPC-C is serializable under snapshot isolation: Fekete et al.,
-//!   TODS 2005). RocksDB also locks a row read for update, as MyRocks
-//!   does for `SELECT ... FOR UPDATE`.
+//!   RocksDB and WiredTiger (TPC-C is serializable under snapshot
+//!   isolation: Fekete et al., TODS 2005). RocksDB also locks a row read
+//!   for update, as MyRocks does for `SELECT ... FOR UPDATE`. LMDB runs
+//!   one writer at a time (serializable); its read-only transactions read
+//!   a snapshot beside the writer.
+//! - LMDB has no direct I/O and no cache budget (the OS page cache serves
+//!   it): the report flags it ([`TxPeer::caveat`]).
 //! - Client threads: one OS thread per client, each running one
 //!   transaction at a time.
 
@@ -35,7 +39,7 @@ use crate::{CliError, CliResult};
 #[derive(Debug)]
 // Without an engine feature nothing constructs a conflict.
 #[cfg_attr(
-    not(any(feature = "rocksdb", feature = "wiredtiger")),
+    not(any(feature = "rocksdb", feature = "wiredtiger", feature = "lmdb")),
     allow(dead_code)
 )]
 pub enum PeerTxError {
@@ -64,12 +68,19 @@ pub trait TxPeer: Send + Sync {
     fn isolation(&self) -> &'static str;
     /// How it is configured, for the report.
     fn config(&self) -> String;
-    /// Starts a transaction; its commit syncs the log if `sync`. The
-    /// transaction keeps the engine alive.
-    fn begin(self: Arc<Self>, sync: bool) -> PeerTxResult<Box<dyn PeerTx>>;
-    /// Makes everything committed so far durable and settles the engine
-    /// after a bulk load (RocksDB: flush the memtables; WiredTiger: a
-    /// checkpoint).
+    /// Why its figures are not comparable with the others', if they are
+    /// not (LMDB: the OS page cache serves it).
+    fn caveat(&self) -> Option<String> {
+        None
+    }
+    /// Starts a transaction; its commit syncs the log if `sync`. A
+    /// `read_only` one never writes (LMDB runs it beside the writer; the
+    /// others ignore the hint). The transaction keeps the engine alive.
+    fn begin(self: Arc<Self>, sync: bool, read_only: bool) -> PeerTxResult<Box<dyn PeerTx>>;
+    /// Makes everything committed so far durable and settles the engine,
+    /// after the load and before each measured run (RocksDB: flush the
+    /// memtables and wait for pending compactions; WiredTiger: a
+    /// checkpoint; LMDB: a forced sync).
     fn settle(&self) -> CliResult<()>;
 }
 
@@ -96,7 +107,7 @@ pub trait PeerTx: Send {
 
 /// True if `key` is at or above `lo`.
 #[cfg_attr(
-    not(any(feature = "rocksdb", feature = "wiredtiger")),
+    not(any(feature = "rocksdb", feature = "wiredtiger", feature = "lmdb")),
     allow(dead_code)
 )]
 pub fn above(key: &[u8], lo: Bound<&[u8]>) -> bool {
@@ -109,7 +120,7 @@ pub fn above(key: &[u8], lo: Bound<&[u8]>) -> bool {
 
 /// True if `key` is at or below `hi`.
 #[cfg_attr(
-    not(any(feature = "rocksdb", feature = "wiredtiger")),
+    not(any(feature = "rocksdb", feature = "wiredtiger", feature = "lmdb")),
     allow(dead_code)
 )]
 pub fn below(key: &[u8], hi: Bound<&[u8]>) -> bool {
@@ -121,7 +132,7 @@ pub fn below(key: &[u8], hi: Bound<&[u8]>) -> bool {
 }
 
 /// The transactional engines this module knows, compiled in or not.
-pub const TX_ENGINES: [&str; 2] = ["rocksdb", "wiredtiger"];
+pub const TX_ENGINES: [&str; 3] = ["rocksdb", "wiredtiger", "lmdb"];
 
 /// Opens (creating, after wiping what is there) transactional engine
 /// `name` under `cfg.dir/<name>/`.
@@ -137,6 +148,12 @@ pub fn open_tx(name: &str, cfg: &PeerConfig) -> CliResult<Arc<dyn TxPeer>> {
             #[cfg(feature = "wiredtiger")]
             return Ok(Arc::new(super::wiredtiger_txn::WtTxDb::open(cfg)?));
             #[cfg(not(feature = "wiredtiger"))]
+            return Err(super::not_compiled(name, cfg));
+        }
+        "lmdb" => {
+            #[cfg(feature = "lmdb")]
+            return Ok(Arc::new(super::lmdb_txn::LmdbTxDb::open(cfg)?));
+            #[cfg(not(feature = "lmdb"))]
             return Err(super::not_compiled(name, cfg));
         }
         _ => Err(CliError(format!(
@@ -177,7 +194,7 @@ pub(super) mod tests {
     #[test]
     fn peers_txn_unknown_engine_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
-        let e = open_tx("lmdb", &cfg(dir.path())).err().unwrap();
+        let e = open_tx("leveldb", &cfg(dir.path())).err().unwrap();
         assert!(e.0.contains("no transactional binding"), "{}", e.0);
     }
 
@@ -197,17 +214,18 @@ pub(super) mod tests {
     /// What every transactional engine must do: reads see committed data
     /// and the transaction's own writes; scans honour bounds, direction
     /// and limit and merge own writes; a dropped transaction leaves
-    /// nothing; two transactions writing one key conflict (the second
-    /// gets `Conflict`, never another error); committed data survives a
-    /// reopen.
+    /// nothing; if writers run concurrently (`concurrent_writers`; LMDB's
+    /// do not, they wait for the writer lock), two transactions writing
+    /// one key conflict (the second gets `Conflict`, never another
+    /// error); committed data survives a reopen.
     #[allow(dead_code)] // unused without engine features
-    pub(in crate::peers) fn conformance(name: &str) {
+    pub(in crate::peers) fn conformance(name: &str, concurrent_writers: bool) {
         use Bound::*;
         let dir = tempfile::tempdir().unwrap();
         let c = cfg(dir.path());
         let e = open_tx(name, &c).unwrap();
         assert_eq!(e.name(), name);
-        let mut t = e.clone().begin(false).unwrap();
+        let mut t = e.clone().begin(false, false).unwrap();
         for i in 0..10u8 {
             t.put(&[b'k', i], &[i; 3]).unwrap();
         }
@@ -215,7 +233,7 @@ pub(super) mod tests {
         t.commit().unwrap();
         e.settle().unwrap();
 
-        let mut t = e.clone().begin(true).unwrap();
+        let mut t = e.clone().begin(true, false).unwrap();
         assert_eq!(t.get(b"k\x04", true).unwrap(), Some(vec![4; 3]));
         assert_eq!(t.get(b"nope", false).unwrap(), None);
         t.delete(b"k\x02").unwrap();
@@ -237,34 +255,40 @@ pub(super) mod tests {
         let last = t.scan(Unbounded, Unbounded, false, 1).unwrap();
         assert_eq!(keys(&last), vec![b"k\x0a".as_slice()]);
         drop(t); // rolled back
-        let mut t = e.clone().begin(false).unwrap();
+        let mut t = e.clone().begin(false, false).unwrap();
         assert_eq!(t.get(b"k\x02", false).unwrap(), Some(vec![2; 3]));
         assert_eq!(t.get(b"k\x0a", false).unwrap(), None);
         drop(t);
 
         // Write-write conflict: the second writer of a key conflicts.
-        let mut a = e.clone().begin(false).unwrap();
-        let mut b = e.clone().begin(false).unwrap();
-        assert!(b.get(b"k\x05", false).unwrap().is_some());
-        a.put(b"k\x05", b"a").unwrap();
-        a.commit().unwrap();
-        let r = b.get(b"k\x05", true).and_then(|_| b.put(b"k\x05", b"b"));
-        let r = r.and_then(|()| b.commit());
-        assert!(
-            matches!(r, Err(PeerTxError::Conflict(_))),
-            "expected a conflict, got {r:?}"
-        );
-        let mut t = e.clone().begin(false).unwrap();
+        if concurrent_writers {
+            let mut a = e.clone().begin(false, false).unwrap();
+            let mut b = e.clone().begin(false, false).unwrap();
+            assert!(b.get(b"k\x05", false).unwrap().is_some());
+            a.put(b"k\x05", b"a").unwrap();
+            a.commit().unwrap();
+            let r = b.get(b"k\x05", true).and_then(|_| b.put(b"k\x05", b"b"));
+            let r = r.and_then(|()| b.commit());
+            assert!(
+                matches!(r, Err(PeerTxError::Conflict(_))),
+                "expected a conflict, got {r:?}"
+            );
+        } else {
+            let mut a = e.clone().begin(false, false).unwrap();
+            a.put(b"k\x05", b"a").unwrap();
+            a.commit().unwrap();
+        }
+        let mut t = e.clone().begin(false, false).unwrap();
         assert_eq!(t.get(b"k\x05", false).unwrap(), Some(b"a".to_vec()));
         drop(t);
 
         // Durable across a reopen (without settle).
-        let mut t = e.clone().begin(true).unwrap();
+        let mut t = e.clone().begin(true, false).unwrap();
         t.put(b"z", b"synced").unwrap();
         t.commit().unwrap();
         drop(e);
         let e = reopen(name, &c);
-        let mut t = e.clone().begin(false).unwrap();
+        let mut t = e.clone().begin(false, false).unwrap();
         assert_eq!(t.get(b"z", false).unwrap(), Some(b"synced".to_vec()));
         assert_eq!(t.get(b"k\x05", false).unwrap(), Some(b"a".to_vec()));
     }
@@ -277,6 +301,8 @@ pub(super) mod tests {
             "rocksdb" => Arc::new(super::super::rocksdb_txn::RocksTxDb::reopen(c).unwrap()),
             #[cfg(feature = "wiredtiger")]
             "wiredtiger" => Arc::new(super::super::wiredtiger_txn::WtTxDb::reopen(c).unwrap()),
+            #[cfg(feature = "lmdb")]
+            "lmdb" => Arc::new(super::super::lmdb_txn::LmdbTxDb::reopen(c).unwrap()),
             _ => panic!("no engine {name} (config {c:?})"),
         }
     }

@@ -145,7 +145,7 @@ impl TxPeer for WtTxDb {
         )
     }
 
-    fn begin(self: Arc<Self>, sync: bool) -> PeerTxResult<Box<dyn PeerTx>> {
+    fn begin(self: Arc<Self>, sync: bool, _read_only: bool) -> PeerTxResult<Box<dyn PeerTx>> {
         let h = self.handle()?;
         // SAFETY: the session is this transaction's alone.
         let rc = unsafe { wt!(h.session, begin_transaction, c"isolation=snapshot".as_ptr()) };
@@ -351,6 +351,6 @@ impl Drop for WtTx {
 mod tests {
     #[test]
     fn peers_wiredtiger_transactions_conform() {
-        super::super::txn::tests::conformance("wiredtiger");
+        super::super::txn::tests::conformance("wiredtiger", true);
     }
 }

@@ -114,8 +114,14 @@ pub trait Engine: Send + Sync + 'static {
     /// for the report.
     fn isolation_label(&self, isolation: Isolation) -> String;
     /// A transaction at `isolation` (or the engine's nearest level),
-    /// committing with `durability`.
-    fn begin(self: &Arc<Self>, isolation: Isolation, durability: Durability) -> TxResult<Self::Tx>;
+    /// committing with `durability`; `read_only` if it will not write
+    /// (a hint: LMDB runs those beside its one writer).
+    fn begin(
+        self: &Arc<Self>,
+        isolation: Isolation,
+        durability: Durability,
+        read_only: bool,
+    ) -> TxResult<Self::Tx>;
     /// Runs `task` (number `n`) to its end, concurrently with the caller.
     fn spawn(
         self: &Arc<Self>,
@@ -162,7 +168,13 @@ impl Engine for DanaTables {
         isolation.to_string()
     }
 
-    fn begin(self: &Arc<Self>, isolation: Isolation, durability: Durability) -> TxResult<DanaTx> {
+    /// dana ignores the hint: its readers and writers run alike.
+    fn begin(
+        self: &Arc<Self>,
+        isolation: Isolation,
+        durability: Durability,
+        _read_only: bool,
+    ) -> TxResult<DanaTx> {
         let mut tx = self.db.begin();
         tx.set_isolation(isolation);
         if durability != Durability::Off {
@@ -293,10 +305,11 @@ impl Engine for PeerTables {
         self: &Arc<Self>,
         _isolation: Isolation,
         durability: Durability,
+        read_only: bool,
     ) -> TxResult<PeerKvTx> {
         let sync = durability == Durability::Sync;
         Ok(PeerKvTx {
-            tx: self.peer.clone().begin(sync)?,
+            tx: self.peer.clone().begin(sync, read_only)?,
         })
     }
 
@@ -324,7 +337,7 @@ impl Engine for PeerTables {
         const CHUNK: usize = 4096;
         let mut after: Option<Vec<u8>> = None;
         loop {
-            let mut tx = self.peer.clone().begin(false).map_err(peer_failed)?;
+            let mut tx = self.peer.clone().begin(false, true).map_err(peer_failed)?;
             let lo = match after.take() {
                 Some(k) => Bound::Excluded(k),
                 None => peer_bound(t, Bound::Unbounded, true),

@@ -68,7 +68,7 @@ impl<E: Engine> Batch<E> {
             Some(tx) => tx,
             None => self.tx.insert(
                 self.tables
-                    .begin(Isolation::ReadCommitted, Durability::Async)
+                    .begin(Isolation::ReadCommitted, Durability::Async, false)
                     .map_err(failed)?,
             ),
         };

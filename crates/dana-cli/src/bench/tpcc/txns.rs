@@ -48,6 +48,11 @@ impl Kind {
         self as usize
     }
 
+    /// True for the types that only read (Order-Status, Stock-Level).
+    pub fn read_only(self) -> bool {
+        matches!(self, Kind::OrderStatus | Kind::StockLevel)
+    }
+
     /// The standard mix: 45% New-Order, 43% Payment, 4% each of the rest.
     pub fn draw(g: &mut Gen) -> Kind {
         match g.uniform(1, 100) {
