@@ -24,6 +24,7 @@ pub mod array;
 pub mod blocking;
 pub mod device;
 pub mod eventfd;
+pub mod ftl;
 pub mod grower;
 pub mod sim;
 pub mod uring;

@@ -52,6 +52,7 @@ use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
+use super::ftl::{Ftl, FtlConfig, FtlStats};
 use super::{Alignment, Completion, IoQueue, Rejected, Request};
 use crate::{Error, OpKind, Result};
 
@@ -446,6 +447,9 @@ struct Inner {
     /// and flush completed (offset, checksum of the data; the flush point),
     /// in order: equal traces replay equally.
     trace: u64,
+    /// The flash translation layer model fed with every completed write,
+    /// if one is attached.
+    ftl: Option<Ftl>,
 }
 
 /// Mixes `v` into the trace hash `h` (FNV-1a over its bytes).
@@ -609,6 +613,19 @@ impl Inner {
                     let data: Box<[u8]> = unsafe { buf.bytes() }.into();
                     self.write_volatile(offset, data);
                     self.stats.bytes_written += len as u64;
+                    if let Some(ftl) = self.ftl.as_mut() {
+                        // Each 4 KiB page the write touches is programmed
+                        // (a partial page costs a whole one). Attaching
+                        // and the space limit keep pages within the map.
+                        let first = offset / CHUNK as u64;
+                        let last = (offset + len.max(1) as u64 - 1) / CHUNK as u64;
+                        for page in first..=last {
+                            let mapped = u32::try_from(page)
+                                .map_err(|_| ())
+                                .and_then(|p| ftl.write(0, p).map_err(|_| ()));
+                            debug_assert!(mapped.is_ok(), "page {page} beyond the FTL");
+                        }
+                    }
                     Ok(len)
                 }
                 (OpKind::Flush, _) => {
@@ -768,6 +785,7 @@ impl SimDisk {
                 next_start: None,
                 trace: 0xcbf2_9ce4_8422_2325,
                 stats: SimStats::default(),
+                ftl: None,
             }),
             switch: Mutex::new(None),
         })
@@ -825,10 +843,41 @@ impl SimDisk {
 
     /// Sets the most bytes the device may grow to: a full file system
     /// (growth past it fails with [`Error::NoSpace`], as `ENOSPC`), or
-    /// space freed later. Never shrinks the device.
+    /// space freed later. Never shrinks the device. With an FTL attached,
+    /// at most the FTL's logical capacity.
     pub fn set_space_limit(&self, bytes: u64) {
+        let inner = self.lock();
+        let cap = inner
+            .ftl
+            .as_ref()
+            .map_or(u64::MAX, |f| u64::from(f.logical_pages()) * CHUNK as u64);
         self.space_limit
-            .store(bytes, std::sync::atomic::Ordering::Release);
+            .store(bytes.min(cap), std::sync::atomic::Ordering::Release);
+    }
+
+    /// Attaches a flash translation layer model ([`Ftl`], 4 KiB pages)
+    /// that every write completing from now on programs, so that
+    /// [`SimDisk::ftl_stats`] tells the flash writes and the write
+    /// amplification the device's writes cost. Fails if the device may
+    /// grow past the model's logical capacity.
+    pub fn attach_ftl(&self, config: FtlConfig) -> Result<()> {
+        let ftl = Ftl::new(config)?;
+        let cap = u64::from(ftl.logical_pages()) * CHUNK as u64;
+        let mut inner = self.lock();
+        if self.space_limit() > cap {
+            return Err(Error::InvalidArgument(format!(
+                "simulated device {} may grow to {} bytes; the FTL maps {cap}",
+                self.index,
+                self.space_limit()
+            )));
+        }
+        inner.ftl = Some(ftl);
+        Ok(())
+    }
+
+    /// The attached FTL's counters, if one is attached.
+    pub fn ftl_stats(&self) -> Option<FtlStats> {
+        self.lock().ftl.as_ref().map(Ftl::stats)
     }
 
     /// Grows the device to `new_size` bytes, durably at once (a file's
@@ -1394,6 +1443,51 @@ mod tests {
             seed,
             ..SimConfig::default()
         }
+    }
+
+    /// An attached FTL counts every page the completed writes touch:
+    /// sequential passes cost no copies, random overwrites do; the device
+    /// cannot be allowed to grow past the model's capacity.
+    #[test]
+    fn an_attached_ftl_counts_the_flash_writes() {
+        use crate::io::ftl::FtlConfig;
+        let pages = 1024u64;
+        let disk = SimDisk::new(0, pages * PAGE as u64, paged(4));
+        // 20 blocks of 64 pages with 25% spare: 1,024 logical pages.
+        assert!(disk.attach_ftl(FtlConfig::new(64, 16, 0.25)).is_err());
+        disk.attach_ftl(FtlConfig::new(64, 20, 0.25)).unwrap();
+        disk.set_space_limit(u64::MAX);
+        assert_eq!(disk.space_limit(), pages * PAGE as u64);
+        let mut q = disk.queue(64);
+        let mut rng = SmallRng::seed_from_u64(5);
+        let page = random_page(&mut rng);
+        for _ in 0..2 {
+            for batch in (0..pages).collect::<Vec<_>>().chunks(64) {
+                let reqs = batch
+                    .iter()
+                    .map(|&p| write(p, p * PAGE as u64, &page))
+                    .collect();
+                run_ok(&mut q, reqs);
+            }
+        }
+        let seq = disk.ftl_stats().unwrap();
+        assert_eq!((seq.host_pages, seq.gc_copies), (2 * pages, 0), "{seq:?}");
+        // One write of two pages programs both.
+        let two = [page.to_vec(), page.to_vec()].concat();
+        run_ok(&mut q, vec![write(0, 0, &two)]);
+        for _ in 0..16 {
+            let reqs = (0..64)
+                .map(|t| write(t, rng.gen_range(0..pages) * PAGE as u64, &page))
+                .collect();
+            run_ok(&mut q, reqs);
+        }
+        let s = disk.ftl_stats().unwrap().since(&seq);
+        assert_eq!(s.host_pages, 2 + 16 * 64);
+        assert!(s.gc_copies > 0 && s.waf() > 1.0, "{s:?}");
+        assert_eq!(
+            disk.stats().bytes_written,
+            (2 * pages + 2 + 16 * 64) * PAGE as u64
+        );
     }
 
     #[test]
