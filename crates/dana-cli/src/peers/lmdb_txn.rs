@@ -37,7 +37,9 @@ use super::lmdb::{
     mdb_txn_commit, open_env, MdbDbi, MdbEnv, MdbTxn, MdbVal, MDB_FIRST, MDB_LAST, MDB_NEXT,
     MDB_NORDAHEAD, MDB_NOSYNC, MDB_NOTFOUND, MDB_NOTLS, MDB_PREV, MDB_RDONLY, MDB_SET_RANGE,
 };
-use super::txn::{above, below, fresh_dir, Entries, PeerTx, PeerTxError, PeerTxResult, TxPeer};
+use super::txn::{
+    below, fresh_dir, scan_step, Entries, PeerTx, PeerTxError, PeerTxResult, ScanStep, TxPeer,
+};
 use super::PeerConfig;
 use crate::{CliError, CliResult};
 
@@ -257,16 +259,12 @@ impl PeerTx for LmdbTx {
             };
             while rc == 0 && out.len() < limit {
                 let key = k.bytes();
-                let (inside_far, inside_near) = if forward {
-                    (below(key, hi), above(key, lo))
-                } else {
-                    (above(key, lo), below(key, hi))
-                };
-                if !inside_far {
-                    break;
-                }
-                if inside_near {
-                    out.push((key.to_vec(), v.bytes().to_vec()));
+                match scan_step(key, lo, hi, forward) {
+                    ScanStep::Stop => break,
+                    ScanStep::Skip => {}
+                    ScanStep::Take => {
+                        out.push((key.to_vec(), v.bytes().to_vec()));
+                    }
                 }
                 rc = mdb_cursor_get(cursor, &mut k, &mut v, step);
             }

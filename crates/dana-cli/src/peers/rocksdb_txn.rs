@@ -36,7 +36,9 @@ use super::rocksdb::{
     rocksdb_readoptions_destroy, rocksdb_writeoptions_create, rocksdb_writeoptions_destroy, Cache,
     FlushOptions, Iterator, Options, Owned, PinnableSlice, ReadOptions, WriteOptions,
 };
-use super::txn::{above, below, fresh_dir, Entries, PeerTx, PeerTxError, PeerTxResult, TxPeer};
+use super::txn::{
+    fresh_dir, scan_step, Entries, PeerTx, PeerTxError, PeerTxResult, ScanStep, TxPeer,
+};
 use super::PeerConfig;
 use crate::{CliError, CliResult};
 
@@ -463,20 +465,14 @@ impl PeerTx for RocksTx {
                 let (mut kl, mut vl) = (0usize, 0usize);
                 let k = rocksdb_iter_key(it.0, &mut kl);
                 let k = std::slice::from_raw_parts(k.cast::<u8>(), kl);
-                // Past the far bound: done. Short of the near bound (only
-                // the excluded bound itself): skip it.
-                let (inside_far, inside_near) = if forward {
-                    (below(k, hi), above(k, lo))
-                } else {
-                    (above(k, lo), below(k, hi))
-                };
-                if !inside_far {
-                    break;
-                }
-                if inside_near {
-                    let v = rocksdb_iter_value(it.0, &mut vl);
-                    let v = std::slice::from_raw_parts(v.cast::<u8>(), vl);
-                    out.push((k.to_vec(), v.to_vec()));
+                match scan_step(k, lo, hi, forward) {
+                    ScanStep::Stop => break,
+                    ScanStep::Skip => {}
+                    ScanStep::Take => {
+                        let v = rocksdb_iter_value(it.0, &mut vl);
+                        let v = std::slice::from_raw_parts(v.cast::<u8>(), vl);
+                        out.push((k.to_vec(), v.to_vec()));
+                    }
                 }
                 if forward {
                     rocksdb_iter_next(it.0);

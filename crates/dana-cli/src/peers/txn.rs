@@ -131,6 +131,41 @@ pub fn below(key: &[u8], hi: Bound<&[u8]>) -> bool {
     }
 }
 
+/// What a scan does with a key its cursor reached.
+#[derive(Debug, PartialEq, Eq)]
+#[cfg_attr(
+    not(any(feature = "rocksdb", feature = "wiredtiger", feature = "lmdb")),
+    allow(dead_code)
+)]
+pub enum ScanStep {
+    /// Short of the near bound (only the excluded bound itself, where the
+    /// cursor started): skip it and go on.
+    Skip,
+    /// Within both bounds.
+    Take,
+    /// Past the far bound: the scan is done.
+    Stop,
+}
+
+/// Where `key` stands for a scan between `lo` and `hi` that walks up
+/// (`forward`) or down.
+#[cfg_attr(
+    not(any(feature = "rocksdb", feature = "wiredtiger", feature = "lmdb")),
+    allow(dead_code)
+)]
+pub fn scan_step(key: &[u8], lo: Bound<&[u8]>, hi: Bound<&[u8]>, forward: bool) -> ScanStep {
+    let (inside_far, inside_near) = if forward {
+        (below(key, hi), above(key, lo))
+    } else {
+        (above(key, lo), below(key, hi))
+    };
+    match (inside_far, inside_near) {
+        (false, _) => ScanStep::Stop,
+        (true, false) => ScanStep::Skip,
+        (true, true) => ScanStep::Take,
+    }
+}
+
 /// The transactional engines this module knows, compiled in or not.
 pub const TX_ENGINES: [&str; 3] = ["rocksdb", "wiredtiger", "lmdb"];
 
@@ -205,6 +240,12 @@ pub(super) mod tests {
         assert!(above(b"c", Excluded(b"b")) && above(b"", Unbounded));
         assert!(below(b"b", Included(b"b")) && !below(b"b", Excluded(b"b")));
         assert!(below(b"a", Excluded(b"b")) && below(b"zz", Unbounded));
+        let (lo, hi) = (Excluded(b"b".as_slice()), Included(b"d".as_slice()));
+        assert_eq!(scan_step(b"b", lo, hi, true), ScanStep::Skip);
+        assert_eq!(scan_step(b"c", lo, hi, true), ScanStep::Take);
+        assert_eq!(scan_step(b"e", lo, hi, true), ScanStep::Stop);
+        assert_eq!(scan_step(b"b", lo, hi, false), ScanStep::Stop);
+        assert_eq!(scan_step(b"d", lo, Excluded(b"d"), false), ScanStep::Skip);
     }
 
     fn keys(e: &Entries) -> Vec<&[u8]> {

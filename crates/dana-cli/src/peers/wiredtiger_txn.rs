@@ -25,7 +25,9 @@ use std::path::PathBuf;
 use std::ptr;
 use std::sync::Arc;
 
-use super::txn::{above, below, fresh_dir, Entries, PeerTx, PeerTxError, PeerTxResult, TxPeer};
+use super::txn::{
+    fresh_dir, scan_step, Entries, PeerTx, PeerTxError, PeerTxResult, ScanStep, TxPeer,
+};
 use super::wiredtiger::{
     check, connect, open_handle, open_session, wt, wt_set, Handle, WtConnection, WtCursor, WtItem,
     WT_NOTFOUND, WT_ROLLBACK,
@@ -297,16 +299,12 @@ impl PeerTx for WtTx {
             };
             while rc == 0 && out.len() < limit {
                 let (k, v) = Self::current(c)?;
-                let (inside_far, inside_near) = if forward {
-                    (below(&k, hi), above(&k, lo))
-                } else {
-                    (above(&k, lo), below(&k, hi))
-                };
-                if !inside_far {
-                    break;
-                }
-                if inside_near {
-                    out.push((k, v));
+                match scan_step(&k, lo, hi, forward) {
+                    ScanStep::Stop => break,
+                    ScanStep::Skip => {}
+                    ScanStep::Take => {
+                        out.push((k, v));
+                    }
                 }
                 rc = if forward { wt!(c, next) } else { wt!(c, prev) };
             }
