@@ -39,8 +39,8 @@ pub(super) type MdbDbi = c_uint;
 /// `MDB_val`.
 #[repr(C)]
 pub(super) struct MdbVal {
-    pub(super) mv_size: usize,
-    pub(super) mv_data: *mut c_void,
+    mv_size: usize,
+    mv_data: *mut c_void,
 }
 
 impl MdbVal {
@@ -86,7 +86,6 @@ pub(super) const MDB_PREV: c_int = 12;
 pub(super) const MDB_SET_RANGE: c_int = 17;
 
 #[link(name = "lmdb")]
-#[allow(dead_code)] // each binding uses its part
 extern "C" {
     pub(super) fn mdb_env_set_flags(env: *mut MdbEnv, flags: c_uint, onoff: c_int) -> c_int;
     pub(super) fn mdb_del(
@@ -413,7 +412,7 @@ impl PeerEngine for Lmdb {
         check(rc, "get")?;
         // SAFETY: the value points into the map and stays valid until the
         // transaction ends (when `r` drops, after the copy).
-        let data = unsafe { std::slice::from_raw_parts(v.mv_data as *const u8, v.mv_size) };
+        let data = unsafe { v.bytes() };
         out.clear();
         out.extend_from_slice(data);
         Ok(true)

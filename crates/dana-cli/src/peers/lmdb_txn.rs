@@ -199,7 +199,7 @@ impl PeerTx for LmdbTx {
         let (mut k, mut v) = (MdbVal::of(key), MdbVal::of(value));
         // SAFETY: the write transaction is live; LMDB copies key and value.
         let rc = unsafe { mdb_put(self.txn, self.db.dbi, &mut k, &mut v, 0) };
-        Ok(check(rc, "put")?)
+        check(rc, "put").map_err(Into::into)
     }
 
     fn delete(&mut self, key: &[u8]) -> PeerTxResult<()> {
@@ -210,7 +210,7 @@ impl PeerTx for LmdbTx {
         if rc == MDB_NOTFOUND {
             return Ok(());
         }
-        Ok(check(rc, "delete")?)
+        check(rc, "delete").map_err(Into::into)
     }
 
     fn scan(
@@ -298,7 +298,7 @@ impl PeerTx for LmdbTx {
         // SAFETY: the transaction is live; commit ends it whatever it
         // returns (a failed commit aborts).
         let rc = unsafe { mdb_txn_commit(txn) };
-        Ok(check(rc, "commit")?)
+        check(rc, "commit").map_err(Into::into)
     }
 }
 

@@ -323,7 +323,8 @@ impl TxPeer for RocksTxDb {
         }
         check(err, "flushing")?;
         // Then wait, bounded, until no compaction is pending or running,
-        // so that no run pays for the load's compaction debt.
+        // so that no run pays for the compaction debt of the writes before
+        // it.
         let started = std::time::Instant::now();
         loop {
             let (mut pending, mut running) = (0u64, 0u64);
@@ -350,7 +351,7 @@ impl TxPeer for RocksTxDb {
             }
             if started.elapsed() > std::time::Duration::from_secs(900) {
                 return Err(CliError(
-                    "rocksdb: compactions still pending 900 s after the load".into(),
+                    "rocksdb: compactions still pending 900 s after a flush".into(),
                 ));
             }
             std::thread::sleep(std::time::Duration::from_millis(100));

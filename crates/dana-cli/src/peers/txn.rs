@@ -1,7 +1,8 @@
 //! Transactional peer engines for `dana bench tpcc`: one small interface,
 //! [`TxPeer`] and [`PeerTx`], that RocksDB's `TransactionDB`,
-//! WiredTiger's snapshot transactions and LMDB's serial writers implement, so the TPC-C transactions
-//! written for dana run unchanged on them.
+//! WiredTiger's snapshot transactions and LMDB's serial writers
+//! implement, so the TPC-C transactions written for dana run unchanged on
+//! them.
 //!
 //! Owns: the interface, the registry ([`open_tx`]) and the conformance
 //! test every transactional engine passes. Never: turns a conflict into

@@ -2,7 +2,7 @@
 //! (the TPC-C peer). Uses the structs of the parent binding.
 //!
 //! Configuration: `wiredtiger_open(dir, NULL, "create,cache_size=<budget>,
-//! session_max=<threads + 64>,log=(enabled=true,archive=true),
+//! session_max=1024,log=(enabled=true,archive=true),
 //! checkpoint=(wait=60),direct_io=[data],eviction=(threads_min=1,
 //! threads_max=4)")` (no `direct_io` when direct I/O is off): the cache
 //! holds clean and dirty pages within the budget, the write-ahead log is
@@ -302,9 +302,7 @@ impl PeerTx for WtTx {
                 match scan_step(&k, lo, hi, forward) {
                     ScanStep::Stop => break,
                     ScanStep::Skip => {}
-                    ScanStep::Take => {
-                        out.push((k, v));
-                    }
+                    ScanStep::Take => out.push((k, v)),
                 }
                 rc = if forward { wt!(c, next) } else { wt!(c, prev) };
             }

@@ -620,10 +620,8 @@ impl Inner {
                         let first = offset / CHUNK as u64;
                         let last = (offset + len.max(1) as u64 - 1) / CHUNK as u64;
                         for page in first..=last {
-                            let mapped = u32::try_from(page)
-                                .map_err(|_| ())
-                                .and_then(|p| ftl.write(0, p).map_err(|_| ()));
-                            debug_assert!(mapped.is_ok(), "page {page} beyond the FTL");
+                            let mapped = u32::try_from(page).is_ok_and(|p| ftl.write(0, p).is_ok());
+                            debug_assert!(mapped, "page {page} beyond the FTL");
                         }
                     }
                     Ok(len)
