@@ -47,7 +47,9 @@ use crate::{CliError, CliResult};
 #[derive(Args, Debug, Clone)]
 pub struct CrashArgs {
     /// Simulated crash points (spread evenly over the I/Os of a run);
-    /// half run with durability Sync, half with Async.
+    /// half run with durability Sync, half with Async, and in each half
+    /// every other one flushes the log by write + fdatasync instead of
+    /// durable writes (the same mix for the kill -9 cycles).
     #[arg(long, default_value_t = 2000)]
     pub points: u64,
     /// kill -9 cycles on real files with io_uring (every third one kills
@@ -73,6 +75,11 @@ pub struct CrashArgs {
     /// With --point: durability Async.
     #[arg(long = "async")]
     pub async_durability: bool,
+    /// With --point: the log flushes by write + fdatasync
+    /// (`Options::log_write_through_max(0)`) instead of durable writes for
+    /// flushes up to the default size.
+    #[arg(long)]
+    pub log_sync: bool,
     /// Check the checker: drop one synced log block holding a commit that
     /// had to survive, in each simulated run; the run must then fail.
     #[arg(long)]
@@ -417,12 +424,17 @@ async fn commit_async(
 
 // ---- simulated power cuts -------------------------------------------------
 
-fn sim_options(durability: Durability) -> Options {
+fn sim_options(durability: Durability, log_sync: bool) -> Options {
     let o = Options::default()
         .log_identity(0x51_4d_5e_ed)
         .pool_bytes(48 * 4096)
         .workers(1)
         .log_bytes(SIM_LOG)
+        .log_write_through_max(if log_sync {
+            0
+        } else {
+            Options::default().log_write_through_max_value()
+        })
         .durability(durability);
     match durability {
         // No timer-driven flush: the schedule depends on the seed only.
@@ -449,12 +461,12 @@ impl SimRig {
         }
     }
 
-    fn open(&self, create: bool, d: Durability) -> dana::Result<Db> {
+    fn open(&self, create: bool, d: Durability, log_sync: bool) -> dana::Result<Db> {
         let array = Array::new(vec![Target::Sim(self.data.clone())], 4096)?;
         Db::open_array_with_log(
             array,
             Some(Target::Sim(self.log.clone())),
-            sim_options(d),
+            sim_options(d, log_sync),
             create,
         )
     }
@@ -480,7 +492,7 @@ impl SimRig {
 
     /// Formats the database, creates the trees and preloads them.
     fn build_base(&self) -> dana::Result<()> {
-        let db = self.open(true, Durability::Sync)?;
+        let db = self.open(true, Durability::Sync, false)?;
         let trees = TREES
             .iter()
             .map(|n| db.create_tree(n))
@@ -559,6 +571,8 @@ pub struct SimRun {
     pub tasks: u64,
     /// Durability of the run.
     pub durability: Durability,
+    /// The log flushes by write + fdatasync instead of durable writes.
+    pub log_sync: bool,
     /// Drop the synced log block of the newest commit that had to survive.
     pub plant_loss: bool,
 }
@@ -588,16 +602,15 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
         txns,
         tasks,
         durability,
+        log_sync,
         plant_loss,
     } = cfg;
     let rig = SimRig::new(seed);
     let fail = |what: String| {
-        let mode = if durability == Durability::Async {
-            " --async"
-        } else {
-            ""
-        };
-        format!("seed {seed} point {point}{mode}: {what}")
+        format!(
+            "seed {seed} point {point}{}: {what}",
+            mode_flags(durability, log_sync)
+        )
     };
     rig.setup().map_err(|e| fail(format!("create: {e}")))?;
     let policy = PowerCutPolicy::Random {
@@ -615,7 +628,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
     let errors = Arc::new(Mutex::new(Vec::new()));
     let mut max = 0;
     // A cut during this open (a crash in recovery) is a crash point too.
-    match rig.open(false, durability) {
+    match rig.open(false, durability, log_sync) {
         Err(_) if switch.fired() => {}
         Err(e) => return Err(fail(format!("reopen before the run: {e}"))),
         Ok(db) => {
@@ -743,7 +756,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
     }
     rig.data.power_on();
     rig.log.power_on();
-    let reopened = rig.open(false, durability);
+    let reopened = rig.open(false, durability, log_sync);
     // The trace up to the end of recovery: what follows (the judge's reads
     // from this thread racing the worker's evictions) is not seeded.
     let trace = rig.data.trace_hash() ^ rig.log.trace_hash().rotate_left(1);
@@ -800,12 +813,38 @@ pub struct Totals {
     pub open_caught: u64,
     /// kill -9 cycles that killed the process before it had opened.
     pub early_kills: u64,
+    /// Runs whose log flushed by write + fdatasync.
+    pub log_sync_runs: u64,
     /// The judge's counts, summed.
     pub judged: Judged,
 }
 
-/// `points` crash points for `seed`, half Sync and half Async: spread over
-/// a run's I/Os, each with its own tear pattern. Stops at the first
+/// The mode of crash point or kill cycle `n`: Sync and Async alternate,
+/// and every other pair flushes the log by write + fdatasync.
+fn mode_of(n: u64) -> (Durability, bool) {
+    let durability = if n % 2 == 0 {
+        Durability::Sync
+    } else {
+        Durability::Async
+    };
+    (durability, n / 2 % 2 == 1)
+}
+
+/// The `dana crashtest` flags that replay a mode.
+fn mode_flags(durability: Durability, log_sync: bool) -> String {
+    let mut flags = String::new();
+    if durability == Durability::Async {
+        flags.push_str(" --async");
+    }
+    if log_sync {
+        flags.push_str(" --log-sync");
+    }
+    flags
+}
+
+/// `points` crash points for `seed`, half Sync and half Async, half of
+/// each with the log flushed by write + fdatasync ([`mode_of`]): spread
+/// over a run's I/Os, each with its own tear pattern. Stops at the first
 /// failure.
 pub fn sim_sweep(
     seed: u64,
@@ -821,41 +860,43 @@ pub fn sim_sweep(
         txns,
         tasks,
         durability: Durability::Sync,
+        log_sync: false,
         plant_loss: false,
     };
-    let full = [
-        sim_run(base)?.ios,
-        sim_run(SimRun {
-            durability: Durability::Async,
+    // The length of a run without a cut, in each mode.
+    let mut full = [0u64; 4];
+    for (m, len) in full.iter_mut().enumerate() {
+        let (durability, log_sync) = mode_of(m as u64);
+        *len = sim_run(SimRun {
+            durability,
+            log_sync,
             ..base
         })?
-        .ios,
-    ];
+        .ios;
+    }
     for p in 0..points {
-        let durability = if p % 2 == 0 {
-            Durability::Sync
-        } else {
-            Durability::Async
-        };
-        let len = full[(p % 2) as usize].max(1);
-        let point = 1 + (p / 2 * 2 * len) / points.max(1) % len;
+        let (durability, log_sync) = mode_of(p);
+        let len = full[(p % 4) as usize].max(1);
+        let point = 1 + (p / 4 * 4 * len) / points.max(1) % len;
         // Vary the tear pattern with the point, keep it replayable.
         let s = seed.wrapping_add(p << 20);
         if std::env::var_os("DANA_CRASHTEST_TRACE").is_some() {
             eprintln!(
                 "crash point: --seed {s} --point {point}{}",
-                if p % 2 == 1 { " --async" } else { "" }
+                mode_flags(durability, log_sync)
             );
         }
         let o = sim_run(SimRun {
             seed: s,
             point,
             durability,
+            log_sync,
             plant_loss,
             ..base
         })?;
         t.runs += 1;
         t.async_runs += (durability == Durability::Async) as u64;
+        t.log_sync_runs += log_sync as u64;
         t.open_caught += o.open_caught as u64;
         t.judged.add(&o.judged);
     }
@@ -876,7 +917,7 @@ pub fn flip_sweep(seed: u64, flips: u64, txns: u64) -> Result<(u64, u64), String
         let mut lsns = Vec::new();
         {
             let db = rig
-                .open(false, Durability::Sync)
+                .open(false, Durability::Sync, false)
                 .map_err(|e| fail(format!("open: {e}")))?;
             let trees: Vec<_> = TREES
                 .iter()
@@ -913,7 +954,7 @@ pub fn flip_sweep(seed: u64, flips: u64, txns: u64) -> Result<(u64, u64), String
         b[0] ^= 1 << (s % 8);
         rig.log.overwrite_durable(at, &b);
         made += 1;
-        match rig.open(false, Durability::Sync) {
+        match rig.open(false, Durability::Sync, false) {
             Err(Error::CorruptLog { .. }) => detected += 1,
             Err(e) => return Err(fail(format!("the open failed, but not as log damage: {e}"))),
             Ok(_) => {}
@@ -927,15 +968,20 @@ pub fn flip_sweep(seed: u64, flips: u64, txns: u64) -> Result<(u64, u64), String
 /// Injects one failing request (once or forever) at position `nth` into a
 /// run of one committer: nothing acknowledged may be lost, errors are
 /// clean (no panic, no hang; a failed log write or sync refuses writes).
+/// `log_sync`: the log flushes by write + fdatasync (with durable log
+/// writes, a failed flush can only be the data disk's).
 pub fn fault_run(
     seed: u64,
     op: OpKind,
     nth: u64,
     sticky: bool,
     txns: u64,
+    log_sync: bool,
 ) -> Result<Judged, String> {
     let rig = SimRig::new(seed);
-    let fail = |what: String| format!("seed {seed} fault {op:?} #{nth} sticky={sticky}: {what}");
+    let fail = |what: String| {
+        format!("seed {seed} fault {op:?} #{nth} sticky={sticky} log_sync={log_sync}: {what}")
+    };
     rig.setup().map_err(|e| fail(format!("create: {e}")))?;
     let mut fault = Fault::nth(Some(op), nth);
     if sticky {
@@ -946,7 +992,7 @@ pub fn fault_run(
     let mut log = TaskLog::default();
     let mut max = 0;
     // A fault during the open (recovery's own I/O) must fail it cleanly.
-    if let Ok(db) = rig.open(false, Durability::Sync) {
+    if let Ok(db) = rig.open(false, Durability::Sync, log_sync) {
         let trees: Vec<_> = TREES
             .iter()
             .map(|n| db.tree(n))
@@ -971,7 +1017,7 @@ pub fn fault_run(
     rig.data.clear_faults();
     rig.log.clear_faults();
     let db = rig
-        .open(false, Durability::Sync)
+        .open(false, Durability::Sync, false)
         .map_err(|e| fail(format!("recovery: {e}")))?;
     let (j, _) = judge(&db, &Default::default(), &[log], true).map_err(fail)?;
     db.close()
@@ -987,8 +1033,13 @@ pub fn fault_run(
 
 // ---- kill -9 --------------------------------------------------------------
 
-fn kill_options(durability: Durability) -> Options {
+fn kill_options(durability: Durability, log_sync: bool) -> Options {
     Options::default()
+        .log_write_through_max(if log_sync {
+            0
+        } else {
+            Options::default().log_write_through_max_value()
+        })
         .pool_bytes(64 * 4096)
         .capacity_bytes(64 << 20)
         .log_bytes(4 << 20)
@@ -999,20 +1050,17 @@ fn kill_options(durability: Durability) -> Options {
         .durability(durability)
 }
 
-/// The durability of kill cycle `c`: odd cycles run Async.
-fn cycle_durability(c: u64) -> Durability {
-    if c % 2 == 1 {
-        Durability::Async
-    } else {
-        Durability::Sync
-    }
-}
-
 /// The child: one thread per committer, committing its transactions from
 /// its start on and printing `ack TASK LSN` once each commit returned and
 /// `durable LSN` after it, until killed.
-fn child(dir: &Path, seed: u64, starts: &[u64], durability: Durability) -> CliResult<()> {
-    let db = Db::open(dir, kill_options(durability))?;
+fn child(
+    dir: &Path,
+    seed: u64,
+    starts: &[u64],
+    durability: Durability,
+    log_sync: bool,
+) -> CliResult<()> {
+    let db = Db::open(dir, kill_options(durability, log_sync))?;
     let trees: Vec<_> = TREES
         .iter()
         .map(|n| db.tree_or_create(n))
@@ -1101,7 +1149,7 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
     let mut max = 0usize;
     let mut t = Totals::default();
     for c in 0..cycles {
-        let durability = cycle_durability(c);
+        let (durability, log_sync) = mode_of(c);
         let fail = |what: String| {
             format!(
                 "kill cycle {c} (seed {seed}, dir {}): {what}",
@@ -1120,6 +1168,9 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
         ]);
         if durability == Durability::Async {
             cmd.arg("--async");
+        }
+        if log_sync {
+            cmd.arg("--log-sync");
         }
         let (mut child, rx, reader) = spawn_child(cmd.arg("--dir").arg(dir)).map_err(fail)?;
         let early = c % 3 == 2;
@@ -1171,7 +1222,7 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
             }
         }
         t.early_kills += (early && !ready) as u64;
-        let db = Db::open(dir, kill_options(Durability::Sync))
+        let db = Db::open(dir, kill_options(Durability::Sync, false))
             .map_err(|e| fail(format!("recovery: {e}")))?;
         if max == 0 {
             max = db
@@ -1202,6 +1253,7 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
         db.close().map_err(|e| fail(format!("close: {e}")))?;
         t.runs += 1;
         t.async_runs += (durability == Durability::Async) as u64;
+        t.log_sync_runs += log_sync as u64;
         t.judged.add(&judged);
         if !judged.ordered() || judged.lost() > 0 {
             return Err(fail(format!(
@@ -1241,7 +1293,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
             .ok_or_else(|| CliError("--child needs --dir".into()))?;
         return match args.workload {
             Workload::Tpcc => tpcc::crash::child(dir, args.seed),
-            Workload::Default => child(dir, args.seed, &args.starts, durability),
+            Workload::Default => child(dir, args.seed, &args.starts, durability, args.log_sync),
         };
     }
     if args.workload == Workload::Tpcc {
@@ -1254,6 +1306,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
             txns: args.txns,
             tasks: args.tasks,
             durability,
+            log_sync: args.log_sync,
             plant_loss: args.plant_loss,
         })
         .map_err(CliError)?;
@@ -1275,10 +1328,11 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
     .map_err(CliError)?;
     let j = sim.judged;
     println!(
-        "simulated power cuts: {} crash points ({} sync, {} async), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied, {} missing before a later survivor in {:.1} s",
+        "simulated power cuts: {} crash points ({} sync, {} async; {} with the log flushed by write + fdatasync), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied, {} missing before a later survivor in {:.1} s",
         sim.runs,
         sim.runs - sim.async_runs,
         sim.async_runs,
+        sim.log_sync_runs,
         args.tasks,
         j.required,
         j.found,
@@ -1316,9 +1370,12 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         (OpKind::Read, false),
         (OpKind::Read, true),
     ] {
-        for nth in [0, 3, 10, 30, 100] {
-            faults
-                .add(&fault_run(args.seed, op, nth, sticky, args.txns.min(40)).map_err(CliError)?);
+        for (k, nth) in [0, 3, 10, 30, 100].into_iter().enumerate() {
+            // Log syncs exist only with write + fdatasync; writes and
+            // reads fail under both flush primitives.
+            let log_sync = op == OpKind::Flush || k % 2 == 1;
+            let txns = args.txns.min(40);
+            faults.add(&fault_run(args.seed, op, nth, sticky, txns, log_sync).map_err(CliError)?);
             runs += 1;
         }
     }
@@ -1336,9 +1393,10 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         let k = kill_cycles(&dir, args.seed, args.kills, args.tasks).map_err(CliError)?;
         lost += k.judged.lost();
         println!(
-            "kill -9: {} cycles ({} async, {} killed while opening), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied in {:.1} s",
+            "kill -9: {} cycles ({} async, {} with the log flushed by write + fdatasync, {} killed while opening), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied in {:.1} s",
             k.runs,
             k.async_runs,
+            k.log_sync_runs,
             k.early_kills,
             args.tasks,
             k.judged.required,

@@ -25,7 +25,7 @@ use crate::sched::{RequestKind, Runtime};
 use crate::txn::{Committer, KeyLocks};
 use crate::validate::InFlight;
 use crate::wal::record::Write;
-use crate::wal::{CheckpointScope, Durability, LogSet, Wal, MAX_LOGS};
+use crate::wal::{CheckpointScope, Durability, FlushPolicy, LogSet, Wal, MAX_LOGS};
 use crate::{Error, Options, Result};
 
 /// A database brought up: what `Db` holds.
@@ -81,12 +81,16 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
             for (i, (t, resume)) in logs.iter().zip(start.resume).enumerate() {
                 targets.push(t.clone());
                 let block = t.alignment().io.max(512);
+                let flush = FlushPolicy {
+                    block,
+                    window: opts.async_window,
+                    write_through_max: opts.log_write_through_max,
+                };
                 set.push(Wal::new(
                     i,
                     shared.clone(),
                     array.width() + i,
-                    block,
-                    opts.async_window,
+                    flush,
                     resume,
                     Some(t.clone()),
                 )?);

@@ -103,8 +103,10 @@ fn async_commits_become_durable_within_the_window() {
     );
 }
 
-#[test]
-fn a_failed_log_sync_is_sticky() {
+/// A log write that failed to become durable poisons the database: the
+/// commit fails, every later one fails, nothing is retried. Both flush
+/// primitives: a durable write (the default) and write + flush.
+fn failed_log_flush_is_sticky(write_through: bool) {
     let data = SimDisk::new(0, 8 << 20, SimConfig::default());
     let log = SimDisk::new(1, CONTROL_BYTES + (1 << 20), SimConfig::default());
     let open = |create| {
@@ -112,18 +114,28 @@ fn a_failed_log_sync_is_sticky() {
         Db::open_array_with_log(
             array,
             Some(Target::Sim(log.clone())),
-            Options::default().pool_bytes(1 << 20).log_bytes(1 << 20),
+            Options::default()
+                .pool_bytes(1 << 20)
+                .log_bytes(1 << 20)
+                .log_write_through_max(if write_through { u64::MAX } else { 0 }),
             create,
         )
     };
     let db = open(true).unwrap();
     let t = db.create_tree("t").unwrap();
     t.put(b"a", b"1").unwrap();
-    log.inject(Fault::nth(Some(OpKind::Flush), 0));
+    let before = log.stats();
+    let failing = if write_through {
+        OpKind::Write
+    } else {
+        OpKind::Flush
+    };
+    log.inject(Fault::nth(Some(failing), 0));
     assert!(
         t.put(b"b", b"2").is_err(),
-        "the commit whose sync failed must fail"
+        "the commit whose log flush failed must fail"
     );
+    assert_eq!(log.stats().faults_fired, before.faults_fired + 1);
     // Never retried: every later write fails, even though the fault is gone.
     assert!(matches!(t.put(b"c", b"3"), Err(Error::Poisoned(_))));
     drop(db);
@@ -132,4 +144,14 @@ fn a_failed_log_sync_is_sticky() {
     assert_eq!(t.get(b"a").unwrap(), Some(b"1".to_vec()));
     assert_eq!(t.get(b"c").unwrap(), None);
     let _ = Arc::strong_count(&data);
+}
+
+#[test]
+fn a_failed_durable_log_write_is_sticky() {
+    failed_log_flush_is_sticky(true);
+}
+
+#[test]
+fn a_failed_log_sync_is_sticky() {
+    failed_log_flush_is_sticky(false);
 }

@@ -3,9 +3,10 @@
 //! Owns: two measurements on one database directory. (1) Commits per
 //! second with `Sync` durability for each number of concurrent committing
 //! tasks (each commit one 8-byte key and 120-byte value, random keys), with
-//! the flushes they took, next to a loop of one 4 KiB O_DIRECT write plus
-//! fdatasync per commit on a file in the same directory (what a commit
-//! costs without group commit). (2) Inserts per second by the same tasks
+//! the flushes they took, next to a loop of one 4 KiB O_DIRECT durable
+//! write per commit on a file in the same directory, by the primitive the
+//! log flushes with (an `O_DSYNC` write, or a write plus fdatasync): what
+//! a commit costs without group commit. (2) Inserts per second by the same tasks
 //! with the log off, async and sync, so the log's cost shows as a ratio;
 //! then async and sync again for each further checkpoint shard count
 //! asked, in the same invocation (continuous against whole checkpoints). Each insert
@@ -55,6 +56,12 @@ pub struct CommitArgs {
     /// runs the async and sync inserts again.
     #[arg(long, value_delimiter = ',', default_value = "8")]
     pub checkpoint_shards: Vec<usize>,
+    /// Log flushes of at most this many bytes are durable writes, larger
+    /// ones write + fdatasync (`Options::log_write_through_max`; default:
+    /// the option's). The raw loop uses the primitive of a 4 KiB flush:
+    /// an O_DSYNC write, or a write + fdatasync.
+    #[arg(long, default_value_t = Options::default().log_write_through_max_value())]
+    pub log_write_through_max: u64,
 }
 
 fn options(a: &CommitArgs, d: Durability) -> Options {
@@ -72,6 +79,7 @@ fn options_sharded(a: &CommitArgs, d: Durability, shards: usize) -> Options {
         // Whole and zero-filled before the run: this measures the log's
         // steady state, not the growth of a new log file's first lap.
         .log_preallocate(true)
+        .log_write_through_max(a.log_write_through_max)
         .max_tasks_per_worker(1024)
         .durability(d)
 }
@@ -181,23 +189,37 @@ fn latency_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 100_000_000, 3).expect("valid histogram bounds")
 }
 
-/// One 4 KiB O_DIRECT write plus fdatasync per commit, for `secs`.
-fn fdatasync_rate(path: &std::path::Path, secs: f64) -> CliResult<f64> {
+/// One 4 KiB O_DIRECT write plus its sync per commit, for `secs`: the
+/// flush primitive dana's log uses (`write_through`: one O_DSYNC write,
+/// which is RWF_DSYNC on every write; else the write, then fdatasync).
+fn sync_loop_rate(path: &std::path::Path, secs: f64, write_through: bool) -> CliResult<f64> {
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
         .write(true)
-        .custom_flags(libc::O_DIRECT)
+        .custom_flags(libc::O_DIRECT | if write_through { libc::O_DSYNC } else { 0 })
         .open(path)
         .context(format!("opening {}", path.display()))?;
     let mut buf = AlignedBuf::new(4096, 4096)?;
+    buf.fill(0x5a);
+    // The loop's 4 MiB written and synced first: its writes are then plain
+    // overwrites, like those of dana's preallocated log.
+    if f.metadata().context("stat")?.len() < 1024 * 4096 {
+        for b in 0..1024u64 {
+            f.write_all_at(&buf, b * 4096).context("write")?;
+        }
+        f.sync_all().context("fsync")?;
+    }
     let started = Instant::now();
     let mut n = 0u64;
     while started.elapsed().as_secs_f64() < secs {
         buf[0..8].copy_from_slice(&n.to_le_bytes());
-        f.write_all_at(&buf, (n % 1024) * 4096).context("write")?;
-        f.sync_data().context("fdatasync")?;
+        let at = (n % 1024) * 4096;
+        f.write_all_at(&buf, at).context("write")?;
+        if !write_through {
+            f.sync_data().context("fdatasync")?;
+        }
         n += 1;
     }
     Ok(n as f64 / started.elapsed().as_secs_f64())
@@ -214,13 +236,20 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
         a.pool_bytes >> 20,
         a.seconds
     );
-    let base = fdatasync_rate(&a.path.join("fdatasync-probe"), a.seconds)?;
+    let write_through = a.log_write_through_max >= 4096;
+    let base = sync_loop_rate(&a.path.join("sync-probe"), a.seconds, write_through)?;
+    let primitive = if write_through {
+        "O_DSYNC write"
+    } else {
+        "write + fdatasync"
+    };
     println!(
-        "one 4 KiB O_DIRECT write + fdatasync per commit (same file system): {base:.0} commits/s"
+        "one 4 KiB O_DIRECT {primitive} per commit (same file system, dana's log flush primitive): \
+         {base:.0} commits/s"
     );
     println!(
         "{:>6} {:>12} {:>10} {:>14} {:>10}",
-        "tasks", "commits/s", "x fsync", "commits/flush", "log B/c"
+        "tasks", "commits/s", "x raw", "commits/flush", "log B/c"
     );
     {
         let db = Db::open(a.path.join("db"), options(a, Durability::Sync))?;
@@ -291,6 +320,6 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
         db.close()?;
         let _ = std::fs::remove_dir_all(&dir);
     }
-    let _ = std::fs::remove_file(a.path.join("fdatasync-probe"));
+    let _ = std::fs::remove_file(a.path.join("sync-probe"));
     Ok(())
 }

@@ -55,8 +55,9 @@ enum BenchCommand {
     /// reads, updates, inserts, short scans, read-modify-writes.
     Ycsb(ycsb::YcsbArgs),
     /// Commits per second with sync durability for 1, 16 and 256
-    /// concurrent committing tasks (group commit), next to one fdatasync
-    /// per commit on the same file system; and the log's cost on inserts.
+    /// concurrent committing tasks (group commit), next to one durable
+    /// 4 KiB write per commit on the same file system (the log's flush
+    /// primitive); and the log's cost on inserts.
     Commit(commit::CommitArgs),
     /// Large values (4 KiB to 64 MiB) written one per durable commit and
     /// read whole, next to raw O_DIRECT writes and reads of the same

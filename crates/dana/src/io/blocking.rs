@@ -42,8 +42,17 @@ impl BlockingQueue {
                 libc::pread(fd, b.addr().cast(), len, req.offset as libc::off_t) as i64
             },
             // SAFETY: as above; pwrite only reads the buffer.
-            (OpKind::Write, Some(b)) => unsafe {
+            (OpKind::Write, Some(b)) if !req.durable => unsafe {
                 libc::pwrite(fd, b.addr().cast(), len, req.offset as libc::off_t) as i64
+            },
+            // SAFETY: as above; the iovec names the request's buffer, which
+            // pwritev2 only reads.
+            (OpKind::Write, Some(b)) => unsafe {
+                let iov = libc::iovec {
+                    iov_base: b.addr().cast(),
+                    iov_len: len,
+                };
+                libc::pwritev2(fd, &iov, 1, req.offset as libc::off_t, libc::RWF_DSYNC) as i64
             },
             // SAFETY: fdatasync takes only the descriptor.
             (OpKind::Flush, _) => unsafe { libc::fdatasync(fd) as i64 },

@@ -185,6 +185,11 @@ pub struct Request {
     pub offset: u64,
     /// The memory to read into or write from (`None` for flush).
     pub buf: Option<IoBuf>,
+    /// A write that is durable once it completes (write-through:
+    /// `RWF_DSYNC`, which the kernel turns into FUA or a cache flush after
+    /// the write). Whoever asks relies on nothing more than this write's
+    /// own bytes being durable. False for reads and flushes.
+    pub durable: bool,
 }
 
 impl Request {
@@ -195,6 +200,7 @@ impl Request {
             op: OpKind::Read,
             offset,
             buf: Some(buf),
+            durable: false,
         }
     }
 
@@ -205,6 +211,16 @@ impl Request {
             op: OpKind::Write,
             offset,
             buf: Some(buf),
+            durable: false,
+        }
+    }
+
+    /// Write `buf` at `offset`, durable when it completes (no flush
+    /// needed for these bytes; see [`Request::durable`]).
+    pub fn write_durable(tag: u64, offset: u64, buf: IoBuf) -> Request {
+        Request {
+            durable: true,
+            ..Request::write(tag, offset, buf)
         }
     }
 
@@ -215,6 +231,7 @@ impl Request {
             op: OpKind::Flush,
             offset: 0,
             buf: None,
+            durable: false,
         }
     }
 

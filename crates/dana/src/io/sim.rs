@@ -612,6 +612,12 @@ impl Inner {
                     // request's bytes while it is in flight.
                     let data: Box<[u8]> = unsafe { buf.bytes() }.into();
                     self.write_volatile(offset, data);
+                    if req.durable {
+                        // Write-through as Linux does it on a disk without
+                        // FUA (RWF_DSYNC: the write, then a cache flush):
+                        // this write and every one completed before it.
+                        self.make_durable(self.next_write_seq);
+                    }
                     self.stats.bytes_written += len as u64;
                     if let Some(ftl) = self.ftl.as_mut() {
                         // Each 4 KiB page the write touches is programmed
@@ -1726,6 +1732,32 @@ mod tests {
             assert_eq!(data(&c), want);
         }
         assert_eq!(disk.stats().power_cuts, 1);
+    }
+
+    #[test]
+    fn a_durable_write_survives_a_power_cut_without_a_flush() {
+        let disk = SimDisk::new(1, 1 << 20, paged(3));
+        let mut q = disk.queue(8);
+        let mut rng = SmallRng::seed_from_u64(3);
+        let pages = [(); 3].map(|_| random_page(&mut rng).to_vec());
+        // A plain write, then a durable one: as RWF_DSYNC on a disk without
+        // FUA, the durable write carries every write completed before it.
+        run_ok(&mut q, vec![write(0, 0, &pages[0])]);
+        let mut b = AlignedBuf::new(PAGE, PAGE).unwrap();
+        b.copy_from_slice(&pages[1]);
+        run_ok(
+            &mut q,
+            vec![Request::write_durable(1, 4096, IoBuf::owned(b))],
+        );
+        assert_eq!(disk.unflushed_writes(), 0);
+        // A plain write after it stays volatile.
+        run_ok(&mut q, vec![write(2, 8192, &pages[2])]);
+        assert_eq!(disk.unflushed_writes(), 1);
+        let report = disk.power_cut(PowerCutPolicy::DropAll, 9);
+        assert_eq!((report.kept, report.dropped), (0, 1));
+        assert_eq!(disk.read_durable(0, PAGE), pages[0]);
+        assert_eq!(disk.read_durable(4096, PAGE), pages[1]);
+        assert_eq!(disk.read_durable(8192, PAGE), vec![0; PAGE]);
     }
 
     #[test]

@@ -168,13 +168,18 @@ impl UringQueue {
             }
             (OpKind::Write, Some(b)) => {
                 let (ptr, len) = (b.addr() as *const u8, b.len() as u32);
+                // A durable write asks the kernel for write-through
+                // (RWF_DSYNC: FUA, or a cache flush after the write).
+                let flags = if req.durable { libc::RWF_DSYNC } else { 0 };
                 match self.registered_index(ptr as usize, b.len()) {
                     Some(i) => with_fd!(|f| opcode::WriteFixed::new(f, ptr, len, i)
                         .offset(req.offset)
+                        .rw_flags(flags)
                         .build()),
-                    None => {
-                        with_fd!(|f| opcode::Write::new(f, ptr, len).offset(req.offset).build())
-                    }
+                    None => with_fd!(|f| opcode::Write::new(f, ptr, len)
+                        .offset(req.offset)
+                        .rw_flags(flags)
+                        .build()),
                 }
             }
             (OpKind::Flush, _) => with_fd!(|f| opcode::Fsync::new(f)

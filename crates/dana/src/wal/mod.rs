@@ -4,8 +4,9 @@
 //!
 //! Owns: the records appended and not yet flushed (unsealed: their place
 //! in the file is given when a flush takes them), the one flush in flight
-//! (write(s), then fdatasync, through a worker's queue to the log's
-//! device), the durable end, the tasks waiting for it, the sticky log
+//! (one durable write, `RWF_DSYNC`, when it is small; else write(s), then
+//! fdatasync: [`crate::Options::log_write_through_max`]; through a
+//! worker's queue to the log's device), the durable end, the tasks waiting for it, the sticky log
 //! error, the LSN where a checkpoint's redo starts, and the log space
 //! promised to admitted commits ([`Wal::admit`]).
 //!
@@ -24,9 +25,10 @@
 //! system step ([`Wal::pump`]) starts a flush when someone waits, when
 //! write-back or another log needs records durable, or when async commits
 //! have waited a whole window; the flush takes every record appended so
-//! far (up to a blocked dependency), so one write and one fdatasync make
-//! a whole group durable and wake all of it. While a flush is in flight
-//! new commits gather for the next one. No thread ever blocks on a flush.
+//! far (up to a blocked dependency), so one durable write (or one write
+//! and one fdatasync) makes a whole group durable and wakes all of it.
+//! While a flush is in flight new commits gather for the next one. No
+//! thread ever blocks on a flush.
 //!
 //! The log file: two control blocks ([`control`]) then a circular stream
 //! of `capacity` bytes. A record at stream position (LSN) `l` lies at file
@@ -44,7 +46,7 @@
 //! Never: writes a record into space the last completed checkpoint still
 //! needs, writes past the durable end of a growing log file, makes a
 //! record durable before the records of other logs it depends on,
-//! acknowledges a commit before its fdatasync completed, or retries after
+//! acknowledges a commit before its flush completed, or retries after
 //! a failed log write or sync (the error is sticky: every later append and
 //! wait fails with [`Error::Poisoned`]).
 
@@ -394,6 +396,8 @@ struct PutPages {
 struct Flushing {
     end: u64,
     writes: usize,
+    /// Its writes are durable writes: no fdatasync follows them.
+    durable_writes: bool,
 }
 
 /// A record appended and not yet taken by a flush.
@@ -466,6 +470,19 @@ struct State {
     last_begin: u64,
 }
 
+/// How a log's flushes are written.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FlushPolicy {
+    /// Every flush is padded to this many bytes (the device's block).
+    pub block: u64,
+    /// Async commits wait at most this long for a flush.
+    pub window: Duration,
+    /// A flush of at most this many bytes is a durable write
+    /// (write-through) and no fdatasync follows; a larger one is
+    /// write(s), then one fdatasync.
+    pub write_through_max: u64,
+}
+
 /// One write-ahead log of a database.
 pub struct Wal {
     /// Which log of the database this is (of `shared`'s).
@@ -480,6 +497,9 @@ pub struct Wal {
     block: u64,
     capacity: u64,
     window: Duration,
+    /// Flushes of at most this many bytes are durable writes (no
+    /// fdatasync after them); larger ones are write(s) + fdatasync.
+    write_through_max: u64,
     state: Mutex<State>,
     /// The LSN up to which the stream is durable.
     durable: AtomicU64,
@@ -559,18 +579,22 @@ fn align_up(v: u64, a: u64) -> u64 {
 impl Wal {
     /// Log `index` of those sharing `shared`, on queue index `device` (of
     /// every worker), resuming at `resume` (its capacity included),
-    /// flushes padded to `block` bytes. `file`: the log's target, if it
+    /// flushing as `flush` says. `file`: the log's target, if it
     /// may be shorter than its capacity and grow (a regular file; see
     /// [`recover::is_growable`]).
     pub(crate) fn new(
         index: usize,
         shared: Arc<Shared>,
         device: usize,
-        block: u64,
-        window: Duration,
+        flush: FlushPolicy,
         resume: Resume,
         file: Option<crate::io::Target>,
     ) -> Result<Arc<Wal>> {
+        let FlushPolicy {
+            block,
+            window,
+            write_through_max,
+        } = flush;
         let capacity = resume.capacity;
         if !block.is_power_of_two() || block > control::BLOCK || capacity % control::BLOCK != 0 {
             return Err(Error::InvalidArgument(format!(
@@ -590,6 +614,7 @@ impl Wal {
             block,
             capacity,
             window,
+            write_through_max,
             state: Mutex::new(State {
                 end: resume.end,
                 last_crc: resume.last_crc,
@@ -1314,9 +1339,11 @@ impl Wal {
             pieces.push((CONTROL_BYTES + in_lap, (at - start) as usize, n as usize));
             at += n;
         }
+        let durable_writes = end - start <= self.write_through_max;
         st.flushing = Some(Flushing {
             end,
             writes: pieces.len(),
+            durable_writes,
         });
         self.flushing_now.store(true, Ordering::Release);
         drop(guard);
@@ -1325,8 +1352,13 @@ impl Wal {
             let queued = AlignedBuf::new(len, control::BLOCK as usize).and_then(|mut b| {
                 b[..len].copy_from_slice(&data[from..from + len]);
                 let tag = RequestKind::Log.tag(request_id(self.index, FLUSH_WRITE));
-                sched::enqueue(self.device, Request::write(tag, offset, IoBuf::owned(b)))
-                    .map_err(|_| Error::WouldBlock)
+                let buf = IoBuf::owned(b);
+                let req = if durable_writes {
+                    Request::write_durable(tag, offset, buf)
+                } else {
+                    Request::write(tag, offset, buf)
+                };
+                sched::enqueue(self.device, req).map_err(|_| Error::WouldBlock)
             });
             if let Err(e) = queued {
                 self.poison_with(&e);
@@ -1346,25 +1378,29 @@ impl Wal {
             return;
         }
         if id & 1 == FLUSH_WRITE {
-            let all_written = {
+            let (all_written, durable_writes) = {
                 let mut st = self.lock();
                 match st.flushing.as_mut() {
                     Some(f) => {
                         f.writes -= 1;
-                        f.writes == 0
+                        (f.writes == 0, f.durable_writes)
                     }
-                    None => false,
+                    None => (false, false),
                 }
             };
-            if all_written {
+            if !all_written {
+                return;
+            }
+            if !durable_writes {
                 let tag = RequestKind::Log.tag(request_id(self.index, FLUSH_SYNC));
                 if sched::enqueue(self.device, Request::flush(tag)).is_err() {
                     self.poison_with(&Error::WouldBlock);
                 }
+                return;
             }
-            return;
         }
-        // The fdatasync completed: the flushed range is durable.
+        // The fdatasync completed, or the last durable write: the flushed
+        // range is durable.
         {
             let mut st = self.lock();
             if let Some(f) = st.flushing.take() {
@@ -1545,8 +1581,11 @@ mod tests {
                     i,
                     shared.clone(),
                     i,
-                    512,
-                    Duration::from_secs(3600),
+                    FlushPolicy {
+                        block: 512,
+                        window: Duration::from_secs(3600),
+                        write_through_max: 0,
+                    },
                     Resume {
                         end: 512,
                         last_crc: 0,
