@@ -23,7 +23,7 @@ use std::task::{Context, Poll, Waker};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::btree::{BTree, Cursor};
-use crate::buffer::{BufferPool, PoolStatsSnapshot};
+use crate::buffer::{BufferPool, PageStamp, PoolStatsSnapshot};
 use crate::check::{check_pool, CheckReport};
 use crate::io::{Array, Target};
 use crate::iter::{self, Iter};
@@ -1113,10 +1113,14 @@ impl Tree {
     }
 
     /// [`Tree::get_async`] with the GSN of the leaf read (a transaction's
-    /// commit depends on the logs up to there).
-    pub(crate) async fn get_versioned_async(&self, key: &[u8]) -> Result<(Option<Vec<u8>>, u64)> {
+    /// commit depends on the logs up to there) and its stamp (what a
+    /// serializable commit validates: [`BTree::get_stamped`]).
+    pub(crate) async fn get_stamped_async(
+        &self,
+        key: &[u8],
+    ) -> Result<(Option<Vec<u8>>, u64, Option<PageStamp>)> {
         self.live(false)?;
-        self.btree.get_versioned(key).await
+        self.btree.get_stamped(key).await
     }
 
     /// Runs `fut` on a worker and waits for it, from any thread but a
@@ -1130,12 +1134,15 @@ impl Tree {
         self.db.block_on(fut)?
     }
 
-    /// [`Tree::get_versioned_async`] from any thread.
-    pub(crate) fn get_versioned(&self, key: &[u8]) -> Result<(Option<Vec<u8>>, u64)> {
+    /// [`Tree::get_stamped_async`] from any thread.
+    pub(crate) fn get_stamped(
+        &self,
+        key: &[u8],
+    ) -> Result<(Option<Vec<u8>>, u64, Option<PageStamp>)> {
         let key = key.to_vec();
         self.run(move |t| {
             let key = key.clone();
-            async move { t.get_versioned(&key).await }
+            async move { t.get_stamped(&key).await }
         })
     }
 

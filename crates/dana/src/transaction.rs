@@ -10,8 +10,9 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use crate::btree::tree::Cursor;
+use crate::buffer::PageStamp;
 use crate::txn::{Committer, Expect};
-use crate::validate::{Isolation, RangeRead, ReadSet};
+use crate::validate::{Isolation, PointRead, RangeRead, ReadSet};
 use crate::wal::record::Write;
 use crate::wal::Durability;
 use crate::Result;
@@ -36,7 +37,8 @@ use crate::Result;
 /// ```
 pub struct Transaction {
     committer: Arc<Committer>,
-    reads: BTreeMap<(u64, Vec<u8>), Option<Vec<u8>>>,
+    /// Keys read: the value seen and the stamp of the leaf it came from.
+    reads: BTreeMap<(u64, Vec<u8>), Seen>,
     writes: BTreeMap<(u64, Vec<u8>), Option<Vec<u8>>>,
     inserts: BTreeMap<(u64, Vec<u8>), ()>,
     durability: Durability,
@@ -48,6 +50,9 @@ pub struct Transaction {
     /// that its log has not made durable yet).
     read_gsn: u64,
 }
+
+/// A value read (None: absent) and the stamp of the leaf it came from.
+type Seen = (Option<Vec<u8>>, Option<PageStamp>);
 
 /// Entries of a scan in the scan's order: `(key, value)`.
 pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
@@ -217,7 +222,11 @@ impl Transaction {
         limit: usize,
     ) -> Result<Scan> {
         Ok(Scan {
-            cursor: tree.cursor(lower, upper, forward)?,
+            cursor: if self.isolation == Isolation::Serializable {
+                tree.cursor(lower, upper, forward)?.stamped()
+            } else {
+                tree.cursor(lower, upper, forward)?
+            },
             tree: tree.root(),
             lower: lower.map(<[u8]>::to_vec),
             upper: upper.map(<[u8]>::to_vec),
@@ -277,9 +286,9 @@ impl Transaction {
         if let Some(v) = self.writes.get(&id) {
             return Ok(v.clone());
         }
-        let (v, gsn) = tree.get_versioned_async(key).await?;
+        let (v, gsn, stamp) = tree.get_stamped_async(key).await?;
         self.read_gsn = self.read_gsn.max(gsn);
-        self.reads.entry(id).or_insert_with(|| v.clone());
+        self.reads.entry(id).or_insert_with(|| (v.clone(), stamp));
         Ok(v)
     }
 
@@ -301,9 +310,9 @@ impl Transaction {
         if let Some(v) = self.writes.get(&id) {
             return Ok(v.clone());
         }
-        let (v, gsn) = tree.get_versioned(key)?;
+        let (v, gsn, stamp) = tree.get_stamped(key)?;
         self.read_gsn = self.read_gsn.max(gsn);
-        self.reads.entry(id).or_insert_with(|| v.clone());
+        self.reads.entry(id).or_insert_with(|| (v.clone(), stamp));
         Ok(v)
     }
 
@@ -456,7 +465,7 @@ impl Transaction {
         let serializable = self.isolation == Isolation::Serializable;
         let mut checks = Vec::new();
         if !serializable {
-            for (id, v) in &self.reads {
+            for (id, (v, _)) in &self.reads {
                 if self.writes.contains_key(id) {
                     checks.push((id.0, id.1.clone(), Expect::Value(v.clone())));
                 }
@@ -471,7 +480,12 @@ impl Transaction {
             points: self
                 .reads
                 .into_iter()
-                .map(|((tree, key), v)| (tree, key, v))
+                .map(|((tree, key), (seen, stamp))| PointRead {
+                    tree,
+                    key,
+                    seen,
+                    stamp,
+                })
                 .collect(),
             ranges: self.ranges,
         });
@@ -581,6 +595,7 @@ impl Scan {
                 lower: lo,
                 upper: hi,
                 seen,
+                leaves: self.cursor.leaf_stamps().map(<[_]>::to_vec),
             }
         });
         Ok(Scanned {

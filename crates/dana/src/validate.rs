@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::btree::BTree;
-use crate::buffer::BufferPool;
+use crate::buffer::{BufferPool, PageStamp};
 use crate::wal::record::Write;
 use crate::{Error, Result};
 
@@ -77,13 +77,27 @@ pub(crate) struct RangeRead {
     pub(crate) upper: Bound<Vec<u8>>,
     /// The entries in the range, in ascending key order.
     pub(crate) seen: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The stamps of the leaves the scan read, which cover the range
+    /// (None: not known, or a large value was read).
+    pub(crate) leaves: Option<Vec<PageStamp>>,
+}
+
+/// A key a transaction read from a tree.
+#[derive(Debug, Clone)]
+pub(crate) struct PointRead {
+    pub(crate) tree: u64,
+    pub(crate) key: Vec<u8>,
+    /// The value seen (None: absent).
+    pub(crate) seen: Option<Vec<u8>>,
+    /// The stamp of the leaf it was read from (None for a large value).
+    pub(crate) stamp: Option<PageStamp>,
 }
 
 /// What a serializable transaction read, validated at its commit.
 #[derive(Debug, Default)]
 pub(crate) struct ReadSet {
-    /// Keys read from the trees: the value seen (None: absent).
-    pub(crate) points: Vec<(u64, Vec<u8>, Option<Vec<u8>>)>,
+    /// Keys read from the trees.
+    pub(crate) points: Vec<PointRead>,
     /// Ranges scanned.
     pub(crate) ranges: Vec<RangeRead>,
 }
@@ -271,19 +285,31 @@ pub(crate) async fn validate(
     let mut own: Vec<(u64, &[u8])> = writes.iter().map(|w| (w.tree, w.key.as_slice())).collect();
     own.sort_unstable();
     let mut dep = 0;
-    for (tree, key, seen) in &reads.points {
-        if in_flight.other_writes(*tree, key, &own) {
-            return Err(conflict("a key", *tree));
+    for p in &reads.points {
+        if in_flight.other_writes(p.tree, &p.key, &own) {
+            return Err(conflict("a key", p.tree));
         }
-        let (now, gsn) = BTree::open(pool, *tree).get_versioned(key).await?;
+        // The leaf unchanged since the read: so is the key's value (the
+        // read's GSN is in the transaction's read GSN already).
+        if p.stamp.is_some_and(|s| pool.unchanged(s)) {
+            continue;
+        }
+        let (now, gsn) = BTree::open(pool, p.tree).get_versioned(&p.key).await?;
         dep = dep.max(gsn);
-        if now != *seen {
-            return Err(conflict("a key", *tree));
+        if now != p.seen {
+            return Err(conflict("a key", p.tree));
         }
     }
     for r in &reads.ranges {
         if in_flight.other_writes_in(r.tree, &r.lower, &r.upper, &own) {
             return Err(conflict("a scanned range", r.tree));
+        }
+        // Every leaf the scan read unchanged: so are the entries between.
+        if r.leaves
+            .as_ref()
+            .is_some_and(|l| l.iter().all(|&s| pool.unchanged(s)))
+        {
+            continue;
         }
         let t = BTree::open(pool, r.tree);
         let mut c = t.cursor(as_slice(&r.lower), as_slice(&r.upper), true);

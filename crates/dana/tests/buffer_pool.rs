@@ -333,3 +333,51 @@ fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {
         }
     }
 }
+
+/// A page's stamp holds while only readers come; a writer, or an eviction
+/// and reload, changes it (what a serializable commit relies on to skip
+/// re-reading a leaf).
+#[test]
+fn a_stamp_holds_until_a_writer_or_an_eviction() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let pages = 400;
+    let array = open_array(dir.path(), 1, pages);
+    let (pool, rt) = start(array, 32, 1);
+    let pids = fill(&pool, &rt, pages - 1);
+    let p = pool.clone();
+    rt.block_on(async move {
+        let pid = pids[0];
+        let stamp = p.fix_shared(pid).await?.stamp();
+        assert!(p.unchanged(stamp));
+        // Readers, shared and optimistic, leave it.
+        let a = p.fix_shared(pid).await?;
+        let b = p.fix_shared(pid).await?;
+        assert_eq!(a.stamp(), stamp);
+        assert!(p.unchanged(stamp), "readers hold the page");
+        drop((a, b));
+        let o = p.fix_optimistic(pid).await?;
+        assert!(o.validate());
+        assert!(p.unchanged(stamp));
+        // A writer changes it, even while it still holds the latch.
+        let mut g = p.fix_exclusive(pid).await?;
+        assert!(!p.unchanged(stamp), "a writer holds the page");
+        let at = PAGE_HEADER_SIZE + 8;
+        g[at] ^= 1;
+        drop(g);
+        assert!(!p.unchanged(stamp));
+        let stamp = p.fix_shared(pid).await?.stamp();
+        assert!(p.unchanged(stamp));
+        // Eviction (the pool has 32 frames; read every other page) and
+        // reload change it too, though the bytes are the same.
+        for &other in &pids[1..] {
+            drop(p.fix_shared(other).await?);
+        }
+        let again = p.fix_shared(pid).await?;
+        assert_eq!(counter(&again).0, pid);
+        assert_ne!(again.stamp(), stamp, "evicted and reloaded");
+        assert!(!p.unchanged(stamp));
+        Ok::<_, Error>(())
+    })
+    .unwrap()
+    .unwrap();
+}

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use super::node::{self, Node, NodeMut};
 use crate::buffer::blob::BlobRef;
-use crate::buffer::{page, BufferPool, PageMut, PageOptimistic, PageRef, PageType};
+use crate::buffer::{page, BufferPool, PageMut, PageOptimistic, PageRef, PageStamp, PageType};
 use crate::sched;
 use crate::{Error, Result};
 
@@ -383,14 +383,26 @@ impl BTree {
     /// the change that wrote the value returned, or removed it): a commit
     /// that used the value depends on the logs up to there.
     pub async fn get_versioned(&self, key: &[u8]) -> Result<(Option<Vec<u8>>, u64)> {
+        let (v, gsn, _) = self.get_stamped(key).await?;
+        Ok((v, gsn))
+    }
+
+    /// [`BTree::get_versioned`], and the stamp of the leaf the value (or
+    /// its absence) was read from: while that leaf is unchanged
+    /// ([`BufferPool::unchanged`]) so is what `key` holds. None for a
+    /// large value (its bytes live outside the leaf).
+    pub async fn get_stamped(
+        &self,
+        key: &[u8],
+    ) -> Result<(Option<Vec<u8>>, u64, Option<PageStamp>)> {
         match self.get_raw(key).await? {
-            (Some((_, true)), gsn) => {
+            (Some((_, true)), gsn, _) => {
                 let v = self.get_large(key).await?;
                 // The leaf again: the value may have changed in between.
-                let (_, again) = self.get_raw(key).await?;
-                Ok((v, gsn.max(again)))
+                let (_, again, _) = self.get_raw(key).await?;
+                Ok((v, gsn.max(again), None))
             }
-            (other, gsn) => Ok((other.map(|(v, _)| v), gsn)),
+            (other, gsn, stamp) => Ok((other.map(|(v, _)| v), gsn, Some(stamp))),
         }
     }
 
@@ -412,12 +424,12 @@ impl BTree {
 
     /// The stored payload of `key` and whether it is a large value's
     /// reference, if present, and the GSN of the leaf it was read from.
-    async fn get_raw(&self, key: &[u8]) -> Result<(Option<(Vec<u8>, bool)>, u64)> {
+    async fn get_raw(&self, key: &[u8]) -> Result<(Option<(Vec<u8>, bool)>, u64, PageStamp)> {
         self.check_key(key)?;
         let g = self.leaf_shared(key, None).await?;
         let n = Node::new(&g).map_err(corrupt(g.pid()))?;
         let raw = n.get_entry(key).map(|(v, r)| (v.to_vec(), r));
-        Ok((raw, page::page_lsn(&g)))
+        Ok((raw, page::page_lsn(&g), g.stamp()))
     }
 
     /// What `key` holds: a value, or a large value's reference. To use the
@@ -866,6 +878,7 @@ impl BTree {
             done: false,
             read_ahead: 1,
             max_gsn: 0,
+            stamps: None,
         }
     }
 
@@ -947,12 +960,8 @@ fn siblings_after(bytes: &[u8], key: &[u8], max: usize) -> Vec<u64> {
     out
 }
 
-fn above_lower(k: &[u8], lower: &Bound<Vec<u8>>) -> bool {
-    match lower {
-        Bound::Included(l) => k >= l.as_slice(),
-        Bound::Excluded(l) => k > l.as_slice(),
-        Bound::Unbounded => true,
-    }
+fn as_slice_bound(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    b.as_ref().map(Vec::as_slice)
 }
 
 /// True if keys above fence `u` can still be in range.
@@ -968,14 +977,6 @@ fn continues_below(l: &[u8], lower: &Bound<Vec<u8>>) -> bool {
     match lower {
         Bound::Included(b) => b.as_slice() <= l,
         Bound::Excluded(b) => b.as_slice() < l,
-        Bound::Unbounded => true,
-    }
-}
-
-fn below_upper(k: &[u8], upper: &Bound<Vec<u8>>) -> bool {
-    match upper {
-        Bound::Included(u) => k <= u.as_slice(),
-        Bound::Excluded(u) => k < u.as_slice(),
         Bound::Unbounded => true,
     }
 }
@@ -1000,6 +1001,10 @@ pub struct Cursor {
     /// used the entries depends on (another worker's log may not have
     /// made that change durable yet).
     max_gsn: u64,
+    /// The stamps of every leaf read, in order, if asked for
+    /// ([`Cursor::stamped`]; None again once a large value was read: its
+    /// bytes live outside the leaves).
+    stamps: Option<Vec<PageStamp>>,
 }
 
 impl Cursor {
@@ -1036,6 +1041,21 @@ impl Cursor {
         self.max_gsn
     }
 
+    /// This cursor keeps the stamps of the leaves it reads
+    /// ([`Cursor::leaf_stamps`]).
+    pub(crate) fn stamped(mut self) -> Cursor {
+        self.stamps = Some(Vec::new());
+        self
+    }
+
+    /// The stamps of the leaves this cursor has read, in order: they
+    /// cover every key from where it started to where it is (the leaves
+    /// are contiguous), so while all are unchanged the entries between
+    /// are too. None if not [`Cursor::stamped`] or a large value was read.
+    pub(crate) fn leaf_stamps(&self) -> Option<&[PageStamp]> {
+        self.stamps.as_deref()
+    }
+
     /// Loads the matching entries of the next leaf. False at the end.
     async fn advance_leaf(&mut self) -> Result<bool> {
         loop {
@@ -1061,18 +1081,19 @@ impl Cursor {
             self.read_ahead = (self.read_ahead * 2).min(READ_AHEAD);
             let n = Node::new(&g).map_err(corrupt(g.pid()))?;
             self.max_gsn = self.max_gsn.max(page::page_lsn(&g));
+            if let Some(s) = self.stamps.as_mut() {
+                s.push(g.stamp());
+            }
             self.buffered.clear();
             self.pos = 0;
-            let mut key = Vec::new();
             let mut references = Vec::new();
-            for i in 0..n.len() {
-                n.key_at(i, &mut key);
-                if above_lower(&key, &self.lower) && below_upper(&key, &self.upper) {
-                    if n.is_ref_at(i) {
-                        references.push(self.buffered.len());
-                    }
-                    self.buffered.push((key.clone(), n.payload_at(i).to_vec()));
+            let within = n.range(as_slice_bound(&self.lower), as_slice_bound(&self.upper));
+            for i in within {
+                if n.is_ref_at(i) {
+                    references.push(self.buffered.len());
                 }
+                self.buffered
+                    .push((n.key_vec_at(i), n.payload_at(i).to_vec()));
             }
             // Where the next leaf starts, and whether the range goes on.
             // The fence becomes a hard bound: if this leaf merges into its
@@ -1104,6 +1125,7 @@ impl Cursor {
             // Large values: read each whole by its key (a key deleted in
             // the meantime is left out: it is no longer committed).
             if !references.is_empty() {
+                self.stamps = None;
                 let mut gone = Vec::new();
                 for &i in &references {
                     match self.tree.get_large(&self.buffered[i].0).await? {

@@ -698,6 +698,15 @@ impl BufferPool {
         })
     }
 
+    /// True if the page of `stamp` still has the stamped version and no
+    /// writer holds it now: its bytes are those the stamp's latch saw. A
+    /// false answer says nothing (changed, evicted, or being written):
+    /// read the page again.
+    pub fn unchanged(&self, stamp: PageStamp) -> bool {
+        let s = self.table.state(stamp.pid).load(Ordering::Acquire);
+        version_of(s) == stamp.version && (UNLOCKED..=MAX_SHARED).contains(&lock_of(s))
+    }
+
     /// Makes page `pid` resident and returns an optimistic handle: reads
     /// take no latch and must be validated afterwards.
     pub async fn fix_optimistic(&self, pid: u64) -> Result<PageOptimistic<'_>> {
@@ -1355,6 +1364,29 @@ impl PageRef<'_> {
     pub fn pid(&self) -> u64 {
         self.pid
     }
+
+    /// The page's version as this latch holds it (no writer can change
+    /// it while the latch lives): see [`BufferPool::unchanged`].
+    pub fn stamp(&self) -> PageStamp {
+        let s = self.pool.table.state(self.pid).load(Ordering::Acquire);
+        PageStamp {
+            pid: self.pid,
+            version: version_of(s),
+        }
+    }
+}
+
+/// A page id and the version a latch saw. Every exclusive latch, and
+/// every eviction, raises a page's version (the page table keeps it per
+/// page id, across evictions): while the version is the same, so are the
+/// page's bytes, which is what a transaction's validation needs to know
+/// about a leaf it read (Silo's record versions, at page grain).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageStamp {
+    /// The page id.
+    pub pid: u64,
+    /// Its version when stamped.
+    pub version: u64,
 }
 
 impl std::ops::Deref for PageRef<'_> {
