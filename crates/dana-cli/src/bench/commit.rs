@@ -62,6 +62,10 @@ pub struct CommitArgs {
     /// an O_DSYNC write, or a write + fdatasync.
     #[arg(long, default_value_t = Options::default().log_write_through_max_value())]
     pub log_write_through_max: u64,
+    /// Bytes of the log (`Options::log_bytes`), preallocated before the
+    /// run.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub log_bytes: u64,
 }
 
 fn options(a: &CommitArgs, d: Durability) -> Options {
@@ -75,7 +79,7 @@ fn options_sharded(a: &CommitArgs, d: Durability, shards: usize) -> Options {
         .workers(a.workers)
         .logs(a.logs)
         .capacity_bytes(4 << 30)
-        .log_bytes(256 << 20)
+        .log_bytes(a.log_bytes)
         // Whole and zero-filled before the run: this measures the log's
         // steady state, not the growth of a new log file's first lap.
         .log_preallocate(true)
