@@ -23,6 +23,13 @@ pub struct RecoveryReport {
     pub pages_redone: u64,
     /// Pages that failed their checksum and were rebuilt from a full image.
     pub pages_repaired: u64,
+    /// Leaf cuts (the left halves of splits, logged as their cut key)
+    /// redone.
+    pub leaf_cuts: u64,
+    /// Keys that leaf cuts left out because the leaf as found held more
+    /// than it did at its split; each is written again by a re-applied
+    /// commit.
+    pub keys_left_to_reapply: u64,
     /// Commit records re-applied through the trees.
     pub commits: u64,
     /// The GSN after the last valid record of every log (where the
@@ -111,12 +118,24 @@ pub(crate) fn prepare_logs(
         }
         return Ok((None, None, None));
     }
-    let r = recover::recover(array, &ctls)?;
+    let r = recover::recover(array, &ctls, cut_leaf)?;
     let start = LogStart {
         resume: r.resume.clone(),
         next_gsn: r.next_gsn,
     };
     Ok((Some(start), Some(r), None))
+}
+
+/// Redoes a leaf cut (the left half of a split) with the trees' node code:
+/// the log's recovery hands every cut it redoes here.
+fn cut_leaf(
+    page: &mut [u8],
+    key: &[u8],
+    rewritten: &dyn Fn(&[u8]) -> bool,
+) -> std::result::Result<u64, String> {
+    crate::btree::node::cut_leaf(page, key, rewritten)
+        .map(|n| n as u64)
+        .map_err(|c| c.what)
 }
 
 /// Recovery, part two: re-applies `commits` (GSN, writes), in GSN order.

@@ -172,6 +172,8 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         records: r.records,
         pages_redone: r.pages_redone,
         pages_repaired: r.pages_repaired,
+        leaf_cuts: r.leaf_cuts,
+        keys_left_to_reapply: r.keys_left_to_reapply,
         commits: reapplied,
         log_end: r.next_gsn,
     });

@@ -155,3 +155,92 @@ fn a_failed_durable_log_write_is_sticky() {
 fn a_failed_log_sync_is_sticky() {
     failed_log_flush_is_sticky(false);
 }
+
+/// A leaf split logs its left half as the cut key alone; recovery redoes
+/// the cut on the leaf as it finds it. Here that leaf is the image logged
+/// right after a checkpoint, full of values that later commits shrank, and
+/// the cut's new upper fence is long: the cut does not fit until it leaves
+/// out the keys those commits write, and re-applying them gives the
+/// acknowledged state back. (The database is dropped without close: no
+/// page written since the checkpoint reaches the disk.)
+#[test]
+fn a_split_leaf_is_rebuilt_from_its_cut_even_when_its_image_held_more() {
+    use dana::btree::node::Node;
+    use std::collections::BTreeMap;
+    let dir = tempfile::tempdir().unwrap();
+    // Keys that differ early (short separators between leaves), 400 bytes.
+    let key = |i: u64| [&i.to_be_bytes()[..], &[b'k'; 392]].concat();
+    let mut model = BTreeMap::new();
+    {
+        let db = Db::open(dir.path(), opts()).unwrap();
+        let t = db.create_tree("t").unwrap();
+        for i in 0..60 {
+            t.put(&key(i), &[1; 50]).unwrap();
+            model.insert(key(i), vec![1; 50]);
+        }
+        // A full leaf that is not the last: its keys and its free space.
+        let bt = t.unlogged_btree().clone();
+        let leaves = db
+            .block_on(async move {
+                let mut out = Vec::new();
+                bt.walk(|_, bytes| {
+                    let n = Node::new(bytes).unwrap();
+                    if n.is_leaf() && n.upper_fence().is_some() {
+                        let keys: Vec<Vec<u8>> = (0..n.len()).map(|i| n.key_vec_at(i)).collect();
+                        out.push((keys, n.free_space_after_compaction()));
+                    }
+                    Ok(())
+                })
+                .await
+                .map(|_| out)
+            })
+            .unwrap()
+            .unwrap();
+        let (keys, _) = leaves
+            .into_iter()
+            .find(|(k, _)| k.len() >= 3)
+            .expect("a leaf with three keys");
+        // Fill it up with a key between its first two (an ascending load
+        // leaves one entry's room).
+        let mut keys = keys;
+        let extra = [&keys[0][..], &[0u8][..]].concat();
+        t.put(&extra, &[4; 300]).unwrap();
+        model.insert(extra.clone(), vec![4; 300]);
+        keys.insert(1, extra);
+        let last = keys.last().unwrap().clone();
+        db.checkpoint().unwrap();
+        // The first change since the checkpoint: a full image of the leaf.
+        t.put(&keys[0], &[2; 50]).unwrap();
+        model.insert(keys[0].clone(), vec![2; 50]);
+        // Commits shrink every value but the last key's (deletes would
+        // merge the leaf away)...
+        for k in &keys[..keys.len() - 1] {
+            t.put(k, b"").unwrap();
+            model.insert(k.clone(), Vec::new());
+        }
+        // ...and append keys that share 400 bytes with it until it
+        // splits: the cut key (between two of them) is about 408 bytes.
+        for j in 1..=12u64 {
+            let k = [&last[..], &j.to_be_bytes()[..]].concat();
+            t.put(&k, &[3; 50]).unwrap();
+            model.insert(k, vec![3; 50]);
+        }
+    }
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let r = db.recovery().unwrap().clone();
+    assert!(r.leaf_cuts >= 1, "{r:?}");
+    assert!(r.keys_left_to_reapply >= 1, "{r:?}");
+    let t = db.tree("t").unwrap();
+    let got: BTreeMap<Vec<u8>, Vec<u8>> = t
+        .scan(
+            std::ops::Bound::Unbounded,
+            std::ops::Bound::Unbounded,
+            true,
+            usize::MAX,
+        )
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(got, model);
+    assert!(db.check().unwrap().is_ok());
+}

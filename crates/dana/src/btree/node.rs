@@ -1182,6 +1182,60 @@ fn split_at_with(
     Ok(sep)
 }
 
+/// Cuts the leaf in `page` at key `upper`: rebuilds it (compacted, page
+/// header left alone) with the entries whose keys are `<= upper` and
+/// `upper` as its upper fence. This is the left half of a leaf split,
+/// redone at recovery from whatever state the leaf has there (the log
+/// holds only the cut, not the half: `wal::record::CUT`).
+///
+/// The leaf at recovery may hold more below `upper` than it held at the
+/// split (values that commits after its last page record shrank or
+/// deleted). If the kept entries do not fit with the new fence, the
+/// entries whose key `droppable` accepts are left out (recovery passes the
+/// keys that the commits it re-applies write: they come back). Errors,
+/// leaving `page` alone: not a valid leaf, `upper` not strictly inside its
+/// fences or too long, or still no fit. Returns the number of entries left
+/// out. Costs one page copy and one pass
+/// over the kept entries (`droppable` is asked only when the first fit
+/// fails).
+pub fn cut_leaf(
+    page: &mut [u8],
+    upper: &[u8],
+    droppable: impl Fn(&[u8]) -> bool,
+) -> Result<usize, Corrupt> {
+    let src = page.to_vec();
+    let node = Node::new(&src)?;
+    if !node.is_leaf() {
+        return Err(Corrupt::new("a leaf cut names an inner node"));
+    }
+    let inside = node.covers(upper) && node.upper_fence() != Some(upper);
+    if !inside || upper.len() > max_key_len(node.page_size()) {
+        return Err(Corrupt::new(
+            "a leaf cut's key is not strictly inside the leaf's fences",
+        ));
+    }
+    let lower = node.lower_fence();
+    let end = node.range(Bound::Unbounded, Bound::Included(upper)).end;
+    let keep: Vec<usize> = if built_size(&node, lower, Some(upper), 0..end) <= node.data.len() {
+        (0..end).collect()
+    } else {
+        (0..end)
+            .filter(|&i| !droppable(&node.key_vec_at(i)))
+            .collect()
+    };
+    let mut out = vec![0u8; src.len()];
+    out[..PAGE_HEADER_SIZE].copy_from_slice(&src[..PAGE_HEADER_SIZE]);
+    let mut o = init(&mut out, true, lower, Some(upper), 0);
+    let left_out = end - keep.len();
+    for i in keep {
+        o.push_from(&node, i)
+            .map_err(|Full| Corrupt::new("the leaf cut at its split key does not fit one page"))?;
+    }
+    debug_assert!(check_node(&o.as_node()).is_ok());
+    page.copy_from_slice(&out);
+    Ok(left_out)
+}
+
 /// Merges sibling nodes `left` and `right` (pages; `right` immediately
 /// follows `left`) into page `out`, covering `(left.lower, right.upper]`.
 /// Inner nodes pull the separator between them (`left`'s upper fence) down
@@ -1906,6 +1960,44 @@ mod tests {
         let _ = n.lower_bound(&[0xff; 9]);
     }
 
+    /// A cut whose new fence makes a full leaf overflow leaves out only the
+    /// keys it may drop (those recovery re-applies), and fails, changing
+    /// nothing, when that is not enough.
+    #[test]
+    fn a_cut_that_does_not_fit_drops_only_droppable_keys() {
+        let mut p = leaf(4096, None, None);
+        let mut n = NodeMut::new(&mut p).unwrap();
+        let mut i = 0u64;
+        while n.insert(&i.to_be_bytes(), &[7u8; 100]).is_ok() {
+            i += 1;
+        }
+        let all = entries(&p);
+        let fence = vec![0xffu8; 200];
+        let mut q = p.clone();
+        assert!(cut_leaf(&mut q, &fence, |_| false).is_err());
+        assert_eq!(q, p, "a failed cut changes nothing");
+        let odd = |k: &[u8]| k[7] % 2 == 1;
+        let left_out = cut_leaf(&mut q, &fence, |k| !odd(k)).unwrap();
+        assert_eq!(
+            left_out,
+            all.len() - all.iter().filter(|(k, _)| odd(k)).count()
+        );
+        assert_eq!(check(&q), Ok(()));
+        let kept: Vec<_> = all.iter().filter(|(k, _)| odd(k)).cloned().collect();
+        assert_eq!(entries(&q), kept);
+        assert_eq!(Node::new(&q).unwrap().upper_fence(), Some(&fence[..]));
+        // Room enough: nothing is dropped, droppable or not.
+        let mut r = p.clone();
+        let mid = (i / 2).to_be_bytes();
+        assert_eq!(cut_leaf(&mut r, &mid, |_| true).unwrap(), 0);
+        let below: Vec<_> = all
+            .iter()
+            .filter(|(k, _)| k[..] <= mid[..])
+            .cloned()
+            .collect();
+        assert_eq!(entries(&r), below);
+    }
+
     fn split_keys() -> impl Strategy<Value = Vec<Vec<u8>>> {
         proptest::collection::vec(
             prop_oneof![
@@ -1974,6 +2066,40 @@ mod tests {
             if leaf_node {
                 prop_assert_eq!(marks(&m), marks(&p));
             }
+        }
+
+        #[test]
+        fn a_cut_is_the_left_half_of_a_split(
+            keys in split_keys(),
+            long_prefix in any::<bool>(),
+            val_len in 0usize..200,
+        ) {
+            let pre: &[u8] = if long_prefix { b"a much longer shared key prefix/" } else { b"" };
+            let p = filled(4096, true, pre, &keys, val_len);
+            prop_assume!(Node::new(&p).unwrap().len() >= 2);
+            let (mut l, mut r) = (page(4096), page(4096));
+            let sep = split(&p, &mut l, &mut r).unwrap();
+            let mut c = p.clone();
+            cut_leaf(&mut c, &sep, |_| false).unwrap();
+            prop_assert_eq!(check(&c), Ok(()));
+            prop_assert!(header_intact(&c));
+            prop_assert_eq!(entries(&c), entries(&l));
+            prop_assert_eq!(marks(&c), marks(&l));
+            let (cn, ln) = (Node::new(&c).unwrap(), Node::new(&l).unwrap());
+            prop_assert_eq!(cn.lower_fence(), ln.lower_fence());
+            prop_assert_eq!(cn.upper_fence(), Some(&sep[..]));
+            // A fence that is not strictly inside is refused, page untouched.
+            let mut d = p.clone();
+            let src = Node::new(&p).unwrap();
+            if let Some(u) = src.upper_fence() {
+                let u = u.to_vec();
+                prop_assert!(cut_leaf(&mut d, &u, |_| false).is_err());
+            }
+            if let Some(lo) = src.lower_fence() {
+                let lo = lo.to_vec();
+                prop_assert!(cut_leaf(&mut d, &lo, |_| false).is_err());
+            }
+            prop_assert_eq!(d, p);
         }
 
         #[test]

@@ -772,6 +772,11 @@ impl BTree {
             page: parent_pid,
             what: "separator did not fit after the room check".into(),
         })?;
+        if kind == PageType::Leaf {
+            // The left half is the leaf cut at the separator: the log may
+            // record just that (the right half is imaged whole).
+            child.log_as_cut(self.root, &sep);
+        }
         // One log record for the whole split: redone together or not at all.
         self.pool
             .log_with_space(&mut [&mut parent, &mut child, &mut right], &mut space)?;

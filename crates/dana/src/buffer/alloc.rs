@@ -40,7 +40,8 @@
 //! carry the map changes of their extents, the count at bytes 64..72);
 //! version 7 per-worker logs (the number of logs at bytes 88..92, the
 //! GSN in every record and in the page LSN field, control blocks naming
-//! their log's place and a GSN).
+//! their log's place and a GSN); version 8 the leaf-cut page entry (a
+//! split's left half logged as its cut key, `wal::record::CUT`).
 //!
 //! When the pages run low the array grows (`grow.rs`); a reservation or an
 //! allocation short of pages waits for that growth, or fails with
@@ -60,7 +61,7 @@ use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"DANAMETA";
 /// The on-disk format this build reads and writes (see the module doc).
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 const OFF_MAGIC: usize = 32;
 const OFF_VERSION: usize = 40;
 const OFF_PAGE_SIZE: usize = 44;
@@ -301,6 +302,7 @@ impl BufferPool {
             fresh: true,
             touched: false,
             cover: 0,
+            cut: None,
         };
         page::init_page(&mut g, pid, t);
         Ok(g)

@@ -695,6 +695,7 @@ impl BufferPool {
             fresh: false,
             touched: false,
             cover: 0,
+            cut: None,
         })
     }
 
@@ -1420,6 +1421,9 @@ pub struct PageMut<'a> {
     /// Nonzero: the changes since the last record are covered by the
     /// commit record at this LSN ([`PageMut::cover`]).
     cover: u64,
+    /// The change since the last record is this leaf cut at a key
+    /// ([`PageMut::log_as_cut`]): the tree's root and the key.
+    cut: Option<(u64, Vec<u8>)>,
 }
 
 thread_local! {
@@ -1477,7 +1481,28 @@ impl PageMut<'_> {
             // SAFETY: the exclusive latch is held while this guard lives.
             after: unsafe { self.pool.frame_bytes(self.frame) },
             fresh: self.fresh,
+            cut: self.cut.as_ref().map(|(t, k)| (*t, &k[..])),
         })
+    }
+
+    /// Declares the change made through this guard since it was latched
+    /// or last logged to be a cut of this leaf (of the tree rooted at
+    /// `tree`) at `key`: the left half of a split, whose upper half goes to
+    /// a new page logged in the same record. The log may record only the
+    /// cut (redone at recovery on the leaf as it finds it), so once the
+    /// record is appended the page counts as holding unlogged changes
+    /// ([`page::UNLOGGED`]): its next physical change is a full image.
+    pub fn log_as_cut(&mut self, tree: u64, key: &[u8]) {
+        debug_assert!(!self.fresh, "page {}: a new page is not cut", self.pid);
+        self.cut = Some((tree, key.to_vec()));
+    }
+
+    /// After the record of a cut is appended: the page's bytes are not
+    /// what redo rebuilds (see [`PageMut::log_as_cut`]).
+    fn after_cut_logged(&mut self) {
+        if self.cut.take().is_some() {
+            page::set_unlogged(self, true);
+        }
     }
 
     /// Declares the changes made through this guard so far redone by the
@@ -1533,7 +1558,9 @@ impl PageMut<'_> {
         self.cover = 0;
         if let Some(lsn) = lsn {
             self.advance_lsn(lsn);
+            self.after_cut_logged();
         }
+        self.cut = None;
         self.touched = false;
         if let Some(b) = self.before.take() {
             recycle_image(b);
@@ -1597,6 +1624,7 @@ impl Drop for PageMut<'_> {
                 match logged {
                     Some(Ok(Some(lsn))) => {
                         self.advance_lsn(lsn);
+                        self.after_cut_logged();
                         Ok(())
                     }
                     Some(Err(e)) => Err(e),

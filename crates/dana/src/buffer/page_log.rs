@@ -41,6 +41,13 @@ pub struct PageChange<'a> {
     pub after: &'a [u8],
     /// A brand-new page: the log must record all of it.
     pub fresh: bool,
+    /// The change is a leaf of the tree rooted at `.0` cut at key `.1`
+    /// (the left half of a split: every key above went to a new page of
+    /// the same record). The log may record just that instead of the
+    /// page, when the page has a full image since the last checkpoint
+    /// began to redo the cut on; the pool then treats the page as having
+    /// unlogged changes (its bytes are not what redo rebuilds).
+    pub cut: Option<(u64, &'a [u8])>,
 }
 
 /// The write-ahead log as the buffer pool sees it.

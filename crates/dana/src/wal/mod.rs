@@ -838,6 +838,20 @@ impl Wal {
             epoch: (!all_full).then_some(epoch),
         };
         for c in changes {
+            // A leaf cut at a key (a split's left half) whose page has a
+            // full image since its shard's checkpoint began (the same rule
+            // that lets a difference stand) is recorded as the cut alone:
+            // recovery redoes it on the leaf as it finds it.
+            if let Some((tree, key)) = c.cut {
+                if !all_full
+                    && !c.fresh
+                    && page::page_lsn(c.after) >= self.shared.full_image_below(c.pid)
+                {
+                    record::put_cut_entry(b, c.pid, tree, key);
+                    put.entries += 1;
+                    continue;
+                }
+            }
             // A new page, the first change since a checkpoint of its shard
             // began (a torn write-back of it can be rebuilt), or a page
             // the pool kept no copy of (covered changes since its last
@@ -1783,6 +1797,7 @@ mod tests {
             before: Some(&before),
             after: &after,
             fresh: false,
+            cut: None,
         }];
         let mut b = record::RecordBuilder::new(record::Kind::Pages);
         let put = l.put_pages(&mut b, &change, false);
@@ -1816,6 +1831,7 @@ mod tests {
             before: Some(&after),
             after: &after2,
             fresh: false,
+            cut: None,
         }];
         assert!(
             crate::buffer::page_log::PageLog::log_changes(&*set, &change)

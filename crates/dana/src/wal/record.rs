@@ -262,6 +262,13 @@ pub fn parse(bytes: &[u8], lsn: u64) -> Parsed<'_> {
 /// applied (a full page image).
 pub const FULL_IMAGE: u32 = 1;
 
+/// Flag of a page entry: the page is a leaf cut at a key (the left half of
+/// a split, whose upper half went to a new page imaged in the same
+/// record). One segment at offset 0: the tree's root page id (u64), then
+/// the key. Redone by the trees' code (`btree::node::cut_leaf`) on the
+/// leaf as recovery finds it, never byte by byte.
+pub const CUT: u32 = 2;
+
 /// Changed byte ranges between `before` and `after` (same length, a
 /// multiple of 8), skipping the page checksum and LSN fields, with runs
 /// closer than 16 bytes merged.
@@ -345,6 +352,13 @@ pub fn put_page_entry(
     }
 }
 
+/// Appends a leaf-cut entry ([`CUT`]): page `pid`, a leaf of the tree
+/// rooted at `tree`, keeps its keys `<= key`, which becomes its upper fence.
+pub fn put_cut_entry(b: &mut RecordBuilder, pid: u64, tree: u64, key: &[u8]) {
+    b.u64(pid).u32(CUT).u32(1);
+    b.u32(0).u32((8 + key.len()) as u32).u64(tree).bytes(key);
+}
+
 /// One page entry of a [`Kind::Pages`] record.
 #[derive(Debug, Clone, Copy)]
 pub struct PageEntry<'a> {
@@ -362,9 +376,36 @@ impl PageEntry<'_> {
         self.flags & FULL_IMAGE != 0
     }
 
+    /// True for a leaf cut ([`CUT`]): redone through [`PageEntry::cut`],
+    /// not [`PageEntry::apply`].
+    pub fn is_cut(&self) -> bool {
+        self.flags & CUT != 0
+    }
+
+    /// A leaf cut's tree (root page id) and key (of the record at `lsn`,
+    /// for errors).
+    pub fn cut(&self, lsn: u64) -> Result<(u64, &[u8])> {
+        let ok = self.is_cut() && !self.is_full() && self.nsegs == 1;
+        let (Some(0), Some(len), Some(tree)) = (
+            u32_at(self.segs, 0).filter(|_| ok),
+            u32_at(self.segs, 4),
+            u64_at(self.segs, 8),
+        ) else {
+            return Err(bad_log(lsn, "a leaf cut entry is malformed"));
+        };
+        let key = (len as usize)
+            .checked_sub(8)
+            .and_then(|k| self.segs.get(16..16 + k))
+            .ok_or_else(|| bad_log(lsn, "a leaf cut's key is cut short"))?;
+        Ok((tree, key))
+    }
+
     /// Redoes this entry (of the record at `lsn`, for errors) on `page`
     /// and sets its page GSN to `gsn`.
     pub fn apply(&self, page: &mut [u8], lsn: u64, gsn: u64) -> Result<()> {
+        if self.is_cut() {
+            return Err(bad_log(lsn, "a leaf cut is not redone byte by byte"));
+        }
         if self.is_full() {
             page.fill(0);
         }

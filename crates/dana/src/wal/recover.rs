@@ -51,6 +51,11 @@ pub struct Recovered {
     pub pages_repaired: u64,
     /// Page entries skipped because the page already had them.
     pub entries_skipped: u64,
+    /// Leaf cuts (a split's left half) redone.
+    pub leaf_cuts: u64,
+    /// Keys that leaf cuts left out to fit, each written again by a commit
+    /// that recovery re-applies.
+    pub keys_left_to_reapply: u64,
     /// Committed writes to re-apply, by GSN, in GSN order.
     pub commits: Vec<(u64, Vec<Write<'static>>)>,
 }
@@ -398,11 +403,19 @@ struct Found {
     scan: Scan,
 }
 
+/// Redoes a leaf cut ([`record::CUT`]) on a page: keeps the keys `<=` the
+/// cut key (the new upper fence), leaving out, only if they would not fit,
+/// keys the third argument accepts (written by commits recovery
+/// re-applies). The node format is the trees' (`btree::node::cut_leaf`),
+/// a layer this one may not import: the caller hands it in.
+/// Returns the number of keys left out.
+pub type CutLeaf = fn(&mut [u8], &[u8], &dyn Fn(&[u8]) -> bool) -> std::result::Result<u64, String>;
+
 /// Scans every log (`logs[i]`: log `i` and its newest control block) and
-/// redoes page changes onto `array`'s devices in GSN order, then syncs
-/// them. Returns the commits to re-apply (in GSN order) and where each
+/// redoes page changes onto `array`'s devices in GSN order (leaf cuts
+/// through `cut`), then syncs them. Returns the commits to re-apply (in GSN order) and where each
 /// log resumes.
-pub fn recover(array: &Array, logs: &[(Target, Control)]) -> Result<Recovered> {
+pub fn recover(array: &Array, logs: &[(Target, Control)], cut: CutLeaf) -> Result<Recovered> {
     let mut found = Vec::with_capacity(logs.len());
     for (t, ctl) in logs {
         if ctl.next_gsn >= u64::MAX / 2 || ctl.redo_gsn >= u64::MAX / 2 {
@@ -525,6 +538,25 @@ pub fn recover(array: &Array, logs: &[(Target, Control)]) -> Result<Recovered> {
             match gsn_now {
                 Some(g) if gsn <= g => out.entries_skipped += 1,
                 None if !e.is_full() => out.entries_skipped += 1,
+                _ if e.is_cut() => {
+                    let (tree, key) = e.cut(lsn)?;
+                    let commits = &out.commits;
+                    let rewritten = |k: &[u8]| {
+                        commits
+                            .iter()
+                            .any(|(_, ws)| ws.iter().any(|w| w.tree == tree && w.key == k))
+                    };
+                    let left_out =
+                        cut(&mut bytes, key, &rewritten).map_err(|what| Error::Corrupt {
+                            page: pid,
+                            what: format!("redo of the leaf cut at LSN {lsn}: {what}"),
+                        })?;
+                    out.leaf_cuts += 1;
+                    out.keys_left_to_reapply += left_out;
+                    page::set_page_lsn(&mut bytes, gsn);
+                    gsn_now = Some(gsn);
+                    changed = true;
+                }
                 _ => {
                     if gsn_now.is_none() {
                         out.pages_repaired += 1;

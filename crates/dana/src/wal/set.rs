@@ -223,6 +223,7 @@ impl PageLog for LogSet {
             before: None,
             after: page,
             fresh: true,
+            cut: None,
         };
         // The image holds the covering commit's change too.
         let dep = page::page_lsn(page).max(cover);
