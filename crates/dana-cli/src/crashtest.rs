@@ -590,6 +590,9 @@ pub struct SimOutcome {
     /// error, or the checker found the damage (the loss was caught there
     /// rather than counted).
     pub open_caught: bool,
+    /// Leaf cuts (split left halves) the recovery redid, and the keys
+    /// they left out for re-applied commits to write again.
+    pub leaf_cuts: (u64, u64),
 }
 
 /// One run: format, set up the trees, run `tasks` committers of `txns`
@@ -769,10 +772,14 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
                 judged: Judged::default(),
                 trace,
                 open_caught: true,
+                leaf_cuts: (0, 0),
             });
         }
         Err(e) => return Err(fail(format!("recovery: {e}"))),
     };
+    let leaf_cuts = db
+        .recovery()
+        .map_or((0, 0), |r| (r.leaf_cuts, r.keys_left_to_reapply));
     let judged = match judge(&db, &Default::default(), &logs, true) {
         Ok((j, _)) => j,
         // The checker or the trees caught the planted loss.
@@ -782,6 +789,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
                 judged: Judged::default(),
                 trace,
                 open_caught: true,
+                leaf_cuts: (0, 0),
             })
         }
         Err(e) => return Err(fail(e)),
@@ -799,6 +807,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
         judged,
         trace,
         open_caught: false,
+        leaf_cuts,
     })
 }
 
@@ -817,6 +826,8 @@ pub struct Totals {
     pub log_sync_runs: u64,
     /// The judge's counts, summed.
     pub judged: Judged,
+    /// Leaf cuts redone by the recoveries, and keys they left out.
+    pub leaf_cuts: (u64, u64),
 }
 
 /// The mode of crash point or kill cycle `n`: Sync and Async alternate,
@@ -899,6 +910,8 @@ pub fn sim_sweep(
         t.log_sync_runs += log_sync as u64;
         t.open_caught += o.open_caught as u64;
         t.judged.add(&o.judged);
+        t.leaf_cuts.0 += o.leaf_cuts.0;
+        t.leaf_cuts.1 += o.leaf_cuts.1;
     }
     Ok(t)
 }
@@ -1328,7 +1341,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
     .map_err(CliError)?;
     let j = sim.judged;
     println!(
-        "simulated power cuts: {} crash points ({} sync, {} async; {} with the log flushed by write + fdatasync), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied, {} missing before a later survivor in {:.1} s",
+        "simulated power cuts: {} crash points ({} sync, {} async; {} with the log flushed by write + fdatasync), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied, {} missing before a later survivor; recoveries redid {} leaf cuts ({} keys left out for re-applied commits) in {:.1} s",
         sim.runs,
         sim.runs - sim.async_runs,
         sim.async_runs,
@@ -1339,6 +1352,8 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         j.lost(),
         j.doubts_applied,
         j.out_of_order,
+        sim.leaf_cuts.0,
+        sim.leaf_cuts.1,
         started.elapsed().as_secs_f64()
     );
     if args.plant_loss {
