@@ -244,3 +244,45 @@ fn a_split_leaf_is_rebuilt_from_its_cut_even_when_its_image_held_more() {
     assert_eq!(got, model);
     assert!(db.check().unwrap().is_ok());
 }
+
+/// Writes outside commits (`unlogged_btree()`, a tree's drop) log their
+/// pages too; they wait for log room like commits do. Before, a bulk load
+/// larger than the log filled it past what a checkpoint could free (a
+/// checkpoint needs a flush, the flush needed the space) and both workers
+/// spun forever; so did the drop of a tree larger than the log.
+#[test]
+fn writes_outside_commits_wait_for_log_room_instead_of_filling_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = dir.path().to_path_buf();
+    std::thread::spawn(move || {
+        let r = (|| -> dana::Result<u64> {
+            let opts = Options::default()
+                .pool_bytes(8 << 20)
+                .capacity_bytes(64 << 20)
+                .log_bytes(1 << 20)
+                .workers(2);
+            let db = Db::open(&path, opts)?;
+            let t = db.create_tree("bulk")?;
+            let bt = t.unlogged_btree().clone();
+            // About 12 MiB of leaves, split as they fill: many times the log.
+            let n = 80_000u64;
+            db.block_on(async move {
+                for i in 0..n {
+                    let k = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).to_be_bytes();
+                    bt.insert(&k, &[7u8; 120]).await?;
+                }
+                Ok::<(), dana::Error>(())
+            })??;
+            let count = t.count(std::ops::Bound::Unbounded, std::ops::Bound::Unbounded)?;
+            assert!(db.drop_tree("bulk")?);
+            db.close()?;
+            Ok(count)
+        })();
+        let _ = tx.send(r.map_err(|e| e.to_string()));
+    });
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("a bulk load and drop many times the log size hung");
+    assert_eq!(got.unwrap(), 80_000);
+}

@@ -139,6 +139,17 @@ impl BTree {
         }
     }
 
+    /// Room in the log for a write that is not a commit's apply (a
+    /// commit's was admitted with its commit): the leaf, a split
+    /// cascade's pages and the meta and map pages, as full images.
+    /// None for a commit's apply or without a log.
+    async fn admit_unlogged(&self) -> Result<Option<crate::buffer::page_log::LogRoom>> {
+        if self.commit {
+            return Ok(None);
+        }
+        self.pool.admit_log(8).await
+    }
+
     /// Levels from the root to the leaves (1: the root is a leaf), read
     /// along the leftmost path without latches.
     pub async fn height(&self) -> Result<u32> {
@@ -561,6 +572,7 @@ impl BTree {
         is_ref: bool,
         mode: WriteMode,
     ) -> Result<bool> {
+        let _room = self.admit_unlogged().await?;
         self.check_key(key)?;
         self.check_value(value)?;
         loop {
@@ -604,6 +616,7 @@ impl BTree {
     /// Replaces the value of `key` with `f(old)` atomically (the leaf stays
     /// latched exclusively in between). Returns false if `key` is absent.
     pub async fn update(&self, key: &[u8], mut f: impl FnMut(&[u8]) -> Vec<u8>) -> Result<bool> {
+        let _room = self.admit_unlogged().await?;
         self.check_key(key)?;
         loop {
             let mut leaf = self.leaf_exclusive(key).await?;
@@ -640,6 +653,7 @@ impl BTree {
 
     /// Removes `key`. Returns true if it was present.
     pub async fn delete(&self, key: &[u8]) -> Result<bool> {
+        let _room = self.admit_unlogged().await?;
         self.check_key(key)?;
         let mut leaf = self.leaf_exclusive(key).await?;
         let pid = leaf.pid();
@@ -926,6 +940,9 @@ impl BTree {
         })
         .await?;
         for pid in pages {
+            // Each free is a record (the page, the map, the meta page): a
+            // large tree's drop must not outrun the checkpoints.
+            let _room = self.pool.admit_log(3).await?;
             let g = self.pool.fix_exclusive(pid).await?;
             self.pool.free_page(g).await?;
         }

@@ -422,6 +422,19 @@ impl BufferPool {
         .map(|_| ())
     }
 
+    /// Waits for room in the log for a change of up to `pages` pages that
+    /// is not a commit (see [`PageLog::admit`]); None without a log. Hold
+    /// the room until the change is logged; take it before any latch.
+    pub async fn admit_log(&self, pages: u64) -> Result<Option<page_log::LogRoom>> {
+        match self.wal.get() {
+            Some(wal) => {
+                let bytes = pages * (self.page_size as u64 + 64);
+                Ok(Some(wal.admit(bytes).await?))
+            }
+            None => Ok(None),
+        }
+    }
+
     /// Appends the commit record `commit` (its writes, encoded by the log;
     /// the log adds the page changes) with the changes of the space
     /// guard's pages in it, so that they are redone exactly when the commit

@@ -26,7 +26,17 @@
 //! does) or does the log's I/O (the log's requests and their completions
 //! are routed by the scheduler to the log itself).
 
+use std::future::Future;
+use std::pin::Pin;
+
 use crate::Result;
+
+/// Room held in the log for a change about to be made; given back when
+/// dropped.
+pub type LogRoom = Box<dyn Send + Sync>;
+
+/// The wait for [`LogRoom`].
+pub type Admission<'a> = Pin<Box<dyn Future<Output = Result<LogRoom>> + Send + 'a>>;
 
 /// One exclusively latched page's change.
 pub struct PageChange<'a> {
@@ -76,6 +86,12 @@ pub trait PageLog: Send + Sync {
     /// log appended one (the page's first change since a checkpoint
     /// began), else None.
     fn log_covered(&self, pid: u64, page: &[u8], cover: u64) -> Result<Option<u64>>;
+    /// Waits until the log can take up to `bytes` of page records of a
+    /// change about to be made that is not a commit (commits are admitted
+    /// by the transaction layer), so that such writes cannot fill the log
+    /// past what a checkpoint can free; the room is held until the
+    /// returned value drops. Call it before latching anything.
+    fn admit(&self, bytes: u64) -> Admission<'_>;
     /// Everything before this LSN is on stable storage.
     fn durable(&self) -> u64;
     /// Asks for a flush up to `lsn` without waiting.

@@ -531,9 +531,20 @@ pub struct LogReservation<'a> {
 
 impl Drop for LogReservation<'_> {
     fn drop(&mut self) {
-        let prev = self.wal.reserved.fetch_sub(self.bytes, Ordering::AcqRel);
-        assert!(prev >= self.bytes, "log reservations released twice");
-        self.wal.space_waiters.wake_all();
+        self.wal.release(self.bytes);
+    }
+}
+
+/// Log bytes promised to one admitted change that owns its log handle
+/// ([`Wal::admit_owned`]: a write that is not a commit); released on drop.
+pub struct OwnedLogReservation {
+    wal: Arc<Wal>,
+    bytes: u64,
+}
+
+impl Drop for OwnedLogReservation {
+    fn drop(&mut self) {
+        self.wal.release(self.bytes);
     }
 }
 
@@ -1102,6 +1113,26 @@ impl Wal {
             }
         })
         .await
+    }
+
+    /// [`Wal::admit`] for a holder that owns the log handle (a write that
+    /// is not a commit: `Tree::unlogged_btree()`, a tree's drop), whose
+    /// page records would otherwise be appended with no bound and could
+    /// fill the log past what a checkpoint can free: a checkpoint needs a
+    /// flush, and a flush would need the space (found by `dana bench waf`:
+    /// a bulk load into a 64 MiB log spun both workers forever).
+    pub async fn admit_owned(self: Arc<Self>, bytes: u64) -> Result<OwnedLogReservation> {
+        let held = self.admit(bytes).await?;
+        let bytes = held.bytes;
+        std::mem::forget(held);
+        Ok(OwnedLogReservation { wal: self, bytes })
+    }
+
+    /// Gives back `bytes` of admitted log space and wakes the waiters.
+    fn release(&self, bytes: u64) {
+        let prev = self.reserved.fetch_sub(bytes, Ordering::AcqRel);
+        assert!(prev >= bytes, "log reservations released twice");
+        self.space_waiters.wake_all();
     }
 
     /// One attempt of [`Wal::admit`]: None if the log has no room now.

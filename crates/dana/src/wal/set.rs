@@ -230,6 +230,14 @@ impl PageLog for LogSet {
         self.local().append_pages(&[change], dep)
     }
 
+    fn admit(&self, bytes: u64) -> crate::buffer::page_log::Admission<'_> {
+        let wal = self.local().clone();
+        Box::pin(async move {
+            let room: crate::buffer::page_log::LogRoom = Box::new(wal.admit_owned(bytes).await?);
+            Ok(room)
+        })
+    }
+
     fn durable(&self) -> u64 {
         self.shared.durable_below()
     }
