@@ -15,6 +15,7 @@ pub mod lookup;
 pub mod pages;
 pub mod timeline;
 pub mod tpcc;
+pub mod waf;
 pub mod ycsb;
 
 use std::path::{Path, PathBuf};
@@ -67,6 +68,10 @@ enum BenchCommand {
     /// transactions in the standard mix (serializable, log on), then the
     /// spec's consistency conditions.
     Tpcc(tpcc::TpccArgs),
+    /// Flash writes per operation: YCSB-A on simulated devices behind an
+    /// FTL model, at several fill levels (write amplification of dana's
+    /// in-place page writes).
+    Waf(waf::WafArgs),
 }
 
 /// Runs a benchmark.
@@ -78,6 +83,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         BenchCommand::Commit(a) => commit::run(a),
         BenchCommand::Blob(a) => blob::run(a),
         BenchCommand::Tpcc(a) => tpcc::run(a),
+        BenchCommand::Waf(a) => waf::run(a),
     }
 }
 

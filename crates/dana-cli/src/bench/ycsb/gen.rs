@@ -180,6 +180,13 @@ impl ScrambledZipfian {
         }
     }
 
+    /// Over key numbers `0..n`, with skew `theta` (YCSB's is 0.99).
+    pub fn with_theta(n: u64, theta: f64) -> ScrambledZipfian {
+        ScrambledZipfian {
+            zipf: Zipfian::with_theta(n, theta),
+        }
+    }
+
     /// The next key number in `0..n`.
     #[inline]
     pub fn next(&self, rng: &mut XorShift) -> u64 {

@@ -1,0 +1,548 @@
+//! `dana bench waf`: the flash writes a workload costs.
+//!
+//! Owns: YCSB-A (half reads, half updates, scrambled zipfian) on a
+//! database whose data device and log device are simulated disks each
+//! behind an FTL model (`dana::io::ftl`), at several fill levels (live
+//! data as a share of the data device's logical capacity); per fill, a
+//! warm-up until the data device has taken a given number of device
+//! capacities of host writes (so the FTL's collection reaches its steady
+//! state), then a measured window of the same kind; host and flash bytes
+//! per operation, write amplification (WAF) and collection work, for the
+//! data device, the log device and both.
+//!
+//! What it is not (yet): the out-of-place write mode, compression and
+//! TPC-C of issue #14 do not exist, so this measures dana's in-place
+//! writes only, the baseline they will be compared with. dana does not
+//! trim freed pages (YCSB-A frees none). The simulated devices complete
+//! every request at the next reap: operations per second here are the
+//! engine's CPU-bound rate, not a disk figure. Never: reports a window the
+//! run did not reach (a phase cut by `--max-seconds` says so).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use dana::io::ftl::{FtlConfig, FtlStats, GcPolicy};
+use dana::io::sim::{SimConfig, SimDisk};
+use dana::io::{Array, Target};
+use dana::wal::CONTROL_BYTES;
+use dana::{Db, Durability, Options};
+use serde::Serialize;
+
+use crate::bench::ycsb::gen::ScrambledZipfian;
+use crate::rng::XorShift;
+use crate::{CliError, CliResult};
+
+const PAGE: u64 = 4096;
+const TREE: &str = "usertable";
+
+/// How the modelled FTL collects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Gc {
+    /// The block with the fewest valid pages.
+    Greedy,
+    /// LFS cost-benefit: `(1 - u) / 2u × age`.
+    CostBenefit,
+}
+
+/// `dana bench waf ...`
+#[derive(Args, Debug, Clone)]
+pub struct WafArgs {
+    /// Fill levels to run: live data (the pages the database uses) as a
+    /// percentage of the data device's logical capacity.
+    #[arg(long, value_delimiter = ',', default_value = "50,75,90")]
+    pub fills: Vec<u32>,
+    /// Erase blocks of the modelled data device.
+    #[arg(long, default_value_t = 1024)]
+    pub blocks: u32,
+    /// 4 KiB pages per erase block.
+    #[arg(long, default_value_t = 64)]
+    pub pages_per_block: u32,
+    /// Spare flash over user capacity (0.07 = 7%), for both devices.
+    #[arg(long, default_value_t = 0.07)]
+    pub over_provisioning: f64,
+    /// How the FTL picks its collection victims.
+    #[arg(long, value_enum, default_value_t = Gc::Greedy)]
+    pub gc: Gc,
+    /// Buffer pool as a share of the loaded data.
+    #[arg(long, default_value_t = 0.1)]
+    pub pool_fraction: f64,
+    /// Value size in bytes (8-byte keys). Each value is its key number,
+    /// then random bytes, then a copy of them: half of what follows the
+    /// key number repeats (about 2:1 for an LZ compressor).
+    #[arg(long, default_value_t = 120)]
+    pub value_size: usize,
+    /// Zipfian skew of the keys read and updated.
+    #[arg(long, default_value_t = 0.8)]
+    pub theta: f64,
+    /// Log size in bytes (its own simulated device and FTL).
+    #[arg(long, default_value_t = 64 << 20)]
+    pub log_bytes: u64,
+    /// Warm-up: host writes to the data device, in device capacities,
+    /// before the measured window.
+    #[arg(long, default_value_t = 3.0)]
+    pub warmup_devices: f64,
+    /// Measured window: host writes to the data device, in device
+    /// capacities.
+    #[arg(long, default_value_t = 2.0)]
+    pub measure_devices: f64,
+    /// Most seconds for each phase (warm-up, window); a phase cut short
+    /// is reported as such.
+    #[arg(long, default_value_t = 120.0)]
+    pub max_seconds: f64,
+    /// Concurrent tasks (spread over the workers).
+    #[arg(long, default_value_t = 64)]
+    pub tasks: usize,
+    /// Worker threads.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress output.
+    #[arg(long)]
+    pub quiet: bool,
+    /// A few seconds on a small device: 256 blocks, fills 50 and 90, a
+    /// warm-up and a window of at most one device capacity each.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+/// One device's share of a window.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct DeviceFigures {
+    /// Host bytes written per operation.
+    pub host_bytes_per_op: f64,
+    /// Flash bytes programmed per operation (host writes plus the
+    /// collector's copies).
+    pub flash_bytes_per_op: f64,
+    /// Flash pages per host page.
+    pub waf: f64,
+    /// Valid pages the collector copied, per operation.
+    pub gc_copies_per_op: f64,
+    /// Blocks erased in the window.
+    pub erases: u64,
+}
+
+impl DeviceFigures {
+    fn of(s: &FtlStats, ops: u64) -> DeviceFigures {
+        let per = |pages: u64| pages as f64 * PAGE as f64 / ops.max(1) as f64;
+        DeviceFigures {
+            host_bytes_per_op: per(s.host_pages),
+            flash_bytes_per_op: per(s.flash_pages),
+            waf: s.waf(),
+            gc_copies_per_op: s.gc_copies as f64 / ops.max(1) as f64,
+            erases: s.erases,
+        }
+    }
+}
+
+/// One fill level's run.
+#[derive(Debug, Clone, Serialize)]
+pub struct FillRun {
+    /// Requested fill, percent.
+    pub fill_percent: u32,
+    /// Pages the database uses after the load, as a share of the data
+    /// device's logical capacity.
+    pub fill_reached: f64,
+    /// Records loaded.
+    pub records: u64,
+    /// Buffer pool bytes of the run.
+    pub pool_bytes: u64,
+    /// Operations in the measured window (half reads, half updates).
+    pub ops: u64,
+    /// Seconds of the measured window.
+    pub seconds: f64,
+    /// Operations per second (simulated devices: engine-bound).
+    pub ops_per_s: f64,
+    /// Data-device host writes in the warm-up, in device capacities.
+    pub warmup_devices: f64,
+    /// Data-device host writes in the window, in device capacities.
+    pub window_devices: f64,
+    /// A phase ended at `--max-seconds` before its host writes.
+    pub cut_by_time: bool,
+    /// The data device.
+    pub data: DeviceFigures,
+    /// The log device.
+    pub log: DeviceFigures,
+    /// Both: flash bytes over host bytes.
+    pub waf_total: f64,
+    /// Both: flash bytes per operation.
+    pub flash_bytes_per_op: f64,
+    /// Data pages written back per update.
+    pub page_writes_per_update: f64,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize)]
+pub struct WafReport {
+    /// The arguments' device shape, for the record.
+    pub blocks: u32,
+    /// Pages per erase block.
+    pub pages_per_block: u32,
+    /// Spare over user capacity.
+    pub over_provisioning: f64,
+    /// Collection policy.
+    pub gc: String,
+    /// The data device's logical bytes.
+    pub device_bytes: u64,
+    /// Value bytes.
+    pub value_size: usize,
+    /// Zipfian skew.
+    pub theta: f64,
+    /// One run per fill.
+    pub runs: Vec<FillRun>,
+}
+
+/// Runs the benchmark.
+pub fn run(a: &WafArgs) -> CliResult<()> {
+    let mut a = a.clone();
+    if a.quick {
+        a.blocks = 256;
+        a.fills = vec![50, 90];
+        a.log_bytes = a.log_bytes.min(16 << 20);
+        a.warmup_devices = a.warmup_devices.min(1.0);
+        a.measure_devices = a.measure_devices.min(1.0);
+    }
+    let a = &a;
+    if a.fills.is_empty() || a.fills.iter().any(|&f| f == 0 || f >= 100) {
+        return Err(CliError(
+            "--fills takes percentages between 1 and 99".into(),
+        ));
+    }
+    if !(0.0..1.0).contains(&a.theta) || a.theta == 0.0 {
+        return Err(CliError("--theta must lie in (0, 1)".into()));
+    }
+    if a.value_size < 16 || a.value_size > 1024 {
+        return Err(CliError("--value-size must lie in 16..=1024".into()));
+    }
+    let data_cfg = ftl_config(a, a.blocks);
+    let device_bytes = u64::from(dana::io::ftl::Ftl::new(data_cfg)?.logical_pages()) * PAGE;
+    let mut runs = Vec::new();
+    for &fill in &a.fills {
+        runs.push(run_fill(a, fill, data_cfg, device_bytes)?);
+    }
+    let report = WafReport {
+        blocks: a.blocks,
+        pages_per_block: a.pages_per_block,
+        over_provisioning: a.over_provisioning,
+        gc: format!("{:?}", a.gc),
+        device_bytes,
+        value_size: a.value_size,
+        theta: a.theta,
+        runs,
+    };
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(|e| CliError(e.to_string()))?
+        );
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(())
+}
+
+fn ftl_config(a: &WafArgs, blocks: u32) -> FtlConfig {
+    let mut c = FtlConfig::new(a.pages_per_block, blocks, a.over_provisioning);
+    c.gc = match a.gc {
+        Gc::Greedy => GcPolicy::Greedy,
+        Gc::CostBenefit => GcPolicy::CostBenefit,
+    };
+    c
+}
+
+/// The two simulated devices of one run, each behind its FTL.
+struct Devices {
+    data: Arc<SimDisk>,
+    log: Arc<SimDisk>,
+}
+
+impl Devices {
+    fn new(a: &WafArgs, data_cfg: FtlConfig, device_bytes: u64) -> CliResult<Devices> {
+        let data = SimDisk::new(0, device_bytes, SimConfig::default());
+        data.attach_ftl(data_cfg)?;
+        let log_device = CONTROL_BYTES + a.log_bytes;
+        // Enough blocks that the log device's logical capacity holds it.
+        let physical = (log_device.div_ceil(PAGE) as f64 * (1.0 + a.over_provisioning)).ceil();
+        let blocks = (physical as u64).div_ceil(u64::from(a.pages_per_block)) as u32
+            + dana::io::ftl::Ftl::free_reserve()
+            + 2;
+        let log = SimDisk::new(1, log_device, SimConfig::default());
+        log.attach_ftl(ftl_config(a, blocks))?;
+        Ok(Devices { data, log })
+    }
+
+    fn open(&self, opts: Options, create: bool) -> CliResult<Db> {
+        let array = Array::new(vec![Target::Sim(self.data.clone())], PAGE)?;
+        Ok(Db::open_array_with_log(
+            array,
+            Some(Target::Sim(self.log.clone())),
+            opts,
+            create,
+        )?)
+    }
+
+    fn stats(&self) -> (FtlStats, FtlStats) {
+        (
+            self.data.ftl_stats().unwrap_or_default(),
+            self.log.ftl_stats().unwrap_or_default(),
+        )
+    }
+}
+
+fn options(a: &WafArgs, pool_bytes: u64) -> Options {
+    Options::default()
+        .pool_bytes(pool_bytes as usize)
+        .workers(a.workers)
+        .log_bytes(a.log_bytes)
+        .durability(Durability::Sync)
+}
+
+/// Value of key number `k` (version `salt`): `k`, then random bytes, then
+/// a copy of them (see `--value-size`).
+fn fill_value(k: u64, salt: u64, out: &mut [u8]) {
+    out[..8].copy_from_slice(&k.to_le_bytes());
+    let rest = out.len() - 8;
+    let half = rest / 2;
+    let mut rng = XorShift::new(k.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt ^ 1);
+    for b in &mut out[8..8 + half] {
+        *b = rng.next_u64() as u8;
+    }
+    out.copy_within(8..8 + half, 8 + half);
+    if rest % 2 == 1 {
+        out[8 + 2 * half] = rng.next_u64() as u8;
+    }
+}
+
+/// Pages the database uses (its high-water mark).
+fn used_pages(db: &Db) -> CliResult<u64> {
+    let pool = db.pool().clone();
+    Ok(db.block_on(async move { pool.space().await.map(|s| s.next_unused) })??)
+}
+
+/// Loads records `from..to` through the bulk path (unlogged inserts) from
+/// `tasks` tasks.
+fn load(db: &Db, from: u64, to: u64, value_size: usize, tasks: u64) -> CliResult<()> {
+    let tree = db.tree(TREE)?.unlogged_btree().clone();
+    let record: crate::bench::RecordFn = Arc::new(move |j, v| {
+        fill_value(from + j, 0, v);
+        crate::bench::ycsb::workload::key_of(from + j)
+    });
+    crate::bench::load_records(db, &tree, to - from, tasks, value_size, record, true)?;
+    Ok(())
+}
+
+fn run_fill(a: &WafArgs, fill: u32, data_cfg: FtlConfig, device_bytes: u64) -> CliResult<FillRun> {
+    let devices = Devices::new(a, data_cfg, device_bytes)?;
+    let target_pages = device_bytes / PAGE * u64::from(fill) / 100;
+    // Load: a pool that holds everything, then close (the checkpoint
+    // writes every page once).
+    let db = devices.open(options(a, device_bytes + (64 << 20)), true)?;
+    db.create_tree(TREE)?;
+    // Random-order inserts leave leaves about 70% full; load a first
+    // estimate, then top up in proportion to what it took.
+    let per_record = (a.value_size + 8 + 12) as f64;
+    let mut records = ((target_pages * 4000) as f64 * 0.6 / per_record) as u64;
+    load(&db, 0, records, a.value_size, (a.workers * 8) as u64)?;
+    for _ in 0..8 {
+        let used = used_pages(&db)?;
+        if used * 100 >= target_pages * 99 {
+            break;
+        }
+        let more = ((records as f64) * (target_pages as f64 / used as f64 - 1.0)) as u64 * 9 / 10;
+        let more = more.max(1024);
+        load(
+            &db,
+            records,
+            records + more,
+            a.value_size,
+            (a.workers * 8) as u64,
+        )?;
+        records += more;
+    }
+    let used = used_pages(&db)?;
+    db.close()?;
+    let pool_bytes = ((used * PAGE) as f64 * a.pool_fraction) as u64;
+    let pool_bytes = pool_bytes.max(256 * PAGE);
+
+    let db = devices.open(options(a, pool_bytes), false)?;
+    let tree = db.tree(TREE)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let ops = Arc::new(AtomicU64::new(0));
+    let updates = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let zipf = ScrambledZipfian::with_theta(records, a.theta);
+    let (tx, rx) = std::sync::mpsc::channel();
+    for t in 0..a.tasks {
+        let (tree, stop, ops, updates, errors, zipf, tx) = (
+            tree.clone(),
+            stop.clone(),
+            ops.clone(),
+            updates.clone(),
+            errors.clone(),
+            zipf.clone(),
+            tx.clone(),
+        );
+        let vs = a.value_size;
+        db.spawn_on(t % a.workers, async move {
+            let mut rng = XorShift::new(0x5eed ^ (t as u64) << 17);
+            let mut v = vec![0u8; vs];
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let k = zipf.next(&mut rng);
+                let key = crate::bench::ycsb::workload::key_of(k);
+                let r = if rng.next_u64() % 2 == 0 {
+                    match tree.get_async(&key).await {
+                        Ok(Some(got)) if got[..8] == k.to_le_bytes() => Ok(()),
+                        Ok(_) => Err(format!("read {k}: missing or wrong")),
+                        Err(e) => Err(format!("read {k}: {e}")),
+                    }
+                } else {
+                    n += 1;
+                    fill_value(k, (t as u64) << 40 | n, &mut v);
+                    updates.fetch_add(1, Ordering::Relaxed);
+                    match tree.put_async(&key, &v).await {
+                        Ok(true) => Ok(()),
+                        Ok(false) => Err(format!("update {k}: the record was missing")),
+                        Err(e) => Err(format!("update {k}: {e}")),
+                    }
+                };
+                if let Err(e) = r {
+                    let mut errs = errors.lock().unwrap_or_else(|e| e.into_inner());
+                    if errs.len() < 8 {
+                        errs.push(e);
+                    }
+                    stop.store(true, Ordering::Relaxed);
+                }
+                ops.fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = tx.send(());
+        })?;
+    }
+    drop(tx);
+    let device_pages = device_bytes / PAGE;
+    let max = Duration::from_secs_f64(a.max_seconds);
+    let pb = crate::bench::bar(a.quiet || a.json, 2, &format!("waf {fill}%"));
+    // Runs until the data device has taken `capacities` device
+    // capacities of host writes since `from` (or the time bound, or a
+    // failure); returns the data device's counters then.
+    let mut cut_by_time = false;
+    let phase = |from: FtlStats, capacities: f64, cut: &mut bool| -> FtlStats {
+        let started = Instant::now();
+        let want = (capacities * device_pages as f64) as u64;
+        loop {
+            let (d, _) = devices.stats();
+            if d.since(&from).host_pages >= want || stop.load(Ordering::Relaxed) {
+                return d;
+            }
+            if started.elapsed() >= max {
+                *cut = true;
+                return d;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let (start_data, _) = devices.stats();
+    let warm = phase(start_data, a.warmup_devices, &mut cut_by_time);
+    pb.inc(1);
+    let (base_data, base_log) = devices.stats();
+    let (ops0, upd0, t0) = (
+        ops.load(Ordering::Relaxed),
+        updates.load(Ordering::Relaxed),
+        Instant::now(),
+    );
+    let _ = phase(base_data, a.measure_devices, &mut cut_by_time);
+    let (end_data, end_log) = devices.stats();
+    let (ops1, upd1, seconds) = (
+        ops.load(Ordering::Relaxed),
+        updates.load(Ordering::Relaxed),
+        t0.elapsed().as_secs_f64(),
+    );
+    pb.finish_and_clear();
+    stop.store(true, Ordering::Relaxed);
+    for _ in 0..a.tasks {
+        rx.recv_timeout(Duration::from_secs(60))
+            .map_err(|_| CliError("a waf task did not stop".into()))?;
+    }
+    if let Some(e) = errors.lock().unwrap_or_else(|e| e.into_inner()).first() {
+        return Err(CliError(format!("waf {fill}%: {e}")));
+    }
+    db.close()?;
+    let (d, l) = (end_data.since(&base_data), end_log.since(&base_log));
+    let n = ops1 - ops0;
+    let data = DeviceFigures::of(&d, n);
+    let log = DeviceFigures::of(&l, n);
+    let host = d.host_pages + l.host_pages;
+    let flash = d.flash_pages + l.flash_pages;
+    Ok(FillRun {
+        fill_percent: fill,
+        fill_reached: used as f64 / device_pages as f64,
+        records,
+        pool_bytes,
+        ops: n,
+        seconds,
+        ops_per_s: n as f64 / seconds.max(1e-9),
+        warmup_devices: warm.since(&start_data).host_pages as f64 / device_pages as f64,
+        window_devices: d.host_pages as f64 / device_pages as f64,
+        cut_by_time,
+        data,
+        log,
+        waf_total: if host == 0 {
+            1.0
+        } else {
+            flash as f64 / host as f64
+        },
+        flash_bytes_per_op: flash as f64 * PAGE as f64 / n.max(1) as f64,
+        page_writes_per_update: d.host_pages as f64 / (upd1 - upd0).max(1) as f64,
+    })
+}
+
+/// The report as text.
+pub fn render(r: &WafReport) -> String {
+    let mut s = format!(
+        "dana bench waf: YCSB-A (50% reads, 50% updates, zipfian {}), 8-byte keys, {}-byte values \
+         (half of each after the key number repeats); in-place page writes; data device {} MiB \
+         logical, {} blocks of {} pages, {:.0}% over-provisioning, {} collection; simulated \
+         devices (ops/s are engine-bound, not a disk figure)\n",
+        r.theta,
+        r.value_size,
+        r.device_bytes >> 20,
+        r.blocks,
+        r.pages_per_block,
+        r.over_provisioning * 100.0,
+        r.gc.to_lowercase(),
+    );
+    s.push_str(
+        " fill  reached   records  pool MiB     ops/s  host B/op data  log   flash B/op data  log   WAF data  log  total  page writes/update  gc copies/op\n",
+    );
+    for f in &r.runs {
+        s.push_str(&format!(
+            " {:>3}%  {:>6.1}%  {:>8}  {:>8}  {:>8.0}  {:>14.0} {:>5.0}  {:>15.0} {:>5.0}  {:>8.2} {:>4.2} {:>6.2}  {:>18.3}  {:>12.3}{}\n",
+            f.fill_percent,
+            f.fill_reached * 100.0,
+            f.records,
+            f.pool_bytes >> 20,
+            f.ops_per_s,
+            f.data.host_bytes_per_op,
+            f.log.host_bytes_per_op,
+            f.data.flash_bytes_per_op,
+            f.log.flash_bytes_per_op,
+            f.data.waf,
+            f.log.waf,
+            f.waf_total,
+            f.page_writes_per_update,
+            f.data.gc_copies_per_op,
+            if f.cut_by_time {
+                format!(
+                    "  (cut by --max-seconds: warm-up {:.2}, window {:.2} device capacities)",
+                    f.warmup_devices, f.window_devices
+                )
+            } else {
+                String::new()
+            },
+        ));
+    }
+    s
+}
