@@ -201,3 +201,69 @@ fn blob_quick_writes_and_reads_values_next_to_the_raw_device() {
     // The directory is left empty of data: values are not kept.
     assert!(std::fs::read_dir(&path).unwrap().next().is_none());
 }
+
+/// `dana bench waf` on a small modelled device: every figure is there, the
+/// fill reached is near the one asked, flash writes are at least the host
+/// writes, and a fuller device amplifies more (the collector finds fewer
+/// invalid pages per victim).
+#[test]
+fn waf_runs_and_a_fuller_device_amplifies_more() {
+    let args = [
+        "bench",
+        "waf",
+        "--json",
+        "--quiet",
+        "--blocks",
+        "128",
+        "--fills",
+        "50,90",
+        "--log-bytes",
+        "4194304",
+        "--warmup-devices",
+        "1",
+        "--measure-devices",
+        "1",
+        "--tasks",
+        "16",
+    ];
+    let v = run(&args);
+    let runs = v["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2);
+    for r in runs {
+        has(
+            r,
+            &[
+                "fill_reached",
+                "records",
+                "pool_bytes",
+                "ops",
+                "ops_per_s",
+                "data",
+                "log",
+                "waf_total",
+                "flash_bytes_per_op",
+                "page_writes_per_update",
+            ],
+        );
+        let want = r["fill_percent"].as_f64().unwrap() / 100.0;
+        let got = r["fill_reached"].as_f64().unwrap();
+        assert!((got - want).abs() < 0.03, "fill {got} for {want}");
+        assert!(r["ops"].as_u64().unwrap() > 0);
+        assert!(!r["cut_by_time"].as_bool().unwrap(), "{r}");
+        for d in ["data", "log"] {
+            let f = &r[d];
+            assert!(f["waf"].as_f64().unwrap() >= 1.0, "{d}: {f}");
+            assert!(
+                f["flash_bytes_per_op"].as_f64().unwrap()
+                    >= f["host_bytes_per_op"].as_f64().unwrap()
+            );
+        }
+    }
+    let waf = |i: usize| runs[i]["data"]["waf"].as_f64().unwrap();
+    assert!(
+        waf(1) > waf(0) + 0.5,
+        "90% fill {} vs 50% {}",
+        waf(1),
+        waf(0)
+    );
+}

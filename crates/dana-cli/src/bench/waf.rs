@@ -266,9 +266,13 @@ impl Devices {
         let log_device = CONTROL_BYTES + a.log_bytes;
         // Enough blocks that the log device's logical capacity holds it.
         let physical = (log_device.div_ceil(PAGE) as f64 * (1.0 + a.over_provisioning)).ceil();
-        let blocks = (physical as u64).div_ceil(u64::from(a.pages_per_block)) as u32
+        // And enough that its spare holds the FTL's free reserve and open
+        // blocks (a small log on a small over-provisioning would not).
+        let spare_min = (6.0 * (1.0 + a.over_provisioning) / a.over_provisioning.max(0.01)).ceil();
+        let blocks = ((physical as u64).div_ceil(u64::from(a.pages_per_block)) as u32
             + dana::io::ftl::Ftl::free_reserve()
-            + 2;
+            + 2)
+        .max(spare_min as u32);
         let log = SimDisk::new(1, log_device, SimConfig::default());
         log.attach_ftl(ftl_config(a, blocks))?;
         Ok(Devices { data, log })
