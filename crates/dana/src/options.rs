@@ -59,6 +59,7 @@ pub struct Options {
     pub(crate) checkpoint_shards: usize,
     pub(crate) log_preallocate: bool,
     pub(crate) log_write_through_max: u64,
+    pub(crate) log_flush_block: u64,
     pub(crate) log_path: Option<PathBuf>,
     pub(crate) read_only: bool,
     pub(crate) log_identity: Option<u64>,
@@ -87,6 +88,7 @@ impl Default for Options {
             checkpoint_shards: 8,
             log_preallocate: false,
             log_write_through_max: 16 << 10,
+            log_flush_block: 0,
             log_path: None,
             read_only: false,
             log_identity: None,
@@ -458,6 +460,38 @@ impl Options {
     /// ```
     pub fn log_write_through_max_value(&self) -> u64 {
         self.log_write_through_max
+    }
+
+    /// The unit a new log pads each flush to (default 0: the log device's
+    /// alignment, at least 512 bytes; else a power of two from that
+    /// alignment up to 4096). A flush never rewrites a block that holds
+    /// durable records, so with 4096 no flush rewrites a 4 KiB flash page:
+    /// small group commits each take a page of their own, and an SSD does
+    /// not keep copying the last version of pages rewritten by several
+    /// small flushes (`dana bench waf`: see `docs/PERF.md`), at the cost of
+    /// more log bytes per flush. Chosen when the log is formatted and kept
+    /// in its control blocks: an existing log keeps its own, whatever this
+    /// says.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).log_flush_block(4096);
+    /// assert_eq!(opts.log_flush_block_value(), 4096);
+    /// let db = dana::Db::open(dir.path(), opts).unwrap();
+    /// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    /// ```
+    pub fn log_flush_block(mut self, bytes: u64) -> Self {
+        self.log_flush_block = bytes;
+        self
+    }
+
+    /// The log flush block asked for (see [`Options::log_flush_block`]).
+    ///
+    /// ```
+    /// assert_eq!(dana::Options::default().log_flush_block_value(), 0);
+    /// ```
+    pub fn log_flush_block_value(&self) -> u64 {
+        self.log_flush_block
     }
 
     /// Where the log file lives (default: `dana.wal` in the database

@@ -71,7 +71,7 @@ pub(crate) fn prepare_logs(
         let per_log = crate::wal::per_log_bytes(opts.log_bytes, logs.len());
         let mut resume = Vec::with_capacity(logs.len());
         for (i, t) in logs.iter().enumerate() {
-            let block = t.alignment().io.max(512);
+            let block = flush_block(t, opts)?;
             let place = LogPlace {
                 index: i as u32,
                 count,
@@ -124,6 +124,20 @@ pub(crate) fn prepare_logs(
         next_gsn: r.next_gsn,
     };
     Ok((Some(start), Some(r), None))
+}
+
+/// The flush block a new log on `t` gets: the device's alignment (at least
+/// 512), or [`Options::log_flush_block`] if larger.
+fn flush_block(t: &Target, opts: &Options) -> Result<u64> {
+    let align = t.alignment().io.max(512);
+    let asked = opts.log_flush_block;
+    if asked != 0 && (!asked.is_power_of_two() || asked > crate::wal::control::BLOCK) {
+        return Err(Error::InvalidArgument(format!(
+            "log flush block {asked}: a power of two up to {} bytes",
+            crate::wal::control::BLOCK
+        )));
+    }
+    Ok(align.max(asked))
 }
 
 /// Redoes a leaf cut (the left half of a split) with the trees' node code:

@@ -80,7 +80,16 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
             let mut set = Vec::with_capacity(log_count);
             for (i, (t, resume)) in logs.iter().zip(start.resume).enumerate() {
                 targets.push(t.clone());
-                let block = t.alignment().io.max(512);
+                // The log's own block, as its control block says: the
+                // records on it are padded to that.
+                let block = resume.block;
+                if block < t.alignment().io {
+                    return Err(Error::Log(format!(
+                        "log {i} pads its flushes to {block} bytes; its device needs {}-byte \
+                         alignment",
+                        t.alignment().io
+                    )));
+                }
                 let flush = FlushPolicy {
                     block,
                     window: opts.async_window,

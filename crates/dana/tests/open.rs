@@ -351,3 +351,49 @@ fn a_missing_damaged_or_foreign_log_is_an_error_never_a_reset() {
         Some(b"v".to_vec())
     );
 }
+
+/// A log pads its flushes to the block it was formatted with
+/// (`Options::log_flush_block`), recorded in its control blocks; a later
+/// open that asks for another keeps the log's own, and recovery scans with
+/// it. A block that is no power of two up to 4096 is refused.
+#[test]
+fn a_log_keeps_the_flush_block_it_was_formatted_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("dana.wal");
+    {
+        let db = Db::open(dir.path(), opts().log_flush_block(4096)).unwrap();
+        let t = db.create_tree("t").unwrap();
+        for i in 0..10u32 {
+            t.put(&key(i), &[i as u8; 64]).unwrap();
+        }
+        db.close().unwrap();
+    }
+    assert_eq!(control(&log).block, 4096);
+    {
+        // Another block asked: the log keeps its own. Dropped unclosed.
+        let db = Db::open(dir.path(), opts()).unwrap();
+        let t = db.tree("t").unwrap();
+        for i in 10..40u32 {
+            t.put(&key(i), &[i as u8; 64]).unwrap();
+        }
+    }
+    let db = Db::open(dir.path(), opts().log_flush_block(512)).unwrap();
+    assert!(db.recovery().unwrap().commits >= 30);
+    let t = db.tree("t").unwrap();
+    for i in 0..40u32 {
+        assert_eq!(t.get(&key(i)).unwrap(), Some(vec![i as u8; 64]));
+    }
+    db.close().unwrap();
+    assert_eq!(control(&log).block, 4096);
+    let other = tempfile::tempdir().unwrap();
+    for bad in [1000, 8192] {
+        match Db::open(other.path(), opts().log_flush_block(bad)) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("flush block"), "{m}"),
+            Err(e) => panic!("block {bad}: {e}"),
+            Ok(_) => panic!("block {bad} was taken"),
+        }
+        // The refused create left nothing behind.
+        let left: Vec<_> = std::fs::read_dir(other.path()).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}

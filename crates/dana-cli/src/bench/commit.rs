@@ -62,6 +62,10 @@ pub struct CommitArgs {
     /// an O_DSYNC write, or a write + fdatasync.
     #[arg(long, default_value_t = Options::default().log_write_through_max_value())]
     pub log_write_through_max: u64,
+    /// The unit the log pads each flush to (`Options::log_flush_block`;
+    /// 0: the device's alignment).
+    #[arg(long, default_value_t = 0)]
+    pub log_flush_block: u64,
     /// Bytes of the log (`Options::log_bytes`), preallocated before the
     /// run.
     #[arg(long, default_value_t = 256 << 20)]
@@ -84,6 +88,7 @@ fn options_sharded(a: &CommitArgs, d: Durability, shards: usize) -> Options {
         // steady state, not the growth of a new log file's first lap.
         .log_preallocate(true)
         .log_write_through_max(a.log_write_through_max)
+        .log_flush_block(a.log_flush_block)
         .max_tasks_per_worker(1024)
         .durability(d)
 }

@@ -79,6 +79,10 @@ pub struct WafArgs {
     /// Log size in bytes (its own simulated device and FTL).
     #[arg(long, default_value_t = 64 << 20)]
     pub log_bytes: u64,
+    /// The unit the log pads each flush to (`Options::log_flush_block`;
+    /// 0: the device's alignment, 512 bytes here).
+    #[arg(long, default_value_t = 0)]
+    pub log_flush_block: u64,
     /// Warm-up: host writes to the data device, in device capacities,
     /// before the measured window.
     #[arg(long, default_value_t = 3.0)]
@@ -191,6 +195,8 @@ pub struct WafReport {
     pub value_size: usize,
     /// Zipfian skew.
     pub theta: f64,
+    /// The log's flush block (bytes).
+    pub log_flush_block: u64,
     /// One run per fill.
     pub runs: Vec<FillRun>,
 }
@@ -231,6 +237,7 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
         device_bytes,
         value_size: a.value_size,
         theta: a.theta,
+        log_flush_block: a.log_flush_block.max(512),
         runs,
     };
     if a.json {
@@ -301,6 +308,7 @@ fn options(a: &WafArgs, pool_bytes: u64) -> Options {
         .pool_bytes(pool_bytes as usize)
         .workers(a.workers)
         .log_bytes(a.log_bytes)
+        .log_flush_block(a.log_flush_block)
         .durability(Durability::Sync)
 }
 
@@ -508,8 +516,8 @@ pub fn render(r: &WafReport) -> String {
     let mut s = format!(
         "dana bench waf: YCSB-A (50% reads, 50% updates, zipfian {}), 8-byte keys, {}-byte values \
          (half of each after the key number repeats); in-place page writes; data device {} MiB \
-         logical, {} blocks of {} pages, {:.0}% over-provisioning, {} collection; simulated \
-         devices (ops/s are engine-bound, not a disk figure)\n",
+         logical, {} blocks of {} pages, {:.0}% over-provisioning, {} collection; log flushes \
+         padded to {} bytes; simulated devices (ops/s are engine-bound, not a disk figure)\n",
         r.theta,
         r.value_size,
         r.device_bytes >> 20,
@@ -517,6 +525,7 @@ pub fn render(r: &WafReport) -> String {
         r.pages_per_block,
         r.over_provisioning * 100.0,
         r.gc.to_lowercase(),
+        r.log_flush_block,
     );
     s.push_str(
         " fill  reached   records  pool MiB     ops/s  host B/op data  log   flash B/op data  log   WAF data  log  total  page writes/update  gc copies/op\n",

@@ -566,6 +566,9 @@ pub struct Resume {
     /// The end of the valid records found (at or below `end`: the bytes in
     /// between are whatever a torn flush left, skipped by recovery).
     pub valid_end: u64,
+    /// The unit flushes are padded to, as the log's control block records
+    /// it (chosen when the log was formatted).
+    pub block: u64,
 }
 
 /// How many records at the head of `queue` a flush may take when every
@@ -1639,6 +1642,7 @@ mod tests {
                         capacity: 1 << 20,
                         log_id: 1,
                         valid_end: 512,
+                        block: 512,
                     },
                     None,
                 )

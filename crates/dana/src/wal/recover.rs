@@ -181,6 +181,7 @@ pub fn format(
         capacity,
         log_id,
         valid_end: start,
+        block,
     })
 }
 
@@ -595,6 +596,7 @@ pub fn recover(array: &Array, logs: &[(Target, Control)], cut: CutLeaf) -> Resul
             capacity: f.ctl.capacity,
             log_id: f.ctl.log_id,
             valid_end,
+            block,
         });
     }
     Ok(out)
