@@ -80,6 +80,11 @@ pub struct CrashArgs {
     /// flushes up to the default size.
     #[arg(long)]
     pub log_sync: bool,
+    /// The unit every log of the run pads its flushes to
+    /// (`Options::log_flush_block`; 0: the device's alignment, 512 bytes
+    /// here): the torn-tail and padding rules of recovery at another block.
+    #[arg(long, default_value_t = 0)]
+    pub log_flush_block: u64,
     /// Check the checker: drop one synced log block holding a commit that
     /// had to survive, in each simulated run; the run must then fail.
     #[arg(long)]
@@ -424,8 +429,18 @@ async fn commit_async(
 
 // ---- simulated power cuts -------------------------------------------------
 
+/// `--log-flush-block` of this process (set once, before any run; the
+/// simulated runs' base image and every kill -9 child format their logs
+/// with it).
+static LOG_FLUSH_BLOCK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn log_flush_block() -> u64 {
+    LOG_FLUSH_BLOCK.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 fn sim_options(durability: Durability, log_sync: bool) -> Options {
     let o = Options::default()
+        .log_flush_block(log_flush_block())
         .log_identity(0x51_4d_5e_ed)
         .pool_bytes(48 * 4096)
         .workers(1)
@@ -1048,6 +1063,7 @@ pub fn fault_run(
 
 fn kill_options(durability: Durability, log_sync: bool) -> Options {
     Options::default()
+        .log_flush_block(log_flush_block())
         .log_write_through_max(if log_sync {
             0
         } else {
@@ -1185,6 +1201,9 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
         if log_sync {
             cmd.arg("--log-sync");
         }
+        if log_flush_block() != 0 {
+            cmd.args(["--log-flush-block", &log_flush_block().to_string()]);
+        }
         let (mut child, rx, reader) = spawn_child(cmd.arg("--dir").arg(dir)).map_err(fail)?;
         let early = c % 3 == 2;
         if early {
@@ -1294,6 +1313,7 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
 
 /// `dana crashtest`.
 pub fn run(args: &CrashArgs) -> CliResult<()> {
+    LOG_FLUSH_BLOCK.store(args.log_flush_block, std::sync::atomic::Ordering::Relaxed);
     let durability = if args.async_durability {
         Durability::Async
     } else {
