@@ -789,7 +789,7 @@ impl BTree {
         if kind == PageType::Leaf {
             // The left half is the leaf cut at the separator: the log may
             // record just that (the right half is imaged whole).
-            child.log_as_cut(self.root, &sep);
+            child.log_as_cut(self.root, sep);
         }
         // One log record for the whole split: redone together or not at all.
         self.pool

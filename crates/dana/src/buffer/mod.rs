@@ -1505,15 +1505,16 @@ impl PageMut<'_> {
     /// cut (redone at recovery on the leaf as it finds it), so once the
     /// record is appended the page counts as holding unlogged changes
     /// ([`page::UNLOGGED`]): its next physical change is a full image.
-    pub fn log_as_cut(&mut self, tree: u64, key: &[u8]) {
+    pub fn log_as_cut(&mut self, tree: u64, key: Vec<u8>) {
         debug_assert!(!self.fresh, "page {}: a new page is not cut", self.pid);
-        self.cut = Some((tree, key.to_vec()));
+        self.cut = Some((tree, key));
     }
 
-    /// After the record of a cut is appended: the page's bytes are not
-    /// what redo rebuilds (see [`PageMut::log_as_cut`]).
-    fn after_cut_logged(&mut self) {
-        if self.cut.take().is_some() {
+    /// Once a record holding this page's change is appended (`logged`) or
+    /// failed: a cut's page bytes are not what redo rebuilds (see
+    /// [`PageMut::log_as_cut`]).
+    fn after_cut_logged(&mut self, logged: bool) {
+        if self.cut.take().is_some() && logged {
             page::set_unlogged(self, true);
         }
     }
@@ -1571,9 +1572,8 @@ impl PageMut<'_> {
         self.cover = 0;
         if let Some(lsn) = lsn {
             self.advance_lsn(lsn);
-            self.after_cut_logged();
         }
-        self.cut = None;
+        self.after_cut_logged(lsn.is_some());
         self.touched = false;
         if let Some(b) = self.before.take() {
             recycle_image(b);
@@ -1637,7 +1637,7 @@ impl Drop for PageMut<'_> {
                 match logged {
                     Some(Ok(Some(lsn))) => {
                         self.advance_lsn(lsn);
-                        self.after_cut_logged();
+                        self.after_cut_logged(true);
                         Ok(())
                     }
                     Some(Err(e)) => Err(e),

@@ -852,35 +852,24 @@ impl Wal {
             epoch: (!all_full).then_some(epoch),
         };
         for c in changes {
-            // A leaf cut at a key (a split's left half) whose page has a
-            // full image since its shard's checkpoint began (the same rule
-            // that lets a difference stand) is recorded as the cut alone:
-            // recovery redoes it on the leaf as it finds it.
-            if let Some((tree, key)) = c.cut {
-                if !all_full
-                    && !c.fresh
-                    && page::page_lsn(c.after) >= self.shared.full_image_below(c.pid)
-                {
-                    record::put_cut_entry(b, c.pid, tree, key);
-                    put.entries += 1;
-                    continue;
-                }
+            // Not a new page, and logged whole since a checkpoint of its
+            // shard began (a torn write-back of it can be rebuilt from
+            // that image): a record may build on the page's last one.
+            let builds_on_image = !all_full
+                && !c.fresh
+                && page::page_lsn(c.after) >= self.shared.full_image_below(c.pid);
+            // A leaf cut at a key (a split's left half) is then recorded as
+            // the cut alone: recovery redoes it on the leaf as it finds it.
+            if let (Some((tree, key)), true) = (c.cut, builds_on_image) {
+                record::put_cut_entry(b, c.pid, tree, key);
+                put.entries += 1;
+                continue;
             }
-            // A new page, the first change since a checkpoint of its shard
-            // began (a torn write-back of it can be rebuilt), or a page
-            // the pool kept no copy of (covered changes since its last
-            // record are in no page record, so a difference would not
-            // compose at redo): the whole page.
-            let before = match c.before {
-                Some(b)
-                    if !all_full
-                        && !c.fresh
-                        && page::page_lsn(c.after) >= self.shared.full_image_below(c.pid) =>
-                {
-                    Some(b)
-                }
-                _ => None,
-            };
+            // Otherwise a difference, unless the page must be whole: not
+            // building on an image, or the pool kept no copy (covered
+            // changes since its last record are in no page record, so a
+            // difference would not compose at redo).
+            let before = c.before.filter(|_| builds_on_image);
             let full = before.is_none();
             let segs = match before {
                 Some(b) => record::diff(b, c.after),
