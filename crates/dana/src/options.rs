@@ -50,6 +50,7 @@ pub struct Options {
     pub(crate) direct: bool,
     pub(crate) queue_depth: u32,
     pub(crate) device_budget: usize,
+    pub(crate) adaptive_budget: bool,
     pub(crate) max_tasks_per_worker: usize,
     pub(crate) submit_each: bool,
     pub(crate) durability: Durability,
@@ -79,6 +80,7 @@ impl Default for Options {
             direct: true,
             queue_depth: rt.queue_depth,
             device_budget: rt.device_budget,
+            adaptive_budget: rt.adaptive_budget,
             max_tasks_per_worker: rt.max_tasks_per_worker,
             submit_each: rt.submit_each,
             durability: Durability::Sync,
@@ -277,14 +279,34 @@ impl Options {
         self
     }
 
-    /// Most requests in flight per device across all workers (default 32).
+    /// A fixed limit of requests in flight per device across all workers,
+    /// in place of the default adaptive one (see
+    /// [`Options::adaptive_device_budget`]).
     ///
     /// ```
     /// let opts = dana::Options::default().device_budget(8);
-    /// assert!(format!("{opts:?}").contains("device_budget: 8"));
+    /// assert!(format!("{opts:?}").contains("device_budget: 8, adaptive_budget: false"));
     /// ```
     pub fn device_budget(mut self, n: usize) -> Self {
         self.device_budget = n;
+        self.adaptive_budget = false;
+        self
+    }
+
+    /// The limit of requests in flight per device adapts to the device
+    /// while the engine runs, starting at `start` (the default, from 32):
+    /// it climbs while deeper queues bring proportionally more completions
+    /// and comes back down past the device's latency knee, between 1 and
+    /// the workers' queue capacity (`queue_depth` x workers). Each change
+    /// is kept for reports ([`crate::sched::DeviceBudgets::changes`]).
+    ///
+    /// ```
+    /// let opts = dana::Options::default().device_budget(8).adaptive_device_budget(64);
+    /// assert!(format!("{opts:?}").contains("device_budget: 64, adaptive_budget: true"));
+    /// ```
+    pub fn adaptive_device_budget(mut self, start: usize) -> Self {
+        self.device_budget = start;
+        self.adaptive_budget = true;
         self
     }
 
@@ -639,6 +661,7 @@ impl Options {
             workers: self.workers,
             queue_depth: self.queue_depth,
             device_budget: self.device_budget,
+            adaptive_budget: self.adaptive_budget,
             max_tasks_per_worker: self.max_tasks_per_worker,
             submit_each: self.submit_each,
             ..RuntimeConfig::default()

@@ -23,8 +23,8 @@ use serde::Serialize;
 use super::diskstats::Disk;
 use super::timeline::{write_timeline, Chart};
 use super::{
-    bar, clear_dana_files, data_files, device_limit, sample, thousands, DeviceLimit, Measured,
-    RunState,
+    bar, clear_dana_files, data_files, depth_sweep, describe_sweep, device_limit, sample,
+    thousands, DepthSweep, DeviceLimit, Measured, RunState,
 };
 use crate::iostudy::reads::Submit;
 use crate::report::Machine;
@@ -194,17 +194,23 @@ pub struct LookupReport {
     pub workers: usize,
     /// Lookup tasks per worker.
     pub tasks_per_worker: usize,
-    /// Device budget (reads in flight per device).
-    pub device_budget: usize,
+    /// Device budget (`auto` or the fixed requests in flight per device).
+    pub device_budget: super::DeviceBudgetArg,
     /// Database files.
     pub files: Vec<PathBuf>,
     /// The data set.
     pub load: LoadInfo,
-    /// Raw reads at the same total depth, refills batched per reap (as
-    /// the engine submits).
+    /// The device limit: the lower of the best raw-read rates of the
+    /// sweeps before and after the engine's runs (refills batched per
+    /// reap, as the engine submits).
     pub device_limit: Option<DeviceLimit>,
-    /// The same with each read submitted at once (as fio does).
+    /// Raw reads at the best depth of the sweep before, each read
+    /// submitted at once (as fio does).
     pub device_limit_each: Option<DeviceLimit>,
+    /// The raw depth sweep before the engine's runs.
+    pub sweep_before: Option<DepthSweep>,
+    /// The same after them.
+    pub sweep_after: Option<DepthSweep>,
     /// One run per pool fraction.
     pub runs: Vec<LookupRun>,
     /// With the whole data set cached.
@@ -285,17 +291,28 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
     let load = ensure_loaded(&a)?;
     let files = db_files(&a);
     let disk = files.first().and_then(|f| Disk::of(f));
-    let measure_limit = |submit| -> CliResult<Option<DeviceLimit>> {
+    // The device's limit at its best depth, swept before and after the
+    // engine's runs (the disk drifts); the engine is measured against the
+    // lower of the two.
+    let span = load.data_bytes / files.len().max(1) as u64;
+    let per_depth = Duration::from_secs_f64(a.limit_seconds / 3.0);
+    let sweep = || -> CliResult<Option<DepthSweep>> {
         if a.limit_seconds <= 0.0 {
             return Ok(None);
         }
-        let span = load.data_bytes / files.len().max(1) as u64;
-        let depth = a.engine.device_budget as u32 * files.len() as u32;
-        let window = Duration::from_secs_f64(a.limit_seconds);
-        device_limit(&files, span, depth, window, submit).map(Some)
+        depth_sweep(&files, span, per_depth, Submit::Batch).map(Some)
     };
-    let limit = measure_limit(Submit::Batch)?;
-    let limit_each = measure_limit(Submit::Each)?;
+    let sweep_before = sweep()?;
+    let limit_each = match &sweep_before {
+        Some(s) => Some(device_limit(
+            &files,
+            span,
+            s.best.depth,
+            Duration::from_secs_f64(a.limit_seconds),
+            Submit::Each,
+        )?),
+        None => None,
+    };
     let mut runs = Vec::new();
     for &f in &a.pool_fraction {
         let pool = ((load.data_bytes as f64 * f) as u64).max(64 * PAGE as u64);
@@ -304,14 +321,23 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
             pool_fraction: f,
             pool_bytes: pool,
             data_over_pool: load.data_bytes as f64 / pool as f64,
-            iops_vs_limit: limit
-                .as_ref()
-                .map(|l| m.engine_reads_per_s / l.iops.max(1e-9)),
+            iops_vs_limit: None,
             iops_vs_limit_each: limit_each
                 .as_ref()
                 .map(|l| m.engine_reads_per_s / l.iops.max(1e-9)),
             m,
         });
+    }
+    let sweep_after = sweep()?;
+    let limit = [&sweep_before, &sweep_after]
+        .into_iter()
+        .flatten()
+        .map(|s| s.best.clone())
+        .min_by(|x, y| x.iops.total_cmp(&y.iops));
+    for r in &mut runs {
+        r.iops_vs_limit = limit
+            .as_ref()
+            .map(|l| r.m.engine_reads_per_s / l.iops.max(1e-9));
     }
     let mut in_memory_sync = None;
     let in_memory = if a.memory_seconds > 0.0 {
@@ -345,6 +371,8 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
         load,
         device_limit: limit,
         device_limit_each: limit_each,
+        sweep_before,
+        sweep_after,
         runs,
         in_memory,
         in_memory_sync,
@@ -807,9 +835,14 @@ pub fn render(r: &LookupReport) -> String {
     } else {
         s += "load: reused the loaded database\n";
     }
+    for (when, sw) in [("before", &r.sweep_before), ("after", &r.sweep_after)] {
+        if let Some(sw) = sw {
+            s += &format!("raw depth sweep {when} the runs: {}\n", describe_sweep(sw));
+        }
+    }
     if let Some(d) = &r.device_limit {
         s += &format!(
-            "device limit (raw io_uring 4 KiB random reads, depth {}): {} reads/s, mean {:.0} us, {:.2} CPU us/read\n",
+            "device limit (the lower best of the two sweeps; raw io_uring 4 KiB random reads, depth {}): {} reads/s, mean {:.0} us, {:.2} CPU us/read\n",
             d.depth,
             thousands(d.iops),
             d.lat_mean_us,
@@ -854,6 +887,13 @@ pub fn render(r: &LookupReport) -> String {
             m.cpu_us_per_op,
             m.cpu_us_per_io,
             tag
+        );
+        s += &format!(
+            "            miss p99 {:.0} us (queued in the engine p99 {:.0} us, device p99 {:.0} us); device budget {}\n",
+            m.miss.p99_us,
+            m.miss_queued.p99_us,
+            m.miss_device.p99_us,
+            m.budget.describe()
         );
     }
     if let Some(sy) = &r.in_memory_sync {

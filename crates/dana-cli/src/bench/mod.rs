@@ -96,10 +96,10 @@ pub struct EngineArgs {
     /// Concurrent client tasks per worker.
     #[arg(long, default_value_t = 64)]
     pub tasks_per_worker: usize,
-    /// Most reads in flight per device (the engine's device budget, and
-    /// the depth of the device-limit measurement).
-    #[arg(long, default_value_t = 32)]
-    pub device_budget: usize,
+    /// Most requests in flight per device: `auto` (the engine finds and
+    /// tracks the device's best depth, starting at 32) or a fixed number.
+    #[arg(long, default_value = "auto", value_parser = parse_device_budget)]
+    pub device_budget: DeviceBudgetArg,
     /// Submit each read on its own (one syscall per I/O) instead of one
     /// batch per device per worker round.
     #[arg(long)]
@@ -118,14 +118,69 @@ impl EngineArgs {
     /// Engine options for a benchmark with `pool_bytes` of buffer pool
     /// (at least 64 pages) and `tasks_per_worker` clients per worker.
     pub fn options(&self, pool_bytes: u64) -> dana::Options {
-        dana::Options::default()
+        self.device_budget
+            .apply(dana::Options::default())
             .pool_bytes(pool_bytes.max(64 * 4096) as usize)
             .workers(self.workers)
-            .device_budget(self.device_budget)
             .submit_each(self.submit_each)
             .max_tasks_per_worker(self.tasks_per_worker.max(16) * 2)
             .durability(self.durability)
             .eviction(self.eviction)
+    }
+}
+
+/// `--device-budget`: adaptive or fixed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceBudgetArg {
+    /// The engine adapts each device's limit, starting at 32.
+    Auto,
+    /// A fixed limit per device.
+    Fixed(usize),
+}
+
+impl DeviceBudgetArg {
+    /// The limit a fixed budget holds, or where an adaptive one starts.
+    pub fn start(self) -> usize {
+        match self {
+            DeviceBudgetArg::Auto => 32,
+            DeviceBudgetArg::Fixed(n) => n,
+        }
+    }
+
+    /// `opts` with this budget.
+    pub fn apply(self, opts: dana::Options) -> dana::Options {
+        match self {
+            DeviceBudgetArg::Auto => opts.adaptive_device_budget(self.start()),
+            DeviceBudgetArg::Fixed(n) => opts.device_budget(n),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceBudgetArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceBudgetArg::Auto => f.write_str("auto"),
+            DeviceBudgetArg::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl Serialize for DeviceBudgetArg {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Parses `auto` or a number >= 1.
+pub fn parse_device_budget(s: &str) -> Result<DeviceBudgetArg, String> {
+    if s == "auto" {
+        return Ok(DeviceBudgetArg::Auto);
+    }
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(DeviceBudgetArg::Fixed(n)),
+        _ => Err(format!(
+            "device budget must be auto or a number >= 1, not {s:?}"
+        )),
     }
 }
 
@@ -218,6 +273,50 @@ pub fn device_limit(
         cpu_us_per_io: runs.iter().map(|r| r.cpu_us_per_io).sum::<f64>() / n,
         submit,
     })
+}
+
+/// Total depths of the raw sweep that finds the device's best depth.
+pub const SWEEP_DEPTHS: [u32; 6] = [8, 16, 32, 64, 128, 256];
+
+/// The device limit at its best depth: raw reads swept over
+/// [`SWEEP_DEPTHS`], each for `per_depth`.
+#[derive(Debug, Clone, Serialize)]
+pub struct DepthSweep {
+    /// Every depth measured.
+    pub points: Vec<DeviceLimit>,
+    /// The depth with the most reads per second.
+    pub best: DeviceLimit,
+}
+
+/// Sweeps raw reads over [`SWEEP_DEPTHS`] (see [`device_limit`]) and keeps
+/// the best.
+pub fn depth_sweep(
+    files: &[PathBuf],
+    span: u64,
+    per_depth: Duration,
+    submit: Submit,
+) -> CliResult<DepthSweep> {
+    let points = SWEEP_DEPTHS
+        .iter()
+        .map(|&d| device_limit(files, span, d, per_depth, submit))
+        .collect::<CliResult<Vec<_>>>()?;
+    let best = points
+        .iter()
+        .max_by(|a, b| a.iops.total_cmp(&b.iops))
+        .cloned()
+        .ok_or_else(|| CliError("empty depth sweep".into()))?;
+    Ok(DepthSweep { points, best })
+}
+
+/// "8:41k 16:52k ... best 64" for the human reports.
+pub fn describe_sweep(s: &DepthSweep) -> String {
+    let mut out: String = s
+        .points
+        .iter()
+        .map(|p| format!("{}:{:.1}k ", p.depth, p.iops / 1e3))
+        .collect();
+    out += &format!("(best {:.0}/s at {})", s.best.iops, s.best.depth);
+    out
 }
 
 /// Shared state of a run's tasks.
@@ -324,8 +423,99 @@ pub struct Measured {
     pub miss_device: Latency,
     /// Part spent waiting to be resumed (reap -> task runs).
     pub miss_resume: Latency,
+    /// The devices' in-flight limits in the window.
+    pub budget: BudgetSeen,
     /// One entry per second, warm-up included (negative t).
     pub timeline: Vec<Second>,
+}
+
+/// What the device budget did in a measured window.
+#[derive(Debug, Clone, Serialize)]
+pub struct BudgetSeen {
+    /// Whether the limits adapted (else they were fixed).
+    pub adaptive: bool,
+    /// Each device's limit at the end of the window.
+    pub limits: Vec<usize>,
+    /// Each device's limit averaged over the window's time.
+    pub mean_limits: Vec<f64>,
+    /// Changes of limit in the window, trials and returns from them
+    /// included.
+    pub changes: usize,
+    /// Moves of the limit in the window (trials and returns from them
+    /// not counted).
+    pub moves: usize,
+    /// The lowest and highest limit any device had in the window.
+    pub range: (usize, usize),
+    /// The changes in the window (the first 1,000): seconds since the
+    /// window began, device, new limit, why, and the completions per
+    /// second of the epoch that decided it.
+    pub history: Vec<(f64, usize, usize, String, f64)>,
+}
+
+impl BudgetSeen {
+    fn measure(db: &Db, start: Duration, start_limits: &[usize]) -> BudgetSeen {
+        let b = db.runtime().budgets();
+        let end = b.clock();
+        let changes: Vec<_> = b
+            .changes()
+            .into_iter()
+            .filter(|c| c.at >= start && c.at <= end)
+            .collect();
+        let span = (end.saturating_sub(start)).as_secs_f64().max(1e-9);
+        let mut range = (usize::MAX, 0);
+        let mean_limits = start_limits
+            .iter()
+            .enumerate()
+            .map(|(d, &first)| {
+                let (mut at, mut limit, mut sum) = (start, first, 0.0);
+                range = (range.0.min(limit), range.1.max(limit));
+                for c in changes.iter().filter(|c| c.device == d) {
+                    sum += (c.at - at).as_secs_f64() * limit as f64;
+                    (at, limit) = (c.at, c.limit);
+                    range = (range.0.min(limit), range.1.max(limit));
+                }
+                sum += (end.saturating_sub(at)).as_secs_f64() * limit as f64;
+                sum / span
+            })
+            .collect();
+        BudgetSeen {
+            adaptive: b.is_adaptive(),
+            limits: b.limits(),
+            mean_limits,
+            history: changes
+                .iter()
+                .take(1000)
+                .map(|c| {
+                    (
+                        (c.at.saturating_sub(start)).as_secs_f64(),
+                        c.device,
+                        c.limit,
+                        format!("{:?}", c.reason),
+                        c.throughput,
+                    )
+                })
+                .collect(),
+            changes: changes.len(),
+            moves: changes
+                .iter()
+                .filter(|c| c.reason == dana::sched::LimitReason::Moved)
+                .count(),
+            range: if range.0 == usize::MAX { (0, 0) } else { range },
+        }
+    }
+
+    /// "auto 48-160, mean 97" or "fixed 32", for the human reports.
+    pub fn describe(&self) -> String {
+        let mean = self.mean_limits.iter().sum::<f64>() / self.mean_limits.len().max(1) as f64;
+        if self.adaptive {
+            format!(
+                "auto: {}-{} in flight per device, mean {:.0}, end {:?}; {} moves ({} changes with trials)",
+                self.range.0, self.range.1, mean, self.limits, self.moves, self.changes
+            )
+        } else {
+            format!("fixed: {:?}", self.limits)
+        }
+    }
 }
 
 /// Samples counters every second for `warmup + window` and returns the
@@ -413,7 +603,8 @@ pub fn sample_with(
         Base::take(db, state, disk)
     });
     let e = Base::take(db, state, disk);
-    e.since(&b, state, timeline, page_size)
+    let budget = BudgetSeen::measure(db, b.budget_clock, &b.limits);
+    e.since(&b, state, timeline, page_size, budget)
 }
 
 struct Base {
@@ -427,6 +618,8 @@ struct Base {
     queue: HistogramSnapshot,
     lat: HistogramSnapshot,
     disk: Option<DiskCounters>,
+    budget_clock: Duration,
+    limits: Vec<usize>,
 }
 
 impl Base {
@@ -442,6 +635,8 @@ impl Base {
             queue: db.runtime().budgets().queue_wait.snapshot(),
             lat: state.latency.snapshot(),
             disk: disk.and_then(Disk::read),
+            budget_clock: db.runtime().budgets().clock(),
+            limits: db.runtime().budgets().limits(),
         }
     }
 
@@ -451,6 +646,7 @@ impl Base {
         state: &RunState,
         timeline: Vec<Second>,
         page_size: usize,
+        budget: BudgetSeen,
     ) -> Measured {
         let secs = (self.at - b.at).as_secs_f64().max(1e-9);
         let ops = self.ops - b.ops;
@@ -495,6 +691,7 @@ impl Base {
             miss_queued: Latency::from(&self.queue.since(&b.queue)),
             miss_device: Latency::from(&self.pool.device_read.since(&b.pool.device_read)),
             miss_resume: Latency::from(&self.pool.resume.since(&b.pool.resume)),
+            budget,
             timeline,
         }
     }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use dana::buffer::space_map::Geometry;
 use dana::buffer::{PageType, PAGE_HEADER_SIZE};
 use dana::{Db, Error, Options};
 use serde::Serialize;
@@ -20,8 +21,8 @@ use serde::Serialize;
 use super::diskstats::Disk;
 use super::timeline::write_csv;
 use super::{
-    bar, clear_dana_files, data_files, device_limit, sample, thousands, DeviceLimit, Measured,
-    RunState,
+    bar, clear_dana_files, data_files, depth_sweep, describe_sweep, device_limit, sample,
+    thousands, DepthSweep, DeviceLimit, Measured, RunState,
 };
 use crate::iostudy::reads::Submit;
 use crate::report::Machine;
@@ -77,11 +78,18 @@ pub struct PagesReport {
     pub workers: usize,
     /// Tasks per worker.
     pub tasks_per_worker: usize,
-    /// Raw reads at the same total depth.
+    /// `--device-budget`.
+    pub device_budget: super::DeviceBudgetArg,
+    /// Raw reads swept over depths before the engine's run.
+    pub sweep_before: DepthSweep,
+    /// The same after it.
+    pub sweep_after: DepthSweep,
+    /// The device limit: the lower of the two sweeps' best.
     pub device_limit: DeviceLimit,
     /// Engine page reads/s / raw reads/s.
     pub iops_vs_limit: f64,
-    /// Raw reads with each read submitted at once (fio's pattern).
+    /// Raw reads with each read submitted at once (fio's pattern), at the
+    /// best depth of the sweep before.
     pub device_limit_each: DeviceLimit,
     /// Engine page reads/s / that.
     pub iops_vs_limit_each: f64,
@@ -103,25 +111,23 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
     let first = ensure_pages(&a, pages)?;
     let files = data_files(&a.path);
     let data_bytes = (first + pages) * PAGE as u64;
-    let limit = device_limit(
-        &files,
-        data_bytes / files.len().max(1) as u64,
-        (a.engine.device_budget * files.len()) as u32,
-        Duration::from_secs_f64(a.limit_seconds),
-        Submit::Batch,
-    )?;
+    let span = data_bytes / files.len().max(1) as u64;
+    let per_depth = Duration::from_secs_f64(a.limit_seconds / 3.0);
+    let sweep_before = depth_sweep(&files, span, per_depth, Submit::Batch)?;
     let limit_each = device_limit(
         &files,
-        data_bytes / files.len().max(1) as u64,
-        (a.engine.device_budget * files.len()) as u32,
+        span,
+        sweep_before.best.depth,
         Duration::from_secs_f64(a.limit_seconds),
         Submit::Each,
     )?;
 
-    let opts = Options::default()
+    let opts = a
+        .engine
+        .device_budget
+        .apply(Options::default())
         .pool_bytes(pool_bytes as usize)
         .workers(a.engine.workers)
-        .device_budget(a.engine.device_budget)
         .submit_each(a.engine.submit_each)
         .max_tasks_per_worker(a.engine.tasks_per_worker * 2)
         .durability(a.engine.durability);
@@ -134,8 +140,14 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
         let (pool, state, tx) = (db.pool().clone(), state.clone(), tx.clone());
         db.spawn_on(t % a.engine.workers, async move {
             let mut rng = XorShift::new(0xFACE + t as u64);
+            let map = Geometry::new(PAGE);
             while !state.stop.load(Ordering::Relaxed) {
                 let pid = first + rng.below(pages);
+                if map.is_reserved(pid) {
+                    // A free-space map page among the raw ones (every
+                    // 32,512th page): not part of the data set.
+                    continue;
+                }
                 let t0 = Instant::now();
                 let r = pool
                     .fix_shared(pid)
@@ -175,6 +187,12 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
             .map_err(|_| CliError("a page task did not stop".into()))?;
     }
     db.close()?;
+    let sweep_after = depth_sweep(&files, span, per_depth, Submit::Batch)?;
+    let limit = if sweep_after.best.iops < sweep_before.best.iops {
+        sweep_after.best.clone()
+    } else {
+        sweep_before.best.clone()
+    };
     let out = a
         .path
         .parent()
@@ -193,6 +211,9 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
         iops_vs_limit_each: m.engine_reads_per_s / limit_each.iops.max(1e-9),
         device_limit_each: limit_each,
         device_limit: limit,
+        device_budget: a.engine.device_budget,
+        sweep_before,
+        sweep_after,
         run: m,
     };
     if a.output.json {
@@ -263,7 +284,12 @@ pub fn render(r: &PagesReport) -> String {
         r.tasks_per_worker
     );
     s += &format!(
-        "raw io_uring 4 KiB random reads, depth {}: {} reads/s, {:.2} CPU us/read\n",
+        "raw depth sweep before: {}\nraw depth sweep after: {}\n",
+        describe_sweep(&r.sweep_before),
+        describe_sweep(&r.sweep_after)
+    );
+    s += &format!(
+        "device limit (the lower best of the two sweeps), depth {}: {} reads/s, {:.2} CPU us/read\n",
         r.device_limit.depth,
         thousands(r.device_limit.iops),
         r.device_limit.cpu_us_per_io
@@ -292,6 +318,11 @@ pub fn render(r: &PagesReport) -> String {
         m.miss_queued.mean_us, m.miss_queued.p50_us, m.miss_queued.p99_us,
         m.miss_device.mean_us, m.miss_device.p50_us, m.miss_device.p99_us,
         m.miss_resume.mean_us, m.miss_resume.p50_us, m.miss_resume.p99_us
+    );
+    s += &format!(
+        "device budget ({}): {}\n",
+        r.device_budget,
+        m.budget.describe()
     );
     if let Some(d) = m.disk_reads_per_s {
         s += &format!("block device (/proc/diskstats): {} reads/s\n", thousands(d));

@@ -6,22 +6,27 @@
 //! worker loop calls `submit_all` (one batch per device) and `reap_all`.
 //!
 //! The budget: each device has a limit of requests in flight across all
-//! workers, split into equal fixed shares per worker. Beyond its share a
-//! worker's requests wait here, in the engine, and the time they waited is
-//! recorded. Fixed shares keep a worker from ever waiting on another
-//! worker's completions (a shared pool starved one worker while the other
-//! refilled: p99 engine queueing of 31 ms in `dana bench lookup`). Piling more requests on a device than it serves
-//! best only adds latency (this machine's disk gives ~150k reads/s at depth
-//! 16-32 but ~78k at depth 128).
+//! workers ([`DeviceBudgets`]), fixed or adapted to the device while the
+//! engine runs (`sched/depth.rs`), and shared by the workers that have
+//! requests for it. Beyond its share a worker's requests wait here, in the
+//! engine, reads and the log's requests before page write-backs, and the
+//! time they waited is recorded. Piling more requests on a device than it
+//! serves best only adds latency; too few leave throughput unused, and
+//! where the best depth lies drifts (this machine's disk has peaked at
+//! depth 16-32 on some days and 64-256 on others: docs/PERF.md).
 //!
 //! Never: blocks, or holds the thread-local borrow while calling a
 //! completion handler or polling a task.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::depth::{DepthControl, Epoch, Reason};
+use super::route::RequestKind;
+use super::RuntimeConfig;
 use crate::io::{Completion, IoQueue, Request};
 use crate::stats::Histogram;
 use crate::Error;
@@ -37,51 +42,139 @@ pub struct IoTiming {
     pub reaped: Instant,
 }
 
+/// Length of an epoch of the adaptive law (longer on a slow device: at
+/// least [`EPOCH_COMPLETIONS`] completions, at most [`EPOCH_MAX`]).
+const EPOCH: Duration = Duration::from_millis(50);
+/// Fewest completions an epoch measures (a slow device's epoch lasts
+/// longer, up to [`EPOCH_MAX`]).
+const EPOCH_COMPLETIONS: u64 = 256;
+/// Longest epoch.
+const EPOCH_MAX: Duration = Duration::from_secs(1);
+/// Changes of limit kept for reports (the oldest are dropped).
+const HISTORY: usize = 4096;
+
+/// One change of a device's in-flight limit (adaptive budgets only).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LimitChange {
+    /// Time since the runtime started.
+    pub at: Duration,
+    /// The device.
+    pub device: usize,
+    /// The limit from then on.
+    pub limit: usize,
+    /// Why.
+    pub reason: Reason,
+    /// Completions per second in the epoch that decided it.
+    pub throughput: f64,
+}
+
+/// One device's budget: the limit, the requests in flight under it, and
+/// the epoch being measured for the adaptive law.
+struct DeviceBudget {
+    in_flight: AtomicUsize,
+    limit: AtomicUsize,
+    /// Bit `w % 64` set while worker `w` has requests waiting or in flight
+    /// on this device.
+    demand: AtomicU64,
+    completions: AtomicU64,
+    latency_ns: AtomicU64,
+    deferred: AtomicU64,
+    /// Start of the epoch, nanoseconds since the runtime started.
+    epoch_start: AtomicU64,
+    control: Option<Mutex<DepthControl>>,
+}
+
 /// In-flight limits per device, shared by all workers.
+///
+/// Each device has a limit of requests in flight across all workers: fixed
+/// ([`RuntimeConfig::adaptive_budget`] off) or chosen and tracked while the
+/// engine runs by [`DepthControl`] (see `sched/depth.rs`), from 1 to the
+/// workers' queue capacity. Every request counts: page reads, background
+/// page writes, the log's writes and syncs. The limit is shared by demand:
+/// each worker with requests for the device gets an equal share of it, and
+/// a worker alone may fill the device. Below its *floor* (its equal part
+/// of the limit among all workers) a worker's request is always granted,
+/// even when another worker borrowed the rest: so no worker ever waits on
+/// another's completions (it would sleep with nothing of its own in
+/// flight to wake it; and a free-for-all pool starved one worker while
+/// the other refilled: p99 engine queueing of 31 ms in `dana bench
+/// lookup`). The cost: for about one device latency after a worker's
+/// demand appears, the device can hold up to twice its limit.
 pub struct DeviceBudgets {
-    in_flight: Vec<AtomicUsize>,
-    limit: usize,
-    share: usize,
+    devices: Vec<DeviceBudget>,
     /// Hand each request to the kernel as soon as it is queued (one
     /// `io_uring_enter` per request) instead of one per device per round.
     submit_each: bool,
+    workers: usize,
+    started: Instant,
+    history: Mutex<VecDeque<LimitChange>>,
     /// How long requests waited in the engine for the budget.
     pub queue_wait: Histogram,
 }
 
 impl DeviceBudgets {
-    pub(crate) fn new(
-        devices: usize,
-        limit: usize,
-        workers: usize,
-        submit_each: bool,
-    ) -> DeviceBudgets {
-        let limit = limit.max(1);
+    pub(crate) fn new(devices: usize, config: &RuntimeConfig) -> DeviceBudgets {
+        let initial = config.device_budget.max(1);
+        let max = (config.queue_depth as usize * config.workers.max(1)).max(initial);
         DeviceBudgets {
-            submit_each,
-            in_flight: (0..devices).map(|_| AtomicUsize::new(0)).collect(),
-            limit,
-            share: (limit / workers.max(1)).max(1),
+            submit_each: config.submit_each,
+            devices: (0..devices)
+                .map(|_| DeviceBudget {
+                    in_flight: AtomicUsize::new(0),
+                    limit: AtomicUsize::new(initial),
+                    demand: AtomicU64::new(0),
+                    completions: AtomicU64::new(0),
+                    latency_ns: AtomicU64::new(0),
+                    deferred: AtomicU64::new(0),
+                    epoch_start: AtomicU64::new(0),
+                    control: config
+                        .adaptive_budget
+                        .then(|| Mutex::new(DepthControl::new(initial, 1, max))),
+                })
+                .collect(),
+            workers: config.workers.max(1),
+            started: Instant::now(),
+            history: Mutex::new(VecDeque::new()),
             queue_wait: Histogram::default(),
         }
     }
 
-    fn try_acquire(&self, device: usize) -> bool {
-        let c = &self.in_flight[device];
-        let mut cur = c.load(Ordering::Relaxed);
+    /// Takes one unit of `device`'s budget for a worker that has `mine`
+    /// requests on it: always granted below the worker's floor (its equal
+    /// part of the limit), else only while the device is under its limit.
+    fn try_acquire(&self, device: usize, mine: usize) -> bool {
+        let b = &self.devices[device];
+        let limit = b.limit.load(Ordering::Relaxed);
+        if mine < self.floor(limit) {
+            b.in_flight.fetch_add(1, Ordering::AcqRel);
+            return true;
+        }
+        let mut cur = b.in_flight.load(Ordering::Relaxed);
         loop {
-            if cur >= self.limit {
+            if cur >= limit {
                 return false;
             }
-            match c.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
+            match b.in_flight.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return true,
                 Err(v) => cur = v,
             }
         }
     }
 
+    /// A worker's guaranteed part of a limit.
+    fn floor(&self, limit: usize) -> usize {
+        (limit / self.workers).max(1)
+    }
+
     fn release(&self, device: usize) {
-        let prev = self.in_flight[device].fetch_sub(1, Ordering::AcqRel);
+        let prev = self.devices[device]
+            .in_flight
+            .fetch_sub(1, Ordering::AcqRel);
         // Control-plane invariant, checked in release builds too: a release
         // without an acquire would let the budget grow past its limit.
         assert!(
@@ -90,19 +183,128 @@ impl DeviceBudgets {
         );
     }
 
+    /// Marks whether worker `worker` has requests for `device`.
+    fn set_demand(&self, device: usize, worker: usize, on: bool) {
+        let bit = 1u64 << (worker % 64);
+        let d = &self.devices[device].demand;
+        if on {
+            d.fetch_or(bit, Ordering::AcqRel);
+        } else {
+            d.fetch_and(!bit, Ordering::AcqRel);
+        }
+    }
+
+    /// Adds a worker's measurements of one round to the device's epoch and
+    /// ends the epoch when it is long enough.
+    fn account(
+        &self,
+        device: usize,
+        completions: u64,
+        latency: Duration,
+        deferred: u64,
+        now: Instant,
+    ) {
+        let b = &self.devices[device];
+        let Some(control) = &b.control else {
+            return;
+        };
+        if completions > 0 {
+            b.completions.fetch_add(completions, Ordering::Relaxed);
+            b.latency_ns
+                .fetch_add(latency.as_nanos() as u64, Ordering::Relaxed);
+        }
+        if deferred > 0 {
+            b.deferred.fetch_add(deferred, Ordering::Relaxed);
+        }
+        let now_ns = now.saturating_duration_since(self.started).as_nanos() as u64;
+        let start = b.epoch_start.load(Ordering::Relaxed);
+        let elapsed = Duration::from_nanos(now_ns.saturating_sub(start));
+        if elapsed < EPOCH
+            || (elapsed < EPOCH_MAX && b.completions.load(Ordering::Relaxed) < EPOCH_COMPLETIONS)
+        {
+            return;
+        }
+        // One worker ends the epoch; the others go on.
+        let Ok(mut control) = control.try_lock() else {
+            return;
+        };
+        if b.epoch_start.load(Ordering::Relaxed) != start {
+            return;
+        }
+        let epoch = Epoch {
+            completions: b.completions.swap(0, Ordering::Relaxed),
+            latency_sum: b.latency_ns.swap(0, Ordering::Relaxed) as f64 * 1e-9,
+            seconds: elapsed.as_secs_f64(),
+            deferred: b.deferred.swap(0, Ordering::Relaxed),
+        };
+        b.epoch_start.store(now_ns, Ordering::Relaxed);
+        if let Some((limit, reason)) = control.observe(&epoch) {
+            b.limit.store(limit, Ordering::Relaxed);
+            let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());
+            if h.len() == HISTORY {
+                h.pop_front();
+            }
+            h.push_back(LimitChange {
+                at: Duration::from_nanos(now_ns),
+                device,
+                limit,
+                reason,
+                throughput: epoch.throughput(),
+            });
+        }
+    }
+
     /// Requests in flight on `device` across all workers.
     pub fn in_flight(&self, device: usize) -> usize {
-        self.in_flight[device].load(Ordering::Relaxed)
+        self.devices[device].in_flight.load(Ordering::Relaxed)
     }
 
-    /// The per-device limit.
-    pub fn limit(&self) -> usize {
-        self.limit
+    /// The limit of requests in flight on `device` now.
+    pub fn limit(&self, device: usize) -> usize {
+        self.devices[device].limit.load(Ordering::Relaxed)
     }
 
-    /// Each worker's share of the per-device limit.
-    pub fn share(&self) -> usize {
-        self.share
+    /// The limit of every device now.
+    pub fn limits(&self) -> Vec<usize> {
+        (0..self.devices.len()).map(|d| self.limit(d)).collect()
+    }
+
+    /// Whether the limits adapt to the devices (else they stay fixed).
+    pub fn is_adaptive(&self) -> bool {
+        self.devices.iter().any(|b| b.control.is_some())
+    }
+
+    /// Each worker's share of `device`'s limit now: the limit split equally
+    /// among the workers with requests for it.
+    pub fn share(&self, device: usize) -> usize {
+        let b = &self.devices[device];
+        let workers = b.demand.load(Ordering::Relaxed).count_ones().max(1) as usize;
+        let limit = b.limit.load(Ordering::Relaxed);
+        limit.div_ceil(workers).max(self.floor(limit))
+    }
+
+    /// Time since the runtime started, on the clock of
+    /// [`LimitChange::at`].
+    pub fn clock(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The changes of limit so far (the last [`HISTORY`]), oldest first.
+    pub fn changes(&self) -> Vec<LimitChange> {
+        let h = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        h.iter().copied().collect()
+    }
+
+    /// Decisions of the adaptive law per device: (moves, stays).
+    pub fn decisions(&self) -> Vec<(u64, u64)> {
+        self.devices
+            .iter()
+            .map(|b| {
+                b.control.as_ref().map_or((0, 0), |c| {
+                    c.lock().unwrap_or_else(|e| e.into_inner()).decisions()
+                })
+            })
+            .collect()
     }
 }
 
@@ -116,18 +318,53 @@ struct Meta {
     tag: u64,
     enqueued: Instant,
     submitted: Instant,
+    background: bool,
 }
 
 /// One device's queue and the bookkeeping around it.
 struct DeviceIo {
     queue: Box<dyn IoQueue>,
-    waiting: VecDeque<Waiting>,
+    /// Requests a task waits for: page reads, the log's writes and syncs,
+    /// awaited requests. Served first.
+    urgent: VecDeque<Waiting>,
+    /// Page write-backs: served after the urgent ones, but always with up
+    /// to a quarter of the worker's share when they wait (eviction needs
+    /// them to free frames for the reads).
+    background: VecDeque<Waiting>,
+    background_in_flight: usize,
+    /// Whether this worker's demand bit is set for the device.
+    demand: bool,
     meta: Vec<Option<Meta>>,
     free_meta: Vec<u32>,
 }
 
+impl DeviceIo {
+    fn waiting(&self) -> usize {
+        self.urgent.len() + self.background.len()
+    }
+
+    /// The next request to submit, reads first (see `background`), given
+    /// the worker's share of the device.
+    fn next(&mut self, share: usize) -> Option<(Waiting, bool)> {
+        let background_due = self.background_in_flight < (share / 4).max(1);
+        if !self.background.is_empty() && (self.urgent.is_empty() || background_due) {
+            return self.background.pop_front().map(|w| (w, true));
+        }
+        self.urgent.pop_front().map(|w| (w, false))
+    }
+
+    fn put_back(&mut self, w: Waiting, background: bool) {
+        if background {
+            self.background.push_front(w);
+        } else {
+            self.urgent.push_front(w);
+        }
+    }
+}
+
 /// The I/O state of one worker thread.
 pub(crate) struct WorkerIo {
+    index: usize,
     devices: Vec<DeviceIo>,
     budgets: std::sync::Arc<DeviceBudgets>,
     scratch: Vec<Completion>,
@@ -145,10 +382,17 @@ thread_local! {
 pub fn enqueue(device: usize, req: Request) -> Result<(), Request> {
     IO.with(|io| match io.borrow_mut().as_mut() {
         Some(w) if device < w.devices.len() => {
-            w.devices[device].waiting.push_back(Waiting {
+            let background = RequestKind::of(req.tag) == Some(RequestKind::PageWrite);
+            let dev = &mut w.devices[device];
+            let waiting = Waiting {
                 req,
                 enqueued: Instant::now(),
-            });
+            };
+            if background {
+                dev.background.push_back(waiting);
+            } else {
+                dev.urgent.push_back(waiting);
+            }
             Ok(())
         }
         _ => Err(req),
@@ -162,17 +406,22 @@ pub fn on_worker() -> bool {
 
 impl WorkerIo {
     pub(crate) fn new(
+        index: usize,
         queues: Vec<Box<dyn IoQueue>>,
         budgets: std::sync::Arc<DeviceBudgets>,
     ) -> WorkerIo {
         WorkerIo {
+            index,
             devices: queues
                 .into_iter()
                 .map(|queue| {
                     let cap = queue.capacity();
                     DeviceIo {
                         queue,
-                        waiting: VecDeque::new(),
+                        urgent: VecDeque::new(),
+                        background: VecDeque::new(),
+                        background_in_flight: 0,
+                        demand: false,
                         meta: vec![None; cap],
                         free_meta: (0..cap as u32).rev().collect(),
                     }
@@ -203,7 +452,8 @@ impl WorkerIo {
     }
 
     /// Moves waiting requests into the device queues as far as budgets and
-    /// queue capacity allow, then submits each device's batch with one call.
+    /// queue capacity allow, reads first, then submits each device's batch
+    /// with one call.
     pub(crate) fn submit_all(&mut self) -> usize {
         let mut total = 0;
         // Read the clock only when something waits (a worker's loop calls
@@ -211,26 +461,36 @@ impl WorkerIo {
         if self
             .devices
             .iter()
-            .all(|d| d.waiting.is_empty() && d.queue.queued() == 0)
+            .all(|d| d.waiting() == 0 && d.queue.queued() == 0)
         {
             return 0;
         }
         let now = Instant::now();
         for (d, dev) in self.devices.iter_mut().enumerate() {
             let mut pushed = 0;
-            while !dev.waiting.is_empty()
+            if dev.waiting() > 0 && !dev.demand {
+                dev.demand = true;
+                self.budgets.set_demand(d, self.index, true);
+            }
+            let share = self.budgets.share(d);
+            while dev.waiting() > 0
                 && !dev.free_meta.is_empty()
-                && dev.queue.in_flight() + dev.queue.queued() < self.budgets.share
+                && dev.queue.in_flight() + dev.queue.queued() < share
             {
-                if !self.budgets.try_acquire(d) {
+                if !self
+                    .budgets
+                    .try_acquire(d, dev.queue.in_flight() + dev.queue.queued())
+                {
                     break;
                 }
-                let Some(w) = dev.waiting.pop_front() else {
+                let Some((w, background)) = dev.next(share) else {
                     self.budgets.release(d);
                     break;
                 };
                 let Some(slot) = dev.free_meta.pop() else {
-                    unreachable!("checked free_meta is non-empty")
+                    dev.put_back(w, background);
+                    self.budgets.release(d);
+                    break;
                 };
                 self.budgets
                     .queue_wait
@@ -244,7 +504,9 @@ impl WorkerIo {
                             tag: user_tag,
                             enqueued: w.enqueued,
                             submitted: now,
+                            background,
                         });
+                        dev.background_in_flight += usize::from(background);
                         pushed += 1;
                         if self.budgets.submit_each {
                             if let Err(e) = dev.queue.submit() {
@@ -276,6 +538,10 @@ impl WorkerIo {
                     }
                 }
             }
+            if dev.waiting() > 0 {
+                // Left waiting: the budget (or the queue) bound this round.
+                self.budgets.account(d, 0, Duration::ZERO, 1, now);
+            }
             if pushed > 0 || dev.queue.queued() > 0 {
                 if let Err(e) = dev.queue.submit() {
                     // The ring itself failed (not a busy or interrupted
@@ -291,7 +557,8 @@ impl WorkerIo {
         total
     }
 
-    /// Reaps every device's completions into `out`, restoring user tags.
+    /// Reaps every device's completions into `out`, restoring user tags,
+    /// and feeds each device's latencies to its adaptive budget.
     pub(crate) fn reap_all(&mut self, out: &mut Vec<(Completion, IoTiming)>) -> usize {
         let before = out.len();
         out.append(&mut self.rejected);
@@ -300,6 +567,7 @@ impl WorkerIo {
         for (d, dev) in self.devices.iter_mut().enumerate() {
             self.scratch.clear();
             dev.queue.reap(&mut self.scratch);
+            let (mut done, mut latency) = (0u64, Duration::ZERO);
             for mut c in self.scratch.drain(..) {
                 let now = *now.get_or_insert_with(Instant::now);
                 let slot = c.tag as usize;
@@ -308,7 +576,10 @@ impl WorkerIo {
                     continue;
                 };
                 dev.free_meta.push(slot as u32);
+                dev.background_in_flight -= usize::from(meta.background);
                 self.budgets.release(d);
+                done += 1;
+                latency += now.saturating_duration_since(meta.submitted);
                 c.tag = meta.tag;
                 out.push((
                     c,
@@ -318,6 +589,13 @@ impl WorkerIo {
                         reaped: now,
                     },
                 ));
+            }
+            if let (true, Some(now)) = (done > 0, now) {
+                self.budgets.account(d, done, latency, 0, now);
+            }
+            if dev.demand && dev.waiting() == 0 && dev.queue.in_flight() + dev.queue.queued() == 0 {
+                dev.demand = false;
+                self.budgets.set_demand(d, self.index, false);
             }
         }
         out.len() - before
@@ -330,7 +608,7 @@ impl WorkerIo {
 
     /// Requests waiting in the engine (for budget or queue space).
     pub(crate) fn waiting(&self) -> usize {
-        self.devices.iter().map(|d| d.waiting.len()).sum::<usize>() + self.rejected.len()
+        self.devices.iter().map(DeviceIo::waiting).sum::<usize>() + self.rejected.len()
     }
 
     /// Registers the worker's eventfd with every queue.

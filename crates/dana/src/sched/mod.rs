@@ -26,6 +26,7 @@
 //! Never: busy-polls while idle, blocks a worker thread on I/O, or polls a
 //! task on another worker's thread.
 
+mod depth;
 pub mod io;
 mod route;
 mod task;
@@ -41,7 +42,8 @@ use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use io::{enqueue, on_worker, DeviceBudgets, IoTiming};
+pub use depth::{DepthControl, Epoch, Reason as LimitReason, GAIN as DEPTH_GAIN};
+pub use io::{enqueue, on_worker, DeviceBudgets, IoTiming, LimitChange};
 pub use route::{perform, CompletionHandler, RequestKind, Services, SystemTask, TAG_ID_MASK};
 pub use wait::{IoWait, WaitFuture, WakerList};
 
@@ -59,8 +61,12 @@ pub struct RuntimeConfig {
     pub workers: usize,
     /// Capacity of each worker's queue to each device.
     pub queue_depth: u32,
-    /// Most requests in flight per device across all workers.
+    /// Most requests in flight per device across all workers: the fixed
+    /// limit, or the adaptive limit's starting point.
     pub device_budget: usize,
+    /// Adapt each device's limit while running (`sched/depth.rs`), from 1
+    /// to `queue_depth * workers`, starting at `device_budget`.
+    pub adaptive_budget: bool,
     /// Most live tasks per worker; more wait in the injector.
     pub max_tasks_per_worker: usize,
     /// Capacity of each worker's injector queue.
@@ -79,6 +85,9 @@ impl Default for RuntimeConfig {
             // Chosen from the depth sweep on this machine's disk: IOPS peak
             // at a total depth of 16-32 and fall beyond 64 (docs/PERF.md).
             device_budget: 32,
+            // The best depth drifts (16-32 on some days, 64-256 on others):
+            // the engine finds it.
+            adaptive_budget: true,
             max_tasks_per_worker: 4096,
             injector_capacity: 4096,
             submit_each: false,
@@ -213,12 +222,7 @@ impl Runtime {
                 ));
             }
         }
-        let budgets = Arc::new(DeviceBudgets::new(
-            targets.len(),
-            config.device_budget,
-            config.workers,
-            config.submit_each,
-        ));
+        let budgets = Arc::new(DeviceBudgets::new(targets.len(), config));
         let mut workers = Vec::new();
         let mut ios = Vec::new();
         for index in 0..config.workers {
@@ -227,7 +231,7 @@ impl Runtime {
                 .iter()
                 .map(|t| open_queue(t, backend, config.queue_depth))
                 .collect::<Result<Vec<_>>>()?;
-            let mut wio = io::WorkerIo::new(queues, budgets.clone());
+            let mut wio = io::WorkerIo::new(index, queues, budgets.clone());
             wio.attach_eventfd(eventfd.raw())?;
             if let Some(f) = frames {
                 wio.register_memory(f)?;

@@ -245,7 +245,7 @@ pub struct YcsbReport {
     /// Client tasks per worker.
     pub tasks_per_worker: usize,
     /// Device budget (reads in flight per device).
-    pub device_budget: usize,
+    pub device_budget: crate::bench::DeviceBudgetArg,
     /// The buffer pool's eviction policy.
     pub eviction: String,
     /// Key size, bytes.
