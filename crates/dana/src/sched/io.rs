@@ -289,7 +289,7 @@ impl DeviceBudgets {
         self.started.elapsed()
     }
 
-    /// The changes of limit so far (the last [`HISTORY`]), oldest first.
+    /// The changes of limit so far (the last 4,096), oldest first.
     pub fn changes(&self) -> Vec<LimitChange> {
         let h = self.history.lock().unwrap_or_else(|e| e.into_inner());
         h.iter().copied().collect()
