@@ -23,6 +23,8 @@ const MEASURED: &[&str] = &[
     "miss_queued",
     "miss_device",
     "miss_resume",
+    "ops_per_cpu_s",
+    "budget",
     "timeline",
 ];
 
@@ -53,8 +55,17 @@ fn lookup_quick_runs_and_reports_every_figure() {
             "runs",
             "in_memory",
             "files",
+            "sweep_before",
+            "sweep_after",
         ],
     );
+    // The device limit is the lower of the two sweeps' best.
+    let best = |w: &str| v[w]["best"]["iops"].as_f64().unwrap();
+    let limit = v["device_limit"]["iops"].as_f64().unwrap();
+    assert_eq!(limit, best("sweep_before").min(best("sweep_after")));
+    assert_eq!(v["sweep_before"]["points"].as_array().unwrap().len(), 6);
+    assert_eq!(v["device_budget"], "auto");
+    assert_eq!(v["runs"][0]["budget"]["adaptive"], true);
     assert_eq!(v["load"]["records"], 50000);
     assert_eq!(v["load"]["loaded_now"], true);
     let runs = v["runs"].as_array().unwrap();
@@ -112,6 +123,8 @@ fn pages_quick_runs_and_reports_every_figure() {
             "data_bytes",
             "device_limit",
             "iops_vs_limit",
+            "sweep_before",
+            "sweep_after",
             "run",
         ],
     );
@@ -266,4 +279,71 @@ fn waf_runs_and_a_fuller_device_amplifies_more() {
         waf(1),
         waf(0)
     );
+}
+
+/// The simulated array: no files, the simulator's rate as the limit, the
+/// CPU per lookup reported; peers (which need files) are refused.
+#[test]
+fn lookup_on_simulated_devices() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let out = dir.path().join("run");
+    let p = out.to_str().unwrap();
+    let v = run(&[
+        "bench",
+        "lookup",
+        "--quick",
+        "--json",
+        "--records",
+        "30000",
+        "--memory-seconds",
+        "0",
+        "--sim-devices",
+        "4",
+        "--sim-iops",
+        "200000",
+        "--sim-latency-us",
+        "50",
+        "--device-budget",
+        "16",
+        "--path",
+        p,
+    ]);
+    assert!(v["files"].as_array().unwrap().is_empty());
+    assert_eq!(v["sim"]["devices"], 4);
+    assert!(v["sweep_before"].is_null(), "no raw sweep on a simulator");
+    assert!(!out.join("dana.0").exists(), "no database files");
+    let r = &v["runs"][0];
+    assert_eq!(r["errors"], 0, "{r}");
+    assert!(r["ops_per_cpu_s"].as_f64().unwrap() > 0.0);
+    let ratio = r["iops_vs_limit"].as_f64().unwrap();
+    let reads = r["engine_reads_per_s"].as_f64().unwrap();
+    assert!(
+        (ratio - reads / 800_000.0).abs() < 1e-9,
+        "{ratio} vs {reads}"
+    );
+    assert_eq!(r["budget"]["adaptive"], false);
+    assert_eq!(r["budget"]["limits"], serde_json::json!([16, 16, 16, 16]));
+
+    let failed = run_failing(&[
+        "bench",
+        "lookup",
+        "--quick",
+        "--sim-devices",
+        "2",
+        "--engines",
+        "dana,rocksdb",
+        "--path",
+        p,
+    ]);
+    assert!(failed.contains("--sim-devices runs dana alone"), "{failed}");
+}
+
+/// Runs `dana args...`, asserts it fails, returns its stderr.
+fn run_failing(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dana"))
+        .args(args)
+        .output()
+        .expect("run dana");
+    assert!(!out.status.success(), "dana {args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }

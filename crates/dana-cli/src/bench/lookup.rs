@@ -17,6 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use dana::io::sim::{Latency, SimConfig, SimDisk};
+use dana::io::{Array, Target};
 use dana::{Db, Error, Options};
 use serde::Serialize;
 
@@ -65,6 +67,23 @@ pub struct LookupArgs {
     /// Seconds of the in-memory contrast run (0: skip it).
     #[arg(long, default_value_t = 5.0)]
     pub memory_seconds: f64,
+    /// Run on this many simulated devices instead of files: memory and no
+    /// kernel, each device starting at most `--sim-iops` requests a second,
+    /// each taking `--sim-latency-us` (the engine's own cost shows, not
+    /// this machine's disk). The data is loaded in every invocation, the
+    /// log is off, and the device limit is the simulator's configured
+    /// rate. 0: files.
+    #[arg(long, default_value_t = 0)]
+    pub sim_devices: usize,
+    /// Requests per second each simulated device starts.
+    #[arg(long, default_value_t = 1_500_000)]
+    pub sim_iops: u32,
+    /// Service time of each simulated request, µs.
+    #[arg(long, default_value_t = 80)]
+    pub sim_latency_us: u64,
+    /// The simulated devices of this invocation (made by `effective`).
+    #[arg(skip)]
+    pub sim: Option<Arc<Vec<Arc<SimDisk>>>>,
     /// Seconds of the device-limit measurement.
     #[arg(long, default_value_t = 5.0)]
     pub limit_seconds: f64,
@@ -106,8 +125,50 @@ impl LookupArgs {
             a.memory_seconds = a.memory_seconds.min(1.0);
             a.limit_seconds = a.limit_seconds.min(1.0);
         }
+        if a.sim_devices > 0 && a.sim.is_none() {
+            let (_, capacity) = sizes(&a);
+            let per_device = capacity
+                .div_ceil(a.sim_devices as u64)
+                .div_ceil(PAGE as u64)
+                * PAGE as u64;
+            let cfg = SimConfig {
+                latency: Latency::Fixed(Duration::from_micros(a.sim_latency_us)),
+                iops: Some(a.sim_iops),
+                ..SimConfig::default()
+            };
+            a.sim = Some(Arc::new(
+                (0..a.sim_devices)
+                    .map(|i| SimDisk::new(i, per_device, cfg))
+                    .collect(),
+            ));
+        }
         a
     }
+}
+
+/// (estimated bytes of the loaded data, capacity to give the devices).
+fn sizes(a: &LookupArgs) -> (u64, u64) {
+    // Leaves fill ~95% on an ascending load; size the devices with room.
+    let per_record = (8 + a.value_size + 12) as u64;
+    // Random inserts leave leaves ~2/3 full; ascending ones ~95%.
+    let fill_pct = if a.load_order == LoadOrder::Random {
+        60
+    } else {
+        85
+    };
+    let estimate = a.records * per_record * 100 / fill_pct + (8 << 20);
+    (estimate, estimate * 3 / 2 + (64 << 20))
+}
+
+/// The simulated devices' configured rate, when the run is simulated.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimInfo {
+    /// Devices.
+    pub devices: usize,
+    /// Requests per second each starts at most.
+    pub iops: u32,
+    /// Service time of a request, µs.
+    pub latency_us: u64,
 }
 
 /// Key order of the load.
@@ -207,6 +268,9 @@ pub struct LookupReport {
     /// Raw reads at the best depth of the sweep before, each read
     /// submitted at once (as fio does).
     pub device_limit_each: Option<DeviceLimit>,
+    /// The simulated devices (None: files): the device limit is then
+    /// their configured rate, devices x iops.
+    pub sim: Option<SimInfo>,
     /// The raw depth sweep before the engine's runs.
     pub sweep_before: Option<DepthSweep>,
     /// The same after them.
@@ -288,6 +352,21 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
     if a.pool_fraction.iter().any(|f| !f.is_finite() || *f <= 0.0) {
         return Err(CliError("--pool-fraction values must be > 0".into()));
     }
+    if a.sim.is_some() {
+        if a.engines.iter().any(|e| e != "dana") {
+            return Err(CliError(
+                "peers run on files: --sim-devices runs dana alone".into(),
+            ));
+        }
+        if a.engine.durability != dana::Durability::Off || !a.devices.is_empty() {
+            return Err(CliError(
+                "--sim-devices runs without a log and without --device".into(),
+            ));
+        }
+        if a.sim_iops == 0 {
+            return Err(CliError("--sim-iops must be > 0".into()));
+        }
+    }
     let load = ensure_loaded(&a)?;
     let files = db_files(&a);
     let disk = files.first().and_then(|f| Disk::of(f));
@@ -297,7 +376,7 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
     let span = load.data_bytes / files.len().max(1) as u64;
     let per_depth = Duration::from_secs_f64(a.limit_seconds / 3.0);
     let sweep = || -> CliResult<Option<DepthSweep>> {
-        if a.limit_seconds <= 0.0 {
+        if a.limit_seconds <= 0.0 || a.sim.is_some() {
             return Ok(None);
         }
         depth_sweep(&files, span, per_depth, Submit::Batch).map(Some)
@@ -334,10 +413,17 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
         .flatten()
         .map(|s| s.best.clone())
         .min_by(|x, y| x.iops.total_cmp(&y.iops));
+    let sim = a.sim.as_ref().map(|d| SimInfo {
+        devices: d.len(),
+        iops: a.sim_iops,
+        latency_us: a.sim_latency_us,
+    });
+    let limit_iops = match &sim {
+        Some(s) => Some(s.devices as f64 * f64::from(s.iops)),
+        None => limit.as_ref().map(|l| l.iops),
+    };
     for r in &mut runs {
-        r.iops_vs_limit = limit
-            .as_ref()
-            .map(|l| r.m.engine_reads_per_s / l.iops.max(1e-9));
+        r.iops_vs_limit = limit_iops.map(|l| r.m.engine_reads_per_s / l.max(1e-9));
     }
     let mut in_memory_sync = None;
     let in_memory = if a.memory_seconds > 0.0 {
@@ -373,6 +459,7 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
         device_limit_each: limit_each,
         sweep_before,
         sweep_after,
+        sim,
         runs,
         in_memory,
         in_memory_sync,
@@ -489,8 +576,17 @@ fn peer_run(
     })
 }
 
-/// Opens the database: files in `--path`, or the `--device`s.
+/// Opens the database: the simulated devices, files in `--path`, or the
+/// `--device`s.
 fn open_db(a: &LookupArgs, opts: Options, create: bool) -> CliResult<Db> {
+    if let Some(sim) = &a.sim {
+        let targets = sim.iter().map(|d| Target::Sim(d.clone())).collect();
+        return Ok(Db::open_array(
+            Array::new(targets, PAGE as u64)?,
+            opts,
+            create,
+        )?);
+    }
     Ok(if a.devices.is_empty() {
         Db::open(&a.path, opts)?
     } else {
@@ -500,7 +596,9 @@ fn open_db(a: &LookupArgs, opts: Options, create: bool) -> CliResult<Db> {
 
 /// The database's files or devices.
 fn db_files(a: &LookupArgs) -> Vec<PathBuf> {
-    if a.devices.is_empty() {
+    if a.sim.is_some() {
+        Vec::new()
+    } else if a.devices.is_empty() {
         data_files(&a.path)
     } else {
         a.devices.clone()
@@ -514,7 +612,7 @@ fn ensure_loaded(a: &LookupArgs) -> CliResult<LoadInfo> {
         "records={} value_size={} page_size={PAGE}\n",
         a.records, a.value_size
     );
-    if std::fs::read_to_string(&marker).ok().as_deref() == Some(want.as_str()) {
+    if a.sim.is_none() && std::fs::read_to_string(&marker).ok().as_deref() == Some(want.as_str()) {
         let db = open_db(a, options(a, 16 << 20), false)?;
         let pool = db.pool().clone();
         let space = db.block_on(async move { pool.space().await })??;
@@ -532,19 +630,10 @@ fn ensure_loaded(a: &LookupArgs) -> CliResult<LoadInfo> {
         });
     }
     std::fs::create_dir_all(&a.path).context(format!("creating {}", a.path.display()))?;
-    if a.devices.is_empty() {
+    if a.devices.is_empty() && a.sim.is_none() {
         clear_dana_files(&a.path)?;
     }
-    // Leaves fill ~95% on an ascending load; size the files with room.
-    let per_record = (8 + a.value_size + 12) as u64;
-    // Random inserts leave leaves ~2/3 full; ascending ones ~95%.
-    let fill_pct = if a.load_order == LoadOrder::Random {
-        60
-    } else {
-        85
-    };
-    let estimate = a.records * per_record * 100 / fill_pct + (8 << 20);
-    let capacity = estimate * 3 / 2 + (64 << 20);
+    let (estimate, capacity) = sizes(a);
     let pool = (estimate + estimate / 4).min(12 << 30);
     let db = open_db(a, options(a, pool).capacity_bytes(capacity), true)?;
     // The load is a bulk path: unlogged writes, then a flush.
@@ -569,7 +658,9 @@ fn ensure_loaded(a: &LookupArgs) -> CliResult<LoadInfo> {
     let space = db.block_on(async move { pool.space().await })??;
     let (leaves, leaf_fill) = leaf_fill(&db, &tree)?;
     db.close()?;
-    std::fs::write(&marker, want).context("writing the load marker")?;
+    if a.sim.is_none() {
+        std::fs::write(&marker, want).context("writing the load marker")?;
+    }
     Ok(LoadInfo {
         records: a.records,
         value_size: a.value_size,
@@ -835,6 +926,15 @@ pub fn render(r: &LookupReport) -> String {
     } else {
         s += "load: reused the loaded database\n";
     }
+    if let Some(sim) = &r.sim {
+        s += &format!(
+            "simulated devices (memory, no kernel): {} x {} requests/s, {} us each; the device limit is their configured rate, {} reads/s\n",
+            sim.devices,
+            thousands(f64::from(sim.iops)),
+            sim.latency_us,
+            thousands(sim.devices as f64 * f64::from(sim.iops))
+        );
+    }
     for (when, sw) in [("before", &r.sweep_before), ("after", &r.sweep_after)] {
         if let Some(sw) = sw {
             s += &format!("raw depth sweep {when} the runs: {}\n", describe_sweep(sw));
@@ -889,7 +989,8 @@ pub fn render(r: &LookupReport) -> String {
             tag
         );
         s += &format!(
-            "            miss p99 {:.0} us (queued in the engine p99 {:.0} us, device p99 {:.0} us); device budget {}\n",
+            "            {} lookups per second of whole-process CPU; miss p99 {:.0} us (queued in the engine p99 {:.0} us, device p99 {:.0} us); device budget {}\n",
+            thousands(m.ops_per_cpu_s),
             m.miss.p99_us,
             m.miss_queued.p99_us,
             m.miss_device.p99_us,

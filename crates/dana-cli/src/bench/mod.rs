@@ -413,6 +413,9 @@ pub struct Measured {
     pub cpu_s: f64,
     /// CPU µs per operation.
     pub cpu_us_per_op: f64,
+    /// Operations per second of whole-process CPU (user + system, every
+    /// thread: workers, kernel workers such as io-wq, a simulator).
+    pub ops_per_cpu_s: f64,
     /// CPU µs per device read.
     pub cpu_us_per_io: f64,
     /// Whole page miss: fault -> page available to the task.
@@ -686,6 +689,7 @@ impl Base {
             hit_rate: per((self.pool.hits - b.pool.hits) as f64, fixes),
             cpu_s: cpu,
             cpu_us_per_op: per(cpu * 1e6, ops),
+            ops_per_cpu_s: if cpu > 0.0 { ops as f64 / cpu } else { 0.0 },
             cpu_us_per_io: per(cpu * 1e6, reads),
             miss: Latency::from(&self.pool.miss.since(&b.pool.miss)),
             miss_queued: Latency::from(&self.queue.since(&b.queue)),
