@@ -1105,11 +1105,20 @@ impl BufferPool {
         let mut writes = 0;
         let mut visits = 0;
         let mut sample: Vec<Candidate> = Vec::with_capacity(WATT_SAMPLE);
+        // The frames this worker visits next: taken from the shared hand
+        // a sample's worth at a time (one contended atomic per sample, not
+        // one per frame: the hand's cache line bounces between workers).
+        let (mut hand, mut hand_end) = (0usize, 0usize);
         while freed.len() < want && visits < budget {
             sample.clear();
             while sample.len() < WATT_SAMPLE && visits < budget {
                 visits += 1;
-                let f = (self.clock.fetch_add(1, Ordering::Relaxed) % n) as u32;
+                if hand == hand_end {
+                    hand = self.clock.fetch_add(WATT_SAMPLE, Ordering::Relaxed);
+                    hand_end = hand.wrapping_add(WATT_SAMPLE);
+                }
+                let f = (hand % n) as u32;
+                hand = hand.wrapping_add(1);
                 // Unlike `candidate`, no look at the page's latch: that is
                 // a random access into the page table per frame sampled
                 // (12% of a worker's CPU in an out-of-memory lookup run on

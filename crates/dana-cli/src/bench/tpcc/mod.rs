@@ -72,6 +72,10 @@ pub struct TpccArgs {
     /// async (commits not synced).
     #[arg(long, default_value = "sync", value_parser = super::parse_durability)]
     pub durability: Durability,
+    /// dana's requests in flight per device: `auto` (adapted to the
+    /// device while it runs) or a fixed number.
+    #[arg(long, default_value = "auto", value_parser = super::parse_device_budget)]
+    pub device_budget: super::DeviceBudgetArg,
     /// Seconds of the measured run.
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
@@ -472,7 +476,8 @@ impl Sampler {
 }
 
 fn options(a: &TpccArgs, pool: u64, warehouses: u32) -> Options {
-    Options::default()
+    a.device_budget
+        .apply(Options::default())
         .pool_bytes(pool as usize)
         .workers(a.workers)
         .max_tasks_per_worker((a.tasks_per_worker * 2).max(64))
