@@ -347,3 +347,31 @@ fn run_failing(args: &[&str]) -> String {
     assert!(!out.status.success(), "dana {args:?} succeeded");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
+
+/// `bench pages` on the simulated array: no sweep, the simulator's rate
+/// as the limit, nothing read wrong.
+#[test]
+fn pages_on_simulated_devices() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("pages");
+    let v = run(&[
+        "bench",
+        "pages",
+        "--quick",
+        "--json",
+        "--pool-mib",
+        "2",
+        "--sim-devices",
+        "2",
+        "--path",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(v["sim"]["devices"], 2);
+    assert!(v["device_limit"].is_null() && v["sweep_before"].is_null());
+    assert!(!path.join("dana.0").exists(), "no database files");
+    assert_eq!(v["run"]["errors"], 0);
+    let reads = v["run"]["engine_reads_per_s"].as_f64().unwrap();
+    assert!(reads > 0.0);
+    let ratio = v["iops_vs_limit"].as_f64().unwrap();
+    assert!((ratio - reads / 3_000_000.0).abs() < 1e-9);
+}

@@ -17,8 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use dana::io::sim::{Latency, SimConfig, SimDisk};
-use dana::io::{Array, Target};
+use dana::io::sim::SimDisk;
 use dana::{Db, Error, Options};
 use serde::Serialize;
 
@@ -67,20 +66,9 @@ pub struct LookupArgs {
     /// Seconds of the in-memory contrast run (0: skip it).
     #[arg(long, default_value_t = 5.0)]
     pub memory_seconds: f64,
-    /// Run on this many simulated devices instead of files: memory and no
-    /// kernel, each device starting at most `--sim-iops` requests a second,
-    /// each taking `--sim-latency-us` (the engine's own cost shows, not
-    /// this machine's disk). The data is loaded in every invocation, the
-    /// log is off, and the device limit is the simulator's configured
-    /// rate. 0: files.
-    #[arg(long, default_value_t = 0)]
-    pub sim_devices: usize,
-    /// Requests per second each simulated device starts.
-    #[arg(long, default_value_t = 1_500_000)]
-    pub sim_iops: u32,
-    /// Service time of each simulated request, µs.
-    #[arg(long, default_value_t = 80)]
-    pub sim_latency_us: u64,
+    /// Simulated devices in place of files.
+    #[command(flatten)]
+    pub sim_args: super::SimArgs,
     /// The simulated devices of this invocation (made by `effective`).
     #[arg(skip)]
     pub sim: Option<Arc<Vec<Arc<SimDisk>>>>,
@@ -116,7 +104,7 @@ pub struct LookupArgs {
 }
 
 impl LookupArgs {
-    fn effective(&self) -> LookupArgs {
+    fn effective(&self) -> CliResult<LookupArgs> {
         let mut a = self.clone();
         if a.quick {
             a.records = a.records.min(200_000);
@@ -125,24 +113,10 @@ impl LookupArgs {
             a.memory_seconds = a.memory_seconds.min(1.0);
             a.limit_seconds = a.limit_seconds.min(1.0);
         }
-        if a.sim_devices > 0 && a.sim.is_none() {
-            let (_, capacity) = sizes(&a);
-            let per_device = capacity
-                .div_ceil(a.sim_devices as u64)
-                .div_ceil(PAGE as u64)
-                * PAGE as u64;
-            let cfg = SimConfig {
-                latency: Latency::Fixed(Duration::from_micros(a.sim_latency_us)),
-                iops: Some(a.sim_iops),
-                ..SimConfig::default()
-            };
-            a.sim = Some(Arc::new(
-                (0..a.sim_devices)
-                    .map(|i| SimDisk::new(i, per_device, cfg))
-                    .collect(),
-            ));
+        if a.sim.is_none() {
+            a.sim = a.sim_args.devices(sizes(&a).1)?;
         }
-        a
+        Ok(a)
     }
 }
 
@@ -158,17 +132,6 @@ fn sizes(a: &LookupArgs) -> (u64, u64) {
     };
     let estimate = a.records * per_record * 100 / fill_pct + (8 << 20);
     (estimate, estimate * 3 / 2 + (64 << 20))
-}
-
-/// The simulated devices' configured rate, when the run is simulated.
-#[derive(Debug, Clone, Serialize)]
-pub struct SimInfo {
-    /// Devices.
-    pub devices: usize,
-    /// Requests per second each starts at most.
-    pub iops: u32,
-    /// Service time of a request, µs.
-    pub latency_us: u64,
 }
 
 /// Key order of the load.
@@ -270,7 +233,7 @@ pub struct LookupReport {
     pub device_limit_each: Option<DeviceLimit>,
     /// The simulated devices (None: files): the device limit is then
     /// their configured rate, devices x iops.
-    pub sim: Option<SimInfo>,
+    pub sim: Option<super::SimInfo>,
     /// The raw depth sweep before the engine's runs.
     pub sweep_before: Option<DepthSweep>,
     /// The same after them.
@@ -348,7 +311,7 @@ fn options(a: &LookupArgs, pool_bytes: u64) -> Options {
 
 /// Runs `dana bench lookup`.
 pub fn run(args: &LookupArgs) -> CliResult<()> {
-    let a = args.effective();
+    let a = args.effective()?;
     if a.pool_fraction.iter().any(|f| !f.is_finite() || *f <= 0.0) {
         return Err(CliError("--pool-fraction values must be > 0".into()));
     }
@@ -362,9 +325,6 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
             return Err(CliError(
                 "--sim-devices runs without a log and without --device".into(),
             ));
-        }
-        if a.sim_iops == 0 {
-            return Err(CliError("--sim-iops must be > 0".into()));
         }
     }
     let load = ensure_loaded(&a)?;
@@ -413,13 +373,9 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
         .flatten()
         .map(|s| s.best.clone())
         .min_by(|x, y| x.iops.total_cmp(&y.iops));
-    let sim = a.sim.as_ref().map(|d| SimInfo {
-        devices: d.len(),
-        iops: a.sim_iops,
-        latency_us: a.sim_latency_us,
-    });
+    let sim = a.sim_args.info();
     let limit_iops = match &sim {
-        Some(s) => Some(s.devices as f64 * f64::from(s.iops)),
+        Some(s) => Some(s.limit()),
         None => limit.as_ref().map(|l| l.iops),
     };
     for r in &mut runs {
@@ -580,12 +536,7 @@ fn peer_run(
 /// `--device`s.
 fn open_db(a: &LookupArgs, opts: Options, create: bool) -> CliResult<Db> {
     if let Some(sim) = &a.sim {
-        let targets = sim.iter().map(|d| Target::Sim(d.clone())).collect();
-        return Ok(Db::open_array(
-            Array::new(targets, PAGE as u64)?,
-            opts,
-            create,
-        )?);
+        return super::open_sim(sim, opts, create);
     }
     Ok(if a.devices.is_empty() {
         Db::open(&a.path, opts)?
@@ -927,13 +878,7 @@ pub fn render(r: &LookupReport) -> String {
         s += "load: reused the loaded database\n";
     }
     if let Some(sim) = &r.sim {
-        s += &format!(
-            "simulated devices (memory, no kernel): {} x {} requests/s, {} us each; the device limit is their configured rate, {} reads/s\n",
-            sim.devices,
-            thousands(f64::from(sim.iops)),
-            sim.latency_us,
-            thousands(sim.devices as f64 * f64::from(sim.iops))
-        );
+        s += &sim.describe();
     }
     for (when, sw) in [("before", &r.sweep_before), ("after", &r.sweep_after)] {
         if let Some(sw) = sw {

@@ -26,7 +26,9 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand};
 use dana::buffer::PoolStatsSnapshot;
 use dana::io::device::DeviceOptions;
+use dana::io::sim::{Latency as SimLatency, SimConfig, SimDisk};
 use dana::io::Device;
+use dana::io::{Array, Target};
 use dana::stats::{Histogram, HistogramSnapshot};
 use dana::Db;
 use serde::Serialize;
@@ -181,6 +183,93 @@ pub fn parse_device_budget(s: &str) -> Result<DeviceBudgetArg, String> {
         _ => Err(format!(
             "device budget must be auto or a number >= 1, not {s:?}"
         )),
+    }
+}
+
+/// Runs a benchmark on simulated devices instead of files.
+#[derive(Args, Debug, Clone)]
+pub struct SimArgs {
+    /// Run on this many simulated devices instead of files: memory and no
+    /// kernel, each device starting at most `--sim-iops` requests a second,
+    /// each taking `--sim-latency-us` (the engine's own cost shows, not
+    /// this machine's disk). The data is made in every invocation, the
+    /// log is off, and the device limit is the simulator's configured
+    /// rate. 0: files.
+    #[arg(long, default_value_t = 0)]
+    pub sim_devices: usize,
+    /// Requests per second each simulated device starts.
+    #[arg(long, default_value_t = 1_500_000)]
+    pub sim_iops: u32,
+    /// Service time of each simulated request, µs.
+    #[arg(long, default_value_t = 80)]
+    pub sim_latency_us: u64,
+}
+
+impl SimArgs {
+    /// The devices asked for, each of `capacity / devices` bytes (None:
+    /// files).
+    pub fn devices(&self, capacity: u64) -> CliResult<Option<Arc<Vec<Arc<SimDisk>>>>> {
+        if self.sim_devices == 0 {
+            return Ok(None);
+        }
+        if self.sim_iops == 0 {
+            return Err(CliError("--sim-iops must be > 0".into()));
+        }
+        let per_device = capacity.div_ceil(self.sim_devices as u64).div_ceil(4096) * 4096;
+        let cfg = SimConfig {
+            latency: SimLatency::Fixed(Duration::from_micros(self.sim_latency_us)),
+            iops: Some(self.sim_iops),
+            ..SimConfig::default()
+        };
+        Ok(Some(Arc::new(
+            (0..self.sim_devices)
+                .map(|i| SimDisk::new(i, per_device, cfg))
+                .collect(),
+        )))
+    }
+
+    /// What the report says of the simulator (None: files).
+    pub fn info(&self) -> Option<SimInfo> {
+        (self.sim_devices > 0).then_some(SimInfo {
+            devices: self.sim_devices,
+            iops: self.sim_iops,
+            latency_us: self.sim_latency_us,
+        })
+    }
+}
+
+/// Opens a database (no log) on simulated devices.
+pub fn open_sim(disks: &[Arc<SimDisk>], opts: dana::Options, create: bool) -> CliResult<Db> {
+    let targets = disks.iter().map(|d| Target::Sim(d.clone())).collect();
+    Ok(Db::open_array(Array::new(targets, 4096)?, opts, create)?)
+}
+
+/// The simulated devices' configured rate, when a run is simulated.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimInfo {
+    /// Devices.
+    pub devices: usize,
+    /// Requests per second each starts at most.
+    pub iops: u32,
+    /// Service time of a request, µs.
+    pub latency_us: u64,
+}
+
+impl SimInfo {
+    /// The device limit: devices x iops.
+    pub fn limit(&self) -> f64 {
+        self.devices as f64 * f64::from(self.iops)
+    }
+
+    /// One line for the human reports.
+    pub fn describe(&self) -> String {
+        format!(
+            "simulated devices (memory, no kernel): {} x {} requests/s, {} us each; the device limit is their configured rate, {} reads/s\n",
+            self.devices,
+            thousands(f64::from(self.iops)),
+            self.latency_us,
+            thousands(self.limit())
+        )
     }
 }
 

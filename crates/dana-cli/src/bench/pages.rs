@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use dana::buffer::space_map::Geometry;
 use dana::buffer::{PageType, PAGE_HEADER_SIZE};
+use dana::io::sim::SimDisk;
 use dana::{Db, Error, Options};
 use serde::Serialize;
 
@@ -55,6 +56,9 @@ pub struct PagesArgs {
     /// Small and short (for tests).
     #[arg(long)]
     pub quick: bool,
+    /// Simulated devices in place of files.
+    #[command(flatten)]
+    pub sim_args: super::SimArgs,
     /// Engine settings.
     #[command(flatten)]
     pub engine: super::EngineArgs,
@@ -81,18 +85,22 @@ pub struct PagesReport {
     /// `--device-budget`.
     pub device_budget: super::DeviceBudgetArg,
     /// Raw reads swept over depths before the engine's run.
-    pub sweep_before: DepthSweep,
+    pub sweep_before: Option<DepthSweep>,
     /// The same after it.
-    pub sweep_after: DepthSweep,
-    /// The device limit: the lower of the two sweeps' best.
-    pub device_limit: DeviceLimit,
+    pub sweep_after: Option<DepthSweep>,
+    /// The simulated devices (None: files); the limit is then their
+    /// configured rate.
+    pub sim: Option<super::SimInfo>,
+    /// The device limit: the lower of the two sweeps' best (None on
+    /// simulated devices).
+    pub device_limit: Option<DeviceLimit>,
     /// Engine page reads/s / raw reads/s.
     pub iops_vs_limit: f64,
     /// Raw reads with each read submitted at once (fio's pattern), at the
     /// best depth of the sweep before.
-    pub device_limit_each: DeviceLimit,
+    pub device_limit_each: Option<DeviceLimit>,
     /// Engine page reads/s / that.
-    pub iops_vs_limit_each: f64,
+    pub iops_vs_limit_each: Option<f64>,
     /// The window's figures (ops = page fixes).
     pub run: Measured,
 }
@@ -108,19 +116,38 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
     }
     let pool_bytes = a.pool_mib << 20;
     let pages = ((pool_bytes as f64 * a.data_over_pool) as u64 / PAGE as u64).max(16);
-    let first = ensure_pages(&a, pages)?;
-    let files = data_files(&a.path);
+    let sim = a
+        .sim_args
+        .devices((pages + 1024 + pages / 16_000) * PAGE as u64)?;
+    if sim.is_some() && a.engine.durability != dana::Durability::Off {
+        return Err(CliError("--sim-devices runs without a log".into()));
+    }
+    let first = ensure_pages(&a, pages, sim.as_deref().map(Vec::as_slice))?;
+    let files = if sim.is_some() {
+        Vec::new()
+    } else {
+        data_files(&a.path)
+    };
     let data_bytes = (first + pages) * PAGE as u64;
     let span = data_bytes / files.len().max(1) as u64;
     let per_depth = Duration::from_secs_f64(a.limit_seconds / 3.0);
-    let sweep_before = depth_sweep(&files, span, per_depth, Submit::Batch)?;
-    let limit_each = device_limit(
-        &files,
-        span,
-        sweep_before.best.depth,
-        Duration::from_secs_f64(a.limit_seconds),
-        Submit::Each,
-    )?;
+    let sweep = || -> CliResult<Option<DepthSweep>> {
+        if sim.is_some() {
+            return Ok(None);
+        }
+        depth_sweep(&files, span, per_depth, Submit::Batch).map(Some)
+    };
+    let sweep_before = sweep()?;
+    let limit_each = match &sweep_before {
+        Some(s) => Some(device_limit(
+            &files,
+            span,
+            s.best.depth,
+            Duration::from_secs_f64(a.limit_seconds),
+            Submit::Each,
+        )?),
+        None => None,
+    };
 
     let opts = a
         .engine
@@ -131,7 +158,10 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
         .submit_each(a.engine.submit_each)
         .max_tasks_per_worker(a.engine.tasks_per_worker * 2)
         .durability(a.engine.durability);
-    let db = Db::open(&a.path, opts)?;
+    let db = match &sim {
+        Some(d) => super::open_sim(d, opts, false)?,
+        None => Db::open(&a.path, opts)?,
+    };
     let disk = files.first().and_then(|f| Disk::of(f));
     let state = Arc::new(RunState::default());
     let (tx, rx) = std::sync::mpsc::channel();
@@ -187,11 +217,17 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
             .map_err(|_| CliError("a page task did not stop".into()))?;
     }
     db.close()?;
-    let sweep_after = depth_sweep(&files, span, per_depth, Submit::Batch)?;
-    let limit = if sweep_after.best.iops < sweep_before.best.iops {
-        sweep_after.best.clone()
-    } else {
-        sweep_before.best.clone()
+    let sweep_after = sweep()?;
+    let limit = [&sweep_before, &sweep_after]
+        .into_iter()
+        .flatten()
+        .map(|s| s.best.clone())
+        .min_by(|x, y| x.iops.total_cmp(&y.iops));
+    let sim_info = a.sim_args.info();
+    let limit_iops = match (&sim_info, &limit) {
+        (Some(s), _) => s.limit(),
+        (None, Some(l)) => l.iops,
+        (None, None) => return Err(CliError("no device limit measured".into())),
     };
     let out = a
         .path
@@ -207,8 +243,11 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
         data_bytes,
         workers: a.engine.workers,
         tasks_per_worker: a.engine.tasks_per_worker,
-        iops_vs_limit: m.engine_reads_per_s / limit.iops.max(1e-9),
-        iops_vs_limit_each: m.engine_reads_per_s / limit_each.iops.max(1e-9),
+        iops_vs_limit: m.engine_reads_per_s / limit_iops.max(1e-9),
+        iops_vs_limit_each: limit_each
+            .as_ref()
+            .map(|l| m.engine_reads_per_s / l.iops.max(1e-9)),
+        sim: sim_info,
         device_limit_each: limit_each,
         device_limit: limit,
         device_budget: a.engine.device_budget,
@@ -229,7 +268,7 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
 
 /// Creates `pages` raw pages holding their own id (once), returns the
 /// first page id.
-fn ensure_pages(a: &PagesArgs, pages: u64) -> CliResult<u64> {
+fn ensure_pages(a: &PagesArgs, pages: u64, sim: Option<&[Arc<SimDisk>]>) -> CliResult<u64> {
     let marker = a.path.join("LOADED");
     let want = format!("pages={pages} page_size={PAGE}\n");
     let first_of = |s: &str| {
@@ -238,22 +277,27 @@ fn ensure_pages(a: &PagesArgs, pages: u64) -> CliResult<u64> {
             .and_then(|l| l.strip_prefix("first="))
             .and_then(|v| v.parse().ok())
     };
-    if let Ok(s) = std::fs::read_to_string(&marker) {
+    if let (Ok(s), None) = (std::fs::read_to_string(&marker), sim) {
         if s.starts_with(&want) {
             if let Some(first) = first_of(&s) {
                 return Ok(first);
             }
         }
     }
-    std::fs::create_dir_all(&a.path).context(format!("creating {}", a.path.display()))?;
-    clear_dana_files(&a.path)?;
+    if sim.is_none() {
+        std::fs::create_dir_all(&a.path).context(format!("creating {}", a.path.display()))?;
+        clear_dana_files(&a.path)?;
+    }
     let capacity = (pages + 1024) * PAGE as u64;
     let opts = Options::default()
         .pool_bytes(((pages + 4096) * PAGE as u64).min(8 << 30) as usize)
         .workers(1)
         .capacity_bytes(capacity)
         .durability(dana::Durability::Off);
-    let db = Db::open(&a.path, opts)?;
+    let db = match sim {
+        Some(d) => super::open_sim(d, opts, true)?,
+        None => Db::open(&a.path, opts)?,
+    };
     let pool = db.pool().clone();
     let first = db.block_on(async move {
         let mut first = None;
@@ -267,7 +311,9 @@ fn ensure_pages(a: &PagesArgs, pages: u64) -> CliResult<u64> {
         Ok::<_, Error>(first.unwrap_or(0))
     })??;
     db.close()?;
-    std::fs::write(&marker, format!("{want}first={first}\n")).context("writing the marker")?;
+    if sim.is_none() {
+        std::fs::write(&marker, format!("{want}first={first}\n")).context("writing the marker")?;
+    }
     Ok(first)
 }
 
@@ -283,30 +329,40 @@ pub fn render(r: &PagesReport) -> String {
         r.workers,
         r.tasks_per_worker
     );
+    if let Some(sim) = &r.sim {
+        s += &sim.describe();
+    }
+    if let (Some(b), Some(a)) = (&r.sweep_before, &r.sweep_after) {
+        s += &format!(
+            "raw depth sweep before: {}\nraw depth sweep after: {}\n",
+            describe_sweep(b),
+            describe_sweep(a)
+        );
+    }
+    if let Some(l) = &r.device_limit {
+        s += &format!(
+            "device limit (the lower best of the two sweeps), depth {}: {} reads/s, {:.2} CPU us/read\n",
+            l.depth,
+            thousands(l.iops),
+            l.cpu_us_per_io
+        );
+    }
+    if let (Some(l), Some(ratio)) = (&r.device_limit_each, r.iops_vs_limit_each) {
+        s += &format!(
+            "raw, each read submitted at once (fio's pattern): {} reads/s, {:.2} CPU us/read; dana = {:.1}% of it\n",
+            thousands(l.iops),
+            l.cpu_us_per_io,
+            ratio * 100.0
+        );
+    }
     s += &format!(
-        "raw depth sweep before: {}\nraw depth sweep after: {}\n",
-        describe_sweep(&r.sweep_before),
-        describe_sweep(&r.sweep_after)
-    );
-    s += &format!(
-        "device limit (the lower best of the two sweeps), depth {}: {} reads/s, {:.2} CPU us/read\n",
-        r.device_limit.depth,
-        thousands(r.device_limit.iops),
-        r.device_limit.cpu_us_per_io
-    );
-    s += &format!(
-        "raw, each read submitted at once (fio's pattern): {} reads/s, {:.2} CPU us/read; dana = {:.1}% of it\n",
-        thousands(r.device_limit_each.iops),
-        r.device_limit_each.cpu_us_per_io,
-        r.iops_vs_limit_each * 100.0
-    );
-    s += &format!(
-        "dana: {} page fixes/s, {} page reads/s = {:.1}% of raw; hit rate {:.3}; {:.2} CPU us per page miss (whole process)\n",
+        "dana: {} page fixes/s, {} page reads/s = {:.1}% of the device limit; hit rate {:.3}; {:.2} CPU us per page miss, {} page fixes per second of whole-process CPU\n",
         thousands(m.ops_per_s),
         thousands(m.engine_reads_per_s),
         r.iops_vs_limit * 100.0,
         m.hit_rate,
-        m.cpu_us_per_io
+        m.cpu_us_per_io,
+        thousands(m.ops_per_cpu_s)
     );
     s += &format!(
         "fix latency us: p50 {:.0}, p99 {:.0}, p99.9 {:.0}\n",
