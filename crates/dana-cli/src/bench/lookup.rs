@@ -24,10 +24,9 @@ use serde::Serialize;
 use super::diskstats::Disk;
 use super::timeline::{write_timeline, Chart};
 use super::{
-    bar, clear_dana_files, data_files, depth_sweep, describe_sweep, device_limit, sample,
-    thousands, DepthSweep, DeviceLimit, Measured, RunState,
+    bar, clear_dana_files, data_files, describe_sweep, lower_best, sample, thousands, DepthSweep,
+    DeviceLimit, LimitProbe, Measured, RunState,
 };
-use crate::iostudy::reads::Submit;
 use crate::report::Machine;
 use crate::rng::XorShift;
 use crate::{CliError, CliResult, Context};
@@ -333,25 +332,12 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
     // The device's limit at its best depth, swept before and after the
     // engine's runs (the disk drifts); the engine is measured against the
     // lower of the two.
-    let span = load.data_bytes / files.len().max(1) as u64;
-    let per_depth = Duration::from_secs_f64(a.limit_seconds / 3.0);
-    let sweep = || -> CliResult<Option<DepthSweep>> {
-        if a.limit_seconds <= 0.0 || a.sim.is_some() {
-            return Ok(None);
-        }
-        depth_sweep(&files, span, per_depth, Submit::Batch).map(Some)
-    };
-    let sweep_before = sweep()?;
-    let limit_each = match &sweep_before {
-        Some(s) => Some(device_limit(
-            &files,
-            span,
-            s.best.depth,
-            Duration::from_secs_f64(a.limit_seconds),
-            Submit::Each,
-        )?),
-        None => None,
-    };
+    let probe = LimitProbe::new(
+        &files,
+        load.data_bytes / files.len().max(1) as u64,
+        a.limit_seconds,
+    );
+    let (sweep_before, limit_each) = probe.before()?;
     let mut runs = Vec::new();
     for &f in &a.pool_fraction {
         let pool = ((load.data_bytes as f64 * f) as u64).max(64 * PAGE as u64);
@@ -367,12 +353,8 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
             m,
         });
     }
-    let sweep_after = sweep()?;
-    let limit = [&sweep_before, &sweep_after]
-        .into_iter()
-        .flatten()
-        .map(|s| s.best.clone())
-        .min_by(|x, y| x.iops.total_cmp(&y.iops));
+    let sweep_after = probe.sweep()?;
+    let limit = lower_best(&sweep_before, &sweep_after);
     let sim = a.sim_args.info();
     let limit_iops = match &sim {
         Some(s) => Some(s.limit()),

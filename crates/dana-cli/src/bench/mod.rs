@@ -397,6 +397,64 @@ pub fn depth_sweep(
     Ok(DepthSweep { points, best })
 }
 
+/// The raw device limit around an engine run: a depth sweep before it
+/// (with reads submitted one by one, fio's pattern, at its best depth) and
+/// one after it; the engine is measured against the lower best.
+pub struct LimitProbe<'a> {
+    files: &'a [PathBuf],
+    span: u64,
+    seconds: f64,
+}
+
+impl<'a> LimitProbe<'a> {
+    /// Over the first `span` bytes of each of `files`, a third of
+    /// `seconds` per depth (no probe when `files` is empty or `seconds`
+    /// is not positive).
+    pub fn new(files: &'a [PathBuf], span: u64, seconds: f64) -> LimitProbe<'a> {
+        LimitProbe {
+            files,
+            span,
+            seconds,
+        }
+    }
+
+    /// A sweep, if this probe measures.
+    pub fn sweep(&self) -> CliResult<Option<DepthSweep>> {
+        if self.files.is_empty() || self.seconds <= 0.0 {
+            return Ok(None);
+        }
+        let per_depth = Duration::from_secs_f64(self.seconds / 3.0);
+        depth_sweep(self.files, self.span, per_depth, Submit::Batch).map(Some)
+    }
+
+    /// The sweep before the run, and reads submitted one by one at its
+    /// best depth.
+    pub fn before(&self) -> CliResult<(Option<DepthSweep>, Option<DeviceLimit>)> {
+        let Some(sweep) = self.sweep()? else {
+            return Ok((None, None));
+        };
+        let window = Duration::from_secs_f64(self.seconds);
+        let each = device_limit(
+            self.files,
+            self.span,
+            sweep.best.depth,
+            window,
+            Submit::Each,
+        )?;
+        Ok((Some(sweep), Some(each)))
+    }
+}
+
+/// The lower of two sweeps' best (the device limit an engine run is
+/// measured against).
+pub fn lower_best(a: &Option<DepthSweep>, b: &Option<DepthSweep>) -> Option<DeviceLimit> {
+    [a, b]
+        .into_iter()
+        .flatten()
+        .map(|s| s.best.clone())
+        .min_by(|x, y| x.iops.total_cmp(&y.iops))
+}
+
 /// "8:41k 16:52k ... best 64" for the human reports.
 pub fn describe_sweep(s: &DepthSweep) -> String {
     let mut out: String = s

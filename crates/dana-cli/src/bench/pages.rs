@@ -22,10 +22,9 @@ use serde::Serialize;
 use super::diskstats::Disk;
 use super::timeline::write_csv;
 use super::{
-    bar, clear_dana_files, data_files, depth_sweep, describe_sweep, device_limit, sample,
-    thousands, DepthSweep, DeviceLimit, Measured, RunState,
+    bar, clear_dana_files, data_files, describe_sweep, lower_best, sample, thousands, DepthSweep,
+    DeviceLimit, LimitProbe, Measured, RunState,
 };
-use crate::iostudy::reads::Submit;
 use crate::report::Machine;
 use crate::rng::XorShift;
 use crate::{CliError, CliResult, Context};
@@ -129,25 +128,12 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
         data_files(&a.path)
     };
     let data_bytes = (first + pages) * PAGE as u64;
-    let span = data_bytes / files.len().max(1) as u64;
-    let per_depth = Duration::from_secs_f64(a.limit_seconds / 3.0);
-    let sweep = || -> CliResult<Option<DepthSweep>> {
-        if sim.is_some() {
-            return Ok(None);
-        }
-        depth_sweep(&files, span, per_depth, Submit::Batch).map(Some)
-    };
-    let sweep_before = sweep()?;
-    let limit_each = match &sweep_before {
-        Some(s) => Some(device_limit(
-            &files,
-            span,
-            s.best.depth,
-            Duration::from_secs_f64(a.limit_seconds),
-            Submit::Each,
-        )?),
-        None => None,
-    };
+    let probe = LimitProbe::new(
+        &files,
+        data_bytes / files.len().max(1) as u64,
+        a.limit_seconds,
+    );
+    let (sweep_before, limit_each) = probe.before()?;
 
     let opts = a
         .engine
@@ -217,12 +203,8 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
             .map_err(|_| CliError("a page task did not stop".into()))?;
     }
     db.close()?;
-    let sweep_after = sweep()?;
-    let limit = [&sweep_before, &sweep_after]
-        .into_iter()
-        .flatten()
-        .map(|s| s.best.clone())
-        .min_by(|x, y| x.iops.total_cmp(&y.iops));
+    let sweep_after = probe.sweep()?;
+    let limit = lower_best(&sweep_before, &sweep_after);
     let sim_info = a.sim_args.info();
     let limit_iops = match (&sim_info, &limit) {
         (Some(s), _) => s.limit(),
