@@ -3,11 +3,13 @@
 //!
 //! Steps: (1) load N records once (8-byte big-endian keys 0..N, values of
 //! `--value-size` bytes derived from the key) under `--path`, reusing a
-//! loaded database on later runs; (2) measure the device limit: raw
-//! io_uring 4 KiB random reads at the engine's total depth on the same
-//! files; (3) for each pool fraction, reopen with that pool and run
-//! lookups from many tasks per worker, warm-up first; (4) reopen with the
-//! whole data set cached and measure the in-memory rate for contrast.
+//! loaded database on later runs (on `--sim-devices`, in every
+//! invocation); (2) sweep raw io_uring 4 KiB random reads over depths
+//! 8-256 on the same files; (3) for each pool fraction, reopen with that
+//! pool and run lookups from many tasks per worker, warm-up first; (4)
+//! sweep again: the device limit is the lower of the two bests; (5) reopen
+//! with the whole data set cached and measure the in-memory rate for
+//! contrast.
 //! Never: counts a lookup that returned a wrong value as a success.
 
 use std::ops::Bound;

@@ -2,7 +2,9 @@
 //! device's own limit in the same invocation.
 //!
 //! Owns: what the benchmarks share: the device-limit measurement (raw
-//! io_uring random reads at the same total depth on the same files), the
+//! io_uring random reads on the same files, swept over depths before and
+//! after the engine's run: [`LimitProbe`]), simulated devices in place of
+//! files ([`SimArgs`]), the
 //! per-second sampler that turns engine, kernel and CPU counters into a
 //! timeline and a measured window, and the report types. Each workload
 //! lives in its own module. Never: reports a figure it did not measure;
@@ -52,7 +54,7 @@ enum BenchCommand {
     /// VLDB 2023 paper's headline experiment), next to the device limit.
     Lookup(lookup::LookupArgs),
     /// Random page reads through the buffer manager (no tree), data 10x
-    /// the pool, next to raw io_uring reads at the same depth.
+    /// the pool, next to raw io_uring reads at their best depth.
     Pages(pages::PagesArgs),
     /// The YCSB core workloads A-F (or `all`) on data 10x the pool:
     /// reads, updates, inserts, short scans, read-modify-writes.

@@ -3,9 +3,11 @@
 //!
 //! It isolates what the engine's core costs per page miss (scheduler,
 //! page table, in-flight table, eviction, completion handling) by putting
-//! it next to raw io_uring reads of the same files at the same total
-//! depth, measured by the same command. Never: counts a page that holds
-//! another page's id as a success.
+//! it next to raw io_uring reads of the same files at their best depth
+//! (swept before and after the run by the same command), or on simulated
+//! devices, next to its CPU. Never: counts a page that holds another
+//! page's id as a success (free-space map pages among the raw ones are
+//! skipped).
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;

@@ -339,6 +339,19 @@ struct DeviceIo {
 }
 
 impl DeviceIo {
+    fn new(queue: Box<dyn IoQueue>) -> DeviceIo {
+        let cap = queue.capacity();
+        DeviceIo {
+            queue,
+            urgent: VecDeque::new(),
+            background: VecDeque::new(),
+            background_in_flight: 0,
+            demand: false,
+            meta: vec![None; cap],
+            free_meta: (0..cap as u32).rev().collect(),
+        }
+    }
+
     fn waiting(&self) -> usize {
         self.urgent.len() + self.background.len()
     }
@@ -412,21 +425,7 @@ impl WorkerIo {
     ) -> WorkerIo {
         WorkerIo {
             index,
-            devices: queues
-                .into_iter()
-                .map(|queue| {
-                    let cap = queue.capacity();
-                    DeviceIo {
-                        queue,
-                        urgent: VecDeque::new(),
-                        background: VecDeque::new(),
-                        background_in_flight: 0,
-                        demand: false,
-                        meta: vec![None; cap],
-                        free_meta: (0..cap as u32).rev().collect(),
-                    }
-                })
-                .collect(),
+            devices: queues.into_iter().map(DeviceIo::new).collect(),
             budgets,
             scratch: Vec::new(),
             rejected: Vec::new(),
@@ -645,5 +644,45 @@ impl WorkerIo {
             all &= d.queue.register_memory(region)?;
         }
         Ok(all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::sim::{SimConfig, SimDisk};
+    use crate::io::{AlignedBuf, IoBuf};
+    use crate::sched::TAG_ID_MASK;
+
+    fn waiting(kind: RequestKind, id: u64) -> Waiting {
+        let buf = IoBuf::owned(AlignedBuf::new(4096, 4096).unwrap());
+        Waiting {
+            req: Request::read(kind.tag(id), 0, buf),
+            enqueued: Instant::now(),
+        }
+    }
+
+    /// Reads go before write-backs, except that write-backs always have
+    /// up to a quarter of the share in flight when they wait.
+    #[test]
+    fn reads_first_and_write_backs_keep_a_quarter_of_the_share() {
+        let disk = SimDisk::new(0, 1 << 20, SimConfig::default());
+        let mut dev = DeviceIo::new(Box::new(disk.queue(64)));
+        for i in 0..4 {
+            dev.background.push_back(waiting(RequestKind::PageWrite, i));
+        }
+        for i in 0..4 {
+            dev.urgent.push_back(waiting(RequestKind::PageRead, 10 + i));
+        }
+        let share = 8; // a quarter: 2 write-backs
+        let mut order = Vec::new();
+        while let Some((w, background)) = dev.next(share) {
+            dev.background_in_flight += usize::from(background);
+            order.push(w.req.tag & TAG_ID_MASK);
+        }
+        // Two write-backs take their quarter, the reads go, then the rest
+        // of the write-backs (nothing else waits).
+        assert_eq!(order, [0, 1, 10, 11, 12, 13, 2, 3]);
+        assert_eq!(dev.waiting(), 0);
     }
 }
