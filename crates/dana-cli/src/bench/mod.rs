@@ -143,18 +143,10 @@ pub enum DeviceBudgetArg {
 }
 
 impl DeviceBudgetArg {
-    /// The limit a fixed budget holds, or where an adaptive one starts.
-    pub fn start(self) -> usize {
-        match self {
-            DeviceBudgetArg::Auto => 32,
-            DeviceBudgetArg::Fixed(n) => n,
-        }
-    }
-
     /// `opts` with this budget.
     pub fn apply(self, opts: dana::Options) -> dana::Options {
         match self {
-            DeviceBudgetArg::Auto => opts.adaptive_device_budget(self.start()),
+            DeviceBudgetArg::Auto => opts.adaptive_device_budget(32),
             DeviceBudgetArg::Fixed(n) => opts.device_budget(n),
         }
     }
@@ -379,26 +371,6 @@ pub struct DepthSweep {
     pub best: DeviceLimit,
 }
 
-/// Sweeps raw reads over [`SWEEP_DEPTHS`] (see [`device_limit`]) and keeps
-/// the best.
-pub fn depth_sweep(
-    files: &[PathBuf],
-    span: u64,
-    per_depth: Duration,
-    submit: Submit,
-) -> CliResult<DepthSweep> {
-    let points = SWEEP_DEPTHS
-        .iter()
-        .map(|&d| device_limit(files, span, d, per_depth, submit))
-        .collect::<CliResult<Vec<_>>>()?;
-    let best = points
-        .iter()
-        .max_by(|a, b| a.iops.total_cmp(&b.iops))
-        .cloned()
-        .ok_or_else(|| CliError("empty depth sweep".into()))?;
-    Ok(DepthSweep { points, best })
-}
-
 /// The raw device limit around an engine run: a depth sweep before it
 /// (with reads submitted one by one, fio's pattern, at its best depth) and
 /// one after it; the engine is measured against the lower best.
@@ -420,13 +392,24 @@ impl<'a> LimitProbe<'a> {
         }
     }
 
-    /// A sweep, if this probe measures.
+    /// Raw reads swept over [`SWEEP_DEPTHS`] (see [`device_limit`]), a
+    /// third of `seconds` each, keeping the best; `None` if this probe
+    /// does not measure.
     pub fn sweep(&self) -> CliResult<Option<DepthSweep>> {
         if self.files.is_empty() || self.seconds <= 0.0 {
             return Ok(None);
         }
         let per_depth = Duration::from_secs_f64(self.seconds / 3.0);
-        depth_sweep(self.files, self.span, per_depth, Submit::Batch).map(Some)
+        let points = SWEEP_DEPTHS
+            .iter()
+            .map(|&d| device_limit(self.files, self.span, d, per_depth, Submit::Batch))
+            .collect::<CliResult<Vec<_>>>()?;
+        let best = points
+            .iter()
+            .max_by(|a, b| a.iops.total_cmp(&b.iops))
+            .cloned()
+            .ok_or_else(|| CliError("empty depth sweep".into()))?;
+        Ok(Some(DepthSweep { points, best }))
     }
 
     /// The sweep before the run, and reads submitted one by one at its

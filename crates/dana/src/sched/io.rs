@@ -88,7 +88,7 @@ struct DeviceBudget {
 ///
 /// Each device has a limit of requests in flight across all workers: fixed
 /// ([`RuntimeConfig::adaptive_budget`] off) or chosen and tracked while the
-/// engine runs by [`DepthControl`] (see `sched/depth.rs`), from 1 to the
+/// engine runs by `DepthControl` (`sched/depth.rs`), from 1 to the
 /// workers' queue capacity. Every request counts: page reads, background
 /// page writes, the log's writes and syncs. The limit is shared by demand:
 /// each worker with requests for the device gets an equal share of it, and
@@ -119,17 +119,20 @@ impl DeviceBudgets {
         DeviceBudgets {
             submit_each: config.submit_each,
             devices: (0..devices)
-                .map(|_| DeviceBudget {
-                    in_flight: AtomicUsize::new(0),
-                    limit: AtomicUsize::new(initial),
-                    demand: AtomicU64::new(0),
-                    completions: AtomicU64::new(0),
-                    latency_ns: AtomicU64::new(0),
-                    deferred: AtomicU64::new(0),
-                    epoch_start: AtomicU64::new(0),
-                    control: config
+                .map(|_| {
+                    let control = config
                         .adaptive_budget
-                        .then(|| Mutex::new(DepthControl::new(initial, 1, max))),
+                        .then(|| DepthControl::new(initial, 1, max));
+                    DeviceBudget {
+                        in_flight: AtomicUsize::new(0),
+                        limit: AtomicUsize::new(control.as_ref().map_or(initial, |c| c.limit())),
+                        demand: AtomicU64::new(0),
+                        completions: AtomicU64::new(0),
+                        latency_ns: AtomicU64::new(0),
+                        deferred: AtomicU64::new(0),
+                        epoch_start: AtomicU64::new(0),
+                        control: control.map(Mutex::new),
+                    }
                 })
                 .collect(),
             workers: config.workers.max(1),
@@ -293,18 +296,6 @@ impl DeviceBudgets {
     pub fn changes(&self) -> Vec<LimitChange> {
         let h = self.history.lock().unwrap_or_else(|e| e.into_inner());
         h.iter().copied().collect()
-    }
-
-    /// Decisions of the adaptive law per device: (moves, stays).
-    pub fn decisions(&self) -> Vec<(u64, u64)> {
-        self.devices
-            .iter()
-            .map(|b| {
-                b.control.as_ref().map_or((0, 0), |c| {
-                    c.lock().unwrap_or_else(|e| e.into_inner()).decisions()
-                })
-            })
-            .collect()
     }
 }
 
@@ -589,7 +580,7 @@ impl WorkerIo {
                     },
                 ));
             }
-            if let (true, Some(now)) = (done > 0, now) {
+            if let Some(now) = now.filter(|_| done > 0) {
                 self.budgets.account(d, done, latency, 0, now);
             }
             if dev.demand && dev.waiting() == 0 && dev.queue.in_flight() + dev.queue.queued() == 0 {

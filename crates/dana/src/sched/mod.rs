@@ -42,7 +42,7 @@ use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use depth::{DepthControl, Epoch, Reason as LimitReason, GAIN as DEPTH_GAIN};
+pub use depth::Reason as LimitReason;
 pub use io::{enqueue, on_worker, DeviceBudgets, IoTiming, LimitChange};
 pub use route::{perform, CompletionHandler, RequestKind, Services, SystemTask, TAG_ID_MASK};
 pub use wait::{IoWait, WaitFuture, WakerList};
@@ -82,11 +82,10 @@ impl Default for RuntimeConfig {
         RuntimeConfig {
             workers: 2,
             queue_depth: 128,
-            // Chosen from the depth sweep on this machine's disk: IOPS peak
-            // at a total depth of 16-32 and fall beyond 64 (docs/PERF.md).
+            // Where the adaptive limit starts: this machine's disk has
+            // peaked at a total depth of 16-32 on some days and 64-256 on
+            // others (docs/PERF.md), so the engine finds it while it runs.
             device_budget: 32,
-            // The best depth drifts (16-32 on some days, 64-256 on others):
-            // the engine finds it.
             adaptive_budget: true,
             max_tasks_per_worker: 4096,
             injector_capacity: 4096,
