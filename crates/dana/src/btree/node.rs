@@ -310,6 +310,15 @@ pub fn shortest_separator(a: &[u8], b: &[u8]) -> Vec<u8> {
 pub struct Node<'a> {
     /// The node region, `page[PAGE_HEADER_SIZE..]`.
     data: &'a [u8],
+    /// The entry count and the leaf flag as read once, when the view was
+    /// made: an optimistic reader's bytes may change under it, and every
+    /// bound it checks (a slot index against the count, a leaf-only or
+    /// inner-only accessor) must hold against the same values
+    /// `check_header` validated (two reads of the count or the flags could
+    /// disagree, and a debug assertion fired on that, `bench lookup
+    /// --quick` in the debug build).
+    len: usize,
+    leaf: bool,
 }
 
 impl fmt::Debug for Node<'_> {
@@ -397,7 +406,16 @@ impl<'a> Node<'a> {
             .get(PAGE_HEADER_SIZE..)
             .ok_or_else(|| Corrupt::new("page shorter than its header"))?;
         check_header(data)?;
-        Ok(Node { data })
+        Ok(Node::over(data))
+    }
+
+    /// A view of a node region whose header was checked.
+    fn over(data: &'a [u8]) -> Node<'a> {
+        Node {
+            data,
+            len: rd16(data, H_COUNT),
+            leaf: data[H_FLAGS] & F_LEAF != 0,
+        }
     }
 
     fn flags(&self) -> u8 {
@@ -412,12 +430,12 @@ impl<'a> Node<'a> {
     /// Whether this is a leaf (payloads are values) rather than an inner
     /// node (payloads are child page ids).
     pub fn is_leaf(&self) -> bool {
-        self.flags() & F_LEAF != 0
+        self.leaf
     }
 
     /// Number of entries (keys).
     pub fn len(&self) -> usize {
-        rd16(self.data, H_COUNT)
+        self.len
     }
 
     /// Whether the node has no entries.
@@ -767,7 +785,7 @@ impl<'a> NodeMut<'a> {
 
     /// A read-only view (all the accessors of [`Node`]).
     pub fn as_node(&self) -> Node<'_> {
-        Node { data: self.data }
+        Node::over(self.data)
     }
 
     fn set_slot(&mut self, i: usize, field: usize, v: usize) {
@@ -997,7 +1015,7 @@ impl<'a> NodeMut<'a> {
     /// region so all free space is contiguous.
     pub fn compact(&mut self) {
         let copy = self.data.to_vec();
-        let old = Node { data: &copy };
+        let old = Node::over(&copy);
         let region = copy.len();
         let mut heap = region;
         for (off_at, len_at) in [(H_LOWER_OFF, H_LOWER_LEN), (H_UPPER_OFF, H_UPPER_LEN)] {
