@@ -27,6 +27,7 @@ use dana::wal::WalStatsSnapshot;
 use dana::{Db, Durability, Options};
 use hdrhistogram::Histogram;
 
+use crate::report::process_cpu_seconds;
 use crate::rng::XorShift;
 use crate::{CliError, CliResult, Context};
 
@@ -102,6 +103,19 @@ struct RunShape {
     /// Log in use (redo point to end), sampled every 100 ms: most and mean.
     in_use_max: u64,
     in_use_mean: f64,
+    /// Whole-process CPU seconds (getrusage: every thread, the kernel's
+    /// io_uring workers included) over the window.
+    cpu_seconds: f64,
+    /// Task polls of the engine's workers over the window.
+    polls: u64,
+}
+
+/// Task polls of every worker so far.
+fn polls(db: &Db) -> u64 {
+    let rt = db.runtime();
+    (0..rt.workers())
+        .map(|i| rt.worker_stats(i).polls.load(Ordering::Relaxed))
+        .sum()
 }
 
 /// Runs `tasks` tasks committing one-write transactions for `secs`;
@@ -119,6 +133,7 @@ fn commit_rate(
     let failed = Arc::new(AtomicU64::new(0));
     let (tx, rx) = std::sync::mpsc::channel();
     let before = db.wal_stats().unwrap_or_default();
+    let (cpu_before, polls_before) = (process_cpu_seconds(), polls(db));
     let started = Instant::now();
     for t in 0..tasks {
         let (tree, stop, done, failed, tx) = (
@@ -171,6 +186,7 @@ fn commit_rate(
     let n = done.load(Ordering::Relaxed);
     let elapsed = started.elapsed().as_secs_f64();
     let after = db.wal_stats().unwrap_or_default();
+    let (cpu_seconds, polls) = (process_cpu_seconds() - cpu_before, polls(db) - polls_before);
     stop.store(true, Ordering::Relaxed);
     let mut latency = latency_histogram();
     for h in rx {
@@ -189,6 +205,8 @@ fn commit_rate(
         slowest_window: if slowest.is_finite() { slowest } else { 0.0 },
         in_use_max,
         in_use_mean: in_use_sum as f64 / samples.max(1) as f64,
+        cpu_seconds,
+        polls,
     };
     Ok((n as f64 / elapsed, n, after.since(&before), shape))
 }
@@ -316,8 +334,11 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
             u.admit_waits
         );
         println!(
-            "      latency µs p50 {} p99 {} p99.9 {} max {}; slowest 100 ms {:.2} of the mean; \
-             log in use (recovery's read) mean {:.1} MiB, most {:.1} MiB",
+            "      CPU µs/insert {:.2} (whole process), task polls/insert {:.2}; latency µs p50 {} \
+             p99 {} p99.9 {} max {}; slowest 100 ms {:.2} of the mean; log in use (recovery's \
+             read) mean {:.1} MiB, most {:.1} MiB",
+            shape.cpu_seconds * 1e6 / n,
+            shape.polls as f64 / n,
             q(0.5),
             q(0.99),
             q(0.999),
