@@ -49,12 +49,13 @@ use std::sync::{Arc, Mutex};
 
 use crate::btree::tree::MAX_VALUE_LEN;
 use crate::btree::{node, BTree};
+use crate::buffer::alloc::Reservation;
 use crate::buffer::blob::{self, BlobHold, BlobRef, Extent};
 use crate::buffer::BufferPool;
 use crate::sched;
 use crate::validate::{self, InFlight, ReadSet};
 use crate::wal::record::{self, Write};
-use crate::wal::{Durability, LogSet};
+use crate::wal::{Durability, LogReservation, LogSet, Wal};
 use crate::{Error, Result};
 
 /// Number of key lock stripes.
@@ -246,54 +247,95 @@ impl Committer {
             // may have skipped registering (they hold their stripes).
             self.locks.barrier().await;
         }
-        let guard = self
-            .locks
-            .lock(writes.iter().map(|w| (w.tree, w.key.as_slice())))
-            .await;
-        // Registered until applied: what serializable commits validate
-        // against besides the trees.
-        let registered = self.in_flight.register(&writes);
-        for w in &writes {
-            self.tree_alive(w.tree)?;
-        }
-        // The commit depends on what it read, and on what it validated.
-        let mut dep = read_gsn;
-        if let Some(r) = reads.filter(|r| !r.is_empty()) {
-            dep = dep.max(validate::validate(&self.pool, &self.in_flight, r, &writes).await?);
-        }
-        for (tree, key, expect) in &checks {
-            let (now, gsn) = BTree::open(&self.pool, *tree).get_versioned(key).await?;
-            dep = dep.max(gsn);
-            match expect {
-                Expect::Absent if now.is_some() => return Err(Error::KeyExists),
-                Expect::Value(v) if *v != now => {
-                    return Err(Error::Conflict(format!(
-                        "a key of tree {tree} changed after this transaction read it"
-                    )))
-                }
-                _ => {}
-            }
-        }
-        let large = self.store_large_values_prepare(&writes).await?;
-        let pages = pages_needed(&self.pool, &writes).await? + large.pages;
-        let space = self.pool.reserve(pages).await?;
-        let stored = self.store_large_values(&mut writes, &large).await?;
-        let head = match &self.wal {
-            Some(_) if !writes.is_empty() => Some(record::commit_head(&writes)),
-            _ => None,
-        };
         // This task's worker's log: admission, the record and the wait
         // are all on it.
         let log = self.wal.as_ref().map(|w| w.local().clone());
-        let log_space = match (&log, &head) {
-            (Some(w), Some(h)) => {
-                // Every page the apply touches or allocates may log a full
-                // image, and so may the map pages of large values.
-                let page_bytes = (self.pool.page_size() + record::HEADER + 16) as u64;
-                let touched = pages + writes.len() as u64 + stored.map_pages;
-                Some(w.admit(h.len() as u64 + 8 + touched * page_bytes).await?)
+        let page_bytes = (self.pool.page_size() + record::HEADER + 16) as u64;
+        // Room found while holding no stripe, after a pass that found none
+        // under them.
+        let mut held: Option<Room<'_>> = None;
+        let (guard, registered, dep, large, pages, room) = loop {
+            let guard = self
+                .locks
+                .lock(writes.iter().map(|w| (w.tree, w.key.as_slice())))
+                .await;
+            // Registered until applied: what serializable commits validate
+            // against besides the trees.
+            let registered = self.in_flight.register(&writes);
+            for w in &writes {
+                self.tree_alive(w.tree)?;
             }
-            _ => None,
+            // The commit depends on what it read, and on what it validated.
+            let mut dep = read_gsn;
+            if let Some(r) = reads.filter(|r| !r.is_empty()) {
+                dep = dep.max(validate::validate(&self.pool, &self.in_flight, r, &writes).await?);
+            }
+            for (tree, key, expect) in &checks {
+                let (now, gsn) = BTree::open(&self.pool, *tree).get_versioned(key).await?;
+                dep = dep.max(gsn);
+                match expect {
+                    Expect::Absent if now.is_some() => return Err(Error::KeyExists),
+                    Expect::Value(v) if *v != now => {
+                        return Err(Error::Conflict(format!(
+                            "a key of tree {tree} changed after this transaction read it"
+                        )))
+                    }
+                    _ => {}
+                }
+            }
+            let large = self.store_large_values_prepare(&writes).await?;
+            let pages = pages_needed(&self.pool, &writes).await? + large.pages;
+            if !large.writes.is_empty() || !large.freed.is_empty() {
+                // Large values: their record is known only once they are
+                // stored (under the stripes), so their room is waited for
+                // there.
+                break (guard, registered, dep, large, pages, None);
+            }
+            let head = match &log {
+                Some(_) if !writes.is_empty() => Some(record::commit_head(&writes)),
+                _ => None,
+            };
+            // Every page the apply touches or allocates may log a full
+            // image.
+            let log_bytes = head.as_ref().map_or(0, |h| {
+                h.len() as u64 + 8 + (pages + writes.len() as u64) * page_bytes
+            });
+            let room = match held.take() {
+                Some(r) if r.covers(pages, log_bytes) => Some(r),
+                _ => Room::now(&self.pool, log.as_deref(), pages, log_bytes)?,
+            };
+            if let Some(room) = room {
+                break (guard, registered, dep, large, pages, Some((room, head)));
+            }
+            // No room now: wait for it holding no stripe (a commit parked
+            // on a full log under its stripes had every commit that wanted
+            // one of them spin: 17 task polls per insert in `dana bench
+            // commit`'s async inserts), then validate again.
+            drop(registered);
+            drop(guard);
+            held = Some(Room::wait(&self.pool, log.as_deref(), pages, log_bytes).await?);
+        };
+        let (space, stored, head, log_space) = match room {
+            Some((room, head)) => (room.pages, Written::none(), head, room.log),
+            None => {
+                let space = self.pool.reserve(pages).await?;
+                let stored = self.store_large_values(&mut writes, &large).await?;
+                let head = match &log {
+                    Some(_) if !writes.is_empty() => Some(record::commit_head(&writes)),
+                    _ => None,
+                };
+                let log_space = match (&log, &head) {
+                    (Some(w), Some(h)) => {
+                        // Every page the apply touches or allocates may log
+                        // a full image, and so may the map pages of large
+                        // values.
+                        let touched = pages + writes.len() as u64 + stored.map_pages;
+                        Some(w.admit(h.len() as u64 + 8 + touched * page_bytes).await?)
+                    }
+                    _ => None,
+                };
+                (space, stored, head, log_space)
+            }
         };
         let logged = if stored.changes_space() {
             // The map bits of the extents taken and freed go into the
@@ -368,6 +410,59 @@ struct LargePlan {
     freed_values: i64,
 }
 
+/// The room a commit's apply may take: pages, and log bytes when logged.
+struct Room<'a> {
+    pages: Reservation<'a>,
+    log: Option<LogReservation<'a>>,
+}
+
+impl<'a> Room<'a> {
+    /// The room if it is there now (never waits: the caller holds key
+    /// stripes); `log_bytes` 0 admits nothing to the log.
+    fn now(
+        pool: &'a BufferPool,
+        log: Option<&'a Wal>,
+        pages: u64,
+        log_bytes: u64,
+    ) -> Result<Option<Room<'a>>> {
+        let Some(space) = pool.reserve_now(pages) else {
+            return Ok(None);
+        };
+        let log = match log.filter(|_| log_bytes > 0) {
+            Some(w) => match w.admit_now(log_bytes) {
+                Some(r) => Some(r?),
+                None => return Ok(None),
+            },
+            None => None,
+        };
+        Ok(Some(Room { pages: space, log }))
+    }
+
+    /// The room, waiting for it (the caller holds no stripe).
+    async fn wait(
+        pool: &'a BufferPool,
+        log: Option<&'a Wal>,
+        pages: u64,
+        log_bytes: u64,
+    ) -> Result<Room<'a>> {
+        let space = pool.reserve(pages).await?;
+        let log = match log.filter(|_| log_bytes > 0) {
+            Some(w) => Some(w.admit(log_bytes).await?),
+            None => None,
+        };
+        Ok(Room { pages: space, log })
+    }
+
+    /// True if this room suffices for `pages` and `log_bytes`.
+    fn covers(&self, pages: u64, log_bytes: u64) -> bool {
+        self.pages.pages() >= pages
+            && match &self.log {
+                Some(l) => l.covers(log_bytes),
+                None => log_bytes == 0,
+            }
+    }
+}
+
 /// Large values written and synced, ready for the commit record.
 struct Written<'a> {
     holds: Vec<BlobHold<'a>>,
@@ -379,6 +474,16 @@ struct Written<'a> {
 }
 
 impl Written<'_> {
+    /// No large value written, none freed.
+    fn none() -> Self {
+        Written {
+            holds: Vec::new(),
+            taken: Vec::new(),
+            delta: 0,
+            map_pages: 0,
+        }
+    }
+
     /// True if the commit takes or frees extents.
     fn changes_space(&self) -> bool {
         self.map_pages > 0

@@ -628,6 +628,14 @@ impl BufferPool {
         }
     }
 
+    /// [`BufferPool::reserve`] if the pages are free now, else None (never
+    /// waits, never grows the array: for a caller holding locks, which
+    /// lets them go and calls `reserve`).
+    pub fn reserve_now(&self, pages: u64) -> Option<Reservation<'_>> {
+        self.release_retired();
+        self.try_reserve(pages)
+    }
+
     /// One attempt of [`BufferPool::reserve`]: None if the pages are not
     /// free now.
     fn try_reserve(&self, pages: u64) -> Option<Reservation<'_>> {

@@ -354,7 +354,7 @@ impl BufferPool {
                 UNLOCKED => {
                     let f = self.table.frame(pid);
                     if self.frames[f as usize].writing.load(Ordering::Acquire) {
-                        sched::yield_now().await;
+                        self.write_finished(f).await;
                         continue;
                     }
                     if !self.table.try_lock_exclusive(pid) {

@@ -96,6 +96,10 @@ pub trait PageLog: Send + Sync {
     fn durable(&self) -> u64;
     /// Asks for a flush up to `lsn` without waiting.
     fn want(&self, lsn: u64);
+    /// Parks `waker` until [`PageLog::durable`] next moves or the log
+    /// stops. The caller looks at the durable point after registering
+    /// too, so that a move in between is not missed.
+    fn wake_when_durable(&self, waker: &std::task::Waker);
     /// The error that stopped the log, if any (the pool then writes no
     /// page any more).
     fn poisoned(&self) -> Option<crate::Error>;

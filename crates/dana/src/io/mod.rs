@@ -67,6 +67,42 @@ pub struct IoBuf {
 // that owns the IoBuf.
 unsafe impl Send for IoBuf {}
 
+/// An aligned buffer lent to requests and refilled only when none holds
+/// it: memory reused from one write to the next without allocating, and
+/// without `unsafe` at the caller (the log's flush buffer).
+pub struct ReusableBuf(Arc<AlignedBuf>);
+
+impl ReusableBuf {
+    /// `len` zeroed bytes aligned to `align`.
+    pub fn new(len: usize, align: usize) -> Result<ReusableBuf> {
+        AlignedBuf::new(len, align).map(|b| ReusableBuf(Arc::new(b)))
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Always false (a buffer is never empty).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The bytes, to fill, if no request holds the buffer any more.
+    pub fn get_mut(&mut self) -> Option<&mut [u8]> {
+        Arc::get_mut(&mut self.0).map(|b| &mut b[..])
+    }
+
+    /// A request buffer over `len` bytes at `offset`.
+    pub fn lend(&self, offset: usize, len: usize) -> Result<IoBuf> {
+        // SAFETY: the region is reachable only through this type, whose one
+        // access to the bytes, `get_mut`, needs the only reference: none
+        // while the returned buffer (holding one) lives, that is until its
+        // request's completion is reaped and the request dropped.
+        unsafe { IoBuf::shared(self.0.clone(), offset, len) }
+    }
+}
+
 impl IoBuf {
     /// A request buffer that owns its memory.
     pub fn owned(buf: AlignedBuf) -> IoBuf {

@@ -20,6 +20,7 @@
 //! its GSN, or a record become durable before what it depends on.
 
 use std::sync::Arc;
+use std::task::Waker;
 use std::time::Duration;
 
 use super::{CheckpointScope, Shared, Wal, WalStatsSnapshot};
@@ -246,6 +247,10 @@ impl PageLog for LogSet {
         for l in &self.logs {
             l.want(end);
         }
+    }
+
+    fn wake_when_durable(&self, waker: &Waker) {
+        self.shared.wake_when_durable(waker);
     }
 
     fn poisoned(&self) -> Option<Error> {
