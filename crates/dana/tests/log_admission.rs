@@ -3,8 +3,11 @@
 //! tasks commit through a 1 MiB log, far too small for all of their
 //! promises at once, and every commit also writes one of 8 hot keys that
 //! the other tasks write too, so a commit parked under its stripes would
-//! stall the others. Every commit must finish, every write must be
-//! there, and the same after a reopen.
+//! stall the others. Every fourth task writes large values, whose
+//! commits still wait for room under their stripes: a commit holding the
+//! room it waited for must not spin on one of their stripes (that
+//! deadlocked). Every commit must finish, every write must be there, and
+//! the same after a reopen.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,6 +32,13 @@ fn key(task: u64, i: u64) -> [u8; 16] {
     k
 }
 
+/// The value of commit `i` of `task`: large (stored outside the leaves)
+/// for every fourth task.
+fn value(task: u64, i: u64, max_inline: usize) -> Vec<u8> {
+    let len = if task % 4 == 0 { max_inline + 300 } else { 600 };
+    vec![(task ^ i) as u8; len]
+}
+
 fn hot(i: u64) -> Vec<u8> {
     format!("hot-{}", i % HOT).into_bytes()
 }
@@ -38,6 +48,7 @@ fn commits_short_of_log_room_wait_without_their_stripes_and_all_land() {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path(), opts()).unwrap();
     let t = db.tree_or_create("t").unwrap();
+    let max_inline = t.max_inline_value_len();
     let before = db.wal_stats().unwrap();
     let (done, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let (tx, rx) = std::sync::mpsc::channel::<()>();
@@ -54,7 +65,7 @@ fn commits_short_of_log_room_wait_without_their_stripes_and_all_land() {
                 let mut txn = d.begin();
                 // A value of 600 bytes: a few commits fill a leaf, so
                 // splits log pages and the promises are large.
-                let value = vec![(task ^ i) as u8; 600];
+                let value = value(task, i, max_inline);
                 let ok = txn.put(&t, &key(task, i), &value).is_ok()
                     && txn.put(&t, &hot(i), &key(task, i)).is_ok()
                     && txn.commit_async().await.is_ok();
@@ -84,7 +95,7 @@ fn commits_short_of_log_room_wait_without_their_stripes_and_all_land() {
                 let v = t.get(&key(task, i)).unwrap();
                 assert_eq!(
                     v,
-                    Some(vec![(task ^ i) as u8; 600]),
+                    Some(value(task, i, max_inline)),
                     "task {task} commit {i}"
                 );
             }
