@@ -368,6 +368,13 @@ impl BufferPool {
                         sched::yield_now().await;
                         continue;
                     }
+                    if self.frames[f as usize].writing.load(Ordering::Acquire) {
+                        // A write-back started between the look above and
+                        // the latch (it holds no latch).
+                        self.table.unlock_exclusive(pid);
+                        self.write_finished(f).await;
+                        continue;
+                    }
                     self.set_dirty(f, false);
                     self.frames[f as usize]
                         .pid

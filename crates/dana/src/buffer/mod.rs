@@ -940,27 +940,24 @@ impl BufferPool {
         // SAFETY: the caller holds the exclusive latch on pid, whose frame
         // is f.
         page::seal(unsafe { self.frame_bytes_mut(f) });
-        // Downgrade: EXCLUSIVE -> SHARED(1), same version (content is
-        // unchanged but for the checksum).
-        self.table.set_lock(pid, UNLOCKED + 1);
         let (device, offset) = self.array.locate(pid);
-        // SAFETY: the shared latch held until the write completes keeps
-        // writers out of the frame; readers only read.
-        let buf = unsafe {
-            IoBuf::shared(
-                self.memory.clone(),
-                f as usize * self.page_size,
-                self.page_size,
-            )
-        };
+        // The write goes from a copy, and the latch is released at once
+        // (same version: the content is unchanged but for the checksum).
+        // Holding a shared latch until the write completed, as the first
+        // version did, kept writers of the page waiting for the device
+        // (milliseconds on a disk), spinning.
         let tag = RequestKind::PageWrite.tag(f as u64);
-        let queued = buf.and_then(|b| {
-            sched::enqueue(device, Request::write(tag, offset, b)).map_err(|_| Error::WouldBlock)
+        let queued = AlignedBuf::new(self.page_size, self.page_size).and_then(|mut b| {
+            // SAFETY: the caller holds the exclusive latch on pid, whose
+            // frame is f.
+            b.copy_from_slice(unsafe { self.frame_bytes(f) });
+            sched::enqueue(device, Request::write(tag, offset, IoBuf::owned(b)))
+                .map_err(|_| Error::WouldBlock)
         });
+        self.table.set_lock(pid, UNLOCKED);
         if let Err(e) = queued {
             self.set_dirty(f, true);
             meta.writing.store(false, Ordering::Release);
-            self.table.unlock_shared(pid);
             self.writes_done.wake_all();
             return Err(e);
         }
@@ -1029,8 +1026,15 @@ impl BufferPool {
         if !self.table.try_lock_exclusive(pid) {
             return false;
         }
-        // Holding the exclusive latch: re-check that pid is still in f.
-        if self.table.frame(pid) != f || self.frames[f as usize].pid.load(Ordering::Acquire) != pid
+        // Holding the exclusive latch: re-check that pid is still in f, and
+        // that no write-back of it is in flight (a write-back holds no
+        // latch: evicting the page now could have it read back before the
+        // write lands, and writing it again could land the writes out of
+        // order).
+        let meta = &self.frames[f as usize];
+        if self.table.frame(pid) != f
+            || meta.pid.load(Ordering::Acquire) != pid
+            || meta.writing.load(Ordering::Acquire)
         {
             self.table.unlock_exclusive(pid);
             return false;
@@ -1266,6 +1270,11 @@ impl BufferPool {
                     self.table.unlock_exclusive(pid);
                     break;
                 }
+                if meta.writing.load(Ordering::Acquire) {
+                    // Started between the look above and the latch.
+                    self.table.unlock_exclusive(pid);
+                    continue;
+                }
                 if let Some(lsn) = self.log_blocks_write(f) {
                     // Changed since the last flush: wait for the next
                     // (polling for it had a checkpoint yield ~2 times per
@@ -1354,7 +1363,6 @@ impl BufferPool {
     fn complete_write(&self, f: u32, c: Completion) {
         self.stats.writes.fetch_add(1, Ordering::Relaxed);
         let meta = &self.frames[f as usize];
-        let pid = meta.pid.load(Ordering::Acquire);
         if let Err(e) = c.result {
             self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
             self.set_dirty(f, true);
@@ -1364,7 +1372,6 @@ impl BufferPool {
         self.writes_in_flight.fetch_sub(1, Ordering::AcqRel);
         // A write finished: eviction has something to look at again.
         self.eviction_stalled.store(false, Ordering::Release);
-        self.table.unlock_shared(pid);
         self.writes_done.wake_all();
     }
 
