@@ -22,8 +22,9 @@
 //! - EVICTED -> EXCLUSIVE: allocation of a brand-new page (no read).
 //! - UNLOCKED/SHARED(n) -> SHARED(n+1) -> ... -> UNLOCKED: readers.
 //! - UNLOCKED -> EXCLUSIVE -> UNLOCKED with version + 1: writers.
-//! - UNLOCKED -> SHARED(1): write-back of a dirty page (released when the
-//!   write completes).
+//! - UNLOCKED -> EXCLUSIVE -> UNLOCKED, same version: write-back of a dirty
+//!   page (sealed and copied under the latch; the write goes from the copy
+//!   and the frame's `writing` flag, not the latch, marks it in flight).
 //! - UNLOCKED -> EXCLUSIVE -> EVICTED with version + 1: eviction of a clean
 //!   page.
 //!

@@ -100,32 +100,6 @@ impl WakerList {
         self.any.load(Ordering::Acquire)
     }
 
-    /// Wakes the `n` tasks parked longest (cheap when none is): for a
-    /// change that lets only some of them on, where waking all would have
-    /// the rest poll, fail and park again. The caller must make sure a
-    /// later change wakes the others, as `wake_all` would.
-    pub fn wake_some(&self, n: usize) {
-        // A read-modify-write, like `wake_all`'s and `register`'s: ordered
-        // against a register, whose second look then sees the change.
-        if n == 0 || !self.any.fetch_or(false, Ordering::AcqRel) {
-            return;
-        }
-        let woken: Vec<Waker> = {
-            let mut w = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
-            let k = n.min(w.len());
-            let out = w.drain(..k).collect();
-            if w.is_empty() {
-                // Under the lock: a register that pushes after this sets
-                // the flag again.
-                self.any.store(false, Ordering::Release);
-            }
-            out
-        };
-        for w in woken {
-            w.wake();
-        }
-    }
-
     /// Wakes every parked task (cheap when none is).
     pub fn wake_all(&self) {
         if !self.any.swap(false, Ordering::AcqRel) {
@@ -165,27 +139,5 @@ mod tests {
         assert!(!list.has_waiters());
         list.wake_all();
         assert_eq!(c.0.load(Ordering::Relaxed), 1);
-    }
-
-    #[test]
-    fn wake_some_wakes_the_oldest_first_and_the_rest_stay_parked() {
-        let list = WakerList::default();
-        let counts: Vec<Arc<Count>> = (0..3).map(|_| Arc::new(Count(AtomicU64::new(0)))).collect();
-        for c in &counts {
-            list.register(&Waker::from(c.clone()));
-        }
-        let woken = |c: &[Arc<Count>]| -> Vec<u64> {
-            c.iter().map(|c| c.0.load(Ordering::Relaxed)).collect()
-        };
-        list.wake_some(0);
-        assert_eq!(woken(&counts), [0, 0, 0]);
-        list.wake_some(2);
-        assert_eq!(woken(&counts), [1, 1, 0]);
-        assert!(list.has_waiters(), "the third is still parked");
-        list.wake_some(5);
-        assert_eq!(woken(&counts), [1, 1, 1]);
-        assert!(!list.has_waiters());
-        list.wake_all();
-        assert_eq!(woken(&counts), [1, 1, 1]);
     }
 }

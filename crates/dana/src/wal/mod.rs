@@ -1170,30 +1170,15 @@ impl Wal {
         Ok(OwnedLogReservation { wal: self, bytes })
     }
 
-    /// Gives back `bytes` of admitted log space and wakes as many waiters
-    /// as the room now left may admit (reservations are of about one size:
-    /// a commit's), and one more. Waking them all (the first version) had
-    /// every parked commit poll, fail and park again for each commit that
-    /// finished while the log was short: 34 task polls per insert in `dana
-    /// bench commit`'s async inserts against 5 with the log off. A waiter
-    /// left parked is woken by a later release, a checkpoint's end or a
-    /// growth's: each admitted commit releases, and with none admitted the
-    /// log's room only changes at a checkpoint.
+    /// Gives back `bytes` of admitted log space and wakes the waiters.
+    /// All of them: waking only as many as the room left admits (tried on
+    /// 2026-11-25) can spend its wake-ups on a task that left the list's
+    /// waiters without being woken there (woken by another source, then
+    /// admitted), and leave the real waiters parked.
     fn release(&self, bytes: u64) {
         let prev = self.reserved.fetch_sub(bytes, Ordering::AcqRel);
         assert!(prev >= bytes, "log reservations released twice");
-        if !self.space_waiters.has_waiters() {
-            return;
-        }
-        let limit = self.capacity / 4 * 3;
-        let taken = {
-            let st = self.lock();
-            let end = st.end + st.pending.len() as u64;
-            end - st.redo + st.commit_bytes
-        } + self.reserved.load(Ordering::Acquire);
-        let room = limit.saturating_sub(taken);
-        self.space_waiters
-            .wake_some((room / bytes.max(1)).saturating_add(1) as usize);
+        self.space_waiters.wake_all();
     }
 
     /// One attempt of [`Wal::admit`]: None if the log has no room now.
