@@ -324,15 +324,8 @@ impl Committer {
                 // there.
                 break (guard, registered, dep, large, pages, None);
             }
-            let head = match &log {
-                Some(_) if !writes.is_empty() => Some(record::commit_head(&writes)),
-                _ => None,
-            };
-            // Every page the apply touches or allocates may log a full
-            // image.
-            let log_bytes = head.as_ref().map_or(0, |h| {
-                h.len() as u64 + 8 + (pages + writes.len() as u64) * page_bytes
-            });
+            let head = commit_head(log.is_some(), &writes);
+            let log_bytes = log_promise(head.as_ref(), pages + writes.len() as u64, page_bytes);
             let room = match held.take() {
                 Some(r) if r.covers(pages, log_bytes) => Some(r),
                 _ => Room::now(&self.pool, log.as_deref(), pages, log_bytes)?,
@@ -353,17 +346,15 @@ impl Committer {
             None => {
                 let space = self.pool.reserve(pages).await?;
                 let stored = self.store_large_values(&mut writes, &large).await?;
-                let head = match &log {
-                    Some(_) if !writes.is_empty() => Some(record::commit_head(&writes)),
-                    _ => None,
-                };
+                let head = commit_head(log.is_some(), &writes);
                 let log_space = match (&log, &head) {
-                    (Some(w), Some(h)) => {
-                        // Every page the apply touches or allocates may log
-                        // a full image, and so may the map pages of large
-                        // values.
+                    (Some(w), Some(_)) => {
+                        // The map pages of large values may log images too.
                         let touched = pages + writes.len() as u64 + stored.map_pages;
-                        Some(w.admit(h.len() as u64 + 8 + touched * page_bytes).await?)
+                        Some(
+                            w.admit(log_promise(head.as_ref(), touched, page_bytes))
+                                .await?,
+                        )
                     }
                     _ => None,
                 };
@@ -441,6 +432,18 @@ struct LargePlan {
     freed: Vec<Extent>,
     /// References replaced or deleted.
     freed_values: i64,
+}
+
+/// The commit record's head for `writes` when the commit is logged.
+fn commit_head(logged: bool, writes: &[Write<'_>]) -> Option<record::RecordBuilder> {
+    (logged && !writes.is_empty()).then(|| record::commit_head(writes))
+}
+
+/// Log bytes a commit with record head `head` may append: the record, and
+/// a full image of every one of `touched` pages the apply touches or
+/// allocates (each `page_bytes` with its record header); 0 unlogged.
+fn log_promise(head: Option<&record::RecordBuilder>, touched: u64, page_bytes: u64) -> u64 {
+    head.map_or(0, |h| h.len() as u64 + 8 + touched * page_bytes)
 }
 
 /// The room a commit's apply may take: pages, and log bytes when logged.

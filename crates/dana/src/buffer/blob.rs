@@ -353,26 +353,13 @@ impl BufferPool {
                 EVICTED => return Ok(()),
                 UNLOCKED => {
                     let f = self.table.frame(pid);
-                    if self.frames[f as usize].writing.load(Ordering::Acquire) {
-                        self.write_finished(f).await;
-                        continue;
-                    }
-                    if !self.table.try_lock_exclusive(pid) {
-                        sched::yield_now().await;
-                        continue;
-                    }
-                    if self.table.frame(pid) != f
-                        || self.frames[f as usize].pid.load(Ordering::Acquire) != pid
-                    {
-                        self.table.unlock_exclusive(pid);
-                        sched::yield_now().await;
-                        continue;
-                    }
-                    if self.frames[f as usize].writing.load(Ordering::Acquire) {
-                        // A write-back started between the look above and
-                        // the latch (it holds no latch).
-                        self.table.unlock_exclusive(pid);
-                        self.write_finished(f).await;
+                    // Latched, still in f, no write-back in flight.
+                    if !self.latch_victim(f, pid) {
+                        if self.frames[f as usize].writing.load(Ordering::Acquire) {
+                            self.write_finished(f).await;
+                        } else {
+                            sched::yield_now().await;
+                        }
                         continue;
                     }
                     self.set_dirty(f, false);

@@ -95,10 +95,10 @@ impl ReusableBuf {
 
     /// A request buffer over `len` bytes at `offset`.
     pub fn lend(&self, offset: usize, len: usize) -> Result<IoBuf> {
-        // SAFETY: the region is reachable only through this type, whose one
-        // access to the bytes, `get_mut`, needs the only reference: none
-        // while the returned buffer (holding one) lives, that is until its
-        // request's completion is reaped and the request dropped.
+        // The region is reachable only through this type, whose one access
+        // to the bytes, `get_mut`, needs the only reference to it; the
+        // returned buffer holds one until its request is reaped and dropped.
+        // SAFETY: so nobody writes the lent bytes while a request holds them.
         unsafe { IoBuf::shared(self.0.clone(), offset, len) }
     }
 }
