@@ -429,6 +429,8 @@ fn peer_run(
         cache_bytes: cache_bytes as usize,
         threads: a.engine.workers,
         direct_io: true,
+        sync_writes: false,
+        memtables_in_budget: false,
     };
     let engine = peers::open(name, &cfg)?;
     let pb = bar(

@@ -1,7 +1,8 @@
 //! LMDB 0.9 through its C API (`lmdb.h`), linked against the system
 //! `liblmdb`.
 //!
-//! Configuration: `MDB_NOSYNC | MDB_NORDAHEAD | MDB_NOTLS`, page = the OS
+//! Configuration: `MDB_NOSYNC | MDB_NORDAHEAD | MDB_NOTLS` (without
+//! `MDB_NOSYNC` for [`PeerConfig::sync_writes`]: every commit synced), page = the OS
 //! page (4 KiB), no compression (LMDB has none), map size = records ×
 //! (value + key + node overhead, or whole overflow pages for large
 //! values) × 2, plus 1 GiB for YCSB inserts, and at least twice the
@@ -275,7 +276,10 @@ impl Lmdb {
             .unwrap_or(0);
         let mapsize = (existing as usize).saturating_mul(2).max(1 << 30);
         let readers = (cfg.threads.max(1) * 2 + 64).min(1 << 16) as c_uint;
-        let flags = MDB_NOSYNC | MDB_NORDAHEAD | MDB_NOTLS;
+        // Synced writes: LMDB's durable commit (data fdatasync, then the
+        // meta page), one writer at a time.
+        let nosync = if cfg.sync_writes { 0 } else { MDB_NOSYNC };
+        let flags = nosync | MDB_NORDAHEAD | MDB_NOTLS;
         let (env, dbi) = open_env(&dir, mapsize, readers, flags)?;
         Ok(Lmdb {
             env,
@@ -476,6 +480,11 @@ impl PeerEngine for Lmdb {
 mod tests {
     #[test]
     fn peers_lmdb_conformance() {
-        super::super::tests::conformance("lmdb");
+        super::super::tests::conformance("lmdb", false);
+    }
+
+    #[test]
+    fn peers_lmdb_conformance_with_synced_writes() {
+        super::super::tests::conformance("lmdb", true);
     }
 }

@@ -338,6 +338,8 @@ mod tests {
             cache_bytes: 16 << 20,
             threads: 2,
             direct_io: false,
+            sync_writes: false,
+            memtables_in_budget: true,
         };
         let db: Arc<dyn TxPeer> = Arc::new(LmdbTxDb::open(&cfg).unwrap());
         let mut w = db.clone().begin(true, false).unwrap();

@@ -33,10 +33,17 @@
 //! - Direct I/O for data reads where the engine has it (RocksDB
 //!   `use_direct_reads` and direct flush/compaction, WiredTiger
 //!   `direct_io=[data]`), when [`PeerConfig::direct_io`] is set.
-//! - Writes are not fsynced per operation on any engine: RocksDB writes
-//!   its WAL without sync (the load itself skips the WAL), WiredTiger runs
-//!   without a log (its default; updates are durable at checkpoints), LMDB
-//!   runs with `MDB_NOSYNC`.
+//! - Durability follows [`PeerConfig::sync_writes`]. Off: writes are not
+//!   fsynced per operation on any engine: RocksDB writes its WAL without
+//!   sync (the load itself skips the WAL), WiredTiger runs without a log
+//!   (its default; updates are durable at checkpoints), LMDB runs with
+//!   `MDB_NOSYNC`. On (dana with its log synced): every write returns
+//!   after the engine's log is on the device, grouped with concurrent
+//!   writes where the engine groups them: RocksDB `WriteOptions::sync`
+//!   (its writers join one WAL sync), WiredTiger with its log enabled
+//!   and `transaction_sync=(enabled=true,method=fsync)` (each
+//!   auto-committed write syncs; concurrent commits share the flush), LMDB
+//!   without `MDB_NOSYNC` (one writer at a time, each commit synced).
 //! - Reads are callable from many threads at once: RocksDB's handle is
 //!   thread-safe; WiredTiger sessions and LMDB read transactions are
 //!   single-threaded, so each thread borrows its own from a pool.
@@ -123,6 +130,18 @@ pub struct PeerConfig {
     pub threads: usize,
     /// Direct I/O for data reads where the engine has it.
     pub direct_io: bool,
+    /// Every write durable when it returns (the engine's log synced,
+    /// grouped where the engine groups commits); false: the engine's
+    /// unsynced defaults (module doc, fairness rules). Read by the
+    /// [`PeerEngine`] bindings; the transactional ones ([`txn`]) take
+    /// durability per commit instead.
+    pub sync_writes: bool,
+    /// RocksDB: the budget covers its memtables too (a block cache of
+    /// three quarters, at most two memtables of an eighth each), as a
+    /// benchmark that writes needs for a fair budget; false: the whole
+    /// budget is block cache (read-only benchmarks). The other engines'
+    /// caches hold dirty pages already.
+    pub memtables_in_budget: bool,
 }
 
 /// Every engine this module knows, compiled in or not.
@@ -332,6 +351,8 @@ mod tests {
             cache_bytes: 8 << 20,
             threads: 2,
             direct_io: true,
+            sync_writes: false,
+            memtables_in_budget: true,
         }
     }
 
@@ -380,10 +401,12 @@ mod tests {
     }
 
     /// The shared conformance test every engine runs (see each engine's
-    /// tests): load 20k records, get present/absent keys byte for byte,
-    /// put then get, scan, reopen reuses the marker.
+    /// tests), unsynced and with `sync_writes`: load 20k records, get
+    /// present/absent keys byte for byte, put then get, scan, reopen
+    /// reuses the marker and keeps the puts. With synced writes
+    /// WiredTiger must have written its log.
     #[allow(dead_code)] // unused without engine features
-    pub(super) fn conformance(name: &str) {
+    pub(super) fn conformance(name: &str, sync_writes: bool) {
         const N: u64 = 20_000;
         const VS: usize = 100;
         fn value(i: u64, buf: &mut [u8]) {
@@ -392,7 +415,10 @@ mod tests {
             }
         }
         let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
-        let c = cfg(dir.path());
+        let c = PeerConfig {
+            sync_writes,
+            ..cfg(dir.path())
+        };
         {
             let e = open(name, &c).unwrap();
             assert_eq!(e.name(), name);
@@ -442,6 +468,16 @@ mod tests {
                 }
             });
             assert!(e.caveat().is_none() || name == "lmdb");
+            if name == "wiredtiger" {
+                let logs = std::fs::read_dir(dir.path().join(name))
+                    .unwrap()
+                    .filter(|f| {
+                        let f = f.as_ref().unwrap().file_name();
+                        f.to_string_lossy().starts_with("WiredTigerLog.")
+                    })
+                    .count();
+                assert_eq!(logs > 0, sync_writes, "WiredTiger log files: {logs}");
+            }
         }
         // Reopen: the marker makes load a no-op, the data is still there.
         let e = open(name, &c).unwrap();
@@ -463,6 +499,8 @@ mod tests {
         assert_eq!(out, want);
         assert!(e.get(&5u64.to_be_bytes(), &mut out).unwrap());
         assert_eq!(out, b"five");
+        assert!(e.get(&(N + 10).to_be_bytes(), &mut out).unwrap());
+        assert_eq!(out, b"new");
         assert!(e.load(N + 1, VS, &value, &|_| {}).is_err());
     }
 }

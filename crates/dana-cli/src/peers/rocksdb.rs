@@ -9,11 +9,14 @@
 //! "disabled", i.e. follows it), `max_open_files -1`,
 //! `increase_parallelism(threads)`, `use_direct_reads` and
 //! `use_direct_io_for_flush_and_compaction` when direct I/O is asked for.
-//! Everything else is RocksDB's default (level compaction, 64 MiB
-//! memtable: memtables are outside the cache budget, as in any RocksDB
-//! deployment). Load: write batches with the WAL disabled, then a flush
+//! With [`PeerConfig::memtables_in_budget`] (benchmarks that write) the
+//! block cache is three quarters of the budget and the memtables an
+//! eighth each, at most two, so both stay within it; without it
+//! (read-only benchmarks) the cache is the whole budget. Everything else
+//! is RocksDB's default (level compaction). Load: write batches with the WAL disabled, then a flush
 //! and a full `compact_range`. Reads: `fill_cache` true, checksums
-//! verified (the default). Puts: WAL on, not synced.
+//! verified (the default). Puts: WAL on, not synced; synced
+//! (`WriteOptions::sync`) with [`PeerConfig::sync_writes`].
 
 use std::ffi::{c_char, c_int, c_uchar, c_void, CStr};
 use std::path::PathBuf;
@@ -79,6 +82,9 @@ extern "C" {
     pub(super) fn rocksdb_writeoptions_create() -> *mut WriteOptions;
     pub(super) fn rocksdb_writeoptions_destroy(w: *mut WriteOptions);
     pub(super) fn rocksdb_writeoptions_disable_WAL(w: *mut WriteOptions, disable: c_int);
+    pub(super) fn rocksdb_writeoptions_set_sync(w: *mut WriteOptions, v: c_uchar);
+    pub(super) fn rocksdb_options_set_write_buffer_size(o: *mut Options, v: usize);
+    pub(super) fn rocksdb_options_set_max_write_buffer_number(o: *mut Options, v: c_int);
     pub(super) fn rocksdb_flushoptions_create() -> *mut FlushOptions;
     pub(super) fn rocksdb_flushoptions_destroy(f: *mut FlushOptions);
     pub(super) fn rocksdb_flushoptions_set_wait(f: *mut FlushOptions, v: c_uchar);
@@ -192,7 +198,18 @@ impl RocksDb {
     pub fn open(cfg: &PeerConfig) -> CliResult<Self> {
         let dir = engine_dir(cfg, "rocksdb")?;
         let cpath = super::c_path(&dir)?;
-        let (options, cache) = base_options(cfg, cfg.cache_bytes);
+        let (options, cache) = if cfg.memtables_in_budget {
+            let (cache_bytes, memtable_bytes) = budget_split(cfg.cache_bytes);
+            let (options, cache) = base_options(cfg, cache_bytes);
+            // SAFETY: setters on the options object created just above.
+            unsafe {
+                rocksdb_options_set_write_buffer_size(options, memtable_bytes);
+                rocksdb_options_set_max_write_buffer_number(options, 2);
+            }
+            (options, cache)
+        } else {
+            base_options(cfg, cfg.cache_bytes)
+        };
         let mut err = ptr::null_mut();
         // SAFETY: `options` is valid, `cpath` is NUL-terminated and lives
         // across the call; `err` is a valid out-pointer.
@@ -201,7 +218,9 @@ impl RocksDb {
         let (read, write) = unsafe {
             let read = rocksdb_readoptions_create();
             rocksdb_readoptions_set_fill_cache(read, 1);
-            (read, rocksdb_writeoptions_create())
+            let write = rocksdb_writeoptions_create();
+            rocksdb_writeoptions_set_sync(write, c_uchar::from(cfg.sync_writes));
+            (read, write)
         };
         // From here on Drop frees everything (db may be null).
         let me = RocksDb {
@@ -222,6 +241,15 @@ impl RocksDb {
         }
         Ok(me)
     }
+}
+
+/// A memory budget split into (block cache, memtable) bytes: memtables
+/// of an eighth each, at most two of them, and the rest block cache, so
+/// cache plus memtables stay within the budget.
+pub(super) fn budget_split(budget: usize) -> (usize, usize) {
+    let memtable_bytes = (budget / 8).max(1 << 20);
+    let cache_bytes = budget.saturating_sub(2 * memtable_bytes).max(1 << 20);
+    (cache_bytes, memtable_bytes)
 }
 
 /// The options both RocksDB bindings share (see the module doc), with an
@@ -429,6 +457,11 @@ impl PeerEngine for RocksDb {
 mod tests {
     #[test]
     fn peers_rocksdb_conformance() {
-        super::super::tests::conformance("rocksdb");
+        super::super::tests::conformance("rocksdb", false);
+    }
+
+    #[test]
+    fn peers_rocksdb_conformance_with_synced_writes() {
+        super::super::tests::conformance("rocksdb", true);
     }
 }

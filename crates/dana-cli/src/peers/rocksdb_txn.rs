@@ -28,13 +28,15 @@ use std::ptr;
 use std::sync::Arc;
 
 use super::rocksdb::{
-    base_options, check, rocksdb_cache_destroy, rocksdb_flushoptions_create,
+    base_options, budget_split, check, rocksdb_cache_destroy, rocksdb_flushoptions_create,
     rocksdb_flushoptions_destroy, rocksdb_flushoptions_set_wait, rocksdb_free,
     rocksdb_iter_destroy, rocksdb_iter_get_error, rocksdb_iter_key, rocksdb_iter_next,
     rocksdb_iter_seek, rocksdb_iter_valid, rocksdb_iter_value, rocksdb_options_destroy,
+    rocksdb_options_set_max_write_buffer_number, rocksdb_options_set_write_buffer_size,
     rocksdb_pinnableslice_destroy, rocksdb_pinnableslice_value, rocksdb_readoptions_create,
-    rocksdb_readoptions_destroy, rocksdb_writeoptions_create, rocksdb_writeoptions_destroy, Cache,
-    FlushOptions, Iterator, Options, Owned, PinnableSlice, ReadOptions, WriteOptions,
+    rocksdb_readoptions_destroy, rocksdb_writeoptions_create, rocksdb_writeoptions_destroy,
+    rocksdb_writeoptions_set_sync, Cache, FlushOptions, Iterator, Options, Owned, PinnableSlice,
+    ReadOptions, WriteOptions,
 };
 use super::txn::{
     fresh_dir, scan_step, Entries, PeerTx, PeerTxError, PeerTxResult, ScanStep, TxPeer,
@@ -65,10 +67,7 @@ struct Snapshot {
 
 #[link(name = "rocksdb")]
 extern "C" {
-    fn rocksdb_options_set_write_buffer_size(o: *mut Options, v: usize);
-    fn rocksdb_options_set_max_write_buffer_number(o: *mut Options, v: c_int);
     fn rocksdb_readoptions_set_snapshot(r: *mut ReadOptions, s: *const Snapshot);
-    fn rocksdb_writeoptions_set_sync(w: *mut WriteOptions, v: c_uchar);
 
     fn rocksdb_transactiondb_options_create() -> *mut TxnDbOptions;
     fn rocksdb_transactiondb_options_destroy(o: *mut TxnDbOptions);
@@ -197,11 +196,7 @@ impl RocksTxDb {
 
     fn open_dir(cfg: &PeerConfig, dir: PathBuf) -> CliResult<Self> {
         let cpath = super::c_path(&dir)?;
-        let memtable_bytes = (cfg.cache_bytes / 8).max(1 << 20);
-        let cache_bytes = cfg
-            .cache_bytes
-            .saturating_sub(2 * memtable_bytes)
-            .max(1 << 20);
+        let (cache_bytes, memtable_bytes) = budget_split(cfg.cache_bytes);
         let (options, cache) = base_options(cfg, cache_bytes);
         // SAFETY: setters and constructors on objects created here; each
         // is owned by `me` below (freed in Drop) or by a guard.

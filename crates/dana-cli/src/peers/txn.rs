@@ -224,6 +224,8 @@ pub(super) mod tests {
             cache_bytes: 16 << 20,
             threads: 4,
             direct_io: false,
+            sync_writes: false,
+            memtables_in_budget: true,
         }
     }
 

@@ -8,11 +8,15 @@
 //! undefined, so `app_private`, `debug_info`, `import` are present).
 //!
 //! Configuration: `wiredtiger_open(dir, NULL, "create,cache_size=<cache_bytes>,
-//! direct_io=[data],eviction=(threads_min=1,threads_max=<threads, 1..=20>)")`
-//! (no `direct_io` when direct I/O is off); one table `table:dana` with
-//! `key_format=u,value_format=u,allocation_size=4KB,internal_page_max=4KB,
-//! leaf_page_max=4KB,block_compressor=` (no compression). No log (the
-//! default): updates are durable at checkpoints. Load: one `bulk` cursor
+//! session_max=1024,direct_io=[data],eviction=(threads_min=1,threads_max=<threads,
+//! 1..=20>)")` (no `direct_io` when direct I/O is off); one table
+//! `table:dana` with `key_format=u,value_format=u,allocation_size=4KB,
+//! internal_page_max=4KB,leaf_page_max=4KB,block_compressor=` (no
+//! compression). No log (the default): updates are durable at
+//! checkpoints. With [`PeerConfig::sync_writes`]: `log=(enabled=true,
+//! archive=true),checkpoint=(wait=60),transaction_sync=(enabled=true,
+//! method=fsync)`, so each auto-committed write returns after its log
+//! record is synced (concurrent commits share a flush). Load: one `bulk` cursor
 //! in key order, then a checkpoint. Reads and writes: WiredTiger sessions
 //! are single-threaded, so each call borrows a session with an open
 //! cursor (default `overwrite=true`, so insert is an upsert) from a
@@ -380,10 +384,16 @@ impl WiredTiger {
     pub fn open(cfg: &PeerConfig) -> CliResult<Self> {
         let dir = engine_dir(cfg, "wiredtiger")?;
         let config = format!(
-            "create,cache_size={}{},eviction=(threads_min=1,threads_max={})",
+            "create,cache_size={},session_max=1024{}{},eviction=(threads_min=1,threads_max={})",
             cfg.cache_bytes.max(1 << 20),
             if cfg.direct_io {
                 ",direct_io=[data]"
+            } else {
+                ""
+            },
+            if cfg.sync_writes {
+                ",log=(enabled=true,archive=true),checkpoint=(wait=60),\
+                 transaction_sync=(enabled=true,method=fsync)"
             } else {
                 ""
             },
@@ -615,6 +625,11 @@ impl PeerEngine for WiredTiger {
 mod tests {
     #[test]
     fn peers_wiredtiger_conformance() {
-        super::super::tests::conformance("wiredtiger");
+        super::super::tests::conformance("wiredtiger", false);
+    }
+
+    #[test]
+    fn peers_wiredtiger_conformance_with_synced_writes() {
+        super::super::tests::conformance("wiredtiger", true);
     }
 }

@@ -744,6 +744,8 @@ fn run_peer(a: &TpccArgs, name: &str, warehouses: u32, pool: u64) -> CliResult<P
         cache_bytes: pool as usize,
         threads: cores,
         direct_io: true,
+        sync_writes: false,
+        memtables_in_budget: true,
     };
     let peer = crate::peers::txn::open_tx(name, &cfg)?;
     let dir = a.peer_path.join(name);
@@ -1025,6 +1027,8 @@ mod tests {
                 cache_bytes: 32 << 20,
                 threads: 4,
                 direct_io: false,
+                sync_writes: false,
+                memtables_in_budget: true,
             };
             let tables = Arc::new(PeerTables {
                 peer: crate::peers::txn::open_tx(name, &cfg).unwrap(),

@@ -97,6 +97,11 @@ pub struct YcsbArgs {
     /// threads, and keys in order (see `ycsb/peer.rs`).
     #[arg(long, value_delimiter = ',', default_value = "dana")]
     pub engines: Vec<String>,
+    /// Client thread counts each peer engine runs every workload at (one
+    /// synchronous operation at a time per thread); a ratio uses the
+    /// peer's best count in the invocation.
+    #[arg(long, value_delimiter = ',', default_value = "2,8,32,128")]
+    pub peer_threads: Vec<usize>,
     /// Records to load (8-byte keys). The default loads in about a minute
     /// on 2 workers.
     #[arg(long, default_value_t = 10_000_000)]
@@ -282,6 +287,11 @@ pub fn run(args: &YcsbArgs) -> CliResult<()> {
             "--records, --workers and --tasks-per-worker must be > 0".into(),
         ));
     }
+    if a.peer_threads.is_empty() || a.peer_threads.iter().any(|&t| t == 0 || t > 4096) {
+        return Err(CliError(
+            "--peer-threads must name thread counts of 1 to 4,096".into(),
+        ));
+    }
     // Peer engines (`--engines`) plug in here: for each `PeerEngine`, load
     // with `PeerEngine::load(records, value_size, &fill_value(k, 0, ..))`
     // keyed by `key_of(k)`, then run the same `Shared::op_gen` streams
@@ -322,40 +332,62 @@ pub fn run(args: &YcsbArgs) -> CliResult<()> {
     Ok(())
 }
 
-/// Each peer engine on each workload that dana ran.
+/// Each peer engine on each workload that dana ran, at each of
+/// `--peer-threads`; the best count per workload is marked.
 fn run_peers(a: &YcsbArgs, runs: &[YcsbRun]) -> CliResult<Vec<peer::PeerYcsbRun>> {
     let mut out = Vec::new();
     let files = data_files(&a.path);
     let disk = files.first().and_then(|f| Disk::of(f));
+    // The peers' writes are as durable as dana's: synced when its log is.
+    let sync_writes = a.engine.durability == dana::Durability::Sync;
+    // `threads` sizes the engines' background work: one per core.
+    let cores = std::thread::available_parallelism().map_or(2, usize::from);
+    let quiet = a.output.quiet || a.output.json;
     for name in a.engines.iter().filter(|e| e.as_str() != "dana") {
         let cache = runs.first().map_or(64 << 20, |r| r.pool_bytes);
+        let rss0 = crate::report::rss_bytes();
         let engine = peer::open_loaded(
             name,
             &a.path.join("peers"),
             cache,
-            a.engine.workers,
+            cores,
+            sync_writes,
             a.records,
             a.value_size,
-            a.output.quiet || a.output.json,
+            quiet,
         )?;
         for r in runs {
-            let mut p = peer::run(
-                &*engine,
-                r.workload,
-                a.records,
-                a.value_size,
-                a.engine.workers,
-                cache,
-                Duration::from_secs_f64(a.warmup),
-                Duration::from_secs_f64(a.seconds),
-                disk.as_ref(),
-                a.output.quiet || a.output.json,
-            )?;
-            p.dana_over_peer = Some(r.m.ops_per_s / p.ops_per_s.max(1e-9));
-            out.push(p);
+            let first = out.len();
+            for &threads in &a.peer_threads {
+                let mut p = peer::run(
+                    &*engine,
+                    r.workload,
+                    a.records,
+                    a.value_size,
+                    threads,
+                    cache,
+                    sync_writes,
+                    Duration::from_secs_f64(a.warmup),
+                    Duration::from_secs_f64(a.seconds),
+                    disk.as_ref(),
+                    quiet,
+                )?;
+                p.dana_over_peer = Some(r.m.ops_per_s / p.ops_per_s.max(1e-9));
+                p.rss_added_bytes = crate::report::rss_bytes().saturating_sub(rss0);
+                out.push(p);
+            }
+            mark_best(&mut out[first..]);
         }
     }
     Ok(out)
+}
+
+/// Marks the run with the most operations per second.
+fn mark_best(runs: &mut [peer::PeerYcsbRun]) {
+    let best = (0..runs.len()).max_by(|&x, &y| runs[x].ops_per_s.total_cmp(&runs[y].ops_per_s));
+    if let Some(b) = best {
+        runs[b].best = true;
+    }
 }
 
 fn marker_prefix(a: &YcsbArgs) -> String {
@@ -742,7 +774,16 @@ pub fn render(r: &YcsbReport) -> String {
         }
     }
     if !r.peers.is_empty() {
-        s += "\n engine      workload   ops/s  disk reads/s  CPU us/op  dana/peer  per kind: p50 / p99 us\n";
+        let synced = r.peers.iter().any(|p| p.sync_writes);
+        s += &format!(
+            "\n peers ({}; * = the engine's best thread count on the workload, which its ratio uses):\n",
+            if synced {
+                "every write synced: RocksDB WriteOptions::sync, WiredTiger log with transaction_sync, LMDB synced commits"
+            } else {
+                "writes not synced: RocksDB WAL unsynced, WiredTiger without a log, LMDB MDB_NOSYNC"
+            }
+        );
+        s += " engine      workload threads    ops/s  disk reads/s  disk writes/op  CPU us/op  RSS+ MiB  dana/peer  per kind: p50 / p99 us\n";
         for p in &r.peers {
             let kinds: Vec<String> = p
                 .per_kind
@@ -750,12 +791,17 @@ pub fn render(r: &YcsbReport) -> String {
                 .map(|(n, _, l)| format!("{n} {:.0} / {:.0}", l.p50_us, l.p99_us))
                 .collect();
             s += &format!(
-                " {:<10}  {:>8}  {:>7}  {:>12}  {:>9.2}  {:>9}  {}{}\n",
+                " {:<10}  {:>8} {:>6}{} {:>8}  {:>12}  {:>14}  {:>9.2}  {:>8}  {:>9}  {}{}\n",
                 p.engine,
                 p.workload.letter(),
+                p.threads,
+                if p.best { "*" } else { " " },
                 thousands(p.ops_per_s),
                 p.disk_reads_per_s.map_or("-".into(), thousands),
+                p.disk_writes_per_op
+                    .map_or("-".into(), |v| format!("{v:.3}")),
                 p.cpu_us_per_op,
+                p.rss_added_bytes >> 20,
                 p.dana_over_peer.map_or("-".into(), |v| format!("{v:.1}x")),
                 kinds.join(", "),
                 if p.errors > 0 {

@@ -1,6 +1,7 @@
 //! YCSB on a peer engine: the same operation streams (`Shared::op_gen`) run
-//! from `--workers` plain threads through the [`PeerEngine`] trait, one
-//! synchronous operation at a time per thread (the engines' own API).
+//! from plain threads (each of `--peer-threads` in turn) through the
+//! [`PeerEngine`] trait, one synchronous operation at a time per thread
+//! (the engines' own API), with every write synced when dana's log is.
 //!
 //! Keys differ from dana's in one respect, stated in the report: a peer is
 //! loaded by [`PeerEngine::load`] with keys `k` in big-endian order (its
@@ -44,10 +45,23 @@ pub struct PeerYcsbRun {
     pub per_kind: Vec<(String, u64, Latency)>,
     /// Block device reads per second.
     pub disk_reads_per_s: Option<f64>,
+    /// Block device writes per operation (data, log, compaction: all of
+    /// the device's writes in the window, /proc/diskstats).
+    pub disk_writes_per_op: Option<f64>,
+    /// Block device bytes written per operation.
+    pub disk_write_bytes_per_op: Option<f64>,
+    /// Every write synced when it returned (the engine's log).
+    pub sync_writes: bool,
+    /// The process's resident memory at the end of the run over what it
+    /// was before the engine opened (its cache, memtables, threads).
+    pub rss_added_bytes: u64,
     /// Process CPU µs per operation.
     pub cpu_us_per_op: f64,
     /// dana's ops/s on the same workload / this engine's.
     pub dana_over_peer: Option<f64>,
+    /// The engine's best thread count on this workload in the
+    /// invocation (the run a ratio is quoted from).
+    pub best: bool,
 }
 
 const KINDS: [(&str, OpKind); 5] = [
@@ -58,12 +72,16 @@ const KINDS: [(&str, OpKind); 5] = [
     ("rmw", OpKind::Rmw),
 ];
 
-/// Opens `name` under `dir`, loading `records` if needed.
+/// Opens `name` under `dir`, loading `records` if needed; `threads`
+/// sizes the engine's background work, `sync_writes` makes every write
+/// durable when it returns.
+#[allow(clippy::too_many_arguments)]
 pub fn open_loaded(
     name: &str,
     dir: &std::path::Path,
     cache_bytes: u64,
     threads: usize,
+    sync_writes: bool,
     records: u64,
     value_size: usize,
     quiet: bool,
@@ -73,6 +91,9 @@ pub fn open_loaded(
         cache_bytes: cache_bytes as usize,
         threads,
         direct_io: true,
+        sync_writes,
+        // YCSB writes: the budget covers RocksDB's memtables too.
+        memtables_in_budget: true,
     };
     let engine = peers::open(name, &cfg)?;
     let pb = bar(quiet, records, &format!("loading {name}"));
@@ -141,6 +162,7 @@ pub fn run(
     value_size: usize,
     threads: usize,
     cache_bytes: u64,
+    sync_writes: bool,
     warmup: Duration,
     window: Duration,
     disk: Option<&Disk>,
@@ -227,7 +249,12 @@ pub fn run(
             })
             .collect(),
         disk_reads_per_s: d.map(|d| d.reads as f64 / secs),
+        disk_writes_per_op: d.map(|d| d.writes as f64 / ops as f64),
+        disk_write_bytes_per_op: d.map(|d| d.write_bytes as f64 / ops as f64),
+        sync_writes,
+        rss_added_bytes: 0,
         cpu_us_per_op: cpu * 1e6 / ops as f64,
         dana_over_peer: None,
+        best: false,
     })
 }
