@@ -85,6 +85,11 @@ pub struct CrashArgs {
     /// here): the torn-tail and padding rules of recovery at another block.
     #[arg(long, default_value_t = 0)]
     pub log_flush_block: u64,
+    /// The most flushes of one log in flight at once in every log of the
+    /// run (`Options::log_flushes_in_flight`; 0: the default): recovery
+    /// of a later flush kept beside an earlier one torn.
+    #[arg(long, default_value_t = 0)]
+    pub log_flushes_in_flight: usize,
     /// Check the checker: drop one synced log block holding a commit that
     /// had to survive, in each simulated run; the run must then fail.
     #[arg(long)]
@@ -438,9 +443,22 @@ fn log_flush_block() -> u64 {
     LOG_FLUSH_BLOCK.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// `--log-flushes-in-flight` (0: the default).
+static LOG_FLUSHES_IN_FLIGHT: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// The most flushes in flight every log of the run takes.
+fn log_flushes_in_flight() -> usize {
+    match LOG_FLUSHES_IN_FLIGHT.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => Options::default().log_flushes_in_flight_value(),
+        n => n,
+    }
+}
+
 fn sim_options(durability: Durability, log_sync: bool) -> Options {
     let o = Options::default()
         .log_flush_block(log_flush_block())
+        .log_flushes_in_flight(log_flushes_in_flight())
         .log_identity(0x51_4d_5e_ed)
         .pool_bytes(48 * 4096)
         .workers(1)
@@ -608,6 +626,9 @@ pub struct SimOutcome {
     /// Leaf cuts (split left halves) the recovery redid, and the keys
     /// they left out for re-applied commits to write again.
     pub leaf_cuts: (u64, u64),
+    /// Whole flushes the recovery found past where a log ended (in
+    /// flight beside a torn one).
+    pub flushes_past_end: u64,
 }
 
 /// One run: format, set up the trees, run `tasks` committers of `txns`
@@ -788,6 +809,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
                 trace,
                 open_caught: true,
                 leaf_cuts: (0, 0),
+                flushes_past_end: 0,
             });
         }
         Err(e) => return Err(fail(format!("recovery: {e}"))),
@@ -795,6 +817,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
     let leaf_cuts = db
         .recovery()
         .map_or((0, 0), |r| (r.leaf_cuts, r.keys_left_to_reapply));
+    let flushes_past_end = db.recovery().map_or(0, |r| r.flushes_past_end);
     let judged = match judge(&db, &Default::default(), &logs, true) {
         Ok((j, _)) => j,
         // The checker or the trees caught the planted loss.
@@ -805,6 +828,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
                 trace,
                 open_caught: true,
                 leaf_cuts: (0, 0),
+                flushes_past_end: 0,
             })
         }
         Err(e) => return Err(fail(e)),
@@ -823,6 +847,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
         trace,
         open_caught: false,
         leaf_cuts,
+        flushes_past_end,
     })
 }
 
@@ -843,6 +868,8 @@ pub struct Totals {
     pub judged: Judged,
     /// Leaf cuts redone by the recoveries, and keys they left out.
     pub leaf_cuts: (u64, u64),
+    /// Whole flushes found past where a log ended, summed.
+    pub flushes_past_end: u64,
 }
 
 /// The mode of crash point or kill cycle `n`: Sync and Async alternate,
@@ -864,6 +891,10 @@ fn mode_flags(durability: Durability, log_sync: bool) -> String {
     }
     if log_sync {
         flags.push_str(" --log-sync");
+    }
+    let in_flight = LOG_FLUSHES_IN_FLIGHT.load(std::sync::atomic::Ordering::Relaxed);
+    if in_flight != 0 {
+        flags.push_str(&format!(" --log-flushes-in-flight {in_flight}"));
     }
     flags
 }
@@ -927,6 +958,7 @@ pub fn sim_sweep(
         t.judged.add(&o.judged);
         t.leaf_cuts.0 += o.leaf_cuts.0;
         t.leaf_cuts.1 += o.leaf_cuts.1;
+        t.flushes_past_end += o.flushes_past_end;
     }
     Ok(t)
 }
@@ -1064,6 +1096,7 @@ pub fn fault_run(
 fn kill_options(durability: Durability, log_sync: bool) -> Options {
     Options::default()
         .log_flush_block(log_flush_block())
+        .log_flushes_in_flight(log_flushes_in_flight())
         .log_write_through_max(if log_sync {
             0
         } else {
@@ -1204,6 +1237,10 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
         if log_flush_block() != 0 {
             cmd.args(["--log-flush-block", &log_flush_block().to_string()]);
         }
+        cmd.args([
+            "--log-flushes-in-flight",
+            &log_flushes_in_flight().to_string(),
+        ]);
         let (mut child, rx, reader) = spawn_child(cmd.arg("--dir").arg(dir)).map_err(fail)?;
         let early = c % 3 == 2;
         if early {
@@ -1314,6 +1351,10 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
 /// `dana crashtest`.
 pub fn run(args: &CrashArgs) -> CliResult<()> {
     LOG_FLUSH_BLOCK.store(args.log_flush_block, std::sync::atomic::Ordering::Relaxed);
+    LOG_FLUSHES_IN_FLIGHT.store(
+        args.log_flushes_in_flight,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let durability = if args.async_durability {
         Durability::Async
     } else {
@@ -1361,7 +1402,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
     .map_err(CliError)?;
     let j = sim.judged;
     println!(
-        "simulated power cuts: {} crash points ({} sync, {} async; {} with the log flushed by write + fdatasync), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied, {} missing before a later survivor; recoveries redid {} leaf cuts ({} keys left out for re-applied commits) in {:.1} s",
+        "simulated power cuts: {} crash points ({} sync, {} async; {} with the log flushed by write + fdatasync), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied, {} missing before a later survivor; recoveries redid {} leaf cuts ({} keys left out for re-applied commits) and found {} later flushes kept past a torn one (log flushes in flight: at most {}) in {:.1} s",
         sim.runs,
         sim.runs - sim.async_runs,
         sim.async_runs,
@@ -1374,6 +1415,8 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         j.out_of_order,
         sim.leaf_cuts.0,
         sim.leaf_cuts.1,
+        sim.flushes_past_end,
+        log_flushes_in_flight(),
         started.elapsed().as_secs_f64()
     );
     if args.plant_loss {

@@ -90,6 +90,45 @@ fn crash_points_flips_faults_and_kill_cycles_lose_nothing() {
     assert_eq!(number_before(&text, "log damage", "detected"), flipped);
 }
 
+/// Three flushes of a log in flight at once (`Options::log_flushes_in_flight`):
+/// the simulated power cuts, flips, faults and kill -9 cycles lose nothing
+/// (the kill -9 children run two workers on io_uring, where flushes do
+/// overlap; `tests/open.rs` constructs a later flush kept beside a torn
+/// one).
+#[test]
+fn several_flushes_in_flight_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, text) = dana(&[
+        "crashtest",
+        "--log-flushes-in-flight",
+        "3",
+        "--points",
+        "100",
+        "--kills",
+        "6",
+        "--flips",
+        "6",
+        "--txns",
+        "30",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "crashtest failed:\n{text}");
+    assert!(text.contains("log flushes in flight: at most 3"), "{text}");
+    for line in ["simulated power cuts", "kill -9"] {
+        let required = number_before(&text, line, "commits required");
+        assert!(required > 0, "{line}: nothing required\n{text}");
+        assert_eq!(
+            number_before(&text, line, "found,"),
+            required,
+            "{line}\n{text}"
+        );
+        assert_eq!(number_after(&text, line, "lost"), 0, "{line}\n{text}");
+    }
+    let flipped = number_before(&text, "log damage", "bytes flipped");
+    assert_eq!(number_before(&text, "log damage", "detected"), flipped);
+}
+
 #[test]
 fn a_planted_loss_fails_the_run() {
     let (out, text) = dana(&[

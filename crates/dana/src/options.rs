@@ -60,6 +60,7 @@ pub struct Options {
     pub(crate) checkpoint_shards: usize,
     pub(crate) log_preallocate: bool,
     pub(crate) log_write_through_max: u64,
+    pub(crate) log_flushes_in_flight: usize,
     pub(crate) log_flush_block: u64,
     pub(crate) log_path: Option<PathBuf>,
     pub(crate) read_only: bool,
@@ -90,6 +91,7 @@ impl Default for Options {
             checkpoint_shards: 8,
             log_preallocate: false,
             log_write_through_max: 16 << 10,
+            log_flushes_in_flight: 1,
             log_flush_block: 0,
             log_path: None,
             read_only: false,
@@ -472,6 +474,36 @@ impl Options {
     pub fn log_write_through_max(mut self, bytes: u64) -> Self {
         self.log_write_through_max = bytes;
         self
+    }
+
+    /// How many flushes of one log may be in flight at once (default 1,
+    /// at most [`crate::wal::MAX_FLUSHES_IN_FLIGHT`]). With more than one,
+    /// commits that arrive while a flush is in flight start the next one
+    /// at once instead of waiting for it; a commit is still acknowledged
+    /// only when every flush before its own is durable too. Recovery
+    /// judges a break followed by a flush that was in flight beside it a
+    /// torn tail, as it does the last flush (`docs/FORMAT.md`).
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).log_flushes_in_flight(2);
+    /// assert_eq!(opts.log_flushes_in_flight_value(), 2);
+    /// let db = dana::Db::open(dir.path(), opts).unwrap();
+    /// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    /// ```
+    pub fn log_flushes_in_flight(mut self, n: usize) -> Self {
+        self.log_flushes_in_flight = n;
+        self
+    }
+
+    /// The most flushes of one log in flight at once (see
+    /// [`Options::log_flushes_in_flight`]).
+    ///
+    /// ```
+    /// assert_eq!(dana::Options::default().log_flushes_in_flight_value(), 1);
+    /// ```
+    pub fn log_flushes_in_flight_value(&self) -> usize {
+        self.log_flushes_in_flight
     }
 
     /// The largest log flush made durable by a durable write (see

@@ -30,6 +30,11 @@ pub struct RecoveryReport {
     /// than it did at its split; each is written again by a re-applied
     /// commit.
     pub keys_left_to_reapply: u64,
+    /// Whole flushes found after where a log ended: flushes that were in
+    /// flight beside an earlier one the crash tore
+    /// (`Options::log_flushes_in_flight`); none of their commits had been
+    /// acknowledged, and the log resumes before them.
+    pub flushes_past_end: u64,
     /// Commit records re-applied through the trees.
     pub commits: u64,
     /// The GSN after the last valid record of every log (where the

@@ -94,6 +94,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
                     block,
                     window: opts.async_window,
                     write_through_max: opts.log_write_through_max,
+                    max_in_flight: opts.log_flushes_in_flight,
                 };
                 set.push(Wal::new(
                     i,
@@ -183,6 +184,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         pages_repaired: r.pages_repaired,
         leaf_cuts: r.leaf_cuts,
         keys_left_to_reapply: r.keys_left_to_reapply,
+        flushes_past_end: r.flushes_past_end,
         commits: reapplied,
         log_end: r.next_gsn,
     });

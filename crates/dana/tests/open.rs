@@ -314,6 +314,97 @@ fn damage_within_the_last_flush_is_a_torn_tail() {
     assert_eq!(t.get(&key(10)).unwrap(), None);
 }
 
+/// Rewrites the flush marker of the flush at stream LSN `from` (its last
+/// record) to name `durable` as the LSN durable when it was issued,
+/// resealed in place (the marker is the flush's last record: nothing
+/// chains to it).
+fn restamp_flush_marker(log: &Path, from: u64, durable: u64) {
+    use dana::wal::record::{self, Kind, Parsed};
+    let c = control(log);
+    let bytes = std::fs::read(log).unwrap();
+    let mut lsn = from;
+    loop {
+        let off = (CONTROL_BYTES + lsn % c.capacity) as usize;
+        let Parsed::Record(r) = record::parse(&bytes[off..], lsn) else {
+            panic!("no valid record at LSN {lsn}");
+        };
+        if r.kind != Kind::Flush {
+            lsn += r.len as u64;
+            continue;
+        }
+        let mut marker = record::flush_marker(durable).into_unsealed();
+        assert_eq!(marker.len(), r.len);
+        record::seal(&mut marker, lsn, r.prev);
+        let f = std::fs::OpenOptions::new().write(true).open(log).unwrap();
+        f.write_all_at(&marker, off as u64).unwrap();
+        return;
+    }
+}
+
+/// With several flushes in flight (`Options::log_flushes_in_flight`) a
+/// crash can keep a later flush whole beside an earlier one torn. The
+/// later flush's marker names what was durable when it was issued, before
+/// the torn one completed: recovery ends the log at the break (the later
+/// flush's commits were never acknowledged) and counts the flush left
+/// past the end. The same break followed by a marker issued after the
+/// torn flush completed is damage to durable records.
+#[test]
+fn a_later_flush_kept_beside_a_torn_one_ends_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let db_dir = dir.path().join("db");
+    let db = Db::open(&db_dir, opts().logs(1)).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for i in 0..10 {
+        t.put(&key(i), b"v").unwrap();
+    }
+    let log = db_dir.join("dana.wal");
+    let a = next_flush_at(&log);
+    t.put(&key(10), b"v").unwrap();
+    let b = next_flush_at(&log);
+    t.put(&key(11), b"v").unwrap();
+    assert!(a < b && b < next_flush_at(&log));
+    for issued_beside in [true, false] {
+        let copy = dir.path().join(format!("copy-{issued_beside}"));
+        std::fs::create_dir_all(&copy).unwrap();
+        for e in std::fs::read_dir(&db_dir).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+        }
+        let log = copy.join("dana.wal");
+        let c = control(&log);
+        if issued_beside {
+            // Flush B as if issued while flush A was in flight.
+            restamp_flush_marker(&log, b, a);
+        }
+        // Flush A torn: its first record damaged.
+        flip(&log, CONTROL_BYTES + (a + 9) % c.capacity);
+        match Db::open(&copy, opts().logs(1)) {
+            Ok(db) if issued_beside => {
+                assert_eq!(db.recovery().unwrap().flushes_past_end, 1);
+                let t = db.tree("t").unwrap();
+                for i in 0..10 {
+                    assert_eq!(t.get(&key(i)).unwrap(), Some(b"v".to_vec()), "key {i}");
+                }
+                assert_eq!(t.get(&key(10)).unwrap(), None, "flush A is torn");
+                assert_eq!(t.get(&key(11)).unwrap(), None, "flush B follows the break");
+                // The log resumes before flush B and goes on.
+                t.put(&key(12), b"v").unwrap();
+                db.close().unwrap();
+                let db = Db::open(&copy, opts().logs(1)).unwrap();
+                let t = db.tree("t").unwrap();
+                assert_eq!(t.get(&key(12)).unwrap(), Some(b"v".to_vec()));
+                assert_eq!(t.get(&key(11)).unwrap(), None);
+            }
+            Err(Error::CorruptLog { .. }) if !issued_beside => {}
+            other => panic!(
+                "issued beside: {issued_beside}: {:?}",
+                other.map(|_| "opened")
+            ),
+        }
+    }
+    drop(db);
+}
+
 #[test]
 fn a_missing_damaged_or_foreign_log_is_an_error_never_a_reset() {
     let dir = tempfile::tempdir().unwrap();

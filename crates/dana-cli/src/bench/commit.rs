@@ -67,6 +67,10 @@ pub struct CommitArgs {
     /// 0: the device's alignment).
     #[arg(long, default_value_t = 0)]
     pub log_flush_block: u64,
+    /// The most flushes of the log in flight at once
+    /// (`Options::log_flushes_in_flight`).
+    #[arg(long, default_value_t = Options::default().log_flushes_in_flight_value())]
+    pub log_flushes_in_flight: usize,
     /// Bytes of the log (`Options::log_bytes`), preallocated before the
     /// run.
     #[arg(long, default_value_t = 256 << 20)]
@@ -90,6 +94,7 @@ fn options_sharded(a: &CommitArgs, d: Durability, shards: usize) -> Options {
         .log_preallocate(true)
         .log_write_through_max(a.log_write_through_max)
         .log_flush_block(a.log_flush_block)
+        .log_flushes_in_flight(a.log_flushes_in_flight)
         .max_tasks_per_worker(1024)
         .durability(d)
 }

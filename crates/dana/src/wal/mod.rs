@@ -3,12 +3,13 @@
 //! one of them.
 //!
 //! Owns: the records appended and not yet flushed (unsealed: their place
-//! in the file is given when a flush takes them), the one flush in flight
-//! (one durable write, `RWF_DSYNC`, when it is small; else write(s), then
-//! fdatasync: [`crate::Options::log_write_through_max`]; through a
-//! worker's queue to the log's device), the durable end, the tasks waiting for it, the sticky log
-//! error, the LSN where a checkpoint's redo starts, and the log space
-//! promised to admitted commits ([`Wal::admit`]).
+//! in the file is given when a flush takes them), the flushes in flight
+//! (at most [`crate::Options::log_flushes_in_flight`]; each one durable
+//! write, `RWF_DSYNC`, when it is small, else write(s) then fdatasync:
+//! [`crate::Options::log_write_through_max`]; through a worker's queue to
+//! the log's device), the durable end, the tasks waiting for it, the
+//! sticky log error, the LSN where a checkpoint's redo starts, and the
+//! log space promised to admitted commits ([`Wal::admit`]).
 //!
 //! Sequence numbers: every record gets a GSN from the counter all logs
 //! share, under this log's lock, so a log's records are in GSN order. A
@@ -27,8 +28,18 @@
 //! have waited a whole window; the flush takes every record appended so
 //! far (up to a blocked dependency), so one durable write (or one write
 //! and one fdatasync) makes a whole group durable and wakes all of it.
-//! While a flush is in flight new commits gather for the next one. No
-//! thread ever blocks on a flush.
+//! While the most flushes allowed are in flight new commits gather for the
+//! next one. No thread ever blocks on a flush.
+//!
+//! Flushes in flight at once: a later flush may complete first, but the
+//! durable end moves only over a prefix of completed flushes, so a commit
+//! is acknowledged only when every byte before its record is durable too.
+//! A crash may keep a later flush and tear an earlier one: recovery ends
+//! the log at the break, because the later flush's marker names only what
+//! was durable when it was issued (before the torn one). The price: damage
+//! to a flush is told from a torn tail only by a marker issued after that
+//! flush completed, so the flushes that were in flight together at a
+//! crash are, like the last one, judged torn rather than damaged.
 //!
 //! The log file: two control blocks ([`control`]) then a circular stream
 //! of `capacity` bytes. A record at stream position (LSN) `l` lies at file
@@ -60,7 +71,7 @@ pub use set::LogSet;
 use std::collections::{BTreeSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -152,13 +163,29 @@ pub enum Durability {
 }
 
 /// The log's own ids of its requests (kind [`RequestKind::Log`]): a
-/// flush's write(s) and its sync, of log `index`: `index << 1 | what`.
+/// flush's write(s) and its sync, of log `index`, flush `seq` (modulo
+/// 2^39): `seq << 20 | index << 1 | what`.
 const FLUSH_WRITE: u64 = 0;
 const FLUSH_SYNC: u64 = 1;
+const REQUEST_SEQ_SHIFT: u32 = 20;
+const REQUEST_SEQ_MASK: u64 = (1 << 39) - 1;
 
-fn request_id(index: usize, what: u64) -> u64 {
-    (index as u64) << 1 | what
+// The log index fits below the sequence, and the id in a tag's 60 bits.
+const _: () = assert!(MAX_LOGS < 1 << (REQUEST_SEQ_SHIFT - 1));
+const _: () = assert!(REQUEST_SEQ_SHIFT as u64 + 39 <= 60);
+
+fn request_id(index: usize, seq: u64, what: u64) -> u64 {
+    (seq & REQUEST_SEQ_MASK) << REQUEST_SEQ_SHIFT | (index as u64) << 1 | what
 }
+
+/// The log a request id of [`request_id`] belongs to.
+pub(crate) fn log_of_request(id: u64) -> usize {
+    ((id & ((1 << REQUEST_SEQ_SHIFT) - 1)) >> 1) as usize
+}
+
+/// The most flushes of one log in flight at once
+/// ([`crate::Options::log_flushes_in_flight`]).
+pub const MAX_FLUSHES_IN_FLIGHT: usize = 8;
 
 /// Counters of the log.
 #[derive(Debug, Default)]
@@ -166,6 +193,7 @@ pub struct WalStats {
     records: AtomicU64,
     bytes: AtomicU64,
     flushes: AtomicU64,
+    overlapped_flushes: AtomicU64,
     commits: AtomicU64,
     commit_bytes: AtomicU64,
     page_bytes: AtomicU64,
@@ -181,8 +209,12 @@ pub struct WalStatsSnapshot {
     pub records: u64,
     /// Bytes appended (records and padding).
     pub bytes: u64,
-    /// Flushes completed (one write + one fdatasync each).
+    /// Flushes completed (one durable write, or write(s) + one
+    /// fdatasync, each).
     pub flushes: u64,
+    /// Flushes started while another flush of the same log was in flight
+    /// (`Options::log_flushes_in_flight` above 1).
+    pub overlapped_flushes: u64,
     /// Commit records appended.
     pub commits: u64,
     /// Bytes of commit records.
@@ -214,6 +246,7 @@ impl WalStatsSnapshot {
         self.records += o.records;
         self.bytes += o.bytes;
         self.flushes += o.flushes;
+        self.overlapped_flushes += o.overlapped_flushes;
         self.commits += o.commits;
         self.commit_bytes += o.commit_bytes;
         self.page_bytes += o.page_bytes;
@@ -231,6 +264,7 @@ impl WalStatsSnapshot {
             records: self.records - earlier.records,
             bytes: self.bytes - earlier.bytes,
             flushes: self.flushes - earlier.flushes,
+            overlapped_flushes: self.overlapped_flushes - earlier.overlapped_flushes,
             commits: self.commits - earlier.commits,
             commit_bytes: self.commit_bytes - earlier.commit_bytes,
             page_bytes: self.page_bytes - earlier.page_bytes,
@@ -404,11 +438,22 @@ struct PutPages {
     epoch: Option<u64>,
 }
 
+/// A flush in flight.
 struct Flushing {
+    /// Its number among the log's flushes (request ids carry it).
+    seq: u64,
+    /// The stream's end after it.
     end: u64,
+    /// The GSN of its first record: until it is durable, the log is
+    /// durable only below it.
+    first_gsn: u64,
+    /// Writes not yet completed.
     writes: usize,
     /// Its writes are durable writes: no fdatasync follows them.
     durable_writes: bool,
+    /// Durable (its last write or its sync completed), perhaps before an
+    /// earlier flush: the durable end passes it only with them.
+    done: bool,
 }
 
 /// A record appended and not yet taken by a flush.
@@ -451,7 +496,11 @@ struct State {
     /// Records appended, unsealed, in GSN order.
     pending: Vec<u8>,
     queue: VecDeque<Queued>,
-    flushing: Option<Flushing>,
+    /// The flushes in flight, in stream order (at most
+    /// `Wal::max_in_flight`).
+    flushing: VecDeque<Flushing>,
+    /// The number the next flush takes.
+    next_flush: u64,
     /// When the oldest record in `pending` was appended.
     since: Option<Instant>,
     /// Redo LSN of the last completed checkpoint: the log before it may
@@ -492,6 +541,9 @@ pub(crate) struct FlushPolicy {
     /// (write-through) and no fdatasync follows; a larger one is
     /// write(s), then one fdatasync.
     pub write_through_max: u64,
+    /// The most flushes in flight at once (1 to
+    /// [`MAX_FLUSHES_IN_FLIGHT`]).
+    pub max_in_flight: usize,
 }
 
 /// One write-ahead log of a database.
@@ -511,11 +563,17 @@ pub struct Wal {
     /// Flushes of at most this many bytes are durable writes (no
     /// fdatasync after them); larger ones are write(s) + fdatasync.
     write_through_max: u64,
+    /// The most flushes in flight at once.
+    max_in_flight: usize,
     state: Mutex<State>,
     /// The LSN up to which the stream is durable.
     durable: AtomicU64,
-    /// A flush is in flight.
-    flushing_now: AtomicBool,
+    /// Flushes in flight (`State::flushing`'s length, readable without
+    /// the lock).
+    in_flight: AtomicUsize,
+    /// The GSN of the first record appended and not yet taken by a flush
+    /// (`u64::MAX`: none), readable without the lock.
+    queued_from: AtomicU64,
     /// Log bytes promised to commits admitted and not yet applied.
     reserved: AtomicU64,
     waiters: Mutex<Vec<(u64, Waker)>>,
@@ -530,8 +588,8 @@ pub struct Wal {
     in_checkpoint: AtomicBool,
     /// Set for a log file shorter than its capacity.
     growth: Option<LogGrowth>,
-    /// Buffers kept from one flush for the next (flushes run one at a
-    /// time), so a flush allocates nothing in the steady state.
+    /// Buffers kept from one flush for the next, so a flush allocates
+    /// nothing in the steady state.
     flush_buffers: Mutex<FlushBuffers>,
     stats: WalStats,
 }
@@ -546,9 +604,10 @@ struct FlushBuffers {
     /// Empty, with the capacity of an earlier flush's records: the next
     /// records go into it.
     records: Vec<u8>,
-    /// The aligned buffer the last flush wrote from: reused once no
-    /// request holds it any more.
-    aligned: Option<ReusableBuf>,
+    /// The aligned buffers earlier flushes wrote from (at most one more
+    /// than the flushes in flight): one is reused once no request holds
+    /// it any more.
+    aligned: Vec<ReusableBuf>,
 }
 
 /// A records vector larger than this is not kept for the next flush.
@@ -651,7 +710,13 @@ impl Wal {
             block,
             window,
             write_through_max,
+            max_in_flight,
         } = flush;
+        if !(1..=MAX_FLUSHES_IN_FLIGHT).contains(&max_in_flight) {
+            return Err(Error::InvalidArgument(format!(
+                "log flushes in flight: {max_in_flight}, must be 1 to {MAX_FLUSHES_IN_FLIGHT}"
+            )));
+        }
         let capacity = resume.capacity;
         if !block.is_power_of_two() || block > control::BLOCK || capacity % control::BLOCK != 0 {
             return Err(Error::InvalidArgument(format!(
@@ -672,12 +737,14 @@ impl Wal {
             capacity,
             window,
             write_through_max,
+            max_in_flight,
             state: Mutex::new(State {
                 end: resume.end,
                 last_crc: resume.last_crc,
                 pending: Vec::new(),
                 queue: VecDeque::new(),
-                flushing: None,
+                flushing: VecDeque::new(),
+                next_flush: 0,
                 since: None,
                 redo: resume.redo,
                 applying: BTreeSet::new(),
@@ -689,7 +756,8 @@ impl Wal {
                 last_begin: resume.end,
             }),
             durable: AtomicU64::new(resume.end),
-            flushing_now: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            queued_from: AtomicU64::new(u64::MAX),
             reserved: AtomicU64::new(0),
             waiters: Mutex::new(Vec::new()),
             has_waiters: AtomicBool::new(false),
@@ -864,6 +932,7 @@ impl Wal {
             records: l(&self.stats.records),
             bytes: l(&self.stats.bytes),
             flushes: l(&self.stats.flushes),
+            overlapped_flushes: l(&self.stats.overlapped_flushes),
             commits: l(&self.stats.commits),
             commit_bytes: l(&self.stats.commit_bytes),
             page_bytes: l(&self.stats.page_bytes),
@@ -1058,8 +1127,11 @@ impl Wal {
         } else {
             0
         };
-        if st.queue.is_empty() && st.flushing.is_none() {
-            self.shared.unflushed[self.index].store(gsn, Ordering::Release);
+        if st.queue.is_empty() {
+            if st.flushing.is_empty() {
+                self.shared.unflushed[self.index].store(gsn, Ordering::Release);
+            }
+            self.queued_from.store(gsn, Ordering::Release);
         }
         st.pending.extend_from_slice(&record);
         st.queue.push_back(Queued {
@@ -1244,13 +1316,14 @@ impl Wal {
     }
 
     /// True if a flush of this log may be worth a look now: records wait,
-    /// none is in flight, and someone wants them (cheap: atomics only). A
+    /// fewer than the most flushes allowed are in flight, and someone
+    /// wants them (cheap: atomics only). A
     /// log whose records wait for another log is not: that log's flush
     /// completion pumps it (no worker polls meanwhile).
     pub(crate) fn wants_flush(&self) -> bool {
-        let first = self.durable_below();
+        let first = self.queued_from.load(Ordering::Acquire);
         first != u64::MAX
-            && !self.flushing_now.load(Ordering::Acquire)
+            && self.in_flight.load(Ordering::Acquire) < self.max_in_flight
             && !self.is_blocked()
             && (self.has_waiters.load(Ordering::Acquire)
                 || self.shared.wanted[self.index].load(Ordering::Acquire) > first)
@@ -1277,14 +1350,15 @@ impl Wal {
             return Some(Duration::ZERO);
         }
         let st = self.lock();
-        match (&st.flushing, st.since) {
-            (None, Some(t)) => Some(self.window.saturating_sub(t.elapsed())),
+        match st.since {
+            Some(t) if st.flushing.is_empty() => Some(self.window.saturating_sub(t.elapsed())),
             _ => None,
         }
     }
 
-    /// Starts a flush if one is needed and none is in flight. Runs on a
-    /// worker (it queues I/O). Returns true if it started one.
+    /// Starts a flush if one is needed and fewer than the most allowed are
+    /// in flight. Runs on a worker (it queues I/O). Returns true if it
+    /// started one.
     pub fn pump(&self) -> bool {
         if self.poisoned.load(Ordering::Acquire) || self.shared.poisoned.load(Ordering::Acquire) {
             return false;
@@ -1312,7 +1386,7 @@ impl Wal {
         let Some(front) = st.queue.front() else {
             return false;
         };
-        if st.flushing.is_some() {
+        if st.flushing.len() >= self.max_in_flight {
             return false;
         }
         let need = self.has_waiters.load(Ordering::Acquire)
@@ -1373,6 +1447,7 @@ impl Wal {
             return false;
         }
         // Seal the records taken at their places in the stream.
+        let first_gsn = front.gsn;
         let batch_max = st.queue.get(n - 1).map_or(0, |q| q.gsn);
         let batch_commits = st
             .queue
@@ -1424,6 +1499,8 @@ impl Wal {
         if st.queue.is_empty() {
             st.since = None;
         }
+        let queued_from = st.queue.front().map_or(u64::MAX, |q| q.gsn);
+        self.queued_from.store(queued_from, Ordering::Release);
         // Split at the file's wrap point.
         let mut pieces = Vec::new();
         let mut at = start;
@@ -1434,12 +1511,22 @@ impl Wal {
             at += n;
         }
         let durable_writes = end - start <= self.write_through_max;
-        st.flushing = Some(Flushing {
+        let seq = st.next_flush;
+        st.next_flush += 1;
+        if !st.flushing.is_empty() {
+            self.stats
+                .overlapped_flushes
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        st.flushing.push_back(Flushing {
+            seq,
             end,
+            first_gsn,
             writes: pieces.len(),
             durable_writes,
+            done: false,
         });
-        self.flushing_now.store(true, Ordering::Release);
+        self.in_flight.store(st.flushing.len(), Ordering::Release);
         drop(guard);
         self.stats.bytes.fetch_add(pad as u64, Ordering::Relaxed);
         let aligned = self.flush_buffer(&data);
@@ -1458,7 +1545,7 @@ impl Wal {
         drop(bufs);
         for (offset, from, len) in pieces {
             let queued = aligned.lend(from, len).and_then(|buf| {
-                let tag = RequestKind::Log.tag(request_id(self.index, FLUSH_WRITE));
+                let tag = RequestKind::Log.tag(request_id(self.index, seq, FLUSH_WRITE));
                 let req = if durable_writes {
                     Request::write_durable(tag, offset, buf)
                 } else {
@@ -1471,7 +1558,10 @@ impl Wal {
                 return false;
             }
         }
-        self.buffers().aligned = Some(aligned);
+        let mut bufs = self.buffers();
+        if bufs.aligned.len() <= self.max_in_flight {
+            bufs.aligned.push(aligned);
+        }
         true
     }
 
@@ -1479,26 +1569,26 @@ impl Wal {
         self.flush_buffers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// An aligned buffer holding `data`: the last flush's if no request
-    /// holds it any more and it is large enough, else a new one.
+    /// An aligned buffer holding `data`: an earlier flush's that no
+    /// request holds any more and is large enough, else a new one.
     fn flush_buffer(&self, data: &[u8]) -> Result<ReusableBuf> {
-        let fresh = || {
-            ReusableBuf::new(
+        let kept = {
+            let mut bufs = self.buffers();
+            let free = bufs
+                .aligned
+                .iter_mut()
+                .position(|b| b.len() >= data.len() && b.get_mut().is_some());
+            free.map(|i| bufs.aligned.swap_remove(i))
+        };
+        let mut buf = match kept {
+            Some(b) => b,
+            None => ReusableBuf::new(
                 data.len()
                     .max(FLUSH_BUFFER_MIN)
                     .next_multiple_of(control::BLOCK as usize),
                 control::BLOCK as usize,
-            )
+            )?,
         };
-        let mut buf = match self.buffers().aligned.take() {
-            Some(b) if b.len() >= data.len() => b,
-            _ => fresh()?,
-        };
-        if buf.get_mut().is_none() {
-            // A request still holds it (a flush that failed to queue all
-            // its pieces): a new one.
-            buf = fresh()?;
-        }
         let bytes = buf.get_mut().expect("a buffer no request holds");
         bytes[..data.len()].copy_from_slice(data);
         Ok(buf)
@@ -1508,27 +1598,29 @@ impl Wal {
     /// [`request_id`] gave it).
     pub(crate) fn flush_completed(&self, id: u64, c: Completion) {
         if let Err(e) = c.result {
-            self.lock().flushing = None;
-            self.flushing_now.store(false, Ordering::Release);
+            self.lock().flushing.clear();
+            self.in_flight.store(0, Ordering::Release);
             self.poison_with(&e);
             return;
         }
+        let seq = (id >> REQUEST_SEQ_SHIFT) & REQUEST_SEQ_MASK;
+        let mut st = self.lock();
+        let Some(f) = st
+            .flushing
+            .iter_mut()
+            .find(|f| f.seq & REQUEST_SEQ_MASK == seq)
+        else {
+            // Not a flush in flight: cleared by an earlier failure.
+            return;
+        };
         if id & 1 == FLUSH_WRITE {
-            let (all_written, durable_writes) = {
-                let mut st = self.lock();
-                match st.flushing.as_mut() {
-                    Some(f) => {
-                        f.writes -= 1;
-                        (f.writes == 0, f.durable_writes)
-                    }
-                    None => (false, false),
-                }
-            };
-            if !all_written {
+            f.writes -= 1;
+            if f.writes > 0 {
                 return;
             }
-            if !durable_writes {
-                let tag = RequestKind::Log.tag(request_id(self.index, FLUSH_SYNC));
+            if !f.durable_writes {
+                drop(st);
+                let tag = RequestKind::Log.tag(request_id(self.index, seq, FLUSH_SYNC));
                 if sched::enqueue(self.device, Request::flush(tag)).is_err() {
                     self.poison_with(&Error::WouldBlock);
                 }
@@ -1536,17 +1628,26 @@ impl Wal {
             }
         }
         // The fdatasync completed, or the last durable write: the flushed
-        // range is durable.
-        {
-            let mut st = self.lock();
-            if let Some(f) = st.flushing.take() {
-                self.durable.fetch_max(f.end, Ordering::AcqRel);
-                self.stats.flushes.fetch_add(1, Ordering::Relaxed);
-            }
-            let first = st.queue.front().map_or(u64::MAX, |q| q.gsn);
-            self.shared.unflushed[self.index].store(first, Ordering::SeqCst);
-            self.flushing_now.store(false, Ordering::Release);
+        // range is durable; the durable end passes it once every flush
+        // before it is durable too.
+        f.done = true;
+        let mut passed = 0;
+        while st.flushing.front().is_some_and(|f| f.done) {
+            let f = st.flushing.pop_front().expect("a front flush");
+            self.durable.fetch_max(f.end, Ordering::AcqRel);
+            passed += 1;
         }
+        if passed == 0 {
+            return;
+        }
+        self.stats.flushes.fetch_add(passed, Ordering::Relaxed);
+        let first = match st.flushing.front() {
+            Some(f) => f.first_gsn,
+            None => st.queue.front().map_or(u64::MAX, |q| q.gsn),
+        };
+        self.shared.unflushed[self.index].store(first, Ordering::SeqCst);
+        self.in_flight.store(st.flushing.len(), Ordering::Release);
+        drop(st);
         // Pairs with the fence in `pump`: the caller (`LogSet`) reads the
         // other logs' blocked flags after this.
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -1721,6 +1822,7 @@ mod tests {
                         block: 512,
                         window: Duration::from_secs(3600),
                         write_through_max: 0,
+                        max_in_flight: 1,
                     },
                     Resume {
                         end: 512,
@@ -1962,6 +2064,84 @@ mod tests {
                 .is_some()
         );
         assert_eq!(l.stats().images, images + 1);
+    }
+
+    /// With flushes in flight at once, one that completes before an
+    /// earlier one moves nothing: the durable end (and the GSN below
+    /// which the log is durable) passes it only with the earlier one.
+    #[test]
+    fn the_durable_end_moves_only_over_a_prefix_of_completed_flushes() {
+        let set = logs(1);
+        let l = &set.logs()[0];
+        let flushing = |seq, end, first_gsn| Flushing {
+            seq,
+            end,
+            first_gsn,
+            writes: 1,
+            durable_writes: true,
+            done: false,
+        };
+        {
+            let mut st = l.lock();
+            st.flushing.push_back(flushing(7, 1024, 5));
+            st.flushing.push_back(flushing(8, 2048, 9));
+            st.flushing.push_back(flushing(9, 2560, 12));
+            l.in_flight.store(3, Ordering::Release);
+        }
+        l.shared.unflushed[0].store(5, Ordering::Release);
+        let done = |seq| {
+            l.flush_completed(
+                request_id(0, seq, FLUSH_WRITE),
+                Completion {
+                    tag: 0,
+                    op: crate::OpKind::Write,
+                    offset: 0,
+                    buf: None,
+                    result: Ok(512),
+                },
+            )
+        };
+        done(8);
+        assert_eq!(
+            l.durable.load(Ordering::Acquire),
+            512,
+            "flush 7 is in flight"
+        );
+        assert_eq!(l.durable_below(), 5);
+        assert_eq!(l.in_flight.load(Ordering::Acquire), 3);
+        done(7);
+        assert_eq!(
+            l.durable.load(Ordering::Acquire),
+            2048,
+            "7 and 8 are durable"
+        );
+        assert_eq!(l.durable_below(), 12, "flush 9 holds GSN 12 on");
+        assert_eq!(l.in_flight.load(Ordering::Acquire), 1);
+        assert_eq!(l.stats().flushes, 2);
+        done(9);
+        assert_eq!(l.durable.load(Ordering::Acquire), 2560);
+        assert_eq!(l.durable_below(), u64::MAX, "nothing waits");
+        assert_eq!(l.in_flight.load(Ordering::Acquire), 0);
+        // A completion of no flush in flight (cleared by a failure) is
+        // ignored.
+        done(10);
+        assert_eq!(l.durable.load(Ordering::Acquire), 2560);
+    }
+
+    #[test]
+    fn a_request_id_names_its_log_and_flush() {
+        for (index, seq) in [(0, 0), (63, 5), (17, REQUEST_SEQ_MASK + 3)] {
+            for what in [FLUSH_WRITE, FLUSH_SYNC] {
+                let id = request_id(index, seq, what);
+                assert_eq!(log_of_request(id), index);
+                assert_eq!(id & 1, what);
+                assert_eq!(
+                    (id >> REQUEST_SEQ_SHIFT) & REQUEST_SEQ_MASK,
+                    seq & REQUEST_SEQ_MASK
+                );
+                assert!(id < 1 << 60);
+            }
+        }
     }
 
     /// A record that depends on another log's records not yet durable is

@@ -56,6 +56,8 @@ pub struct Recovered {
     /// Keys that leaf cuts left out to fit, each written again by a commit
     /// that recovery re-applies.
     pub keys_left_to_reapply: u64,
+    /// Whole flushes found after where a log ended ([`Scan::flushes_past_end`]).
+    pub flushes_past_end: u64,
     /// Committed writes to re-apply, by GSN, in GSN order.
     pub commits: Vec<(u64, Vec<Write<'static>>)>,
 }
@@ -251,6 +253,13 @@ pub struct Scan {
     pub end: u64,
     /// Checksum of the last valid record.
     pub last_crc: Option<u32>,
+    /// Flushes found past the break, besides the torn one itself, that do
+    /// not prove it durable: flushes that were in flight beside the torn
+    /// one (none of their commits was acknowledged); the log ends before
+    /// them. A lower bound: the intact flush markers past the break less
+    /// one, the torn flush's own (whose marker may have survived the
+    /// tear).
+    pub flushes_past_end: u64,
 }
 
 /// Scans `stream` (rotated to the redo LSN) for the valid log: records
@@ -300,11 +309,15 @@ pub fn scan(stream: &[u8], ctl: &Control) -> Result<Scan> {
     // positions and are valid only at their own LSN (never one from an
     // earlier lap of the file).
     let mut at = valid_end.div_ceil(8) * 8;
+    let mut markers_past_end = 0u64;
     while at - ctl.redo + record::FLUSH_MARKER_LEN as u64 <= cap {
         let off = (at - ctl.redo) as usize;
         if stream.get(off + 16) == Some(&(Kind::Flush as u8)) {
             if let Parsed::Record(r) = record::parse(&stream[off..], at) {
                 let durable = record::flush_durable(&r)?;
+                if r.kind == Kind::Flush && durable <= broken_at {
+                    markers_past_end += 1;
+                }
                 if r.kind == Kind::Flush && durable > broken_at {
                     return Err(Error::CorruptLog {
                         offset: CONTROL_BYTES + broken_at % cap,
@@ -321,6 +334,7 @@ pub fn scan(stream: &[u8], ctl: &Control) -> Result<Scan> {
     }
     out.end = valid_end;
     out.last_crc = last;
+    out.flushes_past_end = markers_past_end.saturating_sub(1);
     Ok(out)
 }
 
@@ -436,6 +450,7 @@ pub fn recover(array: &Array, logs: &[(Target, Control)], cut: CutLeaf) -> Resul
     }
     let mut out = Recovered {
         records: found.iter().map(|f| f.scan.records).sum(),
+        flushes_past_end: found.iter().map(|f| f.scan.flushes_past_end).sum(),
         next_gsn: logs
             .iter()
             .map(|(_, c)| c.next_gsn)
