@@ -61,6 +61,44 @@ fn start_with(
     (pool, rt)
 }
 
+/// Eviction's write-backs in flight follow the devices' in-flight
+/// limits (half of them), not only the pool's configured floor: a floor
+/// of 2 under a fixed budget of 64 per device lets more than 2 be in
+/// flight while a tiny pool is filled with dirty pages.
+#[test]
+fn eviction_write_backs_follow_the_device_budget() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let array = open_array(dir.path(), 2, 3000);
+    let mut config = PoolConfig::with_frames(64);
+    config.max_writes_in_flight = 2;
+    let pool = BufferPool::new(array.clone(), &config).unwrap();
+    let rt = Runtime::start(
+        &RuntimeConfig {
+            workers: 1,
+            queue_depth: 128,
+            device_budget: 64,
+            adaptive_budget: false,
+            ..Default::default()
+        },
+        array.targets(),
+        &Backend::default(),
+        pool.services(),
+        Some(pool.memory()),
+    )
+    .unwrap();
+    let pids = fill(&pool, &rt, 2999);
+    assert_eq!(pids.len(), 2999);
+    let stats = pool.stats();
+    assert!(stats.writebacks > 1000, "{stats:?}");
+    assert!(
+        stats.eviction_writes_in_flight_max > 2,
+        "eviction kept at most {} writes in flight: the floor, not the budget",
+        stats.eviction_writes_in_flight_max
+    );
+    assert!(stats.eviction_writes_in_flight_max <= 64, "{stats:?}");
+    rt.shutdown();
+}
+
 #[test]
 fn many_tasks_update_pages_through_a_tiny_pool_watt() {
     update_through_a_tiny_pool(EvictionPolicy::Watt);

@@ -94,8 +94,10 @@ pub struct PoolConfig {
     pub eviction: EvictionPolicy,
     /// WATT: how many reads one write of a page weighs.
     pub write_weight: u32,
-    /// WATT: most write-backs eviction keeps in flight (the rest of the
-    /// device budget stays with reads). Checkpoints are not limited.
+    /// WATT: the fewest write-backs eviction may keep in flight; the cap
+    /// is half the devices' in-flight limits as they adapt, when that is
+    /// more (the rest stays with reads, which the scheduler also serves
+    /// first). Checkpoints are not limited.
     pub max_writes_in_flight: usize,
 }
 
@@ -145,6 +147,7 @@ pub struct PoolStats {
     blob_write_bytes: AtomicU64,
     /// Data-file syncs ([`BufferPool::sync_devices`], one per device).
     device_syncs: AtomicU64,
+    eviction_writes_in_flight_max: AtomicU64,
     /// How long each wait for a free frame took.
     frame_wait: Histogram,
     /// Submit -> reap of page reads: time in the kernel and the device.
@@ -206,6 +209,10 @@ pub struct PoolStatsSnapshot {
     /// [`BufferPool::sync_devices`]: large values before their commit,
     /// checkpoints).
     pub device_syncs: u64,
+    /// The most page writes in flight at once right after eviction started
+    /// one: at most eviction's write cap (half the data devices' in-flight
+    /// limits as they adapt, at least [`PoolConfig::max_writes_in_flight`]).
+    pub eviction_writes_in_flight_max: u64,
 }
 
 /// The buffer pool.
@@ -378,6 +385,7 @@ impl BufferPool {
             blob_writes: l(&s.blob_writes),
             blob_write_bytes: l(&s.blob_write_bytes),
             device_syncs: l(&s.device_syncs),
+            eviction_writes_in_flight_max: l(&s.eviction_writes_in_flight_max),
         }
     }
 
@@ -1006,6 +1014,20 @@ impl BufferPool {
         progress
     }
 
+    /// Most write-backs WATT keeps in flight now: half the devices'
+    /// in-flight limits as the scheduler holds them (they follow the
+    /// devices: `sched::DeviceBudgets`), at least the configured
+    /// `max_writes_in_flight`. A cap fixed at half the starting limit left
+    /// the write-back rate, and so every miss's wait for a clean frame,
+    /// at 16 writes per device latency while the adapted limit was 64-128.
+    fn write_cap(&self) -> usize {
+        // The data devices are the runtime's first ones (the logs follow).
+        let data = 0..self.array.targets().len();
+        sched::device_limits_total(data).map_or(self.max_writes_in_flight, |l| {
+            (l / 2).max(self.max_writes_in_flight)
+        })
+    }
+
     /// A frame the eviction scan may consider: its page, if resident,
     /// unlatched and not being written.
     fn candidate(&self, f: u32) -> Option<u64> {
@@ -1080,6 +1102,10 @@ impl BufferPool {
             return Err(e);
         }
         self.stats.writebacks.fetch_add(1, Ordering::Relaxed);
+        let in_flight = self.writes_in_flight.load(Ordering::Acquire) as u64;
+        self.stats
+            .eviction_writes_in_flight_max
+            .fetch_max(in_flight, Ordering::Relaxed);
         Ok(true)
     }
 
@@ -1143,6 +1169,7 @@ impl BufferPool {
         let mut writes = 0;
         let mut visits = 0;
         let mut sample: Vec<Candidate> = Vec::with_capacity(WATT_SAMPLE);
+        let write_cap = self.write_cap();
         // The frames this worker visits next: taken from the shared hand
         // a sample's worth at a time (one contended atomic per sample, not
         // one per frame: the hand's cache line bounces between workers).
@@ -1202,7 +1229,7 @@ impl BufferPool {
                 if !c.dirty || write_bar.is_none_or(|b| c.value > b) {
                     continue;
                 }
-                if self.writes_in_flight.load(Ordering::Acquire) >= self.max_writes_in_flight {
+                if self.writes_in_flight.load(Ordering::Acquire) >= write_cap {
                     break;
                 }
                 match self.try_write_back(c.frame, c.pid) {
@@ -1210,9 +1237,7 @@ impl BufferPool {
                     Err(_) => return (freed, writes),
                 }
             }
-            if clean.is_none()
-                && self.writes_in_flight.load(Ordering::Acquire) >= self.max_writes_in_flight
-            {
+            if clean.is_none() && self.writes_in_flight.load(Ordering::Acquire) >= write_cap {
                 // Nothing to free here and no write can start: wait for
                 // the writes in flight rather than scan on.
                 break;

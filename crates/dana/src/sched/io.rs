@@ -403,6 +403,19 @@ pub fn enqueue(device: usize, req: Request) -> Result<(), Request> {
     })
 }
 
+/// The in-flight limits of devices `devices` summed, as they stand now
+/// (they adapt: [`DeviceBudgets`]); None off a worker thread.
+pub fn device_limits_total(devices: std::ops::Range<usize>) -> Option<usize> {
+    IO.with(|io| {
+        io.borrow().as_ref().map(|w| {
+            devices
+                .filter(|&d| d < w.devices.len())
+                .map(|d| w.budgets.limit(d))
+                .sum()
+        })
+    })
+}
+
 /// True on a worker thread (where [`enqueue`] works).
 pub fn on_worker() -> bool {
     IO.with(|io| io.borrow().is_some())

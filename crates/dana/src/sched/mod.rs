@@ -43,7 +43,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub use depth::Reason as LimitReason;
-pub use io::{enqueue, on_worker, DeviceBudgets, IoTiming, LimitChange};
+pub use io::{device_limits_total, enqueue, on_worker, DeviceBudgets, IoTiming, LimitChange};
 pub use route::{perform, CompletionHandler, RequestKind, Services, SystemTask, TAG_ID_MASK};
 pub use wait::{IoWait, WaitFuture, WakerList};
 
