@@ -32,9 +32,15 @@ const RUN: &[&str] = &[
 ];
 
 fn ycsb(workload: &str, path: &str) -> Value {
+    ycsb_with(workload, path, "off")
+}
+
+fn ycsb_with(workload: &str, path: &str, durability: &str) -> Value {
     run(&[
         "bench",
         "ycsb",
+        "--durability",
+        durability,
         "--workload",
         workload,
         "--quick",
@@ -103,4 +109,29 @@ fn ycsb_a_then_e_quick() {
     assert!(end > 20000, "E inserted nothing: {r}");
     let marker = std::fs::read_to_string(path.join("LOADED")).unwrap();
     assert!(marker.ends_with(&format!("records={end}\n")), "{marker}");
+}
+
+/// The load goes into a database without a log; a synced run formats the
+/// log and logs its updates; a log-off run after it reloads (a database
+/// with a log keeps using it) and logs nothing.
+#[test]
+fn ycsb_loads_without_a_log_and_log_off_runs_stay_off() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("db");
+    let p = path.to_str().unwrap();
+    let v = ycsb_with("a", p, "sync");
+    let r = &v["runs"][0];
+    assert_eq!(r["load"]["loaded_now"], true, "{r}");
+    assert!(r["log_bytes_per_op"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(path.join("dana.wal").exists());
+    let v = ycsb_with("a", p, "off");
+    let r = &v["runs"][0];
+    assert_eq!(
+        r["load"]["loaded_now"], true,
+        "a log-off run on logged data: {r}"
+    );
+    assert_eq!(r["log_bytes_per_op"].as_f64().unwrap(), 0.0, "{r}");
+    assert!(!path.join("dana.wal").exists());
+    let v = ycsb_with("a", p, "off");
+    assert_eq!(v["runs"][0]["load"]["loaded_now"], false, "reused");
 }

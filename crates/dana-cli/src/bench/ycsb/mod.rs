@@ -11,8 +11,10 @@
 //! 1000-byte value). Keys are an invertible hash of the key number
 //! (YCSB's default `insertorder=hashed`), so the load and the inserts of
 //! D and E land all over the tree. The load goes through the async API
-//! from many tasks and is reused by later runs (a marker file records
-//! the loaded and the current record count).
+//! from many tasks, into a database without a log (a run with a log
+//! formats one when it opens), and is reused by later runs (a marker file
+//! records the loaded and the current record count); a log-off run
+//! reloads data that has a log, since such a database keeps using it.
 //!
 //! Runs change the data (updates, RMWs, inserts), as in YCSB; a later run
 //! reuses the changed database, which YCSB allows. After a workload that
@@ -417,6 +419,10 @@ fn ensure_loaded(a: &YcsbArgs, force: bool) -> CliResult<LoadInfo> {
             .strip_prefix(&marker_prefix(a))
             .and_then(|n| n.parse::<u64>().ok())
     });
+    // A database that has a log keeps using it (`Durability::Off` then
+    // means async commits): a log-off run needs data loaded without one.
+    let has_log = a.path.join("dana.wal").exists();
+    let force = force || (a.engine.durability == dana::Durability::Off && has_log);
     if let (Some(records), false) = (current, force) {
         let db = Db::open(&a.path, options(a, 16 << 20))?;
         let bytes = db.block_on(data_bytes(db.pool().clone()))??;
@@ -439,8 +445,18 @@ fn ensure_loaded(a: &YcsbArgs, force: bool) -> CliResult<LoadInfo> {
     let estimate = a.records * per_record * 100 / 65 + (8 << 20);
     let capacity = estimate * 2 + (64 << 20);
     let pool = (estimate + estimate / 4).min(12 << 30);
-    let db = Db::open(&a.path, options(a, pool).capacity_bytes(capacity))?;
-    // The load is a bulk path: unlogged writes, then a flush.
+    // The load is a bulk path: unlogged writes, then a flush, into a
+    // database without a log (as the peers load with their logs off); a
+    // run with `--durability async|sync` formats the log when it opens.
+    // Loading through a log would log every page the load fills (see
+    // ARCHITECTURE.md, known limits): ~12x slower, and no part of any
+    // measured run.
+    let db = Db::open(
+        &a.path,
+        options(a, pool)
+            .capacity_bytes(capacity)
+            .durability(dana::Durability::Off),
+    )?;
     let tree = db.create_tree(TREE)?.unlogged_btree().clone();
     let record: crate::bench::RecordFn = Arc::new(|i, v| {
         fill_value(i, 0, v);
