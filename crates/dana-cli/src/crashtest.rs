@@ -626,8 +626,9 @@ pub struct SimOutcome {
     /// Leaf cuts (split left halves) the recovery redid, and the keys
     /// they left out for re-applied commits to write again.
     pub leaf_cuts: (u64, u64),
-    /// Whole flushes the recovery found past where a log ended (in
-    /// flight beside a torn one).
+    /// Later flushes the recovery found whole past where a log ended (in
+    /// flight beside a torn one; a lower bound, see
+    /// `RecoveryReport::flushes_past_end`).
     pub flushes_past_end: u64,
 }
 
@@ -868,7 +869,7 @@ pub struct Totals {
     pub judged: Judged,
     /// Leaf cuts redone by the recoveries, and keys they left out.
     pub leaf_cuts: (u64, u64),
-    /// Whole flushes found past where a log ended, summed.
+    /// Later flushes found past where a log ended, summed.
     pub flushes_past_end: u64,
 }
 

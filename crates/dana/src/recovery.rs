@@ -30,10 +30,12 @@ pub struct RecoveryReport {
     /// than it did at its split; each is written again by a re-applied
     /// commit.
     pub keys_left_to_reapply: u64,
-    /// Whole flushes found after where a log ended: flushes that were in
+    /// Flushes found whole after where a log ended: flushes that were in
     /// flight beside an earlier one the crash tore
     /// (`Options::log_flushes_in_flight`); none of their commits had been
-    /// acknowledged, and the log resumes before them.
+    /// acknowledged, and the log resumes before them. A lower bound: the
+    /// intact flush markers past the end, less one for the torn flush's
+    /// own (`wal::recover::Scan::flushes_past_end`).
     pub flushes_past_end: u64,
     /// Commit records re-applied through the trees.
     pub commits: u64,

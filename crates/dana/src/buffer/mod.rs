@@ -1103,9 +1103,11 @@ impl BufferPool {
         }
         self.stats.writebacks.fetch_add(1, Ordering::Relaxed);
         let in_flight = self.writes_in_flight.load(Ordering::Acquire) as u64;
-        self.stats
-            .eviction_writes_in_flight_max
-            .fetch_max(in_flight, Ordering::Relaxed);
+        let most = &self.stats.eviction_writes_in_flight_max;
+        // Written only at a new maximum: no shared write per write-back.
+        if in_flight > most.load(Ordering::Relaxed) {
+            most.fetch_max(in_flight, Ordering::Relaxed);
+        }
         Ok(true)
     }
 

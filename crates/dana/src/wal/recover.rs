@@ -56,7 +56,8 @@ pub struct Recovered {
     /// Keys that leaf cuts left out to fit, each written again by a commit
     /// that recovery re-applies.
     pub keys_left_to_reapply: u64,
-    /// Whole flushes found after where a log ended ([`Scan::flushes_past_end`]).
+    /// Flushes found past where a log ended, beside a torn one, summed
+    /// over the logs (a lower bound: [`Scan::flushes_past_end`]).
     pub flushes_past_end: u64,
     /// Committed writes to re-apply, by GSN, in GSN order.
     pub commits: Vec<(u64, Vec<Write<'static>>)>,
@@ -315,18 +316,18 @@ pub fn scan(stream: &[u8], ctl: &Control) -> Result<Scan> {
         if stream.get(off + 16) == Some(&(Kind::Flush as u8)) {
             if let Parsed::Record(r) = record::parse(&stream[off..], at) {
                 let durable = record::flush_durable(&r)?;
-                if r.kind == Kind::Flush && durable <= broken_at {
+                if r.kind == Kind::Flush {
+                    if durable > broken_at {
+                        return Err(Error::CorruptLog {
+                            offset: CONTROL_BYTES + broken_at % cap,
+                            what: format!(
+                                "the log breaks at LSN {broken_at}, but a flush at LSN {at} was \
+                                 issued after LSN {durable} was durable: records that had been \
+                                 durable are damaged"
+                            ),
+                        });
+                    }
                     markers_past_end += 1;
-                }
-                if r.kind == Kind::Flush && durable > broken_at {
-                    return Err(Error::CorruptLog {
-                        offset: CONTROL_BYTES + broken_at % cap,
-                        what: format!(
-                            "the log breaks at LSN {broken_at}, but a flush at LSN {at} was \
-                             issued after LSN {durable} was durable: records that had been \
-                             durable are damaged"
-                        ),
-                    });
                 }
             }
         }

@@ -262,12 +262,9 @@ impl PageLog for LogSet {
 impl CompletionHandler for LogSet {
     fn complete(&self, kind: RequestKind, id: u64, c: Completion, _: IoTiming) {
         debug_assert_eq!(kind, RequestKind::Log);
-        let Some(log) = self.logs.get(super::log_of_request(id)) else {
-            debug_assert!(
-                false,
-                "a log completion for log {}",
-                super::log_of_request(id)
-            );
+        let index = super::log_of_request(id);
+        let Some(log) = self.logs.get(index) else {
+            debug_assert!(false, "a log completion for log {index}");
             return;
         };
         log.flush_completed(id, c);

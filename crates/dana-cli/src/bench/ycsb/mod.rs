@@ -347,17 +347,17 @@ fn run_peers(a: &YcsbArgs, runs: &[YcsbRun]) -> CliResult<Vec<peer::PeerYcsbRun>
     let quiet = a.output.quiet || a.output.json;
     for name in a.engines.iter().filter(|e| e.as_str() != "dana") {
         let cache = runs.first().map_or(64 << 20, |r| r.pool_bytes);
-        let rss0 = crate::report::rss_bytes();
-        let engine = peer::open_loaded(
-            name,
-            &a.path.join("peers"),
-            cache,
-            cores,
+        let cfg = crate::peers::PeerConfig {
+            dir: a.path.join("peers"),
+            cache_bytes: cache as usize,
+            threads: cores,
+            direct_io: true,
             sync_writes,
-            a.records,
-            a.value_size,
-            quiet,
-        )?;
+            // YCSB writes: the budget covers RocksDB's memtables too.
+            memtables_in_budget: true,
+        };
+        let rss0 = crate::report::rss_bytes();
+        let engine = peer::open_loaded(name, &cfg, a.records, a.value_size, quiet)?;
         for r in runs {
             let first = out.len();
             for &threads in &a.peer_threads {
@@ -368,13 +368,13 @@ fn run_peers(a: &YcsbArgs, runs: &[YcsbRun]) -> CliResult<Vec<peer::PeerYcsbRun>
                     a.value_size,
                     threads,
                     cache,
-                    sync_writes,
                     Duration::from_secs_f64(a.warmup),
                     Duration::from_secs_f64(a.seconds),
                     disk.as_ref(),
                     quiet,
                 )?;
                 p.dana_over_peer = Some(r.m.ops_per_s / p.ops_per_s.max(1e-9));
+                p.sync_writes = sync_writes;
                 p.rss_added_bytes = crate::report::rss_bytes().saturating_sub(rss0);
                 out.push(p);
             }

@@ -72,30 +72,15 @@ const KINDS: [(&str, OpKind); 5] = [
     ("rmw", OpKind::Rmw),
 ];
 
-/// Opens `name` under `dir`, loading `records` if needed; `threads`
-/// sizes the engine's background work, `sync_writes` makes every write
-/// durable when it returns.
-#[allow(clippy::too_many_arguments)]
+/// Opens `name` as `cfg` says, loading `records` if needed.
 pub fn open_loaded(
     name: &str,
-    dir: &std::path::Path,
-    cache_bytes: u64,
-    threads: usize,
-    sync_writes: bool,
+    cfg: &PeerConfig,
     records: u64,
     value_size: usize,
     quiet: bool,
 ) -> CliResult<Box<dyn PeerEngine>> {
-    let cfg = PeerConfig {
-        dir: dir.to_path_buf(),
-        cache_bytes: cache_bytes as usize,
-        threads,
-        direct_io: true,
-        sync_writes,
-        // YCSB writes: the budget covers RocksDB's memtables too.
-        memtables_in_budget: true,
-    };
-    let engine = peers::open(name, &cfg)?;
+    let engine = peers::open(name, cfg)?;
     let pb = bar(quiet, records, &format!("loading {name}"));
     engine.load(records, value_size, &|k, buf| fill_value(k, 0, buf), &|d| {
         pb.set_position(d)
@@ -162,7 +147,6 @@ pub fn run(
     value_size: usize,
     threads: usize,
     cache_bytes: u64,
-    sync_writes: bool,
     warmup: Duration,
     window: Duration,
     disk: Option<&Disk>,
@@ -251,7 +235,7 @@ pub fn run(
         disk_reads_per_s: d.map(|d| d.reads as f64 / secs),
         disk_writes_per_op: d.map(|d| d.writes as f64 / ops as f64),
         disk_write_bytes_per_op: d.map(|d| d.write_bytes as f64 / ops as f64),
-        sync_writes,
+        sync_writes: false,
         rss_added_bytes: 0,
         cpu_us_per_op: cpu * 1e6 / ops as f64,
         dana_over_peer: None,
