@@ -439,9 +439,13 @@ fn peer_run(
         &format!("loading {name}"),
     );
     let t0 = Instant::now();
-    engine.load(load.records, load.value_size, &value_of, &|d| {
-        pb.set_position(d)
-    })?;
+    engine.load(
+        load.records,
+        load.value_size,
+        peers::LoadKeys::PLAIN,
+        &value_of,
+        &|d| pb.set_position(d),
+    )?;
     let load_seconds = t0.elapsed().as_secs_f64();
     pb.finish_and_clear();
     let state = RunState::default();

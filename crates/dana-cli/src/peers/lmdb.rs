@@ -20,7 +20,9 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::path::PathBuf;
 use std::ptr;
 
-use super::{already_loaded, engine_dir, write_marker, PeerConfig, PeerEngine, Pool, LOAD_BATCH};
+use super::{
+    already_loaded, engine_dir, write_marker, LoadKeys, PeerConfig, PeerEngine, Pool, LOAD_BATCH,
+};
 use crate::{CliError, CliResult};
 
 #[repr(C)]
@@ -353,10 +355,11 @@ impl PeerEngine for Lmdb {
         &self,
         records: u64,
         value_size: usize,
+        keys: LoadKeys<'_>,
         value: &(dyn Fn(u64, &mut [u8]) + Sync),
         progress: &(dyn Fn(u64) + Sync),
     ) -> CliResult<()> {
-        if already_loaded(&self.dir, records, value_size)? {
+        if already_loaded(&self.dir, records, value_size, keys)? {
             progress(records);
             return Ok(());
         }
@@ -386,8 +389,9 @@ impl PeerEngine for Lmdb {
             let end = (i + LOAD_BATCH * 8).min(records);
             self.write(|txn| {
                 for j in i..end {
-                    value(j, &mut buf);
-                    let key = j.to_be_bytes();
+                    let k = keys.number(j);
+                    value(k, &mut buf);
+                    let key = (keys.key)(k);
                     let (mut k, mut v) = (MdbVal::of(&key), MdbVal::of(&buf));
                     // SAFETY: `txn` is the live write transaction; key and
                     // value are valid for their sizes and copied by LMDB.
@@ -401,7 +405,7 @@ impl PeerEngine for Lmdb {
         }
         // SAFETY: the environment is open.
         check(unsafe { mdb_env_sync(self.env, 1) }, "syncing the load")?;
-        write_marker(&self.dir, records, value_size)
+        write_marker(&self.dir, records, value_size, keys)
     }
 
     fn get(&self, key: &[u8], out: &mut Vec<u8>) -> CliResult<bool> {

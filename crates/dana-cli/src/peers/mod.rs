@@ -86,18 +86,54 @@ mod wiredtiger;
 #[allow(unsafe_code)]
 mod wiredtiger_txn;
 
+/// The keys a load writes: the key of each key number, and the order of
+/// the key numbers that is ascending key order (the engines' bulk loaders
+/// need sorted input, and dana's loaders fill leaves best that way). Its
+/// scheme is recorded in the load marker, so a load of other keys is
+/// never reused.
+#[derive(Clone, Copy)]
+pub struct LoadKeys<'a> {
+    /// Name recorded in the marker (`plain`, `hashed`).
+    pub scheme: &'static str,
+    /// The 8-byte key of key number `k`.
+    #[allow(dead_code)] // unused without engine features
+    pub key: fn(u64) -> [u8; 8],
+    /// Key numbers `0..records` in ascending order of their keys; `None`
+    /// when that is `0..records` itself.
+    pub sorted: Option<&'a [u64]>,
+}
+
+impl LoadKeys<'static> {
+    /// Key number `k`'s key is `k` big-endian: number order is key order.
+    pub const PLAIN: LoadKeys<'static> = LoadKeys {
+        scheme: "plain",
+        key: u64::to_be_bytes,
+        sorted: None,
+    };
+}
+
+impl LoadKeys<'_> {
+    /// The key number of the `i`-th key in ascending key order.
+    #[allow(dead_code)] // unused without engine features
+    pub fn number(&self, i: u64) -> u64 {
+        self.sorted.map_or(i, |s| s[i as usize])
+    }
+}
+
 /// A key-value engine the benchmarks compare dana with.
 pub trait PeerEngine: Send + Sync {
     fn name(&self) -> &'static str;
-    /// Loads keys 0..records (key = i as u64 big-endian, 8 bytes) with
-    /// `value_size`-byte values made by `value(i, &mut buf)`; calls
-    /// progress(done) now and then. Bulk-load-friendly (batches, ascending
-    /// order) but the result is a normal, queryable database. Returns at
-    /// once if the directory already holds this load (see the module doc).
+    /// Loads key numbers 0..records, keyed as `keys` says (8 bytes) and
+    /// written in ascending key order, with `value_size`-byte values made
+    /// by `value(k, &mut buf)` for key number `k`; calls progress(done)
+    /// now and then. Bulk-load-friendly (batches, ascending order) but the
+    /// result is a normal, queryable database. Returns at once if the
+    /// directory already holds this load (see the module doc).
     fn load(
         &self,
         records: u64,
         value_size: usize,
+        keys: LoadKeys<'_>,
         value: &(dyn Fn(u64, &mut [u8]) + Sync),
         progress: &(dyn Fn(u64) + Sync),
     ) -> CliResult<()>;
@@ -229,8 +265,9 @@ fn engine_dir(cfg: &PeerConfig, name: &str) -> CliResult<PathBuf> {
     Ok(dir)
 }
 
-/// The `(records, value_size)` of the marker in `dir`, if any.
-fn read_marker(dir: &Path) -> CliResult<Option<(u64, usize)>> {
+/// The `(records, value_size, key scheme)` of the marker in `dir`, if
+/// any (a marker without a scheme predates it: plain keys).
+fn read_marker(dir: &Path) -> CliResult<Option<(u64, usize, String)>> {
     let path = dir.join(MARKER);
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
@@ -239,15 +276,18 @@ fn read_marker(dir: &Path) -> CliResult<Option<(u64, usize)>> {
     };
     let mut records = None;
     let mut value_size = None;
+    let mut scheme = LoadKeys::PLAIN.scheme.to_string();
     for line in text.lines() {
         if let Some(v) = line.strip_prefix("records=") {
             records = v.trim().parse::<u64>().ok();
         } else if let Some(v) = line.strip_prefix("value_size=") {
             value_size = v.trim().parse::<usize>().ok();
+        } else if let Some(v) = line.strip_prefix("keys=") {
+            scheme = v.trim().to_string();
         }
     }
     match (records, value_size) {
-        (Some(r), Some(v)) => Ok(Some((r, v))),
+        (Some(r), Some(v)) => Ok(Some((r, v, scheme))),
         _ => Err(CliError(format!(
             "{}: malformed marker (remove the directory to reload)",
             path.display()
@@ -258,26 +298,30 @@ fn read_marker(dir: &Path) -> CliResult<Option<(u64, usize)>> {
 /// True if `dir` already holds exactly this load; an error if it holds
 /// another one.
 #[allow(dead_code)] // unused without engine features
-fn already_loaded(dir: &Path, records: u64, value_size: usize) -> CliResult<bool> {
+fn already_loaded(dir: &Path, records: u64, value_size: usize, keys: LoadKeys) -> CliResult<bool> {
     match read_marker(dir)? {
         None => Ok(false),
-        Some((r, v)) if r == records && v == value_size => Ok(true),
-        Some((r, v)) => Err(CliError(format!(
-            "{} holds a load of {r} records of {v} bytes, not {records} of \
-             {value_size}: remove the directory to reload",
-            dir.display()
+        Some((r, v, k)) if r == records && v == value_size && k == keys.scheme => Ok(true),
+        Some((r, v, k)) => Err(CliError(format!(
+            "{} holds a load of {r} records of {v} bytes with {k} keys, not {records} \
+             of {value_size} with {} keys: remove the directory to reload",
+            dir.display(),
+            keys.scheme
         ))),
     }
 }
 
 /// Records a complete load (written last, atomically).
 #[allow(dead_code)] // unused without engine features
-fn write_marker(dir: &Path, records: u64, value_size: usize) -> CliResult<()> {
+fn write_marker(dir: &Path, records: u64, value_size: usize, keys: LoadKeys) -> CliResult<()> {
     let tmp = dir.join(format!("{MARKER}.tmp"));
     let path = dir.join(MARKER);
     std::fs::write(
         &tmp,
-        format!("records={records}\nvalue_size={value_size}\n"),
+        format!(
+            "records={records}\nvalue_size={value_size}\nkeys={}\n",
+            keys.scheme
+        ),
     )
     .context(format_args!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, &path).context(format_args!("renaming to {}", path.display()))
@@ -379,11 +423,22 @@ mod tests {
     #[test]
     fn peers_marker_round_trip_and_mismatch() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(!already_loaded(dir.path(), 10, 100).unwrap());
-        write_marker(dir.path(), 10, 100).unwrap();
-        assert!(already_loaded(dir.path(), 10, 100).unwrap());
-        let e = already_loaded(dir.path(), 11, 100).unwrap_err();
+        let plain = LoadKeys::PLAIN;
+        assert!(!already_loaded(dir.path(), 10, 100, plain).unwrap());
+        write_marker(dir.path(), 10, 100, plain).unwrap();
+        assert!(already_loaded(dir.path(), 10, 100, plain).unwrap());
+        let e = already_loaded(dir.path(), 11, 100, plain).unwrap_err();
         assert!(e.to_string().contains("remove the directory"), "{e}");
+        // Other keys are another load, never reused.
+        let other = LoadKeys {
+            scheme: "hashed",
+            ..plain
+        };
+        let e = already_loaded(dir.path(), 10, 100, other).unwrap_err();
+        assert!(e.to_string().contains("with plain keys"), "{e}");
+        // A marker written before schemes were recorded holds plain keys.
+        std::fs::write(dir.path().join(MARKER), "records=10\nvalue_size=100\n").unwrap();
+        assert!(already_loaded(dir.path(), 10, 100, plain).unwrap());
     }
 
     #[test]
@@ -395,7 +450,7 @@ mod tests {
         let d = engine_dir(&c, "x").unwrap();
         assert!(!d.join("junk").exists());
         std::fs::write(d.join("junk"), b"kept").unwrap();
-        write_marker(&d, 1, 1).unwrap();
+        write_marker(&d, 1, 1, LoadKeys::PLAIN).unwrap();
         let d = engine_dir(&c, "x").unwrap();
         assert!(d.join("junk").exists());
     }
@@ -423,7 +478,7 @@ mod tests {
             let e = open(name, &c).unwrap();
             assert_eq!(e.name(), name);
             let last = AtomicUsize::new(0);
-            e.load(N, VS, &value, &|d| {
+            e.load(N, VS, LoadKeys::PLAIN, &value, &|d| {
                 last.store(d as usize, Ordering::Relaxed)
             })
             .unwrap();
@@ -485,6 +540,7 @@ mod tests {
         e.load(
             N,
             VS,
+            LoadKeys::PLAIN,
             &|_, _| {
                 calls.fetch_add(1, Ordering::Relaxed);
             },
@@ -501,6 +557,6 @@ mod tests {
         assert_eq!(out, b"five");
         assert!(e.get(&(N + 10).to_be_bytes(), &mut out).unwrap());
         assert_eq!(out, b"new");
-        assert!(e.load(N + 1, VS, &value, &|_| {}).is_err());
+        assert!(e.load(N + 1, VS, LoadKeys::PLAIN, &value, &|_| {}).is_err());
     }
 }

@@ -22,7 +22,9 @@ use std::ffi::{c_char, c_int, c_uchar, c_void, CStr};
 use std::path::PathBuf;
 use std::ptr;
 
-use super::{already_loaded, engine_dir, write_marker, PeerConfig, PeerEngine, LOAD_BATCH};
+use super::{
+    already_loaded, engine_dir, write_marker, LoadKeys, PeerConfig, PeerEngine, LOAD_BATCH,
+};
 use crate::{CliError, CliResult};
 
 macro_rules! opaque {
@@ -313,10 +315,11 @@ impl PeerEngine for RocksDb {
         &self,
         records: u64,
         value_size: usize,
+        keys: LoadKeys<'_>,
         value: &(dyn Fn(u64, &mut [u8]) + Sync),
         progress: &(dyn Fn(u64) + Sync),
     ) -> CliResult<()> {
-        if already_loaded(&self.dir, records, value_size)? {
+        if already_loaded(&self.dir, records, value_size, keys)? {
             progress(records);
             return Ok(());
         }
@@ -331,8 +334,9 @@ impl PeerEngine for RocksDb {
         };
         let mut buf = vec![0u8; value_size];
         for i in 0..records {
-            value(i, &mut buf);
-            let key = i.to_be_bytes();
+            let k = keys.number(i);
+            value(k, &mut buf);
+            let key = (keys.key)(k);
             // SAFETY: the batch is live; key and value are valid for their
             // lengths and copied into the batch.
             unsafe {
@@ -366,7 +370,7 @@ impl PeerEngine for RocksDb {
         // SAFETY: null start/limit means the whole key range; blocks until
         // the manual compaction is done.
         unsafe { rocksdb_compact_range(self.db, ptr::null(), 0, ptr::null(), 0) };
-        write_marker(&self.dir, records, value_size)
+        write_marker(&self.dir, records, value_size, keys)
     }
 
     fn get(&self, key: &[u8], out: &mut Vec<u8>) -> CliResult<bool> {

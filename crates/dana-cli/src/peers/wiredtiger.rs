@@ -27,7 +27,9 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::PathBuf;
 use std::ptr;
 
-use super::{already_loaded, engine_dir, write_marker, PeerConfig, PeerEngine, Pool, LOAD_BATCH};
+use super::{
+    already_loaded, engine_dir, write_marker, LoadKeys, PeerConfig, PeerEngine, Pool, LOAD_BATCH,
+};
 use crate::{CliError, CliResult};
 
 pub(super) const WT_ROLLBACK: c_int = -31800;
@@ -454,10 +456,11 @@ impl PeerEngine for WiredTiger {
         &self,
         records: u64,
         value_size: usize,
+        keys: LoadKeys<'_>,
         value: &(dyn Fn(u64, &mut [u8]) + Sync),
         progress: &(dyn Fn(u64) + Sync),
     ) -> CliResult<()> {
-        if already_loaded(&self.dir, records, value_size)? {
+        if already_loaded(&self.dir, records, value_size, keys)? {
             progress(records);
             return Ok(());
         }
@@ -481,8 +484,9 @@ impl PeerEngine for WiredTiger {
             let mut buf = vec![0u8; value_size];
             let mut rc = 0;
             for i in 0..records {
-                value(i, &mut buf);
-                let key = i.to_be_bytes();
+                let k = keys.number(i);
+                value(k, &mut buf);
+                let key = (keys.key)(k);
                 let (k, v) = (WtItem::of(&key), WtItem::of(&buf));
                 // SAFETY: the cursor is live; the items point at buffers
                 // that live across the insert, which copies them.
@@ -513,7 +517,7 @@ impl PeerEngine for WiredTiger {
         unsafe { wt!(session, close, ptr::null()) };
         result?;
         progress(records);
-        write_marker(&self.dir, records, value_size)
+        write_marker(&self.dir, records, value_size, keys)
     }
 
     fn get(&self, key: &[u8], out: &mut Vec<u8>) -> CliResult<bool> {

@@ -9,12 +9,17 @@
 //! Data: `--records` records, 8-byte keys, `--value-size`-byte values
 //! (`--fields-10x100`: YCSB's 10 fields x 100 bytes, stored as one
 //! 1000-byte value). Keys are an invertible hash of the key number
-//! (YCSB's default `insertorder=hashed`), so the load and the inserts of
-//! D and E land all over the tree. The load goes through the async API
-//! from many tasks, into a database without a log (a run with a log
-//! formats one when it opens), and is reused by later runs (a marker file
-//! records the loaded and the current record count); a log-off run
-//! reloads data that has a log, since such a database keeps using it.
+//! (YCSB's default `insertorder=hashed`), so the inserts of D and E land
+//! all over the tree. Every engine, dana and the peers, is loaded with
+//! the same keys in ascending key order (the peers' bulk loaders need
+//! sorted input; a B+tree loaded that way fills its leaves, ~92%, where
+//! a load in hashed order leaves them ~70% full). dana's load goes
+//! through the async API from one task (one ascending stream: ascending
+//! ranges in parallel tasks fill leaves to half, ARCHITECTURE.md), into a
+//! database without a log (a run with a log formats one when it opens),
+//! and is reused by later runs (a marker file records the loaded and the
+//! current record count); a log-off run reloads data that has a log,
+//! since such a database keeps using it.
 //!
 //! Runs change the data (updates, RMWs, inserts), as in YCSB; a later run
 //! reuses the changed database, which YCSB allows. After a workload that
@@ -46,7 +51,9 @@ use super::{
 };
 use crate::report::Machine;
 use crate::{CliError, CliResult, Context};
-use workload::{fill_value, key_of, modify, value_ok, Mix, Op, OpKind, Shared, Workload};
+use workload::{
+    fill_value, key_of, modify, numbers_in_key_order, value_ok, Mix, Op, OpKind, Shared, Workload,
+};
 
 const TREE: &str = "ycsb";
 const PAGE: usize = 4096;
@@ -95,8 +102,9 @@ pub struct YcsbArgs {
     #[arg(long, default_value = "./dana-data/ycsb")]
     pub path: PathBuf,
     /// Engines: dana and peers (rocksdb, wiredtiger, lmdb; each needs its
-    /// cargo feature). Peers get dana's cache budget, `--workers`
-    /// threads, and keys in order (see `ycsb/peer.rs`).
+    /// cargo feature). Peers get dana's cache budget and keys, loaded in
+    /// the same order, and run at each of `--peer-threads` (see
+    /// `ycsb/peer.rs`).
     #[arg(long, value_delimiter = ',', default_value = "dana")]
     pub engines: Vec<String>,
     /// Client thread counts each peer engine runs every workload at (one
@@ -295,8 +303,9 @@ pub fn run(args: &YcsbArgs) -> CliResult<()> {
         ));
     }
     // Peer engines (`--engines`) plug in here: for each `PeerEngine`, load
-    // with `PeerEngine::load(records, value_size, &fill_value(k, 0, ..))`
-    // keyed by `key_of(k)`, then run the same `Shared::op_gen` streams
+    // with `PeerEngine::load(records, value_size, hashed_load_keys(..),
+    // &fill_value(k, 0, ..))` (keys `key_of(k)` in key order), then run
+    // the same `Shared::op_gen` streams
     // from plain threads (one `OpGen` per client thread) executing
     // Read/Update/Insert/Scan/Rmw through get/put/scan (Rmw = get + put),
     // timing each op into the same per-kind histograms as `run_workload`.
@@ -319,7 +328,8 @@ pub fn run(args: &YcsbArgs) -> CliResult<()> {
         eviction: format!("{:?}", a.engine.eviction).to_lowercase(),
         key_bytes: KEY_BYTES,
         value_size: a.value_size,
-        insert_order: "hashed (key = big-endian splitmix64 finaliser of the key number)",
+        insert_order:
+            "hashed (key = big-endian splitmix64 finaliser of the key number; loaded in key order)",
         files: data_files(&a.path),
         peers: run_peers(&a, &runs)?,
         runs,
@@ -394,7 +404,7 @@ fn mark_best(runs: &mut [peer::PeerYcsbRun]) {
 
 fn marker_prefix(a: &YcsbArgs) -> String {
     format!(
-        "ycsb loaded={} value_size={} page_size={PAGE} records=",
+        "ycsb loaded={} value_size={} page_size={PAGE} order=keys records=",
         a.records, a.value_size
     )
 }
@@ -439,8 +449,8 @@ fn ensure_loaded(a: &YcsbArgs, force: bool) -> CliResult<LoadInfo> {
     }
     std::fs::create_dir_all(&a.path).context(format!("creating {}", a.path.display()))?;
     clear_dana_files(&a.path)?;
-    // Random-order inserts leave leaves ~70% full; size the files with
-    // room for the inserts of D and E.
+    // A load in key order fills leaves ~92%, the random inserts of D and
+    // E ~70%; size the files with room for both.
     let per_record = (KEY_BYTES + a.value_size + 12) as u64;
     let estimate = a.records * per_record * 100 / 65 + (8 << 20);
     let capacity = estimate * 2 + (64 << 20);
@@ -458,17 +468,19 @@ fn ensure_loaded(a: &YcsbArgs, force: bool) -> CliResult<LoadInfo> {
             .durability(dana::Durability::Off),
     )?;
     let tree = db.create_tree(TREE)?.unlogged_btree().clone();
-    let record: crate::bench::RecordFn = Arc::new(|i, v| {
-        fill_value(i, 0, v);
-        key_of(i)
+    let sorted = Arc::new(numbers_in_key_order(a.records));
+    let record: crate::bench::RecordFn = Arc::new(move |i, v| {
+        let k = sorted[i as usize];
+        fill_value(k, 0, v);
+        key_of(k)
     });
     let seconds = crate::bench::load_records(
         &db,
         &tree,
         a.records,
-        // Hashed keys arrive in random order: tasks in parallel do not
-        // hurt the fill, unlike ascending ranges.
-        (a.engine.workers * 8) as u64,
+        // One ascending stream, as the peers load (ascending ranges in
+        // parallel tasks would leave leaves half full).
+        1,
         a.value_size,
         record,
         a.output.quiet || a.output.json,
@@ -836,7 +848,7 @@ pub fn render(r: &YcsbReport) -> String {
                 }
             }
         }
-        s += "   peers: keys in order (their bulk loaders need sorted input), one synchronous operation at a time per thread; dana: hashed keys.\n";
+        s += "   every engine: the same hashed keys, loaded in key order; peers: one synchronous operation at a time per thread.\n";
     }
     s += "\nnotes: zipfian = scrambled zipfian (0.99) over the records present at the start; latest follows the inserts; updates overwrite the whole value; rmw is one atomic Tree::update; CPU = getrusage user+sys over the window; MB = 10^6 bytes.\n";
     s

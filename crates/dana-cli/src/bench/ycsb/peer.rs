@@ -3,13 +3,13 @@
 //! [`PeerEngine`] trait, one synchronous operation at a time per thread
 //! (the engines' own API), with every write synced when dana's log is.
 //!
-//! Keys differ from dana's in one respect, stated in the report: a peer is
-//! loaded by [`PeerEngine::load`] with keys `k` in big-endian order (its
-//! bulk loaders need sorted input), dana with hashed keys. Reads, updates
-//! and read-modify-writes pick the same key numbers with the same
-//! distributions; scans read `len` records in key order from the chosen
-//! key, which for a peer are consecutive key numbers. Never: counts a
-//! wrong or missing value as a success.
+//! Keys are dana's: [`key_of`] of the key number (hashed), loaded by
+//! [`PeerEngine::load`] in ascending key order as dana's load is (the
+//! peers' bulk loaders need sorted input). Reads, updates and
+//! read-modify-writes pick the same key numbers with the same
+//! distributions, inserts add the same keys, and scans read `len` records
+//! in key order from the same key. Never: counts a wrong or missing value
+//! as a success.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 use dana::stats::{Histogram, HistogramSnapshot};
 use serde::Serialize;
 
-use super::workload::{fill_value, modify, value_ok, Op, OpKind, Shared, Workload};
+use super::workload::{
+    fill_value, hashed_load_keys, key_of, modify, numbers_in_key_order, value_ok, Op, OpKind,
+    Shared, Workload,
+};
 use crate::bench::diskstats::Disk;
 use crate::bench::{bar, Latency, RunState};
 use crate::peers::{self, PeerConfig, PeerEngine};
@@ -82,9 +85,14 @@ pub fn open_loaded(
 ) -> CliResult<Box<dyn PeerEngine>> {
     let engine = peers::open(name, cfg)?;
     let pb = bar(quiet, records, &format!("loading {name}"));
-    engine.load(records, value_size, &|k, buf| fill_value(k, 0, buf), &|d| {
-        pb.set_position(d)
-    })?;
+    let sorted = numbers_in_key_order(records);
+    engine.load(
+        records,
+        value_size,
+        hashed_load_keys(&sorted),
+        &|k, buf| fill_value(k, 0, buf),
+        &|d| pb.set_position(d),
+    )?;
     pb.finish_and_clear();
     Ok(engine)
 }
@@ -98,7 +106,7 @@ fn execute(
     salt: u8,
     shared: &Shared,
 ) -> Result<(), String> {
-    let key = |k: u64| k.to_be_bytes();
+    let key = key_of;
     match op {
         Op::Read(k) => match engine.get(&key(k), out) {
             Ok(true) if value_ok(k, value_size, out) => Ok(()),

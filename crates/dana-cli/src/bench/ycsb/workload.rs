@@ -293,6 +293,25 @@ pub fn key_of(k: u64) -> [u8; 8] {
     z.to_be_bytes()
 }
 
+/// Key numbers `0..records` in ascending order of their keys
+/// ([`key_of`]): the order every engine is loaded in (a B+tree loaded in
+/// key order fills its leaves; the peers' bulk loaders need it).
+pub fn numbers_in_key_order(records: u64) -> Vec<u64> {
+    let mut numbers: Vec<u64> = (0..records).collect();
+    numbers.sort_by_cached_key(|&k| key_of(k));
+    numbers
+}
+
+/// The peers' load of [`key_of`] keys, in the order `sorted` gives
+/// ([`numbers_in_key_order`]).
+pub fn hashed_load_keys(sorted: &[u64]) -> crate::peers::LoadKeys<'_> {
+    crate::peers::LoadKeys {
+        scheme: "hashed",
+        key: key_of,
+        sorted: Some(sorted),
+    }
+}
+
 /// Fills a value for key number `k`: its first 8 bytes are `k`
 /// (little-endian), so a read can check it got its own record; the rest is
 /// a pattern of `k` and `salt` (updates use a new salt).
@@ -390,6 +409,18 @@ mod tests {
         }
         // ~2,500 inserts happened; the newest keys get most reads.
         assert!(reads_of_new * 2 > reads, "{reads_of_new} of {reads}");
+    }
+
+    #[test]
+    fn the_load_order_is_ascending_key_order_of_every_number() {
+        let sorted = numbers_in_key_order(10_000);
+        assert!(sorted.windows(2).all(|w| key_of(w[0]) < key_of(w[1])));
+        let mut all = sorted.clone();
+        all.sort_unstable();
+        assert!(all.iter().copied().eq(0..10_000));
+        let keys = hashed_load_keys(&sorted);
+        assert_eq!(keys.number(0), sorted[0]);
+        assert_eq!((keys.key)(7), key_of(7));
     }
 
     #[test]
