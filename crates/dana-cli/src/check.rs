@@ -97,6 +97,31 @@ struct JsonReport<'a> {
     catalog: JsonTree<'a>,
     trees: Vec<JsonTree<'a>>,
     findings: Vec<JsonFinding<'a>>,
+    mirrors: Vec<JsonMirror>,
+}
+
+/// One mirrored device's comparison, for JSON.
+#[derive(Serialize, Debug)]
+struct JsonMirror {
+    device: String,
+    states: Vec<String>,
+    pages_compared: u64,
+    divergent_pages: Vec<u64>,
+}
+
+/// A mirrored device's copies, as one line.
+fn mirror_line(m: &dana::check::MirrorCheck) -> String {
+    let states: Vec<String> = m.states.iter().map(|s| format!("{s:?}")).collect();
+    match m.role {
+        dana::io::mirror::Role::Data(_) => format!(
+            "{}: copies [{}], {} pages compared on every healthy copy, {} differ",
+            m.role,
+            states.join(", "),
+            m.pages_compared,
+            m.divergent.len()
+        ),
+        dana::io::mirror::Role::Log(_) => format!("{}: copies [{}]", m.role, states.join(", ")),
+    }
 }
 
 fn json(path: &Path, r: &CheckReport) -> CliResult<String> {
@@ -113,6 +138,16 @@ fn json(path: &Path, r: &CheckReport) -> CliResult<String> {
         catalog: (&r.catalog).into(),
         trees: r.trees.iter().map(JsonTree::from).collect(),
         findings: r.findings.iter().map(JsonFinding::from).collect(),
+        mirrors: r
+            .mirrors
+            .iter()
+            .map(|m| JsonMirror {
+                device: m.role.to_string(),
+                states: m.states.iter().map(|s| format!("{s:?}")).collect(),
+                pages_compared: m.pages_compared,
+                divergent_pages: m.divergent.iter().map(|d| d.0).collect(),
+            })
+            .collect(),
     };
     serde_json::to_string_pretty(&j).context("encoding the report as JSON")
 }
@@ -121,7 +156,8 @@ fn json(path: &Path, r: &CheckReport) -> CliResult<String> {
 /// changing anything), checks it and closes it.
 fn run_checker(args: &CheckArgs) -> CliResult<CheckReport> {
     let first = args.path.join("dana.0");
-    if !first.exists() {
+    // A mirrored database whose copy 0 is gone still has copy 1.
+    if !first.exists() && !args.path.join("dana.0.m1").exists() {
         return Err(CliError(format!(
             "{} is not a dana database (no {})",
             args.path.display(),
@@ -151,6 +187,9 @@ pub fn run_check(args: &CheckArgs) -> CliResult<()> {
     } else {
         for f in &r.findings {
             println!("{f}");
+        }
+        for m in &r.mirrors {
+            println!("{}", mirror_line(m));
         }
         let pages = r.catalog.pages() + r.trees.iter().map(TreeStats::pages).sum::<u64>();
         println!(
@@ -238,6 +277,9 @@ pub fn run_inspect(args: &CheckArgs) -> CliResult<()> {
         ),
         r.space.next_unused
     );
+    for m in &r.mirrors {
+        println!("mirror       {}", mirror_line(m));
+    }
     if r.is_ok() {
         println!("check        clean");
     } else {

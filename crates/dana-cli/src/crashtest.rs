@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use dana::io::mirror::CopyState;
 use dana::io::sim::{Fault, PowerCutPolicy, PowerSwitch, SimConfig, SimDisk};
 use dana::io::{Array, Target};
 use dana::wal::control::Control;
@@ -94,6 +95,18 @@ pub struct CrashArgs {
     /// had to survive, in each simulated run; the run must then fail.
     #[arg(long)]
     pub plant_loss: bool,
+    /// Mirror every file of the kill -9 cycles (two copies:
+    /// `Options::mirrored`), and between cycles damage copy 1: a byte
+    /// flipped in a random page of the data file's copy, or (every fifth
+    /// cycle) a copy file removed, so the next child opens degraded and
+    /// rebuilds it while committing (a kill can land mid-rebuild, which
+    /// the next open resumes). Copy 0 is never touched, so nothing may be
+    /// lost. After the cycles the database is rebuilt and checked: the
+    /// copies may differ only where copy 1 holds a flipped byte not read
+    /// since. Only the kill -9 cycles run (simulated power cuts on
+    /// mirrored devices: `crates/dana/tests/mirror.rs`).
+    #[arg(long)]
+    pub mirrored: bool,
     /// Directory for the kill -9 runs (default: a temporary directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -310,7 +323,9 @@ fn judge(
     let report = db
         .check()
         .map_err(|e| format!("check failed to run: {e}"))?;
-    if !report.is_ok() {
+    // A mirror's degraded or differing copies are judged after the
+    // cycles (`final_mirror_check`); the data itself must be whole.
+    if !report.data_ok() {
         return Err(format!("check found problems: {:?}", report.findings));
     }
     let got = contents(db).map_err(|e| format!("reading the trees: {e}"))?;
@@ -446,6 +461,13 @@ fn log_flush_block() -> u64 {
 /// `--log-flushes-in-flight` (0: the default).
 static LOG_FLUSHES_IN_FLIGHT: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
+
+/// `--mirrored`.
+static MIRRORED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn mirrored() -> bool {
+    MIRRORED.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// The most flushes in flight every log of the run takes.
 fn log_flushes_in_flight() -> usize {
@@ -871,6 +893,12 @@ pub struct Totals {
     pub leaf_cuts: (u64, u64),
     /// Later flushes found past where a log ended, summed.
     pub flushes_past_end: u64,
+    /// `--mirrored`: bytes flipped in copy 1.
+    pub flipped: u64,
+    /// `--mirrored`: copy files removed.
+    pub removed: u64,
+    /// `--mirrored`: opens that found a copy failed or rebuilding.
+    pub degraded_opens: u64,
 }
 
 /// The mode of crash point or kill cycle `n`: Sync and Async alternate,
@@ -1095,8 +1123,12 @@ pub fn fault_run(
 // ---- kill -9 --------------------------------------------------------------
 
 fn kill_options(durability: Durability, log_sync: bool) -> Options {
-    Options::default()
-        .log_flush_block(log_flush_block())
+    let o = if mirrored() {
+        Options::default().mirrored()
+    } else {
+        Options::default()
+    };
+    o.log_flush_block(log_flush_block())
         .log_flushes_in_flight(log_flushes_in_flight())
         .log_write_through_max(if log_sync {
             0
@@ -1129,6 +1161,16 @@ fn child(
         .map(|n| db.tree_or_create(n))
         .collect::<Result<_, _>>()?;
     let max = trees[0].max_inline_value_len();
+    let degraded = db
+        .mirror_status()
+        .iter()
+        .any(|g| g.copies.iter().any(|c| c.state != CopyState::Healthy));
+    if degraded {
+        // Rebuild the copy the parent removed while the committers run:
+        // the kill may land in the middle of it.
+        let db = db.clone();
+        std::thread::spawn(move || db.rebuild());
+    }
     println!("ready");
     let out = Arc::new(Mutex::new(std::io::stdout()));
     let threads: Vec<_> = starts
@@ -1219,6 +1261,9 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
                 dir.display()
             )
         };
+        if mirrored() && c > 0 {
+            damage_copy_1(dir, c, &mut rng, &mut t).map_err(fail)?;
+        }
         let starts: Vec<String> = next.iter().map(u64::to_string).collect();
         let mut cmd = Command::new(&exe);
         cmd.args([
@@ -1242,6 +1287,9 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
             "--log-flushes-in-flight",
             &log_flushes_in_flight().to_string(),
         ]);
+        if mirrored() {
+            cmd.arg("--mirrored");
+        }
         let (mut child, rx, reader) = spawn_child(cmd.arg("--dir").arg(dir)).map_err(fail)?;
         let early = c % 3 == 2;
         if early {
@@ -1319,6 +1367,11 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
                 }
             })
             .collect();
+        t.degraded_opens += u64::from(
+            db.mirror_status()
+                .iter()
+                .any(|g| g.copies.iter().any(|c| c.state != CopyState::Healthy)),
+        );
         let (judged, matched) = judge(&db, &model, &logs, false).map_err(fail)?;
         db.close().map_err(|e| fail(format!("close: {e}")))?;
         t.runs += 1;
@@ -1346,12 +1399,86 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
             next[log.task as usize] += j as u64;
         }
     }
+    if mirrored() {
+        final_mirror_check(dir).map_err(|e| format!("after the kill cycles: {e}"))?;
+    }
     Ok(t)
+}
+
+/// `--mirrored`, between two kill cycles: flips a byte in a random page of
+/// the data file's copy 1, or (every fifth cycle) removes one of copy 1's
+/// files. Copy 0 is never touched.
+fn damage_copy_1(dir: &Path, cycle: u64, rng: &mut XorShift, t: &mut Totals) -> Result<(), String> {
+    use std::os::unix::fs::FileExt;
+    if cycle % 5 == 3 {
+        let files = ["dana.0.m1", "dana.wal.m1", "dana.wal.1.m1"];
+        let f = dir.join(files[(rng.next_u64() % files.len() as u64) as usize]);
+        if f.exists() {
+            std::fs::remove_file(&f).map_err(|e| format!("removing {}: {e}", f.display()))?;
+            t.removed += 1;
+        }
+        return Ok(());
+    }
+    let path = dir.join("dana.0.m1");
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+    else {
+        return Ok(()); // removed, rebuilt by a later child
+    };
+    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    let label = dana::io::mirror::LABEL_BYTES;
+    if len <= label + 4096 {
+        return Ok(());
+    }
+    let at = label + rng.next_u64() % (len - label);
+    let mut b = [0u8; 1];
+    file.read_exact_at(&mut b, at).map_err(|e| e.to_string())?;
+    file.write_all_at(&[b[0] ^ 0x40], at)
+        .map_err(|e| e.to_string())?;
+    file.sync_all().map_err(|e| e.to_string())?;
+    t.flipped += 1;
+    Ok(())
+}
+
+/// `--mirrored`, after the cycles: every copy rebuilt, and the copies of
+/// the data file differing only where copy 1 holds a flipped byte that no
+/// read met since (copy 0 valid, copy 1 damaged).
+fn final_mirror_check(dir: &Path) -> Result<(), String> {
+    let db =
+        Db::open(dir, kill_options(Durability::Sync, false)).map_err(|e| format!("open: {e}"))?;
+    db.rebuild().map_err(|e| format!("rebuild: {e}"))?;
+    db.checkpoint().map_err(|e| format!("checkpoint: {e}"))?;
+    let report = db.check().map_err(|e| format!("check: {e}"))?;
+    db.close().map_err(|e| format!("close: {e}"))?;
+    if report.mirrors.is_empty() {
+        return Err("the database is not mirrored".into());
+    }
+    for m in &report.mirrors {
+        if m.states.iter().any(|s| *s != CopyState::Healthy) {
+            return Err(format!(
+                "{} still degraded after the rebuild: {:?}",
+                m.role, m.states
+            ));
+        }
+        if let Some((page, valid)) = m.divergent.iter().find(|(_, v)| v[..] != [true, false]) {
+            return Err(format!(
+                "page {page} of {} differs between the copies (valid: {valid:?}): not a flipped byte of copy 1",
+                m.role
+            ));
+        }
+    }
+    if !report.data_ok() {
+        return Err(format!("check: {:?}", report.findings));
+    }
+    Ok(())
 }
 
 /// `dana crashtest`.
 pub fn run(args: &CrashArgs) -> CliResult<()> {
     LOG_FLUSH_BLOCK.store(args.log_flush_block, std::sync::atomic::Ordering::Relaxed);
+    MIRRORED.store(args.mirrored, std::sync::atomic::Ordering::Relaxed);
     LOG_FLUSHES_IN_FLIGHT.store(
         args.log_flushes_in_flight,
         std::sync::atomic::Ordering::Relaxed,
@@ -1373,6 +1500,9 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
     }
     if args.workload == Workload::Tpcc {
         return tpcc_kills(args);
+    }
+    if args.mirrored {
+        return mirrored_kills(args);
     }
     if let Some(point) = args.point {
         let o = sim_run(SimRun {
@@ -1495,6 +1625,32 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         )));
     }
     lost_is_failure(lost, false)
+}
+
+/// `dana crashtest --mirrored`: the kill -9 cycles on mirrored files,
+/// copy 1 damaged between cycles.
+fn mirrored_kills(args: &CrashArgs) -> CliResult<()> {
+    let dir = kill_dir(args)?;
+    let started = Instant::now();
+    let k = kill_cycles(&dir, args.seed, args.kills, args.tasks).map_err(CliError)?;
+    println!(
+        "kill -9, mirrored: {} cycles ({} async, {} killed while opening), {} committers; copy 1 damaged between cycles: {} bytes flipped, {} files removed; {} opens found a copy failed or rebuilding; {} commits required, {} found, lost {}, and after the cycles every copy rebuilt and the copies identical but for flipped bytes not read since; in {:.1} s",
+        k.runs,
+        k.async_runs,
+        k.early_kills,
+        args.tasks,
+        k.flipped,
+        k.removed,
+        k.degraded_opens,
+        k.judged.required,
+        k.judged.found,
+        k.judged.lost(),
+        started.elapsed().as_secs_f64()
+    );
+    if args.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    lost_is_failure(k.judged.lost(), false)
 }
 
 /// The directory of the kill -9 cycles: `--dir`, or a new temporary one

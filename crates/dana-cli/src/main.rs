@@ -13,6 +13,7 @@ mod error;
 mod iostudy;
 mod pace;
 mod peers;
+mod rebuild;
 #[allow(unsafe_code)]
 mod report;
 mod rng;
@@ -54,6 +55,10 @@ enum Command {
     /// I/O errors, and kill -9 of a child process on real files; every
     /// acknowledged commit must survive, no transaction in part.
     Crashtest(crashtest::CrashArgs),
+    /// Repopulate the failed copies of a mirrored database from its
+    /// healthy ones (a replaced or removed file is recreated), printing
+    /// progress; a rebuild cut short resumes at the next open.
+    Rebuild(rebuild::RebuildArgs),
 }
 
 fn main() {
@@ -64,6 +69,7 @@ fn main() {
         Command::Check(args) => check::run_check(&args),
         Command::Inspect(args) => check::run_inspect(&args),
         Command::Crashtest(args) => crashtest::run(&args),
+        Command::Rebuild(args) => rebuild::run(&args),
     };
     if let Err(e) = result {
         eprintln!("dana: error: {e}");

@@ -197,6 +197,10 @@ pub struct Finding {
     pub tree: Option<String>,
     /// What is wrong, for a human.
     pub what: String,
+    /// The mirrored device it is about, if it is about the copies of one
+    /// (a copy failed or rebuilding, copies that differ): the data is
+    /// intact on the healthy copies.
+    pub mirror: Option<crate::io::mirror::Role>,
 }
 
 impl fmt::Display for Finding {
@@ -242,9 +246,34 @@ pub struct CheckReport {
     pub lost_pages: u64,
     /// Every problem found; empty for a consistent database.
     pub findings: Vec<Finding>,
+    /// What the comparison of every mirrored device's copies found (empty
+    /// without mirrors).
+    pub mirrors: Vec<MirrorCheck>,
+}
+
+/// The comparison of one mirrored data device's copies, page by page, or
+/// of one mirrored log's copies (each read and scanned alone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MirrorCheck {
+    /// The group.
+    pub role: crate::io::mirror::Role,
+    /// Each copy's state.
+    pub states: Vec<crate::io::mirror::CopyState>,
+    /// Pages (data) compared on every healthy copy.
+    pub pages_compared: u64,
+    /// Pages (data) whose healthy copies differ: (page id, for each
+    /// healthy copy whether its version is a valid page).
+    pub divergent: Vec<(u64, Vec<bool>)>,
 }
 
 impl CheckReport {
+    /// True if nothing is wrong but the copies of mirrored devices (every
+    /// finding, if any, is about a failed, rebuilding or differing copy:
+    /// the data itself is whole).
+    pub fn data_ok(&self) -> bool {
+        self.findings.iter().all(|f| f.mirror.is_some())
+    }
+
     /// True if the checker found nothing wrong.
     ///
     /// ```
@@ -352,6 +381,7 @@ impl Checker {
             page,
             tree: tree.map(str::to_string),
             what,
+            mirror: None,
         });
     }
 
@@ -879,5 +909,105 @@ pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
         trees,
         lost_pages,
         findings: c.findings,
+        mirrors: Vec::new(),
     })
+}
+
+/// Compares the copies of every mirrored device: a data device page by
+/// page below the high-water mark (`next_unused`), a log by reading and
+/// scanning each copy alone. Adds a finding for every failed or
+/// rebuilding copy (the array is degraded), every page whose copies
+/// differ, and every log whose copies disagree. Blocking reads from the
+/// calling thread (never a worker); run it on a quiescent database, as
+/// the rest of the check (a write between two copies' reads is a false
+/// difference).
+pub fn check_mirrors(
+    mirrors: &[Arc<crate::io::mirror::Mirror>],
+    width: u64,
+    page_size: u64,
+    next_unused: u64,
+    report: &mut CheckReport,
+) -> Result<()> {
+    use crate::io::mirror::{CopyState, Role};
+    let ps = page_size;
+    for m in mirrors {
+        let finding = |what: String, page: Option<u64>| Finding {
+            page,
+            tree: None,
+            what,
+            mirror: Some(m.role()),
+        };
+        let device = match m.role() {
+            Role::Data(i) => Some(i as u64),
+            Role::Log(_) => None,
+        };
+        let states = m.states();
+        for (c, s) in states.iter().enumerate() {
+            if *s != CopyState::Healthy {
+                report.findings.push(finding(
+                    format!(
+                        "{} copy {c} is {s:?}: the device is degraded (dana rebuild)",
+                        m.role()
+                    ),
+                    None,
+                ));
+            }
+        }
+        let healthy: Vec<usize> = (0..states.len())
+            .filter(|&c| states[c] == CopyState::Healthy)
+            .collect();
+        let mut mc = MirrorCheck {
+            role: m.role(),
+            states: states.clone(),
+            pages_compared: 0,
+            divergent: Vec::new(),
+        };
+        let Some(device) = device else {
+            for what in crate::wal::recover::compare_mirror(m) {
+                report.findings.push(finding(what, None));
+            }
+            report.mirrors.push(mc);
+            continue;
+        };
+        if healthy.len() < 2 {
+            report.mirrors.push(mc);
+            continue;
+        }
+        // Pages of this device below the high-water mark: p = k * width + device.
+        let pages = next_unused.saturating_sub(device).div_ceil(width);
+        let batch = (1u64 << 20) / ps;
+        let mut k = 0;
+        while k < pages {
+            let n = batch.min(pages - k);
+            let copies = healthy
+                .iter()
+                .map(|&c| m.read_copy(c, k * ps, (n * ps) as usize))
+                .collect::<Result<Vec<_>>>()?;
+            for j in 0..n as usize {
+                let at = j * ps as usize..(j + 1) * ps as usize;
+                let first = &copies[0][at.clone()];
+                mc.pages_compared += 1;
+                if copies[1..].iter().all(|b| b[at.clone()] == *first) {
+                    continue;
+                }
+                let pid = (k + j as u64) * width + device;
+                let valid: Vec<bool> = copies
+                    .iter()
+                    .map(|b| page::verify(&b[at.clone()], pid).is_ok())
+                    .collect();
+                report.findings.push(finding(
+                    format!(
+                        "the copies of {} differ here (copies {healthy:?} valid: {valid:?}); a \
+                         read from a damaged copy repairs it",
+                        m.role()
+                    ),
+                    Some(pid),
+                ));
+                mc.divergent.push((pid, valid));
+            }
+            k += n;
+        }
+        report.mirrors.push(mc);
+    }
+    Ok(())
 }

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::btree::{BTree, Cursor};
 use crate::buffer::{BufferPool, PageStamp, PoolStatsSnapshot};
 use crate::check::{check_pool, CheckReport};
+use crate::io::mirror::{MirrorStatus, RebuildReport};
 use crate::io::{Array, Target};
 use crate::iter::{self, Iter};
 use crate::open::{self, Locks, Undo};
@@ -54,7 +55,7 @@ use crate::checkpoint::exclusive_checkpoint;
 /// assert_eq!(db.tree("t").unwrap().get(b"b").unwrap(), Some(b"2".to_vec()));
 /// ```
 pub use crate::recovery::RecoveryReport;
-use crate::start;
+use crate::start::{self, Rebuilds};
 
 /// Fields drop in order: the workers stop (`rt`) before the locks are
 /// released (`locks`, last).
@@ -66,6 +67,8 @@ struct DbInner {
     stop: Arc<AtomicBool>,
     checkpointing: Arc<AtomicBool>,
     recovery: Option<RecoveryReport>,
+    /// The mirrored devices and their rebuilds.
+    rebuilds: Rebuilds,
     locks: Locks,
     /// Serializes `create_tree` and `drop_tree` (one intent slot each in
     /// the meta page). Taken by the calling thread, never on a worker.
@@ -93,6 +96,7 @@ impl Drop for DbInner {
         // before that.
         self.rt.stop();
         self.finish_growth();
+        self.rebuilds.finish();
     }
 }
 
@@ -254,6 +258,7 @@ impl Db {
         opts: Options,
         create: bool,
     ) -> Result<Db> {
+        open::arm_mirrors(&array);
         let meta = if create {
             None
         } else {
@@ -319,6 +324,7 @@ impl Db {
                 stop: s.stop,
                 checkpointing: s.checkpointing,
                 recovery: s.recovery,
+                rebuilds: s.rebuilds,
                 locks: s.locks,
                 ddl: Mutex::new(()),
             }),
@@ -329,6 +335,57 @@ impl Db {
     /// [`Error::ReadOnly`] for `write` on a read-only database.
     fn live(&self, write: bool) -> Result<()> {
         self.inner.committer.live(write)
+    }
+
+    /// The state of every mirrored device (data devices, then logs): each
+    /// copy's state, its counters and why a failed one failed. Empty for a
+    /// database without mirrors ([`Options::mirrored`]).
+    ///
+    /// ```
+    /// use dana::io::mirror::{CopySpec, CopyState, Mirror, Role};
+    /// use dana::io::sim::{Fault, SimConfig, SimDisk};
+    /// use dana::io::{Array, Target};
+    /// let disks: Vec<_> = (0..2).map(|i| SimDisk::new(i, 16 << 20, SimConfig::default())).collect();
+    /// let copies = disks.iter().map(|d| CopySpec::of(Target::Sim(d.clone()))).collect();
+    /// let mirror = Mirror::create(Role::Data(0), 0, copies).unwrap();
+    /// let array = Array::new(vec![Target::Mirror(mirror)], 4096).unwrap();
+    /// let db = dana::Db::open_array(array, dana::Options::default().pool_bytes(8 << 20), true).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// disks[1].inject(Fault::nth(None, 0).sticky()); // copy 1 fails for good
+    /// for i in 0..100u32 {
+    ///     t.put(&i.to_be_bytes(), b"v").unwrap(); // no error reaches the caller
+    /// }
+    /// db.flush().unwrap();
+    /// let copies = &db.mirror_status()[0].copies;
+    /// assert_eq!((copies[0].state, copies[1].state), (CopyState::Healthy, CopyState::Failed));
+    /// assert!(copies[1].failure.is_some());
+    /// ```
+    pub fn mirror_status(&self) -> Vec<MirrorStatus> {
+        self.inner
+            .rebuilds
+            .mirrors
+            .iter()
+            .map(|m| m.status())
+            .collect()
+    }
+
+    /// Rebuilds every copy of every mirrored device that is not healthy,
+    /// from its healthy copies, while the database serves: call it from a
+    /// thread of its own (it blocks until every copy is healthy; not from
+    /// a worker). A failed copy in a file is rebuilt onto the file at its
+    /// path (a new file if the old one was replaced or removed); one on a
+    /// caller-owned device onto the device given with
+    /// [`crate::io::mirror::Mirror::replace_copy`]. Progress is recorded
+    /// in the labels as it goes: a rebuild cut by a crash or a close
+    /// resumes when the database opens again. `dana rebuild` runs this.
+    pub fn rebuild(&self) -> Result<Vec<RebuildReport>> {
+        self.live(true)?;
+        if crate::sched::on_worker() {
+            return Err(Error::InvalidArgument(
+                "Db::rebuild blocks: call it from a thread of its own, not a worker".into(),
+            ));
+        }
+        self.inner.rebuilds.rebuild_all()
     }
 
     /// What recovery did when this database opened (None: no log, or a
@@ -633,7 +690,21 @@ impl Db {
     /// ```
     pub fn check(&self) -> Result<CheckReport> {
         let pool = self.inner.pool.clone();
-        self.block_on(async move { check_pool(&pool).await })?
+        let mut report = self.block_on(async move { check_pool(&pool).await })??;
+        let mirrors = &self.inner.rebuilds.mirrors;
+        if !mirrors.is_empty() {
+            // Every copy of every mirrored device, compared from this
+            // thread (blocking reads: never on a worker).
+            let p = &self.inner.pool;
+            crate::check::check_mirrors(
+                mirrors,
+                p.array().width() as u64,
+                p.page_size() as u64,
+                report.space.next_unused,
+                &mut report,
+            )?;
+        }
+        Ok(report)
     }
 
     /// Drops the tree `name` and frees its pages. Returns false if it did
@@ -720,6 +791,7 @@ impl Db {
         self.inner.stop.store(true, Ordering::Release);
         self.inner.rt.stop();
         self.inner.finish_growth();
+        self.inner.rebuilds.finish();
         self.inner.locks.release();
         flushed
     }

@@ -235,6 +235,12 @@ pub enum Error {
     #[error("the database is open read-only")]
     ReadOnly,
 
+    /// A mirrored device cannot go on: no healthy copy is left, no copy
+    /// could record a change of state, or its copies' labels disagree
+    /// about what they hold.
+    #[error("mirror: {0}")]
+    Mirror(String),
+
     /// The write-ahead log is damaged where it had been durable (not a
     /// torn tail): acknowledged commits after `offset` cannot be trusted.
     /// `offset` is the byte offset in the log file.
@@ -413,6 +419,7 @@ impl Error {
             },
             Error::NeedsRecovery(s) => Error::NeedsRecovery(s.clone()),
             Error::ReadOnly => Error::ReadOnly,
+            Error::Mirror(s) => Error::Mirror(s.clone()),
             Error::CorruptLog { offset, what } => Error::CorruptLog {
                 offset: *offset,
                 what: what.clone(),

@@ -22,7 +22,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::buffer::alloc::{meta_facts, MetaFacts};
+use crate::buffer::page::MirrorPageCheck;
 use crate::io::device::{lock_file, unlock_file, DeviceOptions};
+use crate::io::mirror::{self, CopySpec, Mirror, Role, LABEL_BYTES};
 use crate::io::{open_queue, AlignedBuf, Array, Backend, Device, IoBuf, Request, Target};
 use crate::options::INITIAL_DATA_BYTES;
 use crate::wal::INITIAL_LOG_BYTES;
@@ -109,8 +111,14 @@ impl Locks {
         // Explicit release on drop (below): an io_uring instance torn down
         // by the kernel in the background may hold a file a while longer,
         // and with it the lock.
-        if let Target::File(d) = t {
-            self.devices.push(d.clone());
+        match t {
+            Target::File(d) => self.devices.push(d.clone()),
+            Target::Mirror(m) => {
+                for c in m.targets().iter().flatten() {
+                    self.device(c);
+                }
+            }
+            Target::Sim(_) => {}
         }
     }
 }
@@ -138,6 +146,138 @@ pub(crate) struct Opened {
 
 fn device_path(dir: &Path, i: usize) -> PathBuf {
     dir.join(format!("dana.{i}"))
+}
+
+/// The path of copy `c` of a mirrored file whose copy 0 is at `path`:
+/// `path` itself for copy 0, `path` with `.m{c}` appended for the others.
+pub(crate) fn copy_path(path: &Path, c: usize) -> PathBuf {
+    if c == 0 {
+        return path.to_path_buf();
+    }
+    let mut p = path.as_os_str().to_owned();
+    p.push(format!(".m{c}"));
+    PathBuf::from(p)
+}
+
+/// True if a file of the device whose copy 0 is at `path` exists (copy 0,
+/// or copy 1 of a mirrored one whose copy 0 is gone).
+fn device_exists(path: &Path) -> bool {
+    path.exists() || copy_path(path, 1).exists()
+}
+
+/// The number of copies of an existing device whose copy 0 is at `path`:
+/// from a label of copy 0 or copy 1 (1 if neither has one: not mirrored).
+fn copies_of(path: &Path) -> Result<usize> {
+    for c in 0..2 {
+        let p = copy_path(path, c);
+        if !p.exists() {
+            continue;
+        }
+        let dopts = DeviceOptions {
+            direct: false,
+            create_size: None,
+            read_only: true,
+            lock: false,
+        };
+        let t = Target::File(Arc::new(Device::open(&p, 0, dopts)?));
+        if let Some(l) = mirror::read_label(&t)? {
+            return Ok(l.states.len());
+        }
+        if mirror::is_labelled(&t)? {
+            // Both label slots damaged: the other copies' labels tell.
+            continue;
+        }
+        if c == 0 {
+            return Ok(1);
+        }
+    }
+    if copy_path(path, 1).exists() {
+        return Err(Error::Mirror(format!(
+            "{}: copies of a mirrored device are there but no copy holds a valid label",
+            path.display()
+        )));
+    }
+    Ok(1)
+}
+
+/// Opens device `role` at `path` (created with `create_size` bytes if
+/// `create`): a plain file, or with `copies > 1` a mirrored group of the
+/// copies' files (a copy missing from an existing group counts as
+/// failed).
+#[allow(clippy::too_many_arguments)]
+fn open_device(
+    path: &Path,
+    role: Role,
+    index: usize,
+    copies: usize,
+    create_size: Option<u64>,
+    opts: &Options,
+    undo: &mut Undo,
+    locks: &mut Locks,
+) -> Result<Target> {
+    let create = create_size.is_some();
+    if copies <= 1 {
+        let existed = path.exists();
+        let d = Device::open(path, index, device_options(opts, create_size))?;
+        if !existed {
+            undo.created_file(path);
+        }
+        let t = Target::File(Arc::new(d));
+        locks.device(&t);
+        return Ok(t);
+    }
+    let mut specs = Vec::with_capacity(copies);
+    for c in 0..copies {
+        let p = copy_path(path, c);
+        let existed = p.exists();
+        if !existed && !create {
+            // Missing from an existing group: failed until rebuilt.
+            specs.push(CopySpec {
+                target: None,
+                path: Some(p),
+            });
+            continue;
+        }
+        let d = Device::open(
+            &p,
+            index,
+            device_options(opts, create_size.map(|b| b + LABEL_BYTES)),
+        )?;
+        if !existed {
+            undo.created_file(&p);
+        }
+        let t = Target::File(Arc::new(d));
+        locks.device(&t);
+        specs.push(CopySpec {
+            target: Some(t),
+            path: Some(p),
+        });
+    }
+    let m = if create {
+        Mirror::create(role, index, specs)?
+    } else {
+        Mirror::open(role, index, specs, opts.is_read_only())?
+    };
+    Ok(Target::Mirror(m))
+}
+
+/// Readies the mirrored data devices of `array` for an open: the page
+/// check of every read (a damaged page is read from another copy and
+/// repaired), and the comparison of every copy on every read until the
+/// open's recovery is done (`Mirror::set_verify_all`; the open turns it
+/// off after its checkpoint).
+pub(crate) fn arm_mirrors(array: &Array) {
+    let width = array.width() as u64;
+    for (i, t) in array.targets().iter().enumerate() {
+        if let Some(m) = t.mirror() {
+            m.set_page_check(Arc::new(MirrorPageCheck {
+                width,
+                device: i as u64,
+                page_size: array.page_size() as usize,
+            }));
+            m.set_verify_all(true);
+        }
+    }
 }
 
 /// Bytes each file of a new database starts with: a share of
@@ -187,17 +327,32 @@ pub(crate) fn torn_meta_fallback(
     })
 }
 
-/// Opens `path` read-only, unlocked, to look at a log's control block.
-fn peek_log(path: &Path, index: usize) -> Option<Target> {
+/// Opens `path` read-only, unlocked, to look at a log's control block
+/// (its `copies` copies, if mirrored).
+fn peek_log(path: &Path, index: usize, copies: usize) -> Option<Target> {
     let dopts = DeviceOptions {
         direct: false,
         create_size: None,
         read_only: true,
         lock: false,
     };
-    Device::open(path, index, dopts)
+    let peek = |p: &Path| {
+        Device::open(p, index, dopts)
+            .ok()
+            .map(|d| Target::File(Arc::new(d)))
+    };
+    if copies <= 1 {
+        return peek(path);
+    }
+    let specs = (0..copies)
+        .map(|c| CopySpec {
+            target: peek(&copy_path(path, c)),
+            path: None,
+        })
+        .collect();
+    Mirror::open(Role::Log(0), index, specs, true)
         .ok()
-        .map(|d| Target::File(Arc::new(d)))
+        .map(Target::Mirror)
 }
 
 /// The meta page facts of an array's first device (no path known: a
@@ -278,9 +433,11 @@ pub(crate) fn log_file_path(path: &Path, i: usize) -> PathBuf {
 fn open_logs(
     path: &Path,
     index: usize,
+    copies: usize,
     opts: &Options,
     meta: Option<&MetaFacts>,
     undo: &mut Undo,
+    locks: &mut Locks,
 ) -> Result<Vec<Target>> {
     let has_log = meta.is_some_and(|m| m.log_id != 0);
     if !has_log && opts.durability_value() == Durability::Off {
@@ -310,7 +467,11 @@ fn open_logs(
     let mut logs = Vec::with_capacity(count);
     for i in 0..count {
         let path = log_file_path(path, i);
-        let exists = path.exists();
+        let exists = if copies > 1 {
+            device_exists(&path)
+        } else {
+            path.exists()
+        };
         if !exists {
             if has_log {
                 return Err(Error::Log(format!(
@@ -324,12 +485,18 @@ fn open_logs(
                 return Ok(Vec::new());
             }
         }
-        let dopts = device_options(opts, (!exists).then_some(CONTROL_BYTES + stream));
-        let d = Device::open(&path, index + i, dopts)?;
-        if !exists {
-            undo.created_file(&path);
-        }
-        logs.push(Target::File(Arc::new(d)));
+        let create_size = (!exists && !opts.is_read_only()).then_some(CONTROL_BYTES + stream);
+        let t = open_device(
+            &path,
+            Role::Log(i),
+            index + i,
+            copies,
+            create_size,
+            opts,
+            undo,
+            locks,
+        )?;
+        logs.push(t);
     }
     Ok(logs)
 }
@@ -361,7 +528,7 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
         dir: Some(dir_file),
         devices: Vec::new(),
     };
-    let exists = device_path(dir, 0).exists();
+    let exists = device_exists(&device_path(dir, 0));
     if !exists && read_only {
         return Err(Error::NotADatabase {
             path: dir.to_path_buf(),
@@ -369,42 +536,59 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
         });
     }
     let count = if exists {
-        (0..).take_while(|&i| device_path(dir, i).exists()).count()
+        (0..)
+            .take_while(|&i| device_exists(&device_path(dir, i)))
+            .count()
     } else {
         opts.devices_value().max(1)
+    };
+    let copies = if exists {
+        copies_of(&device_path(dir, 0))?
+    } else {
+        check_copies(opts)?
     };
     let paths: Vec<PathBuf> = (0..count).map(|i| device_path(dir, i)).collect();
     let size = per_device_bytes(opts, count);
     let mut targets = Vec::with_capacity(count);
     for (i, p) in paths.iter().enumerate() {
-        let d = Device::open(p, i, device_options(opts, (!exists).then_some(size)))?;
-        if !exists {
-            undo.created_file(p);
-        }
-        let t = Target::File(Arc::new(d));
-        locks.device(&t);
-        targets.push(t);
+        let create_size = (!exists).then_some(size);
+        targets.push(open_device(
+            p,
+            Role::Data(i),
+            i,
+            copies,
+            create_size,
+            opts,
+            undo,
+            &mut locks,
+        )?);
     }
     let log_path = opts
         .log_path_value()
         .cloned()
         .unwrap_or_else(|| dir.join("dana.wal"));
+    let array = Array::new(targets, opts.page_size_value() as u64)?;
+    arm_mirrors(&array);
     let meta = if exists {
-        match identify(&targets, &paths, opts) {
+        match identify(array.targets(), &paths, opts) {
             Ok(m) => Some(m),
             Err(e) => Some(
-                torn_meta_fallback(&e, peek_log(&log_path, count).as_ref(), count, opts)
+                torn_meta_fallback(&e, peek_log(&log_path, count, copies).as_ref(), count, opts)
                     .ok_or(e)?,
             ),
         }
     } else {
         None
     };
-    let array = Array::new(targets, opts.page_size_value() as u64)?;
-    let logs = open_logs(&log_path, count, opts, meta.as_ref(), undo)?;
-    for t in &logs {
-        locks.device(t);
-    }
+    let logs = open_logs(
+        &log_path,
+        count,
+        copies,
+        opts,
+        meta.as_ref(),
+        undo,
+        &mut locks,
+    )?;
     if !exists {
         sync_dirs.push(dir.to_path_buf());
         if let Some(parent) = log_path.parent().filter(|p| *p != dir) {
@@ -434,45 +618,62 @@ pub(crate) fn open_paths(
     if create && opts.is_read_only() {
         return Err(Error::ReadOnly);
     }
-    let size = per_device_bytes(opts, paths.len());
+    let copies = if create {
+        check_copies(opts)?
+    } else {
+        copies_of(&paths[0])?
+    };
+    if paths.len() % copies != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{} paths for devices of {copies} copies each: give every copy of every device",
+            paths.len()
+        )));
+    }
+    let width = paths.len() / copies;
+    let size = per_device_bytes(opts, width);
     let mut locks = Locks::default();
-    let mut targets = Vec::with_capacity(paths.len());
-    for (i, p) in paths.iter().enumerate() {
-        let existed = p.exists();
-        let d = Device::open(p, i, device_options(opts, create.then_some(size)))?;
-        if !existed {
-            undo.created_file(p);
-        }
-        let t = Target::File(Arc::new(d));
-        locks.device(&t);
-        targets.push(t);
+    let mut targets = Vec::with_capacity(width);
+    let mut firsts = Vec::with_capacity(width);
+    for i in 0..width {
+        let group = &paths[i * copies..(i + 1) * copies];
+        firsts.push(group[0].clone());
+        targets.push(open_group(
+            group,
+            Role::Data(i),
+            i,
+            create.then_some(size),
+            opts,
+            undo,
+            &mut locks,
+        )?);
     }
     let log_path = opts.log_path_value().cloned().unwrap_or_else(|| {
         let mut p = paths[0].as_os_str().to_owned();
         p.push(".wal");
         PathBuf::from(p)
     });
+    let array = Array::new(targets, opts.page_size_value() as u64)?;
+    arm_mirrors(&array);
     let meta = if create {
         None
     } else {
-        match identify(&targets, paths, opts) {
+        match identify(array.targets(), &firsts, opts) {
             Ok(m) => Some(m),
             Err(e) => Some(
-                torn_meta_fallback(
-                    &e,
-                    peek_log(&log_path, paths.len()).as_ref(),
-                    paths.len(),
-                    opts,
-                )
-                .ok_or(e)?,
+                torn_meta_fallback(&e, peek_log(&log_path, width, copies).as_ref(), width, opts)
+                    .ok_or(e)?,
             ),
         }
     };
-    let array = Array::new(targets, opts.page_size_value() as u64)?;
-    let logs = open_logs(&log_path, paths.len(), opts, meta.as_ref(), undo)?;
-    for t in &logs {
-        locks.device(t);
-    }
+    let logs = open_logs(
+        &log_path,
+        width,
+        copies,
+        opts,
+        meta.as_ref(),
+        undo,
+        &mut locks,
+    )?;
     let mut sync_dirs = Vec::new();
     if create {
         for p in paths.iter().chain(std::iter::once(&log_path)) {
@@ -491,6 +692,63 @@ pub(crate) fn open_paths(
         locks,
         sync_dirs,
     })
+}
+
+/// The copies a new database gets ([`Options::mirror_copies`]), checked.
+fn check_copies(opts: &Options) -> Result<usize> {
+    let n = opts.mirror_copies_value().max(1);
+    if n > mirror::MAX_COPIES {
+        return Err(Error::InvalidArgument(format!(
+            "at most {} copies of a device, not {n}",
+            mirror::MAX_COPIES
+        )));
+    }
+    Ok(n)
+}
+
+/// Opens the copies of one device given path by path (`paths[c]` is copy
+/// `c`): a plain file for one path, a mirrored group for several.
+fn open_group(
+    paths: &[PathBuf],
+    role: Role,
+    index: usize,
+    create_size: Option<u64>,
+    opts: &Options,
+    undo: &mut Undo,
+    locks: &mut Locks,
+) -> Result<Target> {
+    if paths.len() == 1 {
+        return open_device(&paths[0], role, index, 1, create_size, opts, undo, locks);
+    }
+    let create = create_size.is_some();
+    let mut specs = Vec::with_capacity(paths.len());
+    for p in paths {
+        let existed = p.exists();
+        if !existed && !create {
+            specs.push(CopySpec {
+                target: None,
+                path: Some(p.clone()),
+            });
+            continue;
+        }
+        let size = create_size.map(|b| b + LABEL_BYTES);
+        let d = Device::open(p, index, device_options(opts, size))?;
+        if !existed {
+            undo.created_file(p);
+        }
+        let t = Target::File(Arc::new(d));
+        locks.device(&t);
+        specs.push(CopySpec {
+            target: Some(t),
+            path: Some(p.clone()),
+        });
+    }
+    let m = if create {
+        Mirror::create(role, index, specs)?
+    } else {
+        Mirror::open(role, index, specs, opts.is_read_only())?
+    };
+    Ok(Target::Mirror(m))
 }
 
 /// Makes the names of newly created files durable: fsync of each

@@ -46,6 +46,7 @@ pub struct Options {
     pub(crate) page_size: usize,
     pub(crate) backend: Backend,
     pub(crate) devices: usize,
+    pub(crate) mirror_copies: usize,
     pub(crate) capacity_bytes: Option<u64>,
     pub(crate) direct: bool,
     pub(crate) queue_depth: u32,
@@ -77,6 +78,7 @@ impl Default for Options {
             page_size: 4096,
             backend: Backend::default(),
             devices: 1,
+            mirror_copies: 1,
             capacity_bytes: None,
             direct: true,
             queue_depth: rt.queue_depth,
@@ -249,6 +251,51 @@ impl Options {
     pub fn devices(mut self, n: usize) -> Self {
         self.devices = n;
         self
+    }
+
+    /// Mirrors every data device and every log in two copies (see
+    /// [`Options::mirror_copies`]).
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).devices(2).mirrored();
+    /// let db = dana::Db::open(dir.path(), opts).unwrap();
+    /// for f in ["dana.0", "dana.0.m1", "dana.1", "dana.1.m1", "dana.wal", "dana.wal.m1"] {
+    ///     assert!(dir.path().join(f).exists(), "{f}");
+    /// }
+    /// let status = db.mirror_status();
+    /// assert_eq!(status.len(), 3); // two data devices and the log
+    /// assert!(status.iter().all(|g| g.copies.iter().all(|c| c.state == dana::io::mirror::CopyState::Healthy)));
+    /// ```
+    pub fn mirrored(self) -> Self {
+        self.mirror_copies(2)
+    }
+
+    /// Keeps `n` copies (1 to 8; default 1: no mirror) of every data device
+    /// and every log, when the database is created. Each page and each
+    /// log flush is written to every copy (a write completes when every
+    /// copy has it); a read goes to the least loaded copy, and a page
+    /// whose checksum fails there is read from another copy and rewritten
+    /// on the bad one. A copy that fails (I/O errors) is dropped, recorded
+    /// as failed in the others' labels, and the database goes on with the
+    /// rest; [`crate::Db::rebuild`] repopulates it online. Files of copy
+    /// `c >= 1`: the copy-0 file's name with `.m{c}` appended (`dana.0.m1`,
+    /// `dana.wal.m1`); with [`crate::Db::open_devices`] the paths are given
+    /// copy by copy for each device. An existing database keeps the copies
+    /// it was created with (its labels say how many).
+    pub fn mirror_copies(mut self, n: usize) -> Self {
+        self.mirror_copies = n;
+        self
+    }
+
+    /// The number of copies set ([`Options::mirror_copies`]).
+    ///
+    /// ```
+    /// assert_eq!(dana::Options::default().mirror_copies_value(), 1);
+    /// assert_eq!(dana::Options::default().mirrored().mirror_copies_value(), 2);
+    /// ```
+    pub fn mirror_copies_value(&self) -> usize {
+        self.mirror_copies
     }
 
     /// The most bytes the database's data files may grow to, split over

@@ -92,6 +92,13 @@ pub(crate) fn prepare_logs(
         };
         return Ok((Some(start), None, Some(id)));
     }
+    if !opts.read_only {
+        // A crash can leave a mirrored log's copies different, each valid
+        // alone: recovery reads one, and every copy must hold it.
+        for t in logs {
+            recover::resync_mirror(t)?;
+        }
+    }
     let mut ctls = Vec::with_capacity(logs.len());
     for (i, t) in logs.iter().enumerate() {
         let ctl = recover::read_control(t)?.ok_or_else(|| Error::CorruptLog {

@@ -14,11 +14,14 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use crate::btree::BTree;
 use crate::buffer::{BufferPool, PoolConfig};
 use crate::catalog::{self, CATALOG_SLOT};
 use crate::checkpoint::{checkpoint, Checkpointer};
+use crate::io::mirror::{CopyState, Mirror, RebuildReport};
+use crate::io::{Array, Target};
 use crate::open::{self, Locks};
 use crate::recovery::{self, reapply, RecoveryReport};
 use crate::sched::{RequestKind, Runtime};
@@ -40,6 +43,7 @@ pub(crate) struct Started {
     pub(crate) checkpointing: Arc<AtomicBool>,
     pub(crate) recovery: Option<RecoveryReport>,
     pub(crate) locks: Locks,
+    pub(crate) rebuilds: Rebuilds,
 }
 
 /// Brings up an opened set of files: recovery (or format), the pool,
@@ -177,6 +181,12 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         });
     }
     open::sync_dirs(&sync_dirs)?;
+    // Recovery read every page a crash could have left different on two
+    // copies (and repaired them): reads go to one copy from now on.
+    let mirrors = mirrors_of(&array, &logs);
+    for m in &mirrors {
+        m.set_verify_all(false);
+    }
     checkpointing.store(false, Ordering::Release);
     let recovery = recovered.map(|r| RecoveryReport {
         records: r.records,
@@ -205,6 +215,11 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         any_dropped: AtomicBool::new(false),
         in_flight: InFlight::new(),
     });
+    let rebuilds = Rebuilds::new(mirrors, stop.clone());
+    if !read_only {
+        // A rebuild cut short by a crash or a close goes on.
+        rebuilds.resume();
+    }
     Ok(Started {
         pool,
         rt,
@@ -214,5 +229,96 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         checkpointing,
         recovery,
         locks,
+        rebuilds,
     })
+}
+
+/// The mirrored groups among an open's devices: data devices, then logs.
+fn mirrors_of(array: &Array, logs: &[Target]) -> Vec<Arc<Mirror>> {
+    array
+        .targets()
+        .iter()
+        .chain(logs)
+        .filter_map(|t| t.mirror().cloned())
+        .collect()
+}
+
+/// The mirrored groups of an open database and the rebuilds running on
+/// them (each on a thread of its own, joined at close).
+pub(crate) struct Rebuilds {
+    pub(crate) mirrors: Vec<Arc<Mirror>>,
+    stop: Arc<AtomicBool>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The last failure of a rebuild started in the background.
+    pub(crate) failure: Arc<Mutex<Option<String>>>,
+}
+
+impl Rebuilds {
+    fn new(mirrors: Vec<Arc<Mirror>>, stop: Arc<AtomicBool>) -> Rebuilds {
+        Rebuilds {
+            mirrors,
+            stop,
+            threads: Mutex::new(Vec::new()),
+            failure: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Starts, in the background, the rebuild of every copy recorded as
+    /// rebuilding.
+    fn resume(&self) {
+        for m in &self.mirrors {
+            for (c, s) in m.states().into_iter().enumerate() {
+                if matches!(s, CopyState::Rebuilding { .. }) {
+                    self.spawn(m.clone(), c);
+                }
+            }
+        }
+    }
+
+    fn spawn(&self, m: Arc<Mirror>, c: usize) {
+        let (stop, failure) = (self.stop.clone(), self.failure.clone());
+        let t = std::thread::Builder::new()
+            .name("dana-rebuild".into())
+            .spawn(move || {
+                if let Err(e) = m.rebuild(c, &stop) {
+                    if !matches!(e, Error::Shutdown) {
+                        *failure.lock().unwrap_or_else(|e| e.into_inner()) =
+                            Some(format!("{} copy {c}: {e}", m.role()));
+                    }
+                }
+            });
+        if let Ok(t) = t {
+            self.threads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(t);
+        }
+    }
+
+    /// Rebuilds every copy that is not healthy, from the calling thread,
+    /// one after another (the engine serves meanwhile).
+    pub(crate) fn rebuild_all(&self) -> Result<Vec<RebuildReport>> {
+        let mut done = Vec::new();
+        for m in &self.mirrors {
+            for (c, s) in m.states().into_iter().enumerate() {
+                if s != CopyState::Healthy {
+                    done.push(m.rebuild(c, &self.stop)?);
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Stops the rebuilds (they record their progress) and joins them;
+    /// then the threads that record the copies' states.
+    pub(crate) fn finish(&self) {
+        self.stop.store(true, Ordering::Release);
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
+        for m in &self.mirrors {
+            m.finish();
+        }
+    }
 }

@@ -483,16 +483,7 @@ impl BTree {
                 what: format!("a large value of {} bytes, beyond the limit", r.len),
             })?;
         let mut out = vec![0u8; len];
-        self.pool.read_blob(&r, 0, &mut out).await?;
-        if crc32c::crc32c(&out) != r.crc {
-            return Err(Error::Corrupt {
-                page: r.extents.first().map_or(self.root, |e| e.start),
-                what: format!(
-                    "the {} bytes of a large value do not match their checksum",
-                    r.len
-                ),
-            });
-        }
+        self.pool.read_blob_checked(&r, &mut out).await?;
         Ok(Some(out))
     }
 

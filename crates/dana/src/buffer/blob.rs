@@ -470,6 +470,17 @@ impl BufferPool {
     /// extents back then, and a write still in flight must not land in
     /// pages that another value has taken meanwhile.
     async fn write_blob(&self, extents: &[Extent], bytes: &[u8]) -> Result<u32> {
+        self.write_blob_to(extents, bytes, None).await
+    }
+
+    /// [`BufferPool::write_blob`] to one copy of mirrored devices (`copy`),
+    /// or to every copy (`None`).
+    async fn write_blob_to(
+        &self,
+        extents: &[Extent],
+        bytes: &[u8],
+        copy: Option<u8>,
+    ) -> Result<u32> {
         let ps = self.page_size;
         let crc = crc32c::crc32c(bytes);
         let mut inflight = VecDeque::new();
@@ -498,7 +509,9 @@ impl BufferPool {
                 // SAFETY: `region` is ours alone; nobody writes it until
                 // this request's completion is awaited.
                 let io = unsafe { IoBuf::shared(region.clone(), 0, len)? };
-                inflight.push_back((sched::perform(dev, Request::write(0, offset, io)), region));
+                let mut req = Request::write(0, offset, io);
+                req.copy = copy;
+                inflight.push_back((sched::perform(dev, req), region));
             }
             Ok(())
         }
@@ -519,6 +532,58 @@ impl BufferPool {
     /// `out`: only the pages covering the range, 1 MiB per I/O. The caller
     /// holds a [`BlobReadGuard`] taken before it read the reference.
     pub async fn read_blob(&self, r: &BlobRef, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.read_blob_from(r, offset, out, None).await
+    }
+
+    /// Reads the whole value at `r` into `out` (`r.len` bytes) and checks
+    /// it against its checksum. On mirrored devices a value that fails it
+    /// is read again from each copy alone; the first copy that holds it
+    /// whole is used, and its bytes are written over the other copies
+    /// (synced) before this returns: a large value's pages carry no header
+    /// the mirror could check page by page. The caller holds a
+    /// [`BlobReadGuard`] (no extent is freed and reused meanwhile, so the
+    /// repair cannot land on another value). `Corrupt` if no copy holds
+    /// it.
+    pub async fn read_blob_checked(&self, r: &BlobRef, out: &mut [u8]) -> Result<()> {
+        self.read_blob_from(r, 0, out, None).await?;
+        if crc32c::crc32c(out) == r.crc {
+            return Ok(());
+        }
+        let copies = self.array.copies();
+        for c in 0..copies.min(u8::MAX as usize) as u8 {
+            if self.read_blob_from(r, 0, out, Some(c)).await.is_err()
+                || crc32c::crc32c(out) != r.crc
+            {
+                continue;
+            }
+            self.stats.blob_repairs.fetch_add(1, Ordering::Relaxed);
+            for other in (0..copies as u8).filter(|&o| o != c) {
+                // A copy that cannot take the repair is failed by the
+                // mirror; the value is whole on this one either way.
+                let _ = self.write_blob_to(&r.extents, out, Some(other)).await;
+            }
+            let _ = self.sync_devices().await;
+            return Ok(());
+        }
+        Err(Error::Corrupt {
+            page: r.extents.first().map_or(0, |e| e.start),
+            what: format!(
+                "the {} bytes of a large value do not match their checksum{}",
+                r.len,
+                if copies > 1 { " on any copy" } else { "" }
+            ),
+        })
+    }
+
+    /// [`BufferPool::read_blob`] from one copy of mirrored devices
+    /// (`copy`), or from any (`None`).
+    async fn read_blob_from(
+        &self,
+        r: &BlobRef,
+        offset: u64,
+        out: &mut [u8],
+        copy: Option<u8>,
+    ) -> Result<()> {
         let end = offset
             .checked_add(out.len() as u64)
             .filter(|&e| e <= r.len)
@@ -549,11 +614,9 @@ impl BufferPool {
                     self.copy_out(f, rg, p, offset, out).await?;
                 }
             }
-            inflight.push_back((
-                sched::perform(dev, Request::read(0, off, buf)),
-                region,
-                pieces,
-            ));
+            let mut req = Request::read(0, off, buf);
+            req.copy = copy;
+            inflight.push_back((sched::perform(dev, req), region, pieces));
         }
         for (f, rg, p) in inflight {
             self.copy_out(f, rg, p, offset, out).await?;

@@ -145,6 +145,7 @@ pub struct PoolStats {
     blob_read_bytes: AtomicU64,
     blob_writes: AtomicU64,
     blob_write_bytes: AtomicU64,
+    blob_repairs: AtomicU64,
     /// Data-file syncs ([`BufferPool::sync_devices`], one per device).
     device_syncs: AtomicU64,
     eviction_writes_in_flight_max: AtomicU64,
@@ -205,6 +206,9 @@ pub struct PoolStatsSnapshot {
     pub blob_writes: u64,
     /// Bytes those writes moved.
     pub blob_write_bytes: u64,
+    /// Large values found damaged on one copy of mirrored devices, read
+    /// whole from another and written back over the damaged one.
+    pub blob_repairs: u64,
     /// Syncs of the data files (one per device per
     /// [`BufferPool::sync_devices`]: large values before their commit,
     /// checkpoints).
@@ -384,6 +388,7 @@ impl BufferPool {
             blob_read_bytes: l(&s.blob_read_bytes),
             blob_writes: l(&s.blob_writes),
             blob_write_bytes: l(&s.blob_write_bytes),
+            blob_repairs: l(&s.blob_repairs),
             device_syncs: l(&s.device_syncs),
             eviction_writes_in_flight_max: l(&s.eviction_writes_in_flight_max),
         }
@@ -881,7 +886,8 @@ impl BufferPool {
         };
         let tag = RequestKind::PageRead.tag(f as u64);
         let queued = buf.and_then(|b| {
-            sched::enqueue(device, Request::read(tag, offset, b)).map_err(|_| Error::WouldBlock)
+            sched::enqueue(device, Request::read_pages(tag, offset, b))
+                .map_err(|_| Error::WouldBlock)
         });
         if let Err(e) = queued {
             self.inflight.remove(pid);

@@ -156,6 +156,29 @@ pub fn verify(page: &[u8], pid: u64) -> Result<()> {
     Ok(())
 }
 
+/// The check a mirrored data device applies to the pages it reads (the
+/// I/O layer knows no page format): a valid page, with its id where the
+/// block lies, ranks by its LSN.
+pub struct MirrorPageCheck {
+    /// Data devices of the array.
+    pub width: u64,
+    /// This device's index among them.
+    pub device: u64,
+    /// Page size.
+    pub page_size: usize,
+}
+
+impl crate::io::mirror::PageCheck for MirrorPageCheck {
+    fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    fn check(&self, offset: u64, bytes: &[u8]) -> Option<u64> {
+        let pid = (offset / self.page_size as u64) * self.width + self.device;
+        verify(bytes, pid).ok().map(|()| page_lsn(bytes))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use super::blocking::BlockingQueue;
 use super::device::Device;
+use super::mirror::Mirror;
 use super::sim::SimDisk;
 use super::uring::{UringOptions, UringQueue};
 use super::{Alignment, IoQueue};
@@ -24,6 +25,9 @@ pub enum Target {
     File(Arc<Device>),
     /// A simulated device (any [`Backend`] opens a simulator queue on it).
     Sim(Arc<SimDisk>),
+    /// A mirrored group of copies, each one of the above (see
+    /// [`super::mirror`]).
+    Mirror(Arc<Mirror>),
 }
 
 impl Target {
@@ -32,6 +36,7 @@ impl Target {
         match self {
             Target::File(d) => d.size(),
             Target::Sim(d) => d.size(),
+            Target::Mirror(m) => m.size(),
         }
     }
 
@@ -40,6 +45,7 @@ impl Target {
         match self {
             Target::File(d) => d.max_size(),
             Target::Sim(d) => d.space_limit().max(d.size()),
+            Target::Mirror(m) => m.max_size(),
         }
     }
 
@@ -48,6 +54,7 @@ impl Target {
         match self {
             Target::File(d) => d.grow(bytes),
             Target::Sim(d) => d.grow(bytes),
+            Target::Mirror(m) => m.grow(bytes),
         }
     }
 
@@ -57,6 +64,7 @@ impl Target {
         match self {
             Target::File(d) => d.grow_zeroed(bytes),
             Target::Sim(d) => d.grow(bytes),
+            Target::Mirror(m) => m.grow_zeroed(bytes),
         }
     }
 
@@ -65,6 +73,25 @@ impl Target {
         match self {
             Target::File(d) => d.alignment(),
             Target::Sim(d) => d.alignment(),
+            Target::Mirror(m) => m.alignment(),
+        }
+    }
+
+    /// True for a regular file (or a mirror of them): it may be shorter
+    /// than what is written to it later, and grows.
+    pub fn is_growable(&self) -> bool {
+        match self {
+            Target::File(d) => !d.is_block_device(),
+            Target::Sim(_) => false,
+            Target::Mirror(m) => m.is_growable(),
+        }
+    }
+
+    /// The mirrored group, if this target is one.
+    pub fn mirror(&self) -> Option<&Arc<Mirror>> {
+        match self {
+            Target::Mirror(m) => Some(m),
+            _ => None,
         }
     }
 }
@@ -174,6 +201,15 @@ impl Array {
         self.targets.len()
     }
 
+    /// Copies of each device: 1, or the copies of its mirrored devices.
+    pub fn copies(&self) -> usize {
+        self.targets
+            .iter()
+            .filter_map(|t| t.mirror().map(|m| m.copies()))
+            .max()
+            .unwrap_or(1)
+    }
+
     /// Page size in bytes.
     pub fn page_size(&self) -> u64 {
         self.page_size
@@ -241,6 +277,7 @@ pub fn open_queue(target: &Target, backend: &Backend, depth: u32) -> Result<Box<
         }
         (Target::File(d), Backend::Blocking) => Ok(Box::new(BlockingQueue::new(d.clone(), depth))),
         (Target::Sim(d), _) => Ok(Box::new(d.queue(depth))),
+        (Target::Mirror(m), b) => Ok(Box::new(m.queue(b, depth)?)),
     }
 }
 

@@ -26,6 +26,7 @@ pub mod device;
 pub mod eventfd;
 pub mod ftl;
 pub mod grower;
+pub mod mirror;
 pub mod sim;
 pub mod uring;
 
@@ -171,6 +172,45 @@ impl IoBuf {
         }
     }
 
+    /// Turns the buffer into a region that several requests can share
+    /// (a mirrored write goes to every copy from the same memory): the
+    /// region, the buffer's offset in it, and whether the buffer owned it.
+    /// [`IoBuf::from_region`] turns it back.
+    pub(crate) fn into_region(self) -> (Arc<AlignedBuf>, usize, bool) {
+        match self.keep {
+            Keep::Owned(b) => (Arc::new(b), 0, true),
+            Keep::Shared(region) => {
+                let offset = self.ptr.as_ptr() as usize - region.raw() as usize;
+                (region, offset, false)
+            }
+        }
+    }
+
+    /// The buffer [`IoBuf::into_region`] made the region of, once no other
+    /// request holds the region (an owned one is owned again).
+    pub(crate) fn from_region(
+        region: Arc<AlignedBuf>,
+        offset: usize,
+        len: usize,
+        owned: bool,
+    ) -> Result<IoBuf> {
+        if owned {
+            match Arc::try_unwrap(region) {
+                Ok(b) => return Ok(IoBuf::owned(b)),
+                Err(region) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "a request buffer still shared by {} holders",
+                        Arc::strong_count(&region)
+                    )))
+                }
+            }
+        }
+        // SAFETY: the region was this buffer's before `into_region`; its
+        // holder's guarantee (nobody else writes the bytes while a request
+        // holds them) carries over.
+        unsafe { IoBuf::shared(region, offset, len) }
+    }
+
     /// Gives the owned buffer back (None for a shared region).
     pub fn into_owned(self) -> Option<AlignedBuf> {
         match self.keep {
@@ -226,6 +266,14 @@ pub struct Request {
     /// the write). Whoever asks relies on nothing more than this write's
     /// own bytes being durable. False for reads and flushes.
     pub durable: bool,
+    /// A read of whole pages: a mirrored device checks each page
+    /// ([`mirror::PageCheck`]) and reads a damaged one from another copy
+    /// (repairing the bad copy). Other backends ignore it.
+    pub pages: bool,
+    /// On a mirrored device: this copy alone (a read of it, or a write to
+    /// it: the repair of a large value's pages found damaged there). Other
+    /// backends ignore it.
+    pub copy: Option<u8>,
 }
 
 impl Request {
@@ -237,6 +285,16 @@ impl Request {
             offset,
             buf: Some(buf),
             durable: false,
+            pages: false,
+            copy: None,
+        }
+    }
+
+    /// Read whole pages at `offset` into `buf` (see [`Request::pages`]).
+    pub fn read_pages(tag: u64, offset: u64, buf: IoBuf) -> Request {
+        Request {
+            pages: true,
+            ..Request::read(tag, offset, buf)
         }
     }
 
@@ -248,6 +306,8 @@ impl Request {
             offset,
             buf: Some(buf),
             durable: false,
+            pages: false,
+            copy: None,
         }
     }
 
@@ -268,6 +328,8 @@ impl Request {
             offset: 0,
             buf: None,
             durable: false,
+            pages: false,
+            copy: None,
         }
     }
 
@@ -456,6 +518,23 @@ impl Alignment {
             });
         }
         Ok(())
+    }
+}
+
+/// Runs one request to completion on a queue of the caller's own
+/// (opening, recovery, labels and rebuild copies: off the workers).
+/// Bounded in time: every backend completes a request (a simulated device
+/// that lost power completes it with an error).
+pub fn sync_io(q: &mut dyn IoQueue, req: Request) -> Result<Completion> {
+    q.push(req).map_err(|r| r.error)?;
+    q.submit()?;
+    let mut out = Vec::with_capacity(1);
+    loop {
+        q.reap(&mut out);
+        if let Some(c) = out.pop() {
+            return Ok(c);
+        }
+        q.wait(1, None)?;
     }
 }
 

@@ -23,6 +23,7 @@
 //! in the log.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::control::{self, Control};
 use super::record::{self, Kind, Parsed, Write};
@@ -30,9 +31,8 @@ use super::{Resume, CONTROL_BYTES};
 use crate::buffer::blob::BlobRef;
 use crate::buffer::page;
 use crate::buffer::space_map::Geometry;
-use crate::io::{
-    open_queue, AlignedBuf, Array, Backend, Completion, IoBuf, IoQueue, Request, Target,
-};
+use crate::io::mirror::{CopyState, Mirror};
+use crate::io::{open_queue, AlignedBuf, Array, Backend, IoBuf, IoQueue, Request, Target};
 use crate::{Error, Result};
 
 /// What recovery found and did.
@@ -63,19 +63,7 @@ pub struct Recovered {
     pub commits: Vec<(u64, Vec<Write<'static>>)>,
 }
 
-/// One synchronous request on a queue.
-pub fn sync_io(q: &mut dyn IoQueue, req: Request) -> Result<Completion> {
-    q.push(req).map_err(|r| r.error)?;
-    q.submit()?;
-    let mut out = Vec::new();
-    loop {
-        q.reap(&mut out);
-        if let Some(c) = out.pop() {
-            return Ok(c);
-        }
-        q.wait(1, None)?;
-    }
-}
+pub use crate::io::sync_io;
 
 fn read_at(q: &mut dyn IoQueue, offset: u64, len: usize) -> Result<Vec<u8>> {
     let buf = AlignedBuf::new(len, control::BLOCK as usize)?;
@@ -208,7 +196,7 @@ pub const MAX_LOG_BYTES: u64 = 1 << 36;
 /// ([`crate::wal::Wal`]); a block device or a simulated device holds the
 /// whole log from the start.
 pub fn is_growable(log: &Target) -> bool {
-    matches!(log, Target::File(d) if !d.is_block_device())
+    log.is_growable()
 }
 
 fn read_stream(log: &Target, ctl: &Control) -> Result<Vec<u8>> {
@@ -347,6 +335,138 @@ pub fn verify(log: &Target) -> Result<Option<Scan>> {
     };
     let stream = read_stream(log, &ctl)?;
     scan(&stream, &ctl).map(Some)
+}
+
+/// What one copy of a mirrored log holds: its control block and where its
+/// valid log ends (its last record's checksum), or why it cannot be read.
+type CopyView = Result<(Control, u64, Option<u32>)>;
+
+/// Reads and scans copy `c` of the mirrored log `m` alone.
+fn view_copy(m: &Arc<Mirror>, c: usize) -> CopyView {
+    let view = Target::Mirror(m.only(c)?);
+    let ctl = read_control(&view)?.ok_or_else(|| Error::CorruptLog {
+        offset: 0,
+        what: format!("both control blocks of {} copy {c} are damaged", m.role()),
+    })?;
+    let stream = read_stream(&view, &ctl)?;
+    let s = scan(&stream, &ctl)?;
+    Ok((ctl, s.end, s.last_crc))
+}
+
+/// Makes the copies of a mirrored log identical before recovery reads it.
+///
+/// A crash can leave them different, each valid on its own: a flush (or a
+/// control block) that reached one copy and not the other. Recovery must
+/// read one log, and later flushes must continue the log it read on every
+/// copy, or a copy would hold a hole before them. So each healthy copy is
+/// read and scanned alone; if they disagree (control block, end of the
+/// valid log, or one cannot be read: damage), the copy whose valid log
+/// ends furthest wins (the lowest copy on a tie) and its bytes are written
+/// over every other copy that holds the log (rebuilding ones included)
+/// where they differ. A copy damaged where it had been durable (the scan's
+/// [`Error::CorruptLog`]) is repaired from a good one this way. Returns
+/// the copies repaired (0 when they agreed, or the log is not mirrored);
+/// fails only if no copy can be read.
+pub fn resync_mirror(log: &Target) -> Result<usize> {
+    let Some(m) = log.mirror() else {
+        return Ok(0);
+    };
+    let states = m.states();
+    let healthy: Vec<usize> = (0..m.copies())
+        .filter(|&c| states[c] == CopyState::Healthy)
+        .collect();
+    let holders: Vec<usize> = (0..m.copies())
+        .filter(|&c| !matches!(states[c], CopyState::Failed))
+        .collect();
+    if holders.len() < 2 {
+        return Ok(0);
+    }
+    let views: Vec<(usize, CopyView)> = healthy.iter().map(|&c| (c, view_copy(m, c))).collect();
+    let same = |a: &CopyView, b: &CopyView| match (a, b) {
+        (Ok((ca, ea, ka)), Ok((cb, eb, kb))) => {
+            (ca.seq, ca.redo, ca.checkpoint, ea, ka) == (cb.seq, cb.redo, cb.checkpoint, eb, kb)
+        }
+        _ => false,
+    };
+    let agree = views.windows(2).all(|w| same(&w[0].1, &w[1].1));
+    // Rebuilding copies are not scanned (they are behind on purpose): the
+    // healthy copies agreeing is enough for them, since every flush goes
+    // to them too and the rebuild copies the rest.
+    if agree && views.first().is_some_and(|v| v.1.is_ok()) {
+        return Ok(0);
+    }
+    let Some(&(best, _)) = views
+        .iter()
+        .filter(|(_, v)| v.is_ok())
+        .max_by_key(|(c, v)| (v.as_ref().map(|x| x.1).unwrap_or(0), std::cmp::Reverse(*c)))
+    else {
+        // No copy can be read: the first one's error.
+        let (_, v) = views
+            .into_iter()
+            .next()
+            .expect("two holders, one healthy at least");
+        return v.map(|_| 0);
+    };
+    m.note_mismatch();
+    let size = m.size();
+    let chunk = 1u64 << 20;
+    let mut repaired = 0;
+    for &c in holders.iter().filter(|&&c| c != best) {
+        let mut wrote = false;
+        let mut at = 0;
+        while at < size {
+            let n = chunk.min(size - at) as usize;
+            let want = m.read_copy(best, at, n)?;
+            let differs = match m.read_copy(c, at, n) {
+                Ok(have) => have[..] != want[..],
+                Err(_) => true,
+            };
+            if differs {
+                m.write_copy(c, at, &want)?;
+                wrote = true;
+            }
+            at += n as u64;
+        }
+        repaired += usize::from(wrote);
+    }
+    Ok(repaired)
+}
+
+/// What differs between the healthy copies of a mirrored log, each read
+/// and scanned alone (for `dana check`): one line per disagreement, none
+/// if they agree.
+pub fn compare_mirror(m: &Arc<Mirror>) -> Vec<String> {
+    let states = m.states();
+    let views: Vec<(usize, CopyView)> = (0..m.copies())
+        .filter(|&c| states[c] == CopyState::Healthy)
+        .map(|c| (c, view_copy(m, c)))
+        .collect();
+    let mut out = Vec::new();
+    for (c, v) in &views {
+        if let Err(e) = v {
+            out.push(format!(
+                "{} copy {c} cannot be read as a log: {e}",
+                m.role()
+            ));
+        }
+    }
+    let ok: Vec<_> = views
+        .iter()
+        .filter_map(|(c, v)| v.as_ref().ok().map(|v| (c, v)))
+        .collect();
+    for w in ok.windows(2) {
+        let ((ca, (xa, ea, _)), (cb, (xb, eb, _))) = (w[0], w[1]);
+        if (xa.seq, xa.redo, ea) != (xb.seq, xb.redo, eb) {
+            out.push(format!(
+                "{} copies {ca} and {cb} differ: control blocks {} and {}, valid logs ending \
+                 at LSN {ea} and {eb}",
+                m.role(),
+                xa.seq,
+                xb.seq
+            ));
+        }
+    }
+    out
 }
 
 /// True if the log holds page changes or commits after the last
