@@ -55,7 +55,11 @@
 //! - `32 + 10·n <= heap start <= region length`; heap bytes in use
 //!   `<= region length - heap start`; entries and fences lie in
 //!   `[heap start, region length)` and do not overlap; their sizes add up
-//!   to the heap bytes in use.
+//!   to the heap bytes in use. An entry of no bytes (the empty key with
+//!   an empty value) takes no heap space: it is written at the region's
+//!   end, and any offset inside the node is accepted for it (a proptest
+//!   case found the first version leaving one at the old heap start,
+//!   below the heap, after the entry under it was removed).
 //! - Keys are strictly ascending and lie in `(lower, upper]`; each key
 //!   head matches its key.
 //! - `p` is the common prefix length of the fences (0 if one is infinite).
@@ -873,7 +877,10 @@ impl<'a> NodeMut<'a> {
             self.compact();
         }
         let node = self.as_node();
-        let off = node.heap_start() - entry;
+        // An entry of no bytes sits at the region's end: where it stays
+        // inside the heap however the heap start moves.
+        let heap = node.heap_start() - entry;
+        let off = if entry == 0 { self.data.len() } else { heap };
         let used = node.heap_used() + entry;
         self.data[off..off + suffix.len()].copy_from_slice(suffix);
         self.data[off + suffix.len()..off + entry].copy_from_slice(payload);
@@ -887,7 +894,7 @@ impl<'a> NodeMut<'a> {
         self.data[slot_at + S_HEAD..slot_at + S_HEAD + 4]
             .copy_from_slice(&key_head(suffix).to_be_bytes());
         self.set_count(n + 1);
-        self.set_heap(off, used);
+        self.set_heap(heap, used);
         self.set_flag(F_LAST_APPEND, pos == n);
         debug_assert!(self.as_node().free_space() <= self.as_node().free_space_after_compaction());
         Ok(())
@@ -943,6 +950,10 @@ impl<'a> NodeMut<'a> {
         if payload.len() <= old_len {
             self.data[off + key_len..off + key_len + payload.len()].copy_from_slice(payload);
             self.set_slot(i, S_PAYLOAD_LEN, payload.len());
+            if key_len + payload.len() == 0 {
+                // Now of no bytes: to the region's end (see `insert_at`).
+                self.set_slot(i, S_OFF, self.data.len());
+            }
             self.set_heap(heap, used - (old_len - payload.len()));
             return Ok(());
         }
@@ -1028,6 +1039,10 @@ impl<'a> NodeMut<'a> {
         for i in 0..old.len() {
             let off = old.slot(i, S_OFF);
             let len = old.slot(i, S_KEY_LEN) + old.payload_len_at(i);
+            if len == 0 {
+                self.set_slot(i, S_OFF, region);
+                continue;
+            }
             heap -= len;
             self.data[heap..heap + len].copy_from_slice(&copy[off..off + len]);
             self.set_slot(i, S_OFF, heap);
@@ -1378,7 +1393,13 @@ fn check_node(node: &Node) -> Result<(), Corrupt> {
             )));
         }
         let end = off + key_len + payload_len;
-        if off < heap || end > region {
+        // An entry of no bytes (the empty key with an empty value) takes
+        // no heap space: its offset only has to stay inside the node (this
+        // module writes the region's end; pages written before that held
+        // the heap start of the moment, which a later removal could leave
+        // below the heap).
+        let empty = end == off;
+        if (!empty && (off < heap || end > region)) || (empty && off > region) {
             return Err(Corrupt::new(format!(
                 "slot {i}: entry [{off}, {end}) outside the heap [{heap}, {region})"
             )));
@@ -1394,7 +1415,7 @@ fn check_node(node: &Node) -> Result<(), Corrupt> {
                 "slot {i}: payload of {payload_len} bytes"
             )));
         }
-        if key_len + payload_len > 0 {
+        if !empty {
             extents.push((off, key_len + payload_len));
         }
         let suffix = node.suffix_at(i);
@@ -1767,6 +1788,36 @@ mod tests {
         let mut out = page(4096);
         assert_eq!(merge(&big_l, &big_r, &mut out), Err(Full));
         assert!(out[PAGE_HEADER_SIZE..].iter().all(|&b| b == 0));
+    }
+
+    /// The empty key with an empty value is an entry of no bytes. The
+    /// first version put it at the heap start of the moment, where the
+    /// removal of the entry sharing that offset left it below the heap
+    /// (`check` then called the page corrupt; found by `model`).
+    #[test]
+    fn an_entry_of_no_bytes_stays_valid_whatever_moves_around_it() {
+        let mut p = leaf(4096, None, None);
+        let mut n = NodeMut::new(&mut p).unwrap();
+        n.insert(b"b", &[7; 70]).unwrap();
+        n.insert(b"", b"").unwrap();
+        n.insert(b"c", &[8; 30]).unwrap();
+        assert!(n.remove(b"b"));
+        assert_eq!(check(&p), Ok(()));
+        let mut n = NodeMut::new(&mut p).unwrap();
+        // Grown and shrunk back to nothing in place, then compacted.
+        n.update(b"", &[1; 20]).unwrap();
+        n.update(b"", b"").unwrap();
+        assert_eq!(check(&p), Ok(()));
+        NodeMut::new(&mut p).unwrap().compact();
+        assert_eq!(check(&p), Ok(()));
+        let node = Node::new(&p).unwrap();
+        assert_eq!(node.get_entry(b""), Some((&b""[..], false)));
+        assert_eq!(node.get_entry(b"c"), Some((&[8u8; 30][..], false)));
+        // A page of the first version (the entry below the heap) checks.
+        let mut n = NodeMut::new(&mut p).unwrap();
+        let heap = n.as_node().heap_start();
+        n.set_slot(0, S_OFF, heap - 40);
+        assert_eq!(check(&p), Ok(()));
     }
 
     #[derive(Debug, Clone)]
