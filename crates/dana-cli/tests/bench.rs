@@ -375,3 +375,40 @@ fn pages_on_simulated_devices() {
     let ratio = v["iops_vs_limit"].as_f64().unwrap();
     assert!((ratio - reads / 3_000_000.0).abs() < 1e-9);
 }
+
+/// `dana bench mirror --quick`: every layout measured, reads of the
+/// mirrored pair spread over both copies (more device reads than one
+/// device's limit allows), and the copy failing mid-run costs no client an
+/// error and ends failed in the labels.
+#[test]
+fn mirror_quick_compares_the_layouts_and_survives_a_failing_copy() {
+    let v = run(&[
+        "bench",
+        "mirror",
+        "--quick",
+        "--json",
+        "--records",
+        "60000",
+        "--seconds",
+        "0.5",
+    ]);
+    let runs = v["runs"].as_array().unwrap();
+    let layouts: Vec<_> = runs.iter().map(|r| r["layout"].as_str().unwrap()).collect();
+    assert_eq!(
+        layouts,
+        ["single", "striped", "mirrored", "mirrored_failing"]
+    );
+    let iops = v["sim_iops"].as_f64().unwrap();
+    let mirrored = &runs[2];
+    assert!(mirrored["reads"]["ops_per_s"].as_f64().unwrap() > 0.0);
+    assert!(
+        mirrored["reads"]["device_reads_per_s"].as_f64().unwrap() > 1.1 * iops,
+        "reads did not spread over both copies: {mirrored}"
+    );
+    assert!(mirrored["commits"]["ops_per_s"].as_f64().unwrap() > 0.0);
+    let failing = &runs[3];
+    assert_eq!(failing["after_failure"]["errors"], 0, "{failing}");
+    assert!(failing["after_failure"]["ops_per_s"].as_f64().unwrap() > 0.0);
+    let states = failing["states_after"].to_string();
+    assert!(states.contains("Failed"), "{states}");
+}

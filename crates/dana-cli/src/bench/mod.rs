@@ -14,6 +14,7 @@ pub mod blob;
 pub mod commit;
 pub mod diskstats;
 pub mod lookup;
+pub mod mirror;
 pub mod pages;
 pub mod timeline;
 pub mod tpcc;
@@ -68,6 +69,11 @@ enum BenchCommand {
     /// read whole, next to raw O_DIRECT writes and reads of the same
     /// shape with the same syncs, on the same file system.
     Blob(blob::BlobArgs),
+    /// Mirrored devices on simulated devices: a mirrored pair against one
+    /// device and a striped pair (reads, synced commits), and a mirrored
+    /// pair losing a device mid-run (rate before and after, errors seen by
+    /// clients).
+    Mirror(mirror::MirrorArgs),
     /// TPC-C: the nine tables and two indexes as trees, the five
     /// transactions in the standard mix (serializable, log on), then the
     /// spec's consistency conditions.
@@ -86,6 +92,7 @@ pub fn run(args: &BenchArgs) -> CliResult<()> {
         BenchCommand::Ycsb(a) => ycsb::run(a),
         BenchCommand::Commit(a) => commit::run(a),
         BenchCommand::Blob(a) => blob::run(a),
+        BenchCommand::Mirror(a) => mirror::run(a),
         BenchCommand::Tpcc(a) => tpcc::run(a),
         BenchCommand::Waf(a) => waf::run(a),
     }
