@@ -398,11 +398,19 @@ fn mirror_quick_compares_the_layouts_and_survives_a_failing_copy() {
         layouts,
         ["single", "striped", "mirrored", "mirrored_failing"]
     );
-    let iops = v["sim_iops"].as_f64().unwrap();
     let mirrored = &runs[2];
     assert!(mirrored["reads"]["ops_per_s"].as_f64().unwrap() > 0.0);
+    // Reads spread over both copies (throughput depends on this machine's
+    // load; the share each copy served does not).
+    let copy_reads: Vec<f64> = mirrored["copy_reads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_f64().unwrap())
+        .collect();
+    let total: f64 = copy_reads.iter().sum();
     assert!(
-        mirrored["reads"]["device_reads_per_s"].as_f64().unwrap() > 1.1 * iops,
+        copy_reads.len() == 2 && copy_reads.iter().all(|&r| r > 0.25 * total),
         "reads did not spread over both copies: {mirrored}"
     );
     assert!(mirrored["commits"]["ops_per_s"].as_f64().unwrap() > 0.0);

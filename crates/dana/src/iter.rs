@@ -136,6 +136,12 @@ impl Iter {
             if self.done {
                 return None;
             }
+            // A closed database answers `Closed`, also for the entries of
+            // a leaf fetched before the close.
+            if let Err(e) = self.tree.live_for_read() {
+                self.done = true;
+                return Some(Err(e));
+            }
             let (end, other) = if forward {
                 (&mut self.front, &self.back)
             } else {

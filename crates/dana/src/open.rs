@@ -430,12 +430,14 @@ pub(crate) fn log_file_path(path: &Path, i: usize) -> PathBuf {
 /// whose meta page is `meta` (None: a new database), as devices `index`,
 /// `index + 1`, ... Creates them only when the database has no log yet
 /// and the options want one (as many as [`Options::logs_value`]).
+#[allow(clippy::too_many_arguments)]
 fn open_logs(
     path: &Path,
     index: usize,
     copies: usize,
     opts: &Options,
     meta: Option<&MetaFacts>,
+    erase: bool,
     undo: &mut Undo,
     locks: &mut Locks,
 ) -> Result<Vec<Target>> {
@@ -465,6 +467,16 @@ fn open_logs(
         per_log.min(INITIAL_LOG_BYTES)
     };
     let mut logs = Vec::with_capacity(count);
+    if !has_log && !opts.is_read_only() && !erase {
+        // A log is about to be formatted: never over one that is there
+        // (unless the caller asked to erase: `Db::open_devices` with
+        // `create`).
+        for i in 0..count {
+            for c in 0..copies {
+                refuse_foreign_log(&copy_path(&log_file_path(path, i), c))?;
+            }
+        }
+    }
     for i in 0..count {
         let path = log_file_path(path, i);
         let exists = if copies > 1 {
@@ -501,10 +513,90 @@ fn open_logs(
     Ok(logs)
 }
 
+/// Refuses to format a log over the file or device at `path` when it is
+/// not free to take: one that holds a dana log (its control blocks say
+/// so: the log of a database whose data files are missing, or of another
+/// database), or a regular file that this open did not create. A missing
+/// file, or a block device without a dana log, is free. (The first version formatted any file at the log's path: a
+/// database whose `dana.0` was missing opened as a new one and overwrote
+/// the log that held its commits.)
+fn refuse_foreign_log(path: &Path) -> Result<()> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    use std::os::unix::fs::FileTypeExt;
+    let block = meta.file_type().is_block_device();
+    let dopts = DeviceOptions {
+        direct: false,
+        create_size: None,
+        read_only: true,
+        lock: false,
+    };
+    let device = Device::open(path, 0, dopts)?;
+    let t = Target::File(Arc::new(device));
+    // A mirrored copy holds its label first, then the log.
+    let labelled = mirror::is_labelled(&t).unwrap_or(false);
+    let ctl_at = if labelled { LABEL_BYTES } else { 0 };
+    let ctl = (t.size() >= ctl_at + CONTROL_BYTES)
+        .then(|| {
+            crate::wal::recover::read_control_at(&t, ctl_at)
+                .ok()
+                .flatten()
+        })
+        .flatten();
+    if let Some(c) = ctl {
+        return Err(Error::Log(format!(
+            "{} holds the log of a dana database (identity {:016x}) and this open would \
+             create a new one: restore the database's data files, or remove the log if it \
+             is no longer wanted",
+            path.display(),
+            c.log_id
+        )));
+    }
+    if block {
+        return Ok(());
+    }
+    Err(Error::Log(format!(
+        "{} exists ({} bytes) and is not a dana log this open created: remove it or choose \
+         another Options::log_path",
+        path.display(),
+        meta.len()
+    )))
+}
+
+/// When no `dana.0` is there: fails if another file of a database is (a
+/// data file or a copy of one past the first), since creating a new
+/// database would overwrite it.
+fn refuse_partial_database(dir: &Path) -> Result<()> {
+    for i in 0..256 {
+        let p = device_path(dir, i);
+        let found = [p.clone(), copy_path(&p, 1)]
+            .into_iter()
+            .find(|f| f.exists());
+        if let Some(f) = found {
+            return Err(Error::NotADatabase {
+                path: dir.to_path_buf(),
+                what: format!(
+                    "dana.0 is missing but {} is there: a database with a data file missing \
+                     (restore it); nothing was created",
+                    f.display()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Opens (creating if needed and allowed) the database in directory `dir`.
 pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Opened> {
     let read_only = opts.is_read_only();
     let mut sync_dirs = Vec::new();
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::NotADatabase {
+            path: dir.to_path_buf(),
+            what: "a file, not a database directory".into(),
+        });
+    }
     if !dir.is_dir() {
         if read_only || dir.exists() {
             return Err(Error::Open {
@@ -529,6 +621,9 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
         devices: Vec::new(),
     };
     let exists = device_exists(&device_path(dir, 0));
+    if !exists {
+        refuse_partial_database(dir)?;
+    }
     if !exists && read_only {
         return Err(Error::NotADatabase {
             path: dir.to_path_buf(),
@@ -586,6 +681,7 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
         copies,
         opts,
         meta.as_ref(),
+        false,
         undo,
         &mut locks,
     )?;
@@ -671,6 +767,7 @@ pub(crate) fn open_paths(
         copies,
         opts,
         meta.as_ref(),
+        create,
         undo,
         &mut locks,
     )?;

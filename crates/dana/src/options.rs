@@ -218,6 +218,11 @@ impl Options {
     /// assert_eq!(opts.page_size_value(), 8192);
     /// let db = dana::Db::open(dir.path(), opts).unwrap();
     /// assert_eq!(db.pool().page_size(), 8192);
+    /// // Other sizes are refused before anything is created.
+    /// let other = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).page_size(1024);
+    /// assert!(matches!(dana::Db::open(other.path(), opts), Err(dana::Error::InvalidArgument(_))));
+    /// assert_eq!(std::fs::read_dir(other.path()).unwrap().count(), 0);
     /// ```
     pub fn page_size(mut self, bytes: usize) -> Self {
         self.page_size = bytes;
@@ -449,7 +454,10 @@ impl Options {
     }
 
     /// With [`Durability::Async`], the longest a commit waits in memory
-    /// before a flush starts (default 10 ms): the most a crash can lose.
+    /// before a flush starts (default 10 ms). A crash loses the commits of
+    /// this window and of the flush in progress, which on a busy disk can
+    /// take far longer than the window (while the workers get to run: a
+    /// machine short of CPU stretches both).
     ///
     /// ```
     /// use std::time::Duration;
@@ -733,6 +741,18 @@ impl Options {
     /// ```
     pub fn is_read_only(&self) -> bool {
         self.read_only
+    }
+
+    /// Checks the settings an open cannot work with, before anything is
+    /// opened or created.
+    pub(crate) fn validate(&self) -> crate::Result<()> {
+        let ps = self.page_size;
+        if !ps.is_power_of_two() || !(4096..=65536).contains(&ps) {
+            return Err(crate::Error::InvalidArgument(format!(
+                "page size {ps}: a power of two from 4096 to 65536 (Options::page_size)"
+            )));
+        }
+        Ok(())
     }
 
     pub(crate) fn runtime_config(&self) -> RuntimeConfig {

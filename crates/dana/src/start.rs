@@ -20,6 +20,7 @@ use crate::btree::BTree;
 use crate::buffer::{BufferPool, PoolConfig};
 use crate::catalog::{self, CATALOG_SLOT};
 use crate::checkpoint::{checkpoint, Checkpointer};
+use crate::io::grower::SpaceReserve;
 use crate::io::mirror::{CopyState, Mirror, RebuildReport};
 use crate::io::{Array, Target};
 use crate::open::{self, Locks};
@@ -28,7 +29,7 @@ use crate::sched::{RequestKind, Runtime};
 use crate::txn::{Committer, KeyLocks};
 use crate::validate::InFlight;
 use crate::wal::record::Write;
-use crate::wal::{CheckpointScope, Durability, FlushPolicy, LogSet, Wal, MAX_LOGS};
+use crate::wal::{CheckpointScope, Durability, FlushPolicy, LogSet, Resume, Wal, MAX_LOGS};
 use crate::{Error, Options, Result};
 
 /// A database brought up: what `Db` holds.
@@ -81,6 +82,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
     let wal = match start {
         Some(start) => {
             let shared = LogSet::shared(log_count, start.next_gsn, opts.checkpoint_shards);
+            reserve_for_logs(&pool, &array, &logs, &start.resume);
             let mut set = Vec::with_capacity(log_count);
             for (i, (t, resume)) in logs.iter().zip(start.resume).enumerate() {
                 targets.push(t.clone());
@@ -214,6 +216,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         dropped: Mutex::new(HashSet::new()),
         any_dropped: AtomicBool::new(false),
         in_flight: InFlight::new(),
+        runtime: rt.id(),
     });
     let rebuilds = Rebuilds::new(mirrors, stop.clone());
     if !read_only {
@@ -231,6 +234,31 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         locks,
         rebuilds,
     })
+}
+
+/// Keeps room on the data files' file system for the logs that still grow
+/// there (their first lap): the data files stop growing first when it
+/// fills (see `io::grower::SpaceReserve`).
+fn reserve_for_logs(pool: &BufferPool, array: &Array, logs: &[Target], resume: &[Resume]) {
+    let Some(Target::File(d)) = array.targets().first() else {
+        return;
+    };
+    let Some(fs) = d.file_system() else {
+        return;
+    };
+    let files: Vec<(Target, u64)> = logs
+        .iter()
+        .zip(resume)
+        .filter(|(t, _)| matches!(t, Target::File(l) if l.file_system() == Some(fs)))
+        .map(|(t, r)| (t.clone(), crate::wal::CONTROL_BYTES + r.capacity))
+        .filter(|(t, full)| t.size() < *full)
+        .collect();
+    if !files.is_empty() {
+        pool.reserve_space(SpaceReserve {
+            file_system: fs,
+            files,
+        });
+    }
 }
 
 /// The mirrored groups among an open's devices: data devices, then logs.

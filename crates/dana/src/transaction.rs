@@ -221,6 +221,7 @@ impl Transaction {
         forward: bool,
         limit: usize,
     ) -> Result<Scan> {
+        self.own(tree)?;
         Ok(Scan {
             cursor: if self.isolation == Isolation::Serializable {
                 tree.cursor(lower, upper, forward)?.stamped()
@@ -282,6 +283,7 @@ impl Transaction {
     /// assert_eq!((a, b), (Some(b"1".to_vec()), Some(b"2".to_vec())));
     /// ```
     pub async fn get_async(&mut self, tree: &crate::Tree, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.own(tree)?;
         let id = (tree.root(), key.to_vec());
         if let Some(v) = self.writes.get(&id) {
             return Ok(v.clone());
@@ -306,6 +308,7 @@ impl Transaction {
     /// assert_eq!(t.get(b"k").unwrap(), Some(b"old".to_vec())); // others see the old one
     /// ```
     pub fn get(&mut self, tree: &crate::Tree, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.own(tree)?;
         let id = (tree.root(), key.to_vec());
         if let Some(v) = self.writes.get(&id) {
             return Ok(v.clone());
@@ -316,7 +319,27 @@ impl Transaction {
         Ok(v)
     }
 
-    fn check(tree: &crate::Tree, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+    /// True if this transaction was begun on the database of `committer`.
+    pub(crate) fn belongs_to(&self, committer: &Arc<Committer>) -> bool {
+        Arc::ptr_eq(&self.committer, committer)
+    }
+
+    /// Fails unless `tree` belongs to this transaction's database: a tree
+    /// is named by its root page id, which another database may use for
+    /// another tree (the first version wrote such a put into whatever tree
+    /// of this database had that root).
+    fn own(&self, tree: &crate::Tree) -> Result<()> {
+        if Arc::ptr_eq(&self.committer, tree.committer()) {
+            return Ok(());
+        }
+        Err(crate::Error::InvalidArgument(format!(
+            "tree {:?} belongs to another database than this transaction",
+            tree.name()
+        )))
+    }
+
+    fn check(&self, tree: &crate::Tree, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        self.own(tree)?;
         tree.unlogged_btree().check_sizes(key, None)?;
         match value {
             Some(v) if v.len() > tree.max_value_len() => Err(crate::Error::ValueTooLarge {
@@ -340,7 +363,7 @@ impl Transaction {
     /// assert_eq!(t.get(b"k").unwrap(), Some(b"v".to_vec()));
     /// ```
     pub fn put(&mut self, tree: &crate::Tree, key: &[u8], value: &[u8]) -> Result<()> {
-        Self::check(tree, key, Some(value))?;
+        self.check(tree, key, Some(value))?;
         self.writes
             .insert((tree.root(), key.to_vec()), Some(value.to_vec()));
         Ok(())
@@ -382,7 +405,7 @@ impl Transaction {
     /// assert_eq!(t.get(b"k").unwrap(), None);
     /// ```
     pub fn delete(&mut self, tree: &crate::Tree, key: &[u8]) -> Result<()> {
-        Self::check(tree, key, None)?;
+        self.check(tree, key, None)?;
         self.writes.insert((tree.root(), key.to_vec()), None);
         self.inserts.remove(&(tree.root(), key.to_vec()));
         Ok(())

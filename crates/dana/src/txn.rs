@@ -176,6 +176,9 @@ pub(crate) struct Committer {
     /// Keys of the commits between validation and the end of their
     /// apply, for serializable transactions.
     pub(crate) in_flight: InFlight,
+    /// The identity of the runtime serving this database
+    /// ([`crate::sched::Runtime::id`]).
+    pub(crate) runtime: usize,
 }
 
 /// What applying one write found.
@@ -193,6 +196,13 @@ impl Committer {
     pub(crate) fn live(&self, write: bool) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
+        }
+        if crate::sched::current_runtime().is_some_and(|r| r != self.runtime) {
+            // Its pages would be read and written through the other
+            // database's device queues (the same indices name other files).
+            return Err(Error::InvalidArgument(
+                "a handle of this database used inside a task of another database".into(),
+            ));
         }
         if write && self.read_only {
             return Err(Error::ReadOnly);

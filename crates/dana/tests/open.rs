@@ -488,3 +488,166 @@ fn a_log_keeps_the_flush_block_it_was_formatted_with() {
         assert!(left.is_empty(), "{left:?}");
     }
 }
+
+/// A database whose first data file is missing never opens as a new one
+/// over what is left: the log that holds its commits (here in another
+/// directory, as `Options::log_path` allows), or its other data files.
+/// The first version formatted a new database there and overwrote the
+/// log (found by an outside probe: 1,000 acknowledged commits gone).
+#[test]
+fn a_missing_data_file_never_becomes_a_new_database_over_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let o = opts().log_path(logs.join("db.wal"));
+    let db = Db::open(&data, o.clone()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for i in 0..300 {
+        t.put(&key(i), b"acknowledged").unwrap();
+    }
+    drop((t, db)); // no close: the commits live in the log
+    std::fs::rename(data.join("dana.0"), dir.path().join("dana.0.away")).unwrap();
+    let before = snapshot(&logs);
+    let err = Db::open(&data, o.clone())
+        .err()
+        .expect("opened over a missing data file");
+    assert!(matches!(err, Error::Log(_)), "{err}");
+    assert!(
+        err.to_string().contains("holds the log of a dana database"),
+        "{err}"
+    );
+    assert_eq!(snapshot(&logs), before, "the log was touched");
+    assert!(!data.join("dana.0").exists(), "a data file was created");
+    // Put back, everything is there.
+    std::fs::rename(dir.path().join("dana.0.away"), data.join("dana.0")).unwrap();
+    let db = Db::open(&data, o).unwrap();
+    let t = db.tree("t").unwrap();
+    assert_eq!(t.iter().count(), 300);
+    db.close().unwrap();
+
+    // Two data files, the first missing: refused before anything changes.
+    let two = dir.path().join("two");
+    let db = Db::open(&two, opts().devices(2)).unwrap();
+    db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    db.close().unwrap();
+    std::fs::remove_file(two.join("dana.0")).unwrap();
+    let before = snapshot(&two);
+    let err = Db::open(&two, opts()).err().expect("opened without dana.0");
+    assert!(matches!(err, Error::NotADatabase { .. }), "{err}");
+    assert_eq!(snapshot(&two), before);
+}
+
+/// A new database's log is never formatted over a file that is already
+/// at its path.
+#[test]
+fn a_new_log_is_never_formatted_over_a_file_that_is_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("elsewhere.wal");
+    std::fs::write(&log, b"somebody's bytes").unwrap();
+    let err = Db::open(dir.path().join("db"), opts().log_path(&log))
+        .err()
+        .expect("formatted over a file");
+    assert!(matches!(err, Error::Log(_)), "{err}");
+    assert_eq!(std::fs::read(&log).unwrap(), b"somebody's bytes");
+    assert!(
+        !dir.path().join("db").exists(),
+        "a failed open left a directory"
+    );
+    std::fs::remove_file(&log).unwrap();
+    let db = Db::open(dir.path().join("db"), opts().log_path(&log)).unwrap();
+    db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    db.close().unwrap();
+}
+
+/// Handles of one database used with another are refused: a tree in
+/// another database's transaction (its root page id would name another
+/// tree there: the first version wrote into it), a transaction committed
+/// on another database, and a tree used inside another database's task
+/// (its pages would go through the other database's device queues).
+#[test]
+fn handles_of_another_database_are_refused() {
+    let (da, db_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = Db::open(da.path(), opts()).unwrap();
+    let b = Db::open(db_dir.path(), opts()).unwrap();
+    let ta = a.create_tree("t").unwrap();
+    let tb = b.create_tree("t").unwrap();
+    let err = a
+        .transaction(|tx| tx.put(&tb, b"k", b"v"))
+        .expect_err("a foreign tree was written");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    let mut tx = a.begin();
+    assert!(matches!(tx.get(&tb, b"k"), Err(Error::InvalidArgument(_))));
+    tx.put(&ta, b"k", b"v").unwrap();
+    assert!(matches!(b.commit(tx), Err(Error::InvalidArgument(_))));
+    let tb2 = tb.clone();
+    let inside = a
+        .block_on(async move { tb2.put_async(b"x", b"y").await })
+        .unwrap();
+    assert!(
+        matches!(inside, Err(Error::InvalidArgument(_))),
+        "{inside:?}"
+    );
+    assert_eq!(ta.get(b"k").unwrap(), None);
+    assert_eq!(tb.get(b"k").unwrap(), None);
+    assert_eq!(tb.get(b"x").unwrap(), None);
+    a.close().unwrap();
+    b.close().unwrap();
+}
+
+/// Odd calls an outside probe made, each with a clear answer: `close`
+/// inside a task is refused and closes nothing; a path that is a file is
+/// not a database; reading past the end of a large value gives nothing,
+/// as past an inline one; and a hot key updated by eight threads at once
+/// never fails with a conflict (the retries pause).
+#[test]
+fn odd_calls_get_clear_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path().join("db"), opts()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    let d2 = db.clone();
+    let inside = db.block_on(async move { d2.close() }).unwrap();
+    assert!(
+        matches!(inside, Err(Error::InvalidArgument(_))),
+        "{inside:?}"
+    );
+    t.put(b"still", b"open").unwrap();
+
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"x").unwrap();
+    assert!(matches!(
+        Db::open(&file, opts()),
+        Err(Error::NotADatabase { .. })
+    ));
+
+    t.put(b"big", &vec![5u8; 3 * 4096]).unwrap();
+    t.put(b"small", b"abc").unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(t.read_value(b"big", 3 * 4096, &mut buf).unwrap(), Some(0));
+    assert_eq!(t.read_value(b"big", 1 << 40, &mut buf).unwrap(), Some(0));
+    assert_eq!(t.read_value(b"small", 10, &mut buf).unwrap(), Some(0));
+
+    t.put(b"n", &0u64.to_le_bytes()).unwrap();
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                for _ in 0..300 {
+                    t.update(b"n", |v| {
+                        let n = u64::from_le_bytes(v.try_into().unwrap());
+                        (n + 1).to_le_bytes().to_vec()
+                    })
+                    .unwrap();
+                }
+            });
+        }
+    });
+    let n = t.get(b"n").unwrap().unwrap();
+    assert_eq!(u64::from_le_bytes(n.try_into().unwrap()), 2400);
+    // An iterator outliving the close answers Closed, also for entries
+    // of a leaf it had fetched.
+    let mut it = t.iter();
+    assert!(it.next().unwrap().is_ok());
+    db.close().unwrap();
+    assert!(matches!(it.next(), Some(Err(Error::Closed))));
+    assert!(it.next().is_none());
+}

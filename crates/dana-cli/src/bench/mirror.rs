@@ -134,6 +134,9 @@ struct LayoutRun {
     after_failure: Option<Window>,
     /// The failing layout: each group's copies at the end.
     states_after: Vec<String>,
+    /// Mirrored layouts: reads each copy of the data device served over
+    /// the whole run.
+    copy_reads: Vec<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -366,6 +369,7 @@ fn run_layout(layout: Layout, a: &MirrorArgs, data_bytes: u64) -> CliResult<Layo
         before_failure: None,
         after_failure: None,
         states_after: Vec::new(),
+        copy_reads: Vec::new(),
     };
     if layout == Layout::MirroredFailing {
         // Half reads, half updates; the second copy of the data and of the
@@ -416,6 +420,9 @@ fn run_layout(layout: Layout, a: &MirrorArgs, data_bytes: u64) -> CliResult<Layo
     }
     run.reads = window(&db, &rig, a, 0.0)?;
     run.commits = window(&db, &rig, a, 1.0)?;
+    run.copy_reads = rig.groups.first().map_or(Vec::new(), |g| {
+        g.status().copies.iter().map(|c| c.reads).collect()
+    });
     db.close()?;
     Ok(run)
 }

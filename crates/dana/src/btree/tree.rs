@@ -517,6 +517,10 @@ impl BTree {
             }
             Some(Stored::Reference(r)) => {
                 let n = r.len.saturating_sub(offset).min(out.len() as u64) as usize;
+                if n == 0 {
+                    // At or past the end: nothing, as for an inline value.
+                    return Ok(Some(0));
+                }
                 self.pool.read_blob(&r, offset, &mut out[..n]).await?;
                 Ok(Some(n))
             }

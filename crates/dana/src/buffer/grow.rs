@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use super::alloc::AllocState;
 use super::BufferPool;
-use crate::io::grower::Grower;
+use crate::io::grower::{Grower, SpaceReserve};
 use crate::sched::WakerList;
 use crate::{Error, Result};
 
@@ -42,6 +42,9 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 pub(crate) struct Growth {
     /// The growth thread, one at a time, and the last failure.
     grower: Grower,
+    /// Room the data files' growth leaves on their file system for the
+    /// log's own growth (see [`SpaceReserve`]), set once at open.
+    reserve: std::sync::OnceLock<SpaceReserve>,
     /// Growths finished, succeeded or failed (waiters wait for it to move).
     rounds: AtomicU64,
     /// Growths that added pages.
@@ -114,11 +117,15 @@ impl BufferPool {
         let (array, alloc) = (self.array.clone(), self.alloc.clone());
         let done_alloc = self.alloc.clone();
         let geometry = super::space_map::Geometry::new(self.page_size);
+        let page_size = self.page_size as u64;
         growth
             .grower
             .start(
                 "dana-grow",
-                move || grow(&array, &alloc, geometry, target, least),
+                move || {
+                    let (target, least) = within_reserve(&array, &alloc, page_size, target, least)?;
+                    grow(&array, &alloc, geometry, target, least)
+                },
                 move |r| {
                     let g = &done_alloc.growth;
                     if r.is_ok() {
@@ -130,6 +137,12 @@ impl BufferPool {
             )
             .map_err(Error::NoSpace)?;
         Ok(())
+    }
+
+    /// Keeps room on the data files' file system for the files of
+    /// `reserve` (the log's first lap) when the data files grow.
+    pub fn reserve_space(&self, reserve: SpaceReserve) {
+        let _ = self.alloc.growth.reserve.set(reserve);
     }
 
     /// Waits for a growth in progress to finish (at close: no thread may
@@ -174,6 +187,46 @@ impl Drop for BufferPool {
     fn drop(&mut self) {
         self.finish_growth();
     }
+}
+
+/// The growth's `target` and `least` pages cut to what leaves the reserve
+/// free on the data files' file system (the first device's); an error if
+/// even `least` would eat into it. Without a reserve, or on another file
+/// system, or when the kernel does not say, unchanged.
+fn within_reserve(
+    array: &crate::io::Array,
+    alloc: &Arc<AllocState>,
+    page_size: u64,
+    target: u64,
+    least: u64,
+) -> std::result::Result<(u64, u64), String> {
+    let Some(reserve) = alloc.growth.reserve.get() else {
+        return Ok((target, least));
+    };
+    let Some(crate::io::Target::File(d)) = array.targets().first() else {
+        return Ok((target, least));
+    };
+    if d.file_system() != Some(reserve.file_system) {
+        return Ok((target, least));
+    }
+    let (Some(free), needed) = (d.free_bytes(), reserve.needed()) else {
+        return Ok((target, least));
+    };
+    let pages = array.pages();
+    let room = free.saturating_sub(needed) / page_size;
+    if pages + room >= target {
+        return Ok((target, least));
+    }
+    if pages + room >= least {
+        return Ok((pages + room, least));
+    }
+    Err(format!(
+        "the file system of {} is nearly full: {} bytes free, {needed} of them kept for the \
+         log to grow into (its first lap); delete data to make room in the database, or free \
+         space on the file system",
+        d.path().display(),
+        free
+    ))
 }
 
 /// The growth thread: grows the array to `target` pages (or, if the file

@@ -280,6 +280,35 @@ impl Device {
     }
 }
 
+impl Device {
+    /// Bytes free for an unprivileged writer on the file system holding
+    /// the device (`fstatvfs`: `f_bavail`), None for a block device or if
+    /// the kernel does not say.
+    pub fn free_bytes(&self) -> Option<u64> {
+        if self.block_device {
+            return None;
+        }
+        // SAFETY: statvfs is plain data; all-zero is a valid value.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: the descriptor is open for the device's life and st
+        // points to a live statvfs struct.
+        if unsafe { libc::fstatvfs(self.fd(), &mut st) } != 0 {
+            return None;
+        }
+        (st.f_bavail as u64).checked_mul(st.f_frsize as u64)
+    }
+
+    /// The file system (`st_dev`) the device's file lives on; None for a
+    /// block device.
+    pub fn file_system(&self) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        if self.block_device {
+            return None;
+        }
+        self.file.metadata().ok().map(|m| m.dev())
+    }
+}
+
 /// Total bytes of the file system holding `fd` (`fstatvfs`).
 fn file_system_size(fd: RawFd) -> Option<u64> {
     // SAFETY: statvfs is plain data; all-zero is a valid value.

@@ -145,3 +145,28 @@ mod tests {
         g.finish();
     }
 }
+
+/// Space another growing file still needs on a file system: the log files
+/// grow into their full size during their first lap, and the data files'
+/// growth must leave them that room. Otherwise, once the file system
+/// fills, the log cannot grow and every commit fails, a delete too (which
+/// needs log space to free data pages): the reserve makes the data files
+/// stop first, and deletes make room again (an outside probe found the
+/// first version refusing every write, deletes included).
+#[derive(Debug, Clone)]
+pub struct SpaceReserve {
+    /// The file system (`st_dev`) it is on.
+    pub file_system: u64,
+    /// Each growing file and the size it grows to.
+    pub files: Vec<(super::Target, u64)>,
+}
+
+impl SpaceReserve {
+    /// Bytes the files still need to reach their full sizes.
+    pub fn needed(&self) -> u64 {
+        self.files
+            .iter()
+            .map(|(t, full)| full.saturating_sub(t.size()))
+            .sum()
+    }
+}

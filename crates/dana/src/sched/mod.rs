@@ -49,7 +49,7 @@ pub use wait::{IoWait, WaitFuture, WakerList};
 
 use crate::io::{open_queue, AlignedBuf, Backend, EventFd, Target};
 use crate::{Error, Result};
-use task::{Job, Slab, TaskKey, CURRENT_WORKER, LOCAL_READY, LOCAL_SPAWNED};
+use task::{Job, Slab, TaskKey, CURRENT_RUNTIME, CURRENT_WORKER, LOCAL_READY, LOCAL_SPAWNED};
 
 /// Task polls between two looks at the completion queues.
 const POLLS_BETWEEN_REAPS: usize = 8;
@@ -277,6 +277,12 @@ impl Runtime {
         })
     }
 
+    /// This runtime's identity (what [`current_runtime`] returns on its
+    /// workers).
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
     /// Number of workers.
     pub fn workers(&self) -> usize {
         self.shared.workers.len()
@@ -425,9 +431,16 @@ pub fn current_worker() -> Option<usize> {
     CURRENT_WORKER.with(|c| c.get())
 }
 
+/// The identity ([`Runtime::id`]) of the runtime whose worker runs the
+/// current thread, if any.
+pub fn current_runtime() -> Option<usize> {
+    Some(CURRENT_RUNTIME.with(|c| c.get())).filter(|&r| r != 0)
+}
+
 fn worker_main(index: usize, rt: Arc<RuntimeShared>, wio: io::WorkerIo, services: Arc<Services>) {
     let me = rt.workers[index].clone();
     CURRENT_WORKER.with(|c| c.set(Some(index)));
+    CURRENT_RUNTIME.with(|c| c.set(Arc::as_ptr(&rt) as usize));
     wio.install();
     let mut slab = Slab::new();
     let mut completions = Vec::new();
@@ -556,4 +569,5 @@ fn worker_main(index: usize, rt: Arc<RuntimeShared>, wio: io::WorkerIo, services
     slab.clear();
     drop(io::WorkerIo::uninstall());
     CURRENT_WORKER.with(|c| c.set(None));
+    CURRENT_RUNTIME.with(|c| c.set(0));
 }

@@ -25,6 +25,8 @@ pub(crate) type TaskKey = u64;
 thread_local! {
     /// The worker index of this thread, if it is a worker.
     pub(crate) static CURRENT_WORKER: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    /// The identity of the runtime whose worker runs this thread (0: none).
+    pub(crate) static CURRENT_RUNTIME: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     /// Tasks woken on their own worker's thread.
     pub(crate) static LOCAL_READY: RefCell<VecDeque<TaskKey>> = const { RefCell::new(VecDeque::new()) };
     /// Tasks spawned on this worker by its system steps, to be admitted.

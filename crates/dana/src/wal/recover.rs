@@ -181,8 +181,14 @@ pub fn read_control(log: &Target) -> Result<Option<Control>> {
     if log.size() < CONTROL_BYTES {
         return Ok(None);
     }
+    read_control_at(log, 0)
+}
+
+/// [`read_control`] of a log whose control blocks start at byte `at` of
+/// `log` (a mirrored copy's file, read raw: its label comes first).
+pub fn read_control_at(log: &Target, at: u64) -> Result<Option<Control>> {
     let mut q = open_queue(log, &Backend::Blocking, 4)?;
-    let area = read_at(q.as_mut(), 0, CONTROL_BYTES as usize)?;
+    let area = read_at(q.as_mut(), at, CONTROL_BYTES as usize)?;
     Ok(Control::newest(&area))
 }
 
