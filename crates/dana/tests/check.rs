@@ -10,7 +10,7 @@ use std::path::Path;
 use dana::btree::node::{Node, NodeMut};
 use dana::buffer::page;
 use dana::check::CATALOG_TREE;
-use dana::{Db, Options};
+use dana::{Db, Error, Options};
 
 const PAGE: usize = 4096;
 
@@ -375,6 +375,50 @@ fn the_empty_key_with_an_empty_value_checks_clean() {
     assert_eq!(
         db.tree("t").unwrap().get(b"").unwrap().as_deref(),
         Some(&b""[..])
+    );
+    db.close().unwrap();
+}
+
+/// A byte flipped in a large value's pages (which carry no page header)
+/// is a finding that names the leaf holding its reference: the check
+/// reads every large value against its checksum (the first version only
+/// accounted for their pages; `get` found the damage, `check` did not).
+#[test]
+fn a_damaged_large_value_is_a_finding() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    let value: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8 ^ 0x5a).collect();
+    t.put(b"big", &value).unwrap();
+    t.put(b"other", &vec![1u8; 9000]).unwrap();
+    assert!(db.check().unwrap().is_ok());
+    db.close().unwrap();
+    let path = dir.path().join("dana.0");
+    let bytes = std::fs::read(&path).unwrap();
+    let at = bytes
+        .windows(64)
+        .position(|w| w == &value[4096..4160])
+        .expect("the value's second page on disk");
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&[bytes[at + 10] ^ 0xff], (at + 10) as u64)
+        .unwrap();
+    f.sync_all().unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let report = db.check().unwrap();
+    let bad: Vec<_> = report
+        .findings
+        .iter()
+        .filter(|f| f.what.contains("large value"))
+        .collect();
+    assert_eq!(bad.len(), 1, "{:?}", report.findings);
+    assert_eq!(bad[0].tree.as_deref(), Some("t"));
+    assert!(matches!(
+        db.tree("t").unwrap().get(b"big"),
+        Err(Error::Corrupt { .. })
+    ));
+    assert_eq!(
+        db.tree("t").unwrap().get(b"other").unwrap(),
+        Some(vec![1u8; 9000])
     );
     db.close().unwrap();
 }
