@@ -217,8 +217,10 @@ fn blob_quick_writes_and_reads_values_next_to_the_raw_device() {
 
 /// `dana bench waf` on a small modelled device: every figure is there, the
 /// fill reached is near the one asked, flash writes are at least the host
-/// writes, and a fuller device amplifies more (the collector finds fewer
-/// invalid pages per victim).
+/// writes, a fuller device amplifies more (the collector finds fewer
+/// invalid pages per victim), and each fill runs with one stream and with
+/// a handle per write class, at the same fill, with page write-backs
+/// sorted into hot and cold.
 #[test]
 fn waf_runs_and_a_fuller_device_amplifies_more() {
     let args = [
@@ -227,7 +229,7 @@ fn waf_runs_and_a_fuller_device_amplifies_more() {
         "--json",
         "--quiet",
         "--blocks",
-        "128",
+        "192",
         "--fills",
         "50,90",
         "--log-bytes",
@@ -241,7 +243,19 @@ fn waf_runs_and_a_fuller_device_amplifies_more() {
     ];
     let v = run(&args);
     let runs = v["runs"].as_array().expect("runs");
-    assert_eq!(runs.len(), 2);
+    assert_eq!(runs.len(), 4);
+    for (r, (fill, placement)) in
+        runs.iter()
+            .zip([(50, "none"), (50, "classes"), (90, "none"), (90, "classes")])
+    {
+        assert_eq!(r["fill_percent"], fill);
+        assert_eq!(r["placement"], placement);
+        let hot = r["hot_share"].as_f64().unwrap();
+        assert!(hot > 0.0 && hot < 1.0, "hot share {hot}");
+    }
+    for pair in runs.chunks(2) {
+        assert_eq!(pair[0]["records"], pair[1]["records"], "same load");
+    }
     for r in runs {
         has(
             r,
@@ -274,9 +288,9 @@ fn waf_runs_and_a_fuller_device_amplifies_more() {
     }
     let waf = |i: usize| runs[i]["data"]["waf"].as_f64().unwrap();
     assert!(
-        waf(1) > waf(0) + 0.5,
+        waf(2) > waf(0) + 0.5,
         "90% fill {} vs 50% {}",
-        waf(1),
+        waf(2),
         waf(0)
     );
 }

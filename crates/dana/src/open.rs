@@ -25,7 +25,10 @@ use crate::buffer::alloc::{meta_facts, MetaFacts};
 use crate::buffer::page::MirrorPageCheck;
 use crate::io::device::{lock_file, unlock_file, DeviceOptions};
 use crate::io::mirror::{self, CopySpec, Mirror, Role, LABEL_BYTES};
-use crate::io::{open_queue, AlignedBuf, Array, Backend, Device, IoBuf, Request, Target};
+use crate::io::placement::WriteLife;
+use crate::io::{
+    open_queue, AlignedBuf, Array, Backend, Device, IoBuf, Placement, Request, Target,
+};
 use crate::options::INITIAL_DATA_BYTES;
 use crate::wal::INITIAL_LOG_BYTES;
 use crate::wal::{Durability, CONTROL_BYTES};
@@ -219,6 +222,7 @@ fn open_device(
     if copies <= 1 {
         let existed = path.exists();
         let d = Device::open(path, index, device_options(opts, create_size))?;
+        hint_write_life(&d, role, opts);
         if !existed {
             undo.created_file(path);
         }
@@ -243,6 +247,7 @@ fn open_device(
             index,
             device_options(opts, create_size.map(|b| b + LABEL_BYTES)),
         )?;
+        hint_write_life(&d, role, opts);
         if !existed {
             undo.created_file(&p);
         }
@@ -400,6 +405,21 @@ fn identify(devices: &[Target], paths: &[PathBuf], opts: &Options) -> Result<Met
         )));
     }
     Ok(facts)
+}
+
+/// Tells the kernel how long the writes to device `d` of `role` live: a
+/// log is overwritten every lap (`SHORT`), data pages stay longer
+/// (`MEDIUM`); see `io::placement`. Advice only: a kernel or file system
+/// that refuses it changes nothing, so the refusal is not an error.
+fn hint_write_life(d: &Device, role: Role, opts: &Options) {
+    if opts.is_read_only() {
+        return;
+    }
+    let life = match role {
+        Role::Log(_) => Placement::Log.write_life(),
+        Role::Data(_) => WriteLife::Medium,
+    };
+    let _ = d.set_write_life(life);
 }
 
 fn device_options(opts: &Options, create_size: Option<u64>) -> DeviceOptions {
@@ -830,6 +850,7 @@ fn open_group(
         }
         let size = create_size.map(|b| b + LABEL_BYTES);
         let d = Device::open(p, index, device_options(opts, size))?;
+        hint_write_life(&d, role, opts);
         if !existed {
             undo.created_file(p);
         }

@@ -10,6 +10,12 @@
 //! per operation, write amplification (WAF) and collection work, for the
 //! data device, the log device and both.
 //!
+//! With `--placement none,classes` (the default) every fill runs twice:
+//! once with one FTL stream, once with a placement handle per write class
+//! (`io::Placement`: the log, hot and cold page write-backs as sorted by
+//! the buffer pool's write history, large values), as a device with FDP
+//! reclaim-unit handles or write streams would keep them apart.
+//!
 //! What it is not (yet): the out-of-place write mode, compression and
 //! TPC-C of issue #14 do not exist, so this measures dana's in-place
 //! writes only, the baseline they will be compared with. dana does not
@@ -30,7 +36,7 @@ use dana::wal::CONTROL_BYTES;
 use dana::{Db, Durability, Options};
 use serde::Serialize;
 
-use crate::bench::ycsb::gen::ScrambledZipfian;
+use crate::bench::ycsb::gen::{ScrambledZipfian, Zipfian};
 use crate::rng::XorShift;
 use crate::{CliError, CliResult};
 
@@ -44,6 +50,41 @@ pub enum Gc {
     Greedy,
     /// LFS cost-benefit: `(1 - u) / 2u × age`.
     CostBenefit,
+}
+
+/// Whether writes tell the device their class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlacementMode {
+    /// One stream: the FTL mixes every write in the same open block.
+    None,
+    /// A placement handle per class (`io::Placement`: unsorted, log, hot
+    /// pages, cold pages, large values), as FDP reclaim-unit handles or
+    /// write streams would give.
+    Classes,
+}
+
+/// Where the popular records sit in key order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyOrder {
+    /// YCSB's: popularity ranks hashed over the key space, so that every
+    /// leaf holds a random mix and pages are written at similar rates.
+    Scrambled,
+    /// The most popular records are the smallest keys, next to each other
+    /// (time-ordered or sequential ids): pages are written at very
+    /// different rates.
+    Clustered,
+}
+
+impl KeyOrder {
+    /// The key of record number `k`.
+    fn key(self, k: u64) -> [u8; 8] {
+        match self {
+            KeyOrder::Scrambled => crate::bench::ycsb::workload::key_of(k),
+            KeyOrder::Clustered => k.to_be_bytes(),
+        }
+    }
 }
 
 /// `dana bench waf ...`
@@ -65,6 +106,15 @@ pub struct WafArgs {
     /// How the FTL picks its collection victims.
     #[arg(long, value_enum, default_value_t = Gc::Greedy)]
     pub gc: Gc,
+    /// Placements to run at each fill, in this order: `none` (one stream)
+    /// and `classes` (a placement handle per write class).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "none,classes"
+    )]
+    pub placement: Vec<PlacementMode>,
     /// Buffer pool as a share of the loaded data.
     #[arg(long, default_value_t = 0.1)]
     pub pool_fraction: f64,
@@ -76,6 +126,9 @@ pub struct WafArgs {
     /// Zipfian skew of the keys read and updated.
     #[arg(long, default_value_t = 0.8)]
     pub theta: f64,
+    /// Where the popular records sit in key order.
+    #[arg(long, value_enum, default_value_t = KeyOrder::Scrambled)]
+    pub keys: KeyOrder,
     /// Log size in bytes (its own simulated device and FTL).
     #[arg(long, default_value_t = 64 << 20)]
     pub log_bytes: u64,
@@ -147,6 +200,8 @@ impl DeviceFigures {
 pub struct FillRun {
     /// Requested fill, percent.
     pub fill_percent: u32,
+    /// Whether the writes' classes reached the FTL as placement handles.
+    pub placement: PlacementMode,
     /// Pages the database uses after the load, as a share of the data
     /// device's logical capacity.
     pub fill_reached: f64,
@@ -176,6 +231,8 @@ pub struct FillRun {
     pub flash_bytes_per_op: f64,
     /// Data pages written back per update.
     pub page_writes_per_update: f64,
+    /// Page write-backs of the window placed as hot (the rest cold).
+    pub hot_share: f64,
 }
 
 /// The report.
@@ -195,6 +252,8 @@ pub struct WafReport {
     pub value_size: usize,
     /// Zipfian skew.
     pub theta: f64,
+    /// Where the popular records sit in key order.
+    pub keys: KeyOrder,
     /// The log's flush block (bytes).
     pub log_flush_block: u64,
     /// One run per fill.
@@ -223,11 +282,19 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
     if a.value_size < 16 || a.value_size > 1024 {
         return Err(CliError("--value-size must lie in 16..=1024".into()));
     }
-    let data_cfg = ftl_config(a, a.blocks);
-    let device_bytes = u64::from(dana::io::ftl::Ftl::new(data_cfg)?.logical_pages()) * PAGE;
+    if a.placement.is_empty() {
+        return Err(CliError("--placement takes none, classes or both".into()));
+    }
+    // The same logical capacity whatever the handles.
+    let device_bytes = u64::from(
+        dana::io::ftl::Ftl::new(ftl_config(a, a.blocks, PlacementMode::None))?.logical_pages(),
+    ) * PAGE;
     let mut runs = Vec::new();
     for &fill in &a.fills {
-        runs.push(run_fill(a, fill, data_cfg, device_bytes)?);
+        for &placement in &a.placement {
+            let data_cfg = ftl_config(a, a.blocks, placement);
+            runs.push(run_fill(a, fill, placement, data_cfg, device_bytes)?);
+        }
     }
     let report = WafReport {
         blocks: a.blocks,
@@ -237,6 +304,7 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
         device_bytes,
         value_size: a.value_size,
         theta: a.theta,
+        keys: a.keys,
         log_flush_block: a.log_flush_block.max(512),
         runs,
     };
@@ -251,8 +319,12 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
     Ok(())
 }
 
-fn ftl_config(a: &WafArgs, blocks: u32) -> FtlConfig {
+fn ftl_config(a: &WafArgs, blocks: u32, placement: PlacementMode) -> FtlConfig {
     let mut c = FtlConfig::new(a.pages_per_block, blocks, a.over_provisioning);
+    c.handles = match placement {
+        PlacementMode::None => 1,
+        PlacementMode::Classes => dana::io::placement::PLACEMENTS.len() as u32,
+    };
     c.gc = match a.gc {
         Gc::Greedy => GcPolicy::Greedy,
         Gc::CostBenefit => GcPolicy::CostBenefit,
@@ -267,21 +339,30 @@ struct Devices {
 }
 
 impl Devices {
-    fn new(a: &WafArgs, data_cfg: FtlConfig, device_bytes: u64) -> CliResult<Devices> {
+    fn new(
+        a: &WafArgs,
+        placement: PlacementMode,
+        data_cfg: FtlConfig,
+        device_bytes: u64,
+    ) -> CliResult<Devices> {
         let data = SimDisk::new(0, device_bytes, SimConfig::default());
         data.attach_ftl(data_cfg)?;
         let log_device = CONTROL_BYTES + a.log_bytes;
         // Enough blocks that the log device's logical capacity holds it.
         let physical = (log_device.div_ceil(PAGE) as f64 * (1.0 + a.over_provisioning)).ceil();
         // And enough that its spare holds the FTL's free reserve and open
-        // blocks (a small log on a small over-provisioning would not).
-        let spare_min = (6.0 * (1.0 + a.over_provisioning) / a.over_provisioning.max(0.01)).ceil();
+        // blocks with a handle per class (the same log device whatever
+        // the placement).
+        let handles = dana::io::placement::PLACEMENTS.len() as f64;
+        let spare_blocks = 2.0 * handles + f64::from(dana::io::ftl::Ftl::free_reserve()) + 2.0;
+        let spare_min =
+            (spare_blocks * (1.0 + a.over_provisioning) / a.over_provisioning.max(0.01)).ceil();
         let blocks = ((physical as u64).div_ceil(u64::from(a.pages_per_block)) as u32
             + dana::io::ftl::Ftl::free_reserve()
             + 2)
         .max(spare_min as u32);
         let log = SimDisk::new(1, log_device, SimConfig::default());
-        log.attach_ftl(ftl_config(a, blocks))?;
+        log.attach_ftl(ftl_config(a, blocks, placement))?;
         Ok(Devices { data, log })
     }
 
@@ -335,19 +416,33 @@ fn used_pages(db: &Db) -> CliResult<u64> {
 }
 
 /// Loads records `from..to` through the bulk path (unlogged inserts) from
-/// `tasks` tasks.
-fn load(db: &Db, from: u64, to: u64, value_size: usize, tasks: u64) -> CliResult<()> {
+/// `tasks` tasks (one, in key order for clustered keys: the same pages
+/// whatever the run, so that runs compare at the same fill).
+fn load(
+    db: &Db,
+    keys: KeyOrder,
+    from: u64,
+    to: u64,
+    value_size: usize,
+    tasks: u64,
+) -> CliResult<()> {
     let tree = db.tree(TREE)?.unlogged_btree().clone();
     let record: crate::bench::RecordFn = Arc::new(move |j, v| {
         fill_value(from + j, 0, v);
-        crate::bench::ycsb::workload::key_of(from + j)
+        keys.key(from + j)
     });
     crate::bench::load_records(db, &tree, to - from, tasks, value_size, record, true)?;
     Ok(())
 }
 
-fn run_fill(a: &WafArgs, fill: u32, data_cfg: FtlConfig, device_bytes: u64) -> CliResult<FillRun> {
-    let devices = Devices::new(a, data_cfg, device_bytes)?;
+fn run_fill(
+    a: &WafArgs,
+    fill: u32,
+    placement: PlacementMode,
+    data_cfg: FtlConfig,
+    device_bytes: u64,
+) -> CliResult<FillRun> {
+    let devices = Devices::new(a, placement, data_cfg, device_bytes)?;
     let target_pages = device_bytes / PAGE * u64::from(fill) / 100;
     // Load: a pool that holds everything, then close (the checkpoint
     // writes every page once).
@@ -357,7 +452,7 @@ fn run_fill(a: &WafArgs, fill: u32, data_cfg: FtlConfig, device_bytes: u64) -> C
     // estimate, then top up in proportion to what it took.
     let per_record = (a.value_size + 8 + 12) as f64;
     let mut records = ((target_pages * 4000) as f64 * 0.6 / per_record) as u64;
-    load(&db, 0, records, a.value_size, (a.workers * 8) as u64)?;
+    load(&db, a.keys, 0, records, a.value_size, 1)?;
     for _ in 0..8 {
         let used = used_pages(&db)?;
         if used * 100 >= target_pages * 99 {
@@ -365,13 +460,7 @@ fn run_fill(a: &WafArgs, fill: u32, data_cfg: FtlConfig, device_bytes: u64) -> C
         }
         let more = ((records as f64) * (target_pages as f64 / used as f64 - 1.0)) as u64 * 9 / 10;
         let more = more.max(1024);
-        load(
-            &db,
-            records,
-            records + more,
-            a.value_size,
-            (a.workers * 8) as u64,
-        )?;
+        load(&db, a.keys, records, records + more, a.value_size, 1)?;
         records += more;
     }
     let used = used_pages(&db)?;
@@ -386,25 +475,30 @@ fn run_fill(a: &WafArgs, fill: u32, data_cfg: FtlConfig, device_bytes: u64) -> C
     let updates = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let zipf = ScrambledZipfian::with_theta(records, a.theta);
+    let plain = Zipfian::with_theta(records, a.theta);
     let (tx, rx) = std::sync::mpsc::channel();
     for t in 0..a.tasks {
-        let (tree, stop, ops, updates, errors, zipf, tx) = (
+        let (tree, stop, ops, updates, errors, zipf, plain, tx) = (
             tree.clone(),
             stop.clone(),
             ops.clone(),
             updates.clone(),
             errors.clone(),
             zipf.clone(),
+            plain.clone(),
             tx.clone(),
         );
-        let vs = a.value_size;
+        let (vs, keys) = (a.value_size, a.keys);
         db.spawn_on(t % a.workers, async move {
             let mut rng = XorShift::new(0x5eed ^ (t as u64) << 17);
             let mut v = vec![0u8; vs];
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let k = zipf.next(&mut rng);
-                let key = crate::bench::ycsb::workload::key_of(k);
+                let k = match keys {
+                    KeyOrder::Scrambled => zipf.next(&mut rng),
+                    KeyOrder::Clustered => plain.next(&mut rng),
+                };
+                let key = keys.key(k);
                 let r = if rng.next_u64() % 2 == 0 {
                     match tree.get_async(&key).await {
                         Ok(Some(got)) if got[..8] == k.to_le_bytes() => Ok(()),
@@ -460,6 +554,7 @@ fn run_fill(a: &WafArgs, fill: u32, data_cfg: FtlConfig, device_bytes: u64) -> C
     let warm = phase(start_data, a.warmup_devices, &mut cut_by_time);
     pb.inc(1);
     let (base_data, base_log) = devices.stats();
+    let pool0 = db.pool().stats();
     let (ops0, upd0, t0) = (
         ops.load(Ordering::Relaxed),
         updates.load(Ordering::Relaxed),
@@ -467,6 +562,7 @@ fn run_fill(a: &WafArgs, fill: u32, data_cfg: FtlConfig, device_bytes: u64) -> C
     );
     let _ = phase(base_data, a.measure_devices, &mut cut_by_time);
     let (end_data, end_log) = devices.stats();
+    let pool1 = db.pool().stats();
     let (ops1, upd1, seconds) = (
         ops.load(Ordering::Relaxed),
         updates.load(Ordering::Relaxed),
@@ -490,6 +586,7 @@ fn run_fill(a: &WafArgs, fill: u32, data_cfg: FtlConfig, device_bytes: u64) -> C
     let flash = d.flash_pages + l.flash_pages;
     Ok(FillRun {
         fill_percent: fill,
+        placement,
         fill_reached: used as f64 / device_pages as f64,
         records,
         pool_bytes,
@@ -508,17 +605,23 @@ fn run_fill(a: &WafArgs, fill: u32, data_cfg: FtlConfig, device_bytes: u64) -> C
         },
         flash_bytes_per_op: flash as f64 * PAGE as f64 / n.max(1) as f64,
         page_writes_per_update: d.host_pages as f64 / (upd1 - upd0).max(1) as f64,
+        hot_share: (pool1.hot_writebacks - pool0.hot_writebacks) as f64
+            / (pool1.writebacks - pool0.writebacks).max(1) as f64,
     })
 }
 
 /// The report as text.
 pub fn render(r: &WafReport) -> String {
     let mut s = format!(
-        "dana bench waf: YCSB-A (50% reads, 50% updates, zipfian {}), 8-byte keys, {}-byte values \
+        "dana bench waf: YCSB-A (50% reads, 50% updates, zipfian {}, {} keys), 8-byte keys, {}-byte values \
          (half of each after the key number repeats); in-place page writes; data device {} MiB \
          logical, {} blocks of {} pages, {:.0}% over-provisioning, {} collection; log flushes \
          padded to {} bytes; simulated devices (ops/s are engine-bound, not a disk figure)\n",
         r.theta,
+        match r.keys {
+            KeyOrder::Scrambled => "scrambled",
+            KeyOrder::Clustered => "clustered",
+        },
         r.value_size,
         r.device_bytes >> 20,
         r.blocks,
@@ -528,12 +631,16 @@ pub fn render(r: &WafReport) -> String {
         r.log_flush_block,
     );
     s.push_str(
-        " fill  reached   records  pool MiB     ops/s  host B/op data  log   flash B/op data  log   WAF data  log  total  page writes/update  gc copies/op\n",
+        " fill  placement  reached   records  pool MiB     ops/s  host B/op data  log   flash B/op data  log   WAF data  log  total  page writes/update  gc copies/op  hot share\n",
     );
     for f in &r.runs {
         s.push_str(&format!(
-            " {:>3}%  {:>6.1}%  {:>8}  {:>8}  {:>8.0}  {:>14.0} {:>5.0}  {:>15.0} {:>5.0}  {:>8.2} {:>4.2} {:>6.2}  {:>18.3}  {:>12.3}{}\n",
+            " {:>3}%  {:>9}  {:>6.1}%  {:>8}  {:>8}  {:>8.0}  {:>14.0} {:>5.0}  {:>15.0} {:>5.0}  {:>8.2} {:>4.2} {:>6.2}  {:>18.3}  {:>12.3}  {:>8.1}%{}\n",
             f.fill_percent,
+            match f.placement {
+                PlacementMode::None => "none",
+                PlacementMode::Classes => "classes",
+            },
             f.fill_reached * 100.0,
             f.records,
             f.pool_bytes >> 20,
@@ -547,6 +654,7 @@ pub fn render(r: &WafReport) -> String {
             f.waf_total,
             f.page_writes_per_update,
             f.data.gc_copies_per_op,
+            f.hot_share * 100.0,
             if f.cut_by_time {
                 format!(
                     "  (cut by --max-seconds: warm-up {:.2}, window {:.2} device capacities)",

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use super::alloc::SpaceGuard;
 use super::page_table::{lock_of, EVICTED, UNLOCKED};
 use super::BufferPool;
-use crate::io::{AlignedBuf, IoBuf, Request};
+use crate::io::{AlignedBuf, IoBuf, Placement, Request};
 use crate::{sched, Error, Result};
 
 /// Bytes of a reference before its extents.
@@ -509,7 +509,7 @@ impl BufferPool {
                 // SAFETY: `region` is ours alone; nobody writes it until
                 // this request's completion is awaited.
                 let io = unsafe { IoBuf::shared(region.clone(), 0, len)? };
-                let mut req = Request::write(0, offset, io);
+                let mut req = Request::write(0, offset, io).placed(Placement::Large);
                 req.copy = copy;
                 inflight.push_back((sched::perform(dev, req), region));
             }

@@ -48,7 +48,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use crate::io::{AlignedBuf, Array, Completion, IoBuf, Request};
+use crate::io::{AlignedBuf, Array, Completion, IoBuf, Placement, Request};
 use crate::sched::{self, CompletionHandler, IoTiming, RequestKind, SystemTask};
 use crate::sched::{IoWait, WakerList};
 use crate::stats::{Histogram, HistogramSnapshot, StripedCounter};
@@ -136,6 +136,7 @@ pub struct PoolStats {
     writes: AtomicU64,
     evictions: AtomicU64,
     writebacks: AtomicU64,
+    hot_writebacks: AtomicU64,
     read_errors: AtomicU64,
     write_errors: AtomicU64,
     frame_waits: AtomicU64,
@@ -174,6 +175,9 @@ pub struct PoolStatsSnapshot {
     pub evictions: u64,
     /// Dirty pages written back by eviction or flush.
     pub writebacks: u64,
+    /// Of those, the ones placed as hot (the rest as cold): see
+    /// `policy::HeatSplit`.
+    pub hot_writebacks: u64,
     /// Reads that failed (I/O error or verification).
     pub read_errors: u64,
     /// Writes that failed.
@@ -236,6 +240,8 @@ pub struct BufferPool {
     /// eviction rarely writes it).
     epoch: Padded<AtomicU64>,
     epoch_unit: u64,
+    /// Sorts write-backs into hot and cold placement classes.
+    heat: policy::HeatSplit,
     policy: EvictionPolicy,
     write_weight: u32,
     max_writes_in_flight: usize,
@@ -320,6 +326,7 @@ impl BufferPool {
             clock: AtomicUsize::new(0),
             epoch: Padded(AtomicU64::new(0)),
             epoch_unit: (config.frames as u64 / 64).max(1),
+            heat: policy::HeatSplit::default(),
             policy: config.eviction,
             write_weight: config.write_weight,
             max_writes_in_flight: config.max_writes_in_flight.max(1),
@@ -372,6 +379,7 @@ impl BufferPool {
             writes: l(&s.writes),
             evictions: l(&s.evictions),
             writebacks: l(&s.writebacks),
+            hot_writebacks: l(&s.hot_writebacks),
             read_errors: l(&s.read_errors),
             write_errors: l(&s.write_errors),
             frame_waits: l(&s.frame_waits),
@@ -951,10 +959,8 @@ impl BufferPool {
         let meta = &self.frames[f as usize];
         meta.writing.store(true, Ordering::Release);
         self.set_dirty(f, false);
-        // SAFETY: the caller holds the exclusive latch on pid, whose frame
-        // is f.
-        page::seal(unsafe { self.frame_bytes_mut(f) });
         let (device, offset) = self.array.locate(pid);
+        let placement = self.place_writeback(f);
         // The write goes from a copy, and the latch is released at once
         // (same version: the content is unchanged but for the checksum).
         // Holding a shared latch until the write completed, as the first
@@ -965,8 +971,8 @@ impl BufferPool {
             // SAFETY: the caller holds the exclusive latch on pid, whose
             // frame is f.
             b.copy_from_slice(unsafe { self.frame_bytes(f) });
-            sched::enqueue(device, Request::write(tag, offset, IoBuf::owned(b)))
-                .map_err(|_| Error::WouldBlock)
+            let req = Request::write(tag, offset, IoBuf::owned(b)).placed(placement);
+            sched::enqueue(device, req).map_err(|_| Error::WouldBlock)
         });
         self.table.set_lock(pid, UNLOCKED);
         if let Err(e) = queued {
@@ -977,6 +983,31 @@ impl BufferPool {
         }
         self.writes_in_flight.fetch_add(1, Ordering::AcqRel);
         Ok(())
+    }
+
+    /// The placement class of frame `f`'s write-back, by how long its
+    /// last version lived (see [`policy::HeatSplit`]); stamps the write
+    /// clock in the page and seals it. The write clock is the log's
+    /// durable point (it runs on across restarts), or without a log the
+    /// count of write-backs.
+    fn place_writeback(&self, f: u32) -> Placement {
+        let clock = match self.wal.get() {
+            Some(wal) => wal.durable(),
+            None => self.stats.writebacks.load(Ordering::Relaxed) + 1,
+        };
+        // SAFETY: the caller holds the exclusive latch on the frame's page.
+        let bytes = unsafe { self.frame_bytes_mut(f) };
+        let life = match page::written_at(bytes) {
+            0 => u64::MAX,
+            at => clock.saturating_sub(at),
+        };
+        page::set_written_at(bytes, clock);
+        page::seal(bytes);
+        let placement = self.heat.classify(life);
+        if placement == Placement::Hot {
+            self.stats.hot_writebacks.fetch_add(1, Ordering::Relaxed);
+        }
+        placement
     }
 
     /// One batch of eviction when free frames run low (or tasks wait for

@@ -8,7 +8,7 @@
 //! | 7      | reserved (zero)                                   |
 //! | 8..16  | page LSN: log position of the last change         |
 //! | 16..24 | page id (detects misdirected or lost writes)      |
-//! | 24..32 | reserved (zero)                                   |
+//! | 24..32 | written at: the write clock when this version was written back (0: never); a placement hint, see `policy::HeatSplit` |
 //!
 //! The checksum is set when the buffer manager writes the page back and
 //! verified when it reads the page; a mismatch is an error naming the page.
@@ -107,6 +107,18 @@ pub fn set_unlogged(page: &mut [u8], on: bool) {
 /// The page id field.
 pub fn page_id(page: &[u8]) -> u64 {
     u64_at(page, 16)
+}
+
+/// The write clock when this version of the page was written back (0:
+/// never, or by a version of dana before the field). A hint for placement
+/// only: nothing that must be right depends on it.
+pub fn written_at(page: &[u8]) -> u64 {
+    u64_at(page, 24)
+}
+
+/// Sets the written-at field (just before [`seal`], at write-back).
+pub fn set_written_at(page: &mut [u8], clock: u64) {
+    page[24..32].copy_from_slice(&clock.to_le_bytes());
 }
 
 /// Zeroes a page and writes a fresh header.

@@ -11,12 +11,12 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::Alignment;
+use super::{placement, Alignment};
 use crate::{Error, Result};
 
 /// `_IOR(0x12, 114, size_t)`: size of a block device in bytes.
@@ -38,6 +38,9 @@ pub struct Device {
     align: Alignment,
     block_device: bool,
     direct: bool,
+    /// Write streams the block device offers (0: none; always 0 for a
+    /// file). See [`super::placement`].
+    write_streams: u8,
 }
 
 /// How to open a device.
@@ -123,6 +126,12 @@ impl Device {
         } else {
             file_system_size(fd).unwrap_or(u64::MAX).max(size)
         };
+        let write_streams = if block_device {
+            let rdev = meta.rdev();
+            placement::write_streams(libc::major(rdev), libc::minor(rdev))
+        } else {
+            0
+        };
         Ok(Device {
             file,
             path: path.to_path_buf(),
@@ -138,6 +147,7 @@ impl Device {
             },
             block_device,
             direct: opts.direct,
+            write_streams,
         })
     }
 
@@ -261,6 +271,19 @@ impl Device {
     /// True for a block device, false for a regular file.
     pub fn is_block_device(&self) -> bool {
         self.block_device
+    }
+
+    /// The write streams this device offers (0: none, as for every file);
+    /// see [`super::placement`].
+    pub fn write_streams(&self) -> u8 {
+        self.write_streams
+    }
+
+    /// Tells the kernel the expected life of this file's writes
+    /// (`F_SET_RW_HINT`). Advice: a kernel or file system that refuses it
+    /// is answered with the error, and nothing else changes.
+    pub fn set_write_life(&self, life: placement::WriteLife) -> std::io::Result<()> {
+        placement::set_write_life(self.fd(), life)
     }
 
     /// True when opened with `O_DIRECT`.

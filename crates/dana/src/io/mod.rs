@@ -27,6 +27,7 @@ pub mod eventfd;
 pub mod ftl;
 pub mod grower;
 pub mod mirror;
+pub mod placement;
 pub mod sim;
 pub mod uring;
 
@@ -38,6 +39,7 @@ pub use aligned::AlignedBuf;
 pub use array::{open_queue, Array, Backend, Target};
 pub use device::Device;
 pub use eventfd::EventFd;
+pub use placement::Placement;
 pub use sim::{
     Clock, CutWrite, Fault, FaultEffect, Latency, PowerCutPolicy, PowerCutReport, SectorFate,
     SimConfig, SimDisk, SimQueue, SimStats, Trigger, WriteFate,
@@ -274,6 +276,11 @@ pub struct Request {
     /// it: the repair of a large value's pages found damaged there). Other
     /// backends ignore it.
     pub copy: Option<u8>,
+    /// A write's class, for devices that place writes by expected life
+    /// (write streams, the simulator's FTL handles). Advice only: it never
+    /// changes where the bytes go in the device's address space or when
+    /// they are durable. Reads and flushes ignore it.
+    pub placement: Placement,
 }
 
 impl Request {
@@ -287,6 +294,7 @@ impl Request {
             durable: false,
             pages: false,
             copy: None,
+            placement: Placement::Unsorted,
         }
     }
 
@@ -308,6 +316,7 @@ impl Request {
             durable: false,
             pages: false,
             copy: None,
+            placement: Placement::Unsorted,
         }
     }
 
@@ -320,6 +329,12 @@ impl Request {
         }
     }
 
+    /// This request with placement class `placement` (see
+    /// [`Request::placement`]).
+    pub fn placed(self, placement: Placement) -> Request {
+        Request { placement, ..self }
+    }
+
     /// Make every write completed before this request durable.
     pub fn flush(tag: u64) -> Request {
         Request {
@@ -330,6 +345,7 @@ impl Request {
             durable: false,
             pages: false,
             copy: None,
+            placement: Placement::Unsorted,
         }
     }
 

@@ -385,6 +385,10 @@ pub struct SimStats {
     pub faults_fired: u64,
     /// Power cuts.
     pub power_cuts: u64,
+    /// Bytes written by successful writes, by placement class
+    /// ([`super::Placement::index`]): what the engine told the device
+    /// about each write's expected life.
+    pub bytes_written_by_placement: [u64; super::placement::PLACEMENTS.len()],
 }
 
 struct VolatileWrite {
@@ -619,14 +623,19 @@ impl Inner {
                         self.make_durable(self.next_write_seq);
                     }
                     self.stats.bytes_written += len as u64;
+                    self.stats.bytes_written_by_placement[req.placement.index() as usize] +=
+                        len as u64;
                     if let Some(ftl) = self.ftl.as_mut() {
                         // Each 4 KiB page the write touches is programmed
                         // (a partial page costs a whole one). Attaching
                         // and the space limit keep pages within the map.
+                        // The request's class picks its placement handle.
                         let first = offset / CHUNK as u64;
                         let last = (offset + len.max(1) as u64 - 1) / CHUNK as u64;
+                        let handle = req.placement.handle(ftl.config().handles);
                         for page in first..=last {
-                            let mapped = u32::try_from(page).is_ok_and(|p| ftl.write(0, p).is_ok());
+                            let mapped =
+                                u32::try_from(page).is_ok_and(|p| ftl.write(handle, p).is_ok());
                             debug_assert!(mapped, "page {page} beyond the FTL");
                         }
                     }

@@ -171,14 +171,19 @@ impl UringQueue {
                 // A durable write asks the kernel for write-through
                 // (RWF_DSYNC: FUA, or a cache flush after the write).
                 let flags = if req.durable { libc::RWF_DSYNC } else { 0 };
+                // The class's write stream on a block device that offers
+                // streams (Linux 6.16+); 0, no stream, everywhere else.
+                let stream = req.placement.stream(self.device.write_streams());
                 match self.registered_index(ptr as usize, b.len()) {
                     Some(i) => with_fd!(|f| opcode::WriteFixed::new(f, ptr, len, i)
                         .offset(req.offset)
                         .rw_flags(flags)
+                        .write_stream(stream)
                         .build()),
                     None => with_fd!(|f| opcode::Write::new(f, ptr, len)
                         .offset(req.offset)
                         .rw_flags(flags)
+                        .write_stream(stream)
                         .build()),
                 }
             }

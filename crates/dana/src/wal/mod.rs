@@ -79,7 +79,7 @@ use std::time::{Duration, Instant};
 use crate::buffer::page;
 use crate::buffer::page_log::PageChange;
 use crate::io::grower::Grower;
-use crate::io::{AlignedBuf, Completion, IoBuf, Request, ReusableBuf};
+use crate::io::{AlignedBuf, Completion, IoBuf, Placement, Request, ReusableBuf};
 use crate::sched;
 use crate::sched::{RequestKind, WakerList};
 use crate::{Error, Result};
@@ -1550,7 +1550,8 @@ impl Wal {
                     Request::write_durable(tag, offset, buf)
                 } else {
                     Request::write(tag, offset, buf)
-                };
+                }
+                .placed(Placement::Log);
                 sched::enqueue(self.device, req).map_err(|_| Error::WouldBlock)
             });
             if let Err(e) = queued {

@@ -32,7 +32,9 @@ use crate::buffer::blob::BlobRef;
 use crate::buffer::page;
 use crate::buffer::space_map::Geometry;
 use crate::io::mirror::{CopyState, Mirror};
-use crate::io::{open_queue, AlignedBuf, Array, Backend, IoBuf, IoQueue, Request, Target};
+use crate::io::{
+    open_queue, AlignedBuf, Array, Backend, IoBuf, IoQueue, Placement, Request, Target,
+};
 use crate::{Error, Result};
 
 /// What recovery found and did.
@@ -76,10 +78,11 @@ fn read_at(q: &mut dyn IoQueue, offset: u64, len: usize) -> Result<Vec<u8>> {
     Ok(b[..len].to_vec())
 }
 
-fn write_at(q: &mut dyn IoQueue, offset: u64, data: &[u8]) -> Result<()> {
+fn write_at(q: &mut dyn IoQueue, offset: u64, data: &[u8], placement: Placement) -> Result<()> {
     let mut buf = AlignedBuf::new(data.len(), control::BLOCK as usize)?;
     buf[..data.len()].copy_from_slice(data);
-    sync_io(q, Request::write(0, offset, IoBuf::owned(buf)))?.result?;
+    let req = Request::write(0, offset, IoBuf::owned(buf)).placed(placement);
+    sync_io(q, req)?.result?;
     Ok(())
 }
 
@@ -140,7 +143,7 @@ pub fn format(
     let c0 = Control { seq: 0, ..c };
     let at = control::BLOCK as usize;
     area[at..at + c0.encode().len()].copy_from_slice(&c0.encode());
-    write_at(q.as_mut(), 0, &area)?;
+    write_at(q.as_mut(), 0, &area, Placement::Unsorted)?;
     if growable {
         // Write the log area the file has once (the log grows the rest
         // with zeros ahead of its flushes). A file's preallocated blocks
@@ -154,14 +157,19 @@ pub fn format(
         let mut at = 0;
         while at < have {
             let n = (have - at).min(chunk.len() as u64) as usize;
-            write_at(q.as_mut(), CONTROL_BYTES + at, &chunk[..n])?;
+            write_at(q.as_mut(), CONTROL_BYTES + at, &chunk[..n], Placement::Log)?;
             at += n as u64;
         }
     } else {
         // Zero the block where the first record goes (a recycled device may
         // hold records of an earlier database there).
         let first = CONTROL_BYTES + start % capacity;
-        write_at(q.as_mut(), first, &vec![0u8; control::BLOCK as usize])?;
+        write_at(
+            q.as_mut(),
+            first,
+            &vec![0u8; control::BLOCK as usize],
+            Placement::Log,
+        )?;
     }
     sync(q.as_mut())?;
     Ok(Resume {
@@ -534,7 +542,7 @@ fn reinit_if_free(array: &Array, queues: &mut [Box<dyn IoQueue>], pid: u64) -> R
     page::init_page(&mut free, pid, page::PageType::Free);
     page::seal(&mut free);
     let (dev, offset) = array.locate(pid);
-    write_at(queues[dev].as_mut(), offset, &free)
+    write_at(queues[dev].as_mut(), offset, &free, Placement::Cold)
 }
 
 /// One log as recovery reads it: its stream (rotated to the redo LSN),
@@ -716,7 +724,7 @@ pub fn recover(array: &Array, logs: &[(Target, Control)], cut: CutLeaf) -> Resul
         }
         if changed {
             page::seal(&mut bytes);
-            write_at(q, offset, &bytes)?;
+            write_at(q, offset, &bytes, Placement::Unsorted)?;
             out.pages_redone += 1;
         }
     }

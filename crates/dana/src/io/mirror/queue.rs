@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::super::array::{open_queue, Backend};
-use super::super::{AlignedBuf, Completion, IoBuf, IoQueue, Rejected, Request};
+use super::super::{AlignedBuf, Completion, IoBuf, IoQueue, Placement, Rejected, Request};
 use super::{CopyState, Mirror, LABEL_BYTES};
 use crate::{Error, OpKind, Result};
 
@@ -71,6 +71,8 @@ struct Parent {
     len: usize,
     durable: bool,
     pages: bool,
+    /// The write's class, passed to every copy's sub-request.
+    placement: Placement,
     /// The one copy the caller asked for ([`Request::copy`]).
     only: Option<usize>,
     /// The caller's buffer, while no sub-request holds it.
@@ -112,6 +114,7 @@ impl Parent {
             len,
             durable: req.durable,
             pages: req.pages,
+            placement: req.placement,
             only: req.copy.map(usize::from),
             buf: req.buf,
             region: None,
@@ -456,7 +459,8 @@ impl MirrorQueue {
     /// A sub-request doing parent `p`'s write (or flush) from its buffer.
     fn sub_write(&mut self, p: usize) -> Request {
         let pr = parent!(self, p);
-        let (op, offset, len, durable) = (pr.op, pr.offset, pr.len, pr.durable);
+        let (op, offset, len, durable, placement) =
+            (pr.op, pr.offset, pr.len, pr.durable, pr.placement);
         match op {
             OpKind::Flush => Request::flush(0),
             _ => {
@@ -466,7 +470,7 @@ impl MirrorQueue {
                 // the parent completes only after this sub-request.
                 let buf = unsafe { IoBuf::shared(region, at, len) }
                     .expect("a sub-request covers its parent's buffer");
-                let mut req = Request::write(0, offset, buf);
+                let mut req = Request::write(0, offset, buf).placed(placement);
                 req.durable = durable;
                 req
             }
