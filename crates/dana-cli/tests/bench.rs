@@ -228,6 +228,8 @@ fn waf_runs_and_a_fuller_device_amplifies_more() {
         "waf",
         "--json",
         "--quiet",
+        "--workloads",
+        "ycsb-a",
         "--blocks",
         "192",
         "--fills",
@@ -292,6 +294,57 @@ fn waf_runs_and_a_fuller_device_amplifies_more() {
         "90% fill {} vs 50% {}",
         waf(2),
         waf(0)
+    );
+}
+
+/// `dana bench waf --workloads tpcc`: TPC-C on a device sized to its data,
+/// both placements starting from a copy of one load (the same fill), the
+/// data growing through the window, every figure there.
+#[test]
+fn waf_tpcc_runs_both_placements_on_one_load() {
+    let args = [
+        "bench",
+        "waf",
+        "--json",
+        "--quiet",
+        "--workloads",
+        "tpcc",
+        "--fills",
+        "60",
+        "--warmup-devices",
+        "0.3",
+        "--measure-devices",
+        "0.3",
+        "--tasks",
+        "16",
+    ];
+    let v = run(&args);
+    let runs = v["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["records"], runs[1]["records"], "one load");
+    assert_eq!(runs[0]["device_bytes"], runs[1]["device_bytes"]);
+    for r in runs {
+        assert_eq!(r["workload"], "tpcc");
+        assert!(r["ops"].as_u64().unwrap() > 0, "{r}");
+        let (start, end) = (
+            r["fill_reached"].as_f64().unwrap(),
+            r["fill_end"].as_f64().unwrap(),
+        );
+        assert!(
+            start > 0.4 && start < 0.7 && end >= start,
+            "{start} -> {end}"
+        );
+        for d in ["data", "log"] {
+            let f = &r[d];
+            assert!(f["waf"].as_f64().unwrap() >= 1.0, "{d}: {f}");
+        }
+    }
+    let start = |i: usize| runs[i]["fill_reached"].as_f64().unwrap();
+    assert!(
+        (start(0) - start(1)).abs() < 0.05,
+        "{} vs {}",
+        start(0),
+        start(1)
     );
 }
 

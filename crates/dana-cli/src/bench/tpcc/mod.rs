@@ -324,6 +324,14 @@ pub struct RunResult {
     timeline: Vec<Second>,
 }
 
+impl RunResult {
+    /// Transactions that ended (committed or rolled back as the spec
+    /// asks of 1% of New-Orders).
+    pub fn transactions(&self) -> u64 {
+        total(&self.counts.committed) + total(&self.counts.rolled_back)
+    }
+}
+
 /// The key part of a History row written by the run with `seed`, task
 /// `task`, its `n`th transaction.
 fn history_id(seed: u64, task: usize, n: u64) -> u64 {

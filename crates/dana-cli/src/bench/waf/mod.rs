@@ -1,25 +1,30 @@
 //! `dana bench waf`: the flash writes a workload costs.
 //!
-//! Owns: YCSB-A (half reads, half updates, scrambled zipfian) on a
-//! database whose data device and log device are simulated disks each
-//! behind an FTL model (`dana::io::ftl`), at several fill levels (live
-//! data as a share of the data device's logical capacity); per fill, a
-//! warm-up until the data device has taken a given number of device
-//! capacities of host writes (so the FTL's collection reaches its steady
-//! state), then a measured window of the same kind; host and flash bytes
-//! per operation, write amplification (WAF) and collection work, for the
+//! Owns: YCSB-A (half reads, half updates, zipfian) and TPC-C
+//! ([`tpcc`]) on a database whose data device and log device are
+//! simulated disks each behind an FTL model (`dana::io::ftl`), at several
+//! fill levels (live data as a share of the data device's logical
+//! capacity); per fill, a warm-up until the data device has taken a given
+//! number of device capacities of host writes (so the FTL's collection
+//! reaches its steady state), then a measured window of the same kind;
+//! host and flash bytes per operation (a YCSB operation, a TPC-C
+//! transaction), write amplification (WAF) and collection work, for the
 //! data device, the log device and both.
 //!
 //! With `--placement none,classes` (the default) every fill runs twice:
 //! once with one FTL stream, once with a placement handle per write class
 //! (`io::Placement`: the log, hot and cold page write-backs as sorted by
-//! the buffer pool's write history, large values), as a device with FDP
-//! reclaim-unit handles or write streams would keep them apart.
+//! how long each page's last version lived, large values), as a device
+//! with FDP reclaim-unit handles or write streams would keep them apart.
+//! Both runs of a fill start from the same load (YCSB: one loading task,
+//! in key order; TPC-C: a copy of one loaded image).
 //!
-//! What it is not (yet): the out-of-place write mode, compression and
-//! TPC-C of issue #14 do not exist, so this measures dana's in-place
-//! writes only, the baseline they will be compared with. dana does not
-//! trim freed pages (YCSB-A frees none). The simulated devices complete
+//! What it is not (yet): the out-of-place write mode and compression of
+//! issue #14 do not exist, so this measures dana's in-place writes only,
+//! the baseline they will be compared with. dana does not trim freed
+//! pages (YCSB-A frees none; TPC-C's deliveries free a few), so the FTL
+//! counts every page below the high-water mark as live: the fill is the
+//! high-water mark over the logical capacity. The simulated devices complete
 //! every request at the next reap: operations per second here are the
 //! engine's CPU-bound rate, not a disk figure. Never: reports a window the
 //! run did not reach (a phase cut by `--max-seconds` says so).
@@ -39,6 +44,8 @@ use serde::Serialize;
 use crate::bench::ycsb::gen::{ScrambledZipfian, Zipfian};
 use crate::rng::XorShift;
 use crate::{CliError, CliResult};
+
+mod tpcc;
 
 const PAGE: u64 = 4096;
 const TREE: &str = "usertable";
@@ -62,6 +69,16 @@ pub enum PlacementMode {
     /// pages, cold pages, large values), as FDP reclaim-unit handles or
     /// write streams would give.
     Classes,
+}
+
+/// The workloads `bench waf` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WafWorkload {
+    /// YCSB-A: half reads, half updates of one record.
+    YcsbA,
+    /// TPC-C's standard mix (`dana bench tpcc`'s transactions).
+    Tpcc,
 }
 
 /// Where the popular records sit in key order.
@@ -90,6 +107,12 @@ impl KeyOrder {
 /// `dana bench waf ...`
 #[derive(Args, Debug, Clone)]
 pub struct WafArgs {
+    /// Workloads to run, in this order.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "ycsb-a,tpcc")]
+    pub workloads: Vec<WafWorkload>,
+    /// TPC-C warehouses.
+    #[arg(long, default_value_t = 1)]
+    pub warehouses: u32,
     /// Fill levels to run: live data (the pages the database uses) as a
     /// percentage of the data device's logical capacity.
     #[arg(long, value_delimiter = ',', default_value = "50,75,90")]
@@ -198,18 +221,26 @@ impl DeviceFigures {
 /// One fill level's run.
 #[derive(Debug, Clone, Serialize)]
 pub struct FillRun {
+    /// The workload.
+    pub workload: WafWorkload,
     /// Requested fill, percent.
     pub fill_percent: u32,
+    /// The data device's logical bytes.
+    pub device_bytes: u64,
     /// Whether the writes' classes reached the FTL as placement handles.
     pub placement: PlacementMode,
     /// Pages the database uses after the load, as a share of the data
     /// device's logical capacity.
     pub fill_reached: f64,
-    /// Records loaded.
+    /// Pages the database uses at the window's end, as a share of the
+    /// data device's logical capacity (TPC-C inserts: its data grows).
+    pub fill_end: f64,
+    /// Records (YCSB) or rows (TPC-C) loaded.
     pub records: u64,
     /// Buffer pool bytes of the run.
     pub pool_bytes: u64,
-    /// Operations in the measured window (half reads, half updates).
+    /// Operations in the measured window (YCSB: half reads, half
+    /// updates; TPC-C: transactions).
     pub ops: u64,
     /// Seconds of the measured window.
     pub seconds: f64,
@@ -229,7 +260,8 @@ pub struct FillRun {
     pub waf_total: f64,
     /// Both: flash bytes per operation.
     pub flash_bytes_per_op: f64,
-    /// Data pages written back per update.
+    /// Data pages written back per update (YCSB) or per transaction
+    /// (TPC-C).
     pub page_writes_per_update: f64,
     /// Page write-backs of the window placed as hot (the rest cold).
     pub hot_share: f64,
@@ -238,7 +270,8 @@ pub struct FillRun {
 /// The report.
 #[derive(Debug, Clone, Serialize)]
 pub struct WafReport {
-    /// The arguments' device shape, for the record.
+    /// The arguments' device shape, for the record (YCSB-A's data
+    /// device; TPC-C's is sized to its data at each fill).
     pub blocks: u32,
     /// Pages per erase block.
     pub pages_per_block: u32,
@@ -254,6 +287,8 @@ pub struct WafReport {
     pub theta: f64,
     /// Where the popular records sit in key order.
     pub keys: KeyOrder,
+    /// TPC-C warehouses.
+    pub warehouses: u32,
     /// The log's flush block (bytes).
     pub log_flush_block: u64,
     /// One run per fill.
@@ -289,11 +324,30 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
     let device_bytes = u64::from(
         dana::io::ftl::Ftl::new(ftl_config(a, a.blocks, PlacementMode::None))?.logical_pages(),
     ) * PAGE;
+    if a.workloads.is_empty() {
+        return Err(CliError("--workloads takes ycsb-a, tpcc or both".into()));
+    }
     let mut runs = Vec::new();
-    for &fill in &a.fills {
-        for &placement in &a.placement {
-            let data_cfg = ftl_config(a, a.blocks, placement);
-            runs.push(run_fill(a, fill, placement, data_cfg, device_bytes)?);
+    for &workload in &a.workloads {
+        // TPC-C sizes its device to its data: measured once.
+        let tpcc_sizing = match workload {
+            WafWorkload::Tpcc => Some(tpcc::Sizing::measure(a)?),
+            WafWorkload::YcsbA => None,
+        };
+        for &fill in &a.fills {
+            let image = match tpcc_sizing {
+                Some(sizing) => Some(tpcc::Image::load(a, fill, sizing)?),
+                None => None,
+            };
+            for &placement in &a.placement {
+                runs.push(match &image {
+                    None => {
+                        let data_cfg = ftl_config(a, a.blocks, placement);
+                        run_fill(a, fill, placement, data_cfg, device_bytes)?
+                    }
+                    Some(image) => tpcc::run_fill(a, placement, image)?,
+                });
+            }
         }
     }
     let report = WafReport {
@@ -305,6 +359,7 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
         value_size: a.value_size,
         theta: a.theta,
         keys: a.keys,
+        warehouses: a.warehouses,
         log_flush_block: a.log_flush_block.max(512),
         runs,
     };
@@ -577,71 +632,139 @@ fn run_fill(
     if let Some(e) = errors.lock().unwrap_or_else(|e| e.into_inner()).first() {
         return Err(CliError(format!("waf {fill}%: {e}")));
     }
+    let used_end = used_pages(&db)?;
     db.close()?;
-    let (d, l) = (end_data.since(&base_data), end_log.since(&base_log));
-    let n = ops1 - ops0;
-    let data = DeviceFigures::of(&d, n);
-    let log = DeviceFigures::of(&l, n);
-    let host = d.host_pages + l.host_pages;
-    let flash = d.flash_pages + l.flash_pages;
-    Ok(FillRun {
-        fill_percent: fill,
+    Ok(Window {
+        workload: WafWorkload::YcsbA,
+        fill,
         placement,
-        fill_reached: used as f64 / device_pages as f64,
+        device_pages,
+        used_start: used,
+        used_end,
         records,
         pool_bytes,
-        ops: n,
+        ops: ops1 - ops0,
+        writes: upd1 - upd0,
         seconds,
-        ops_per_s: n as f64 / seconds.max(1e-9),
-        warmup_devices: warm.since(&start_data).host_pages as f64 / device_pages as f64,
-        window_devices: d.host_pages as f64 / device_pages as f64,
+        warmup_pages: warm.since(&start_data).host_pages,
         cut_by_time,
-        data,
-        log,
-        waf_total: if host == 0 {
-            1.0
-        } else {
-            flash as f64 / host as f64
-        },
-        flash_bytes_per_op: flash as f64 * PAGE as f64 / n.max(1) as f64,
-        page_writes_per_update: d.host_pages as f64 / (upd1 - upd0).max(1) as f64,
-        hot_share: (pool1.hot_writebacks - pool0.hot_writebacks) as f64
-            / (pool1.writebacks - pool0.writebacks).max(1) as f64,
-    })
+        data: end_data.since(&base_data),
+        log: end_log.since(&base_log),
+        hot_writebacks: pool1.hot_writebacks - pool0.hot_writebacks,
+        writebacks: pool1.writebacks - pool0.writebacks,
+    }
+    .figures())
+}
+
+/// What one fill's measured window saw, before it is turned into
+/// figures.
+struct Window {
+    workload: WafWorkload,
+    fill: u32,
+    placement: PlacementMode,
+    device_pages: u64,
+    /// Pages in use at the window's start and end.
+    used_start: u64,
+    used_end: u64,
+    records: u64,
+    pool_bytes: u64,
+    /// Operations (YCSB) or transactions (TPC-C) in the window.
+    ops: u64,
+    /// The operations that write: YCSB updates, TPC-C transactions.
+    writes: u64,
+    seconds: f64,
+    warmup_pages: u64,
+    cut_by_time: bool,
+    data: FtlStats,
+    log: FtlStats,
+    hot_writebacks: u64,
+    writebacks: u64,
+}
+
+impl Window {
+    fn figures(&self) -> FillRun {
+        let (d, l, n) = (&self.data, &self.log, self.ops);
+        let host = d.host_pages + l.host_pages;
+        let flash = d.flash_pages + l.flash_pages;
+        let device = self.device_pages as f64;
+        FillRun {
+            workload: self.workload,
+            fill_percent: self.fill,
+            device_bytes: self.device_pages * PAGE,
+            placement: self.placement,
+            fill_reached: self.used_start as f64 / device,
+            fill_end: self.used_end as f64 / device,
+            records: self.records,
+            pool_bytes: self.pool_bytes,
+            ops: n,
+            seconds: self.seconds,
+            ops_per_s: n as f64 / self.seconds.max(1e-9),
+            warmup_devices: self.warmup_pages as f64 / device,
+            window_devices: d.host_pages as f64 / device,
+            cut_by_time: self.cut_by_time,
+            data: DeviceFigures::of(d, n),
+            log: DeviceFigures::of(l, n),
+            waf_total: if host == 0 {
+                1.0
+            } else {
+                flash as f64 / host as f64
+            },
+            flash_bytes_per_op: flash as f64 * PAGE as f64 / n.max(1) as f64,
+            page_writes_per_update: d.host_pages as f64 / self.writes.max(1) as f64,
+            hot_share: self.hot_writebacks as f64 / self.writebacks.max(1) as f64,
+        }
+    }
 }
 
 /// The report as text.
 pub fn render(r: &WafReport) -> String {
     let mut s = format!(
-        "dana bench waf: YCSB-A (50% reads, 50% updates, zipfian {}, {} keys), 8-byte keys, {}-byte values \
-         (half of each after the key number repeats); in-place page writes; data device {} MiB \
-         logical, {} blocks of {} pages, {:.0}% over-provisioning, {} collection; log flushes \
-         padded to {} bytes; simulated devices (ops/s are engine-bound, not a disk figure)\n",
-        r.theta,
-        match r.keys {
-            KeyOrder::Scrambled => "scrambled",
-            KeyOrder::Clustered => "clustered",
-        },
-        r.value_size,
-        r.device_bytes >> 20,
-        r.blocks,
+        "dana bench waf: in-place page writes on simulated devices behind an FTL model: {} \
+         pages per block, {:.0}% over-provisioning, {} collection; log flushes padded to {} \
+         bytes (ops/s are engine-bound, not a disk figure)\n",
         r.pages_per_block,
         r.over_provisioning * 100.0,
         r.gc.to_lowercase(),
         r.log_flush_block,
     );
+    let has = |w: WafWorkload| r.runs.iter().any(|f| f.workload == w);
+    if has(WafWorkload::YcsbA) {
+        s.push_str(&format!(
+            "  ycsb-a: 50% reads, 50% updates, zipfian {}, {} keys, 8-byte keys, {}-byte values \
+             (half of each after the key number repeats); an op is one read or update\n",
+            r.theta,
+            match r.keys {
+                KeyOrder::Scrambled => "scrambled",
+                KeyOrder::Clustered => "clustered",
+            },
+            r.value_size,
+        ));
+    }
+    if has(WafWorkload::Tpcc) {
+        s.push_str(&format!(
+            "  tpcc: {} warehouse(s), the standard mix, log synced; an op is a transaction; \
+             the data grows (fill at the window's start -> end; the fill asked for is the end's)\n",
+            r.warehouses,
+        ));
+    }
     s.push_str(
-        " fill  placement  reached   records  pool MiB     ops/s  host B/op data  log   flash B/op data  log   WAF data  log  total  page writes/update  gc copies/op  hot share\n",
+        " workload  fill  placement  dev MiB  reached -> end   records  pool MiB     ops/s  host B/op data  log   flash B/op data  log   WAF data  log  total  page writes/write  gc copies/op  hot share\n",
     );
     for f in &r.runs {
         s.push_str(&format!(
-            " {:>3}%  {:>9}  {:>6.1}%  {:>8}  {:>8}  {:>8.0}  {:>14.0} {:>5.0}  {:>15.0} {:>5.0}  {:>8.2} {:>4.2} {:>6.2}  {:>18.3}  {:>12.3}  {:>8.1}%{}\n",
+            " {:>8}  {:>3}%  {:>9}  {:>7}  {:>6.1}% {:>5.1}%  {:>8}  {:>8}  {:>8.0}  {:>14.0} {:>5.0}  {:>15.0} {:>5.0}  {:>8.2} {:>4.2} {:>6.2}  {:>17.3}  {:>12.3}  {:>8.1}%{}\n",
+            match f.workload {
+                WafWorkload::YcsbA => "ycsb-a",
+                WafWorkload::Tpcc => "tpcc",
+            },
             f.fill_percent,
             match f.placement {
                 PlacementMode::None => "none",
                 PlacementMode::Classes => "classes",
             },
+            f.device_bytes >> 20,
             f.fill_reached * 100.0,
+            f.fill_end * 100.0,
             f.records,
             f.pool_bytes >> 20,
             f.ops_per_s,
