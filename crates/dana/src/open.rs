@@ -121,6 +121,7 @@ impl Locks {
                     self.device(c);
                 }
             }
+            Target::Remap(r) => self.device(r.inner()),
             Target::Sim(_) => {}
         }
     }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use super::blocking::BlockingQueue;
 use super::device::Device;
 use super::mirror::Mirror;
+use super::remap::Remap;
 use super::sim::SimDisk;
 use super::uring::{UringOptions, UringQueue};
 use super::{Alignment, IoQueue};
@@ -28,6 +29,9 @@ pub enum Target {
     /// A mirrored group of copies, each one of the above (see
     /// [`super::mirror`]).
     Mirror(Arc<Mirror>),
+    /// A file or simulated device written out of place (see
+    /// [`super::remap`]): fixed in size.
+    Remap(Arc<Remap>),
 }
 
 impl Target {
@@ -37,6 +41,7 @@ impl Target {
             Target::File(d) => d.size(),
             Target::Sim(d) => d.size(),
             Target::Mirror(m) => m.size(),
+            Target::Remap(r) => r.size(),
         }
     }
 
@@ -46,6 +51,7 @@ impl Target {
             Target::File(d) => d.max_size(),
             Target::Sim(d) => d.space_limit().max(d.size()),
             Target::Mirror(m) => m.max_size(),
+            Target::Remap(r) => r.size(),
         }
     }
 
@@ -55,6 +61,7 @@ impl Target {
             Target::File(d) => d.grow(bytes),
             Target::Sim(d) => d.grow(bytes),
             Target::Mirror(m) => m.grow(bytes),
+            Target::Remap(r) => remap_cannot_grow(r, bytes),
         }
     }
 
@@ -65,6 +72,7 @@ impl Target {
             Target::File(d) => d.grow_zeroed(bytes),
             Target::Sim(d) => d.grow(bytes),
             Target::Mirror(m) => m.grow_zeroed(bytes),
+            Target::Remap(r) => remap_cannot_grow(r, bytes),
         }
     }
 
@@ -74,6 +82,7 @@ impl Target {
             Target::File(d) => d.alignment(),
             Target::Sim(d) => d.alignment(),
             Target::Mirror(m) => m.alignment(),
+            Target::Remap(r) => r.alignment(),
         }
     }
 
@@ -84,6 +93,7 @@ impl Target {
             Target::File(d) => !d.is_block_device(),
             Target::Sim(_) => false,
             Target::Mirror(m) => m.is_growable(),
+            Target::Remap(_) => false,
         }
     }
 
@@ -94,6 +104,17 @@ impl Target {
             _ => None,
         }
     }
+}
+
+/// An out-of-place device keeps its size: growing past it fails.
+fn remap_cannot_grow(r: &Remap, bytes: u64) -> Result<()> {
+    if bytes <= r.size() {
+        return Ok(());
+    }
+    Err(Error::NoSpace(format!(
+        "an out-of-place device does not grow: {bytes} bytes asked, {} offered",
+        r.size()
+    )))
 }
 
 /// Which kernel interface moves requests to file and block devices.
@@ -278,6 +299,7 @@ pub fn open_queue(target: &Target, backend: &Backend, depth: u32) -> Result<Box<
         (Target::File(d), Backend::Blocking) => Ok(Box::new(BlockingQueue::new(d.clone(), depth))),
         (Target::Sim(d), _) => Ok(Box::new(d.queue(depth))),
         (Target::Mirror(m), b) => Ok(Box::new(m.queue(b, depth)?)),
+        (Target::Remap(r), b) => Ok(Box::new(r.queue(b, depth)?)),
     }
 }
 

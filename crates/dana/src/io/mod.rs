@@ -28,6 +28,7 @@ pub mod ftl;
 pub mod grower;
 pub mod mirror;
 pub mod placement;
+pub mod remap;
 pub mod sim;
 pub mod uring;
 

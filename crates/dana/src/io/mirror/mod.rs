@@ -263,7 +263,7 @@ fn name_of(spec: &CopySpec, copy: usize) -> String {
         (Some(p), _) => p.display().to_string(),
         (None, Some(Target::File(d))) => d.path().display().to_string(),
         (None, Some(Target::Sim(d))) => format!("simulated device {}", d.index()),
-        (None, Some(Target::Mirror(_))) | (None, None) => format!("copy {copy}"),
+        (None, Some(Target::Mirror(_) | Target::Remap(_))) | (None, None) => format!("copy {copy}"),
     }
 }
 

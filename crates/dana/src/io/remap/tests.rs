@@ -1,0 +1,311 @@
+use std::collections::HashMap;
+
+use super::*;
+use crate::io::sim::{PowerCutPolicy, PowerSwitch, SimConfig, SimDisk};
+
+const PAGE: usize = 4096;
+
+fn config() -> RemapConfig {
+    RemapConfig {
+        page_size: PAGE as u32,
+        segment_pages: 16,
+        spare: 0.1,
+    }
+}
+
+/// A simulated device of `segments` segments of the test's config.
+fn disk(segments: u64) -> Arc<SimDisk> {
+    SimDisk::new(0, segments * 16 * PAGE as u64, SimConfig::deterministic(7))
+}
+
+/// The bytes of version `v` of logical page `p`: no two alike, none zero.
+fn content(p: u64, v: u64) -> AlignedBuf {
+    let mut b = AlignedBuf::new(PAGE, PAGE).unwrap();
+    let mut x = p.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ v.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1;
+    for chunk in b.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+    b[..8].copy_from_slice(&p.to_le_bytes());
+    b[8..16].copy_from_slice(&v.to_le_bytes());
+    b
+}
+
+fn write(q: &mut dyn IoQueue, p: u64, v: u64) -> Result<()> {
+    let req =
+        Request::write(1, p * PAGE as u64, IoBuf::owned(content(p, v))).placed(Placement::Hot);
+    sync_io(q, req)?.result.map(|_| ())
+}
+
+/// Writes `pages` consecutive pages from `p` in one request, version `v`.
+fn write_run(q: &mut dyn IoQueue, p: u64, pages: u64, v: u64) -> Result<()> {
+    let mut b = AlignedBuf::new(PAGE * pages as usize, PAGE).unwrap();
+    for i in 0..pages {
+        let at = i as usize * PAGE;
+        b[at..at + PAGE].copy_from_slice(&content(p + i, v));
+    }
+    let req = Request::write(2, p * PAGE as u64, IoBuf::owned(b));
+    sync_io(q, req)?.result.map(|_| ())
+}
+
+/// Reads `pages` pages from `p` in one request.
+fn read(q: &mut dyn IoQueue, p: u64, pages: u64) -> Vec<u8> {
+    let b = AlignedBuf::new(PAGE * pages as usize, PAGE).unwrap();
+    let c = sync_io(q, Request::read(3, p * PAGE as u64, IoBuf::owned(b))).unwrap();
+    c.result.unwrap();
+    c.buf.unwrap().into_owned().unwrap().to_vec()
+}
+
+/// The version a page holds (None: zeros), checking its bytes are exactly
+/// that version's.
+fn version_of(p: u64, bytes: &[u8]) -> Option<u64> {
+    if bytes.iter().all(|&b| b == 0) {
+        return None;
+    }
+    let v = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
+    assert!(
+        bytes == &content(p, v)[..],
+        "page {p}: bytes of no version it was written with (header says {v})"
+    );
+    Some(v)
+}
+
+fn flush_q(q: &mut dyn IoQueue) {
+    sync_io(q, Request::flush(4)).unwrap().result.unwrap();
+}
+
+#[test]
+fn overwrites_move_pages_and_the_collection_frees_segments() {
+    let d = disk(40);
+    let r = Remap::create(Target::Sim(d.clone()), config()).unwrap();
+    let pages = r.size() / PAGE as u64;
+    assert!(pages > 300, "{pages}");
+    let mut q = r.queue(&Backend::Blocking, 32).unwrap();
+    let mut model: HashMap<u64, u64> = HashMap::new();
+    let mut x = 12345u64;
+    // Five times the device: every page moves many times.
+    for v in 1..=(5 * pages) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        // Skewed: half the writes go to a tenth of the pages.
+        let p = if x % 2 == 0 {
+            x / 2 % (pages / 10)
+        } else {
+            x / 2 % pages
+        };
+        if v % 97 == 0 && p + 3 < pages {
+            write_run(&mut q, p, 3, v).unwrap();
+            for i in 0..3 {
+                model.insert(p + i, v);
+            }
+        } else {
+            write(&mut q, p, v).unwrap();
+            model.insert(p, v);
+        }
+        if v % 500 == 0 {
+            flush_q(&mut q);
+        }
+    }
+    for p in 0..pages {
+        let got = version_of(p, &read(&mut q, p, 1));
+        assert_eq!(got, model.get(&p).copied(), "page {p}");
+    }
+    let all = read(&mut q, 0, 8);
+    for i in 0..8 {
+        let got = version_of(i, &all[i as usize * PAGE..(i as usize + 1) * PAGE]);
+        assert_eq!(got, model.get(&i).copied(), "page {i} of a run");
+    }
+    let s = r.stats();
+    assert!(s.gc_copies > 0 && s.segments_freed > 40, "{s:?}");
+    assert_eq!(r.mapped_pages(), model.len() as u64);
+    // Reopened from its summaries alone: the same pages.
+    flush_q(&mut q);
+    drop(q);
+    let r2 = Remap::open(Target::Sim(d)).unwrap();
+    let mut q = r2.queue(&Backend::Blocking, 32).unwrap();
+    for p in 0..pages {
+        let got = version_of(p, &read(&mut q, p, 1));
+        assert_eq!(got, model.get(&p).copied(), "page {p} after reopening");
+    }
+    // And it keeps working.
+    for v in 0..(2 * pages) {
+        write(&mut q, v % pages, 10 * pages + v).unwrap();
+    }
+}
+
+#[test]
+fn power_cuts_keep_every_page_at_its_last_barrier_or_later() {
+    // Each run cuts the power at a different request: inside writes,
+    // barriers (between their flushes and summaries) and collections.
+    let mut cut_in_barrier = 0;
+    for seed in 0..60u64 {
+        let d = disk(24);
+        let r = Remap::create(Target::Sim(d.clone()), config()).unwrap();
+        let pages = r.size() / PAGE as u64;
+        let switch = PowerSwitch::new(
+            200 + seed * 97,
+            PowerCutPolicy::Random {
+                keep: 1.0,
+                drop: 1.0,
+                tear: 1.0,
+            },
+            seed,
+        );
+        switch.attach(&d);
+        let mut q = r.queue(&Backend::Blocking, 16).unwrap();
+        // (version at the last barrier, versions written since).
+        let mut model: HashMap<u64, (Option<u64>, Vec<u64>)> = HashMap::new();
+        let mut x = seed * 7919 + 17;
+        for v in 1..=(20 * pages) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let p = x % (pages / 2 + seed);
+            model.entry(p).or_default().1.push(v);
+            if write(&mut q, p, v).is_err() {
+                break;
+            }
+            if x % 11 == 0 {
+                let before = switch.count();
+                if sync_io(&mut q, Request::flush(4)).unwrap().result.is_err() {
+                    cut_in_barrier += usize::from(switch.count() > before);
+                    break;
+                }
+                for e in model.values_mut() {
+                    if let Some(&last) = e.1.last() {
+                        *e = (Some(last), Vec::new());
+                    }
+                }
+            }
+        }
+        assert!(switch.fired(), "seed {seed}: the run ended before the cut");
+        drop(q);
+        drop(r);
+        d.power_on();
+        let r = Remap::open(Target::Sim(d.clone())).unwrap();
+        let mut q = r.queue(&Backend::Blocking, 16).unwrap();
+        for (&p, (durable, since)) in &model {
+            let got = version_of(p, &read(&mut q, p, 1));
+            let fine = got == *durable || got.is_some_and(|g| since.contains(&g));
+            assert!(
+                fine,
+                "seed {seed} page {p}: {got:?}, durable {durable:?}, since {since:?}"
+            );
+        }
+        // Pages never written read as zeros.
+        for p in 0..pages {
+            if !model.contains_key(&p) {
+                assert_eq!(version_of(p, &read(&mut q, p, 1)), None);
+            }
+        }
+    }
+    assert!(
+        cut_in_barrier >= 3,
+        "{cut_in_barrier} cuts inside a barrier"
+    );
+}
+
+#[test]
+fn a_durable_write_survives_a_cut_without_a_flush() {
+    let d = disk(16);
+    let r = Remap::create(Target::Sim(d.clone()), config()).unwrap();
+    let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+    write(&mut q, 5, 1).unwrap();
+    let req = Request::write_durable(9, 6 * PAGE as u64, IoBuf::owned(content(6, 2)));
+    sync_io(&mut q, req).unwrap().result.unwrap();
+    d.power_cut(PowerCutPolicy::DropAll, 1);
+    drop(q);
+    drop(r);
+    d.power_on();
+    let r = Remap::open(Target::Sim(d)).unwrap();
+    let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+    assert_eq!(version_of(6, &read(&mut q, 6, 1)), Some(2));
+    assert_eq!(
+        version_of(5, &read(&mut q, 5, 1)),
+        Some(1),
+        "completed before it"
+    );
+}
+
+#[test]
+fn a_torn_summary_leaves_the_one_before() {
+    let d = disk(16);
+    let r = Remap::create(Target::Sim(d.clone()), config()).unwrap();
+    let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+    write(&mut q, 1, 1).unwrap();
+    flush_q(&mut q);
+    write(&mut q, 2, 2).unwrap();
+    flush_q(&mut q);
+    drop(q);
+    drop(r);
+    // The newer summary of the segment both pages went to is flipped.
+    let seg_bytes = 16 * PAGE as u64;
+    let (a, b) = (
+        d.read_durable(seg_bytes, PAGE),
+        d.read_durable(seg_bytes + PAGE as u64, PAGE),
+    );
+    let version = |s: &[u8]| u64::from_le_bytes(s[24..32].try_into().unwrap());
+    let newer = if version(&a) > version(&b) { 0 } else { 1 };
+    d.overwrite_durable(seg_bytes + newer * PAGE as u64 + 100, &[0xA5]);
+    let r = Remap::open(Target::Sim(d)).unwrap();
+    let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+    assert_eq!(version_of(1, &read(&mut q, 1, 1)), Some(1));
+    assert_eq!(
+        version_of(2, &read(&mut q, 2, 1)),
+        None,
+        "its write is lost, not garbage"
+    );
+}
+
+#[test]
+fn opening_a_device_without_a_label_fails_clearly() {
+    let d = disk(16);
+    let err = Remap::open(Target::Sim(d.clone())).unwrap_err();
+    assert!(err.to_string().contains("out-of-place label"), "{err}");
+    assert!(!Remap::is_formatted(&Target::Sim(d.clone())).unwrap());
+    Remap::create(Target::Sim(d.clone()), config()).unwrap();
+    assert!(Remap::is_formatted(&Target::Sim(d.clone())).unwrap());
+    let small = disk(4);
+    let err = Remap::create(Target::Sim(small), config()).unwrap_err();
+    assert!(err.to_string().contains("at least"), "{err}");
+    let bad = RemapConfig {
+        segment_pages: 1000,
+        ..config()
+    };
+    assert!(Remap::create(Target::Sim(d), bad).is_err());
+}
+
+#[test]
+fn requests_past_the_offered_size_are_refused() {
+    let d = disk(16);
+    let r = Remap::create(Target::Sim(d), config()).unwrap();
+    let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+    let pages = r.size() / PAGE as u64;
+    assert!(write(&mut q, pages, 1).is_err());
+    write(&mut q, pages - 1, 1).unwrap();
+    assert!(Target::Remap(r.clone()).grow(r.size() + 4096).is_err());
+}
+
+#[test]
+fn summaries_round_trip_and_reject_damage() {
+    let mut b = vec![0u8; PAGE];
+    let entries = vec![(3, 10), (NO_PAGE, 0), (7, 12)];
+    encode_summary(&mut b, 5, 99, &entries);
+    let want = Summary {
+        segment: 5,
+        version: 99,
+        entries,
+    };
+    assert_eq!(decode_summary(&b, 14), Some(want));
+    assert_eq!(decode_summary(&b, 2), None, "more entries than slots");
+    b[40] ^= 1;
+    assert_eq!(decode_summary(&b, 14), None);
+    let mut l = vec![0u8; PAGE];
+    encode_label(&mut l, &config(), 321);
+    assert_eq!(decode_label(&l).unwrap(), (config(), 321));
+    l[30] ^= 1;
+    assert!(decode_label(&l).is_err());
+}
