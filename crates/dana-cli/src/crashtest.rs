@@ -107,6 +107,13 @@ pub struct CrashArgs {
     /// mirrored devices: `crates/dana/tests/mirror.rs`).
     #[arg(long)]
     pub mirrored: bool,
+    /// Write the kill -9 cycles' data file out of place
+    /// (`Options::write_mode(WriteMode::OutOfPlace)`: append-only
+    /// segments, collected under the run). Only the kill -9 cycles run
+    /// (simulated power cuts on out-of-place devices:
+    /// `crates/dana/tests/out_of_place.rs`).
+    #[arg(long)]
+    pub out_of_place: bool,
     /// Directory for the kill -9 runs (default: a temporary directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -467,6 +474,13 @@ static MIRRORED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::
 
 fn mirrored() -> bool {
     MIRRORED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// `--out-of-place`.
+static OUT_OF_PLACE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn out_of_place() -> bool {
+    OUT_OF_PLACE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The most flushes in flight every log of the run takes.
@@ -1128,6 +1142,11 @@ fn kill_options(durability: Durability, log_sync: bool) -> Options {
     } else {
         Options::default()
     };
+    let o = if out_of_place() {
+        o.write_mode(dana::WriteMode::OutOfPlace)
+    } else {
+        o
+    };
     o.log_flush_block(log_flush_block())
         .log_flushes_in_flight(log_flushes_in_flight())
         .log_write_through_max(if log_sync {
@@ -1289,6 +1308,9 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
         ]);
         if mirrored() {
             cmd.arg("--mirrored");
+        }
+        if out_of_place() {
+            cmd.arg("--out-of-place");
         }
         let (mut child, rx, reader) = spawn_child(cmd.arg("--dir").arg(dir)).map_err(fail)?;
         let early = c % 3 == 2;
@@ -1479,6 +1501,7 @@ fn final_mirror_check(dir: &Path) -> Result<(), String> {
 pub fn run(args: &CrashArgs) -> CliResult<()> {
     LOG_FLUSH_BLOCK.store(args.log_flush_block, std::sync::atomic::Ordering::Relaxed);
     MIRRORED.store(args.mirrored, std::sync::atomic::Ordering::Relaxed);
+    OUT_OF_PLACE.store(args.out_of_place, std::sync::atomic::Ordering::Relaxed);
     LOG_FLUSHES_IN_FLIGHT.store(
         args.log_flushes_in_flight,
         std::sync::atomic::Ordering::Relaxed,
@@ -1503,6 +1526,27 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
     }
     if args.mirrored {
         return mirrored_kills(args);
+    }
+    if args.out_of_place {
+        let dir = kill_dir(args)?;
+        let started = Instant::now();
+        let k = kill_cycles(&dir, args.seed, args.kills, args.tasks).map_err(CliError)?;
+        println!(
+            "kill -9, out of place: {} cycles ({} async, {} killed while opening), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied in {:.1} s",
+            k.runs,
+            k.async_runs,
+            k.early_kills,
+            args.tasks,
+            k.judged.required,
+            k.judged.found,
+            k.judged.lost(),
+            k.judged.doubts_applied,
+            started.elapsed().as_secs_f64()
+        );
+        if args.dir.is_none() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        return lost_is_failure(k.judged.lost(), false);
     }
     if let Some(point) = args.point {
         let o = sim_run(SimRun {

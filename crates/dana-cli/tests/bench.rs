@@ -230,8 +230,10 @@ fn waf_runs_and_a_fuller_device_amplifies_more() {
         "--quiet",
         "--workloads",
         "ycsb-a",
+        "--write-mode",
+        "in-place",
         "--blocks",
-        "192",
+        "224",
         "--fills",
         "50,90",
         "--log-bytes",
@@ -297,6 +299,60 @@ fn waf_runs_and_a_fuller_device_amplifies_more() {
     );
 }
 
+/// `dana bench waf --write-mode in-place,out-of-place`: YCSB-A on the same
+/// device and load, pages in place and in dana's segments: out of place,
+/// with a handle per class, the FTL below copies (almost) nothing, dana's
+/// summaries are written, and every figure is there.
+#[test]
+fn waf_out_of_place_runs_beside_in_place() {
+    let args = [
+        "bench",
+        "waf",
+        "--json",
+        "--quiet",
+        "--workloads",
+        "ycsb-a",
+        "--placement",
+        "classes",
+        "--write-mode",
+        "in-place,out-of-place",
+        "--blocks",
+        "224",
+        "--fills",
+        "60",
+        "--log-bytes",
+        "4194304",
+        "--warmup-devices",
+        "1",
+        "--measure-devices",
+        "1",
+        "--tasks",
+        "16",
+    ];
+    let v = run(&args);
+    let runs = v["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["write_mode"], "in-place");
+    assert_eq!(runs[1]["write_mode"], "out-of-place");
+    assert_eq!(runs[0]["records"], runs[1]["records"], "same load");
+    let oop = &runs[1];
+    assert!(oop["ops"].as_u64().unwrap() > 0, "{oop}");
+    assert!(
+        oop["summary_writes_per_op"].as_f64().unwrap() > 0.0,
+        "{oop}"
+    );
+    assert!(
+        oop["dana_gc_copies_per_op"].as_f64().unwrap() >= 0.0,
+        "{oop}"
+    );
+    let ftl = oop["data"]["waf"].as_f64().unwrap();
+    assert!(
+        ftl < 1.1,
+        "whole segments die whole on the flash: FTL WAF {ftl}"
+    );
+    assert_eq!(runs[0]["summary_writes_per_op"].as_f64().unwrap(), 0.0);
+}
+
 /// `dana bench waf --workloads tpcc`: TPC-C on a device sized to its data,
 /// both placements starting from a copy of one load (the same fill), the
 /// data growing through the window, every figure there.
@@ -309,6 +365,8 @@ fn waf_tpcc_runs_both_placements_on_one_load() {
         "--quiet",
         "--workloads",
         "tpcc",
+        "--write-mode",
+        "in-place,out-of-place",
         "--fills",
         "60",
         "--warmup-devices",
@@ -320,9 +378,20 @@ fn waf_tpcc_runs_both_placements_on_one_load() {
     ];
     let v = run(&args);
     let runs = v["runs"].as_array().expect("runs");
-    assert_eq!(runs.len(), 2);
-    assert_eq!(runs[0]["records"], runs[1]["records"], "one load");
-    assert_eq!(runs[0]["device_bytes"], runs[1]["device_bytes"]);
+    assert_eq!(
+        runs.len(),
+        4,
+        "two placements, each in place and out of place"
+    );
+    for r in &runs[1..] {
+        assert_eq!(runs[0]["records"], r["records"], "one load");
+        assert_eq!(runs[0]["device_bytes"], r["device_bytes"]);
+    }
+    for (r, mode) in runs.iter().zip(["in-place", "out-of-place"].iter().cycle()) {
+        assert_eq!(r["write_mode"], *mode);
+        let summaries = r["summary_writes_per_op"].as_f64().unwrap();
+        assert_eq!(summaries > 0.0, *mode == "out-of-place", "{r}");
+    }
     for r in runs {
         assert_eq!(r["workload"], "tpcc");
         assert!(r["ops"].as_u64().unwrap() > 0, "{r}");

@@ -268,3 +268,32 @@ fn mirrored_files_under_kill_9_lose_nothing() {
     assert!(number_before(&text, line, "bytes flipped") > 0, "{text}");
     assert!(number_before(&text, line, "files removed") > 0, "{text}");
 }
+
+/// An out-of-place data file under kill -9 (`--out-of-place`): pages in
+/// append-only segments, the map rebuilt from the segment summaries at
+/// every open, nothing acknowledged lost.
+#[test]
+fn out_of_place_files_under_kill_9_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, text) = dana(&[
+        "crashtest",
+        "--out-of-place",
+        "--kills",
+        "12",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{text}");
+    let line = "kill -9, out of place";
+    let required = number_before(&text, line, "commits required");
+    assert!(required > 0, "{text}");
+    assert_eq!(number_before(&text, line, "found,"), required, "{text}");
+    assert_eq!(number_after(&text, line, "lost"), 0, "{text}");
+    assert!(
+        dana::io::remap::Remap::is_formatted(&dana::io::Target::File(std::sync::Arc::new(
+            dana::io::Device::open(dir.path().join("dana.0"), 0, Default::default()).unwrap()
+        )))
+        .unwrap(),
+        "the data file is out of place"
+    );
+}

@@ -26,10 +26,11 @@ use crate::buffer::page::MirrorPageCheck;
 use crate::io::device::{lock_file, unlock_file, DeviceOptions};
 use crate::io::mirror::{self, CopySpec, Mirror, Role, LABEL_BYTES};
 use crate::io::placement::WriteLife;
+use crate::io::remap::Remap;
 use crate::io::{
     open_queue, AlignedBuf, Array, Backend, Device, IoBuf, Placement, Request, Target,
 };
-use crate::options::INITIAL_DATA_BYTES;
+use crate::options::{WriteMode, INITIAL_DATA_BYTES};
 use crate::wal::INITIAL_LOG_BYTES;
 use crate::wal::{Durability, CONTROL_BYTES};
 use crate::{Error, Options, Result};
@@ -229,7 +230,7 @@ fn open_device(
         }
         let t = Target::File(Arc::new(d));
         locks.device(&t);
-        return Ok(t);
+        return out_of_place(t, role, create, opts);
     }
     let mut specs = Vec::with_capacity(copies);
     for c in 0..copies {
@@ -267,6 +268,24 @@ fn open_device(
     Ok(Target::Mirror(m))
 }
 
+/// A data file as an out-of-place device when it is one (its label says
+/// so) or is created as one ([`Options::write_mode`]); else as it is.
+fn out_of_place(t: Target, role: Role, create: bool, opts: &Options) -> Result<Target> {
+    if !matches!(role, Role::Data(_)) {
+        return Ok(t);
+    }
+    if create {
+        if opts.write_mode_value() == WriteMode::OutOfPlace {
+            return Ok(Target::Remap(Remap::create(t, opts.remap_config())?));
+        }
+        return Ok(t);
+    }
+    if Remap::is_formatted(&t)? {
+        return Ok(Target::Remap(Remap::open(t)?));
+    }
+    Ok(t)
+}
+
 /// Readies the mirrored data devices of `array` for an open: the page
 /// check of every read (a damaged page is read from another copy and
 /// repaired), and the comparison of every copy on every read until the
@@ -289,12 +308,21 @@ pub(crate) fn arm_mirrors(array: &Array) {
 /// Bytes each file of a new database starts with: a share of
 /// [`INITIAL_DATA_BYTES`] (or of the maximum size, if smaller), at least
 /// one page; the files grow from there.
-fn per_device_bytes(opts: &Options, devices: usize) -> u64 {
+fn per_device_bytes(opts: &Options, devices: usize) -> Result<u64> {
     let ps = opts.page_size_value() as u64;
+    if opts.write_mode_value() == WriteMode::OutOfPlace {
+        // Out-of-place files do not grow: created whole.
+        let Some(max) = opts.capacity_bytes_value() else {
+            return Err(Error::InvalidArgument(
+                "out-of-place data files do not grow: set Options::capacity_bytes".into(),
+            ));
+        };
+        return Ok(((max / devices as u64) / ps * ps).max(ps));
+    }
     let total = opts
         .capacity_bytes_value()
         .map_or(INITIAL_DATA_BYTES, |max| max.min(INITIAL_DATA_BYTES));
-    ((total / devices as u64) / ps * ps).max(ps)
+    Ok(((total / devices as u64) / ps * ps).max(ps))
 }
 
 /// Reads the first 4096 bytes of `t` synchronously.
@@ -664,7 +692,11 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
         check_copies(opts)?
     };
     let paths: Vec<PathBuf> = (0..count).map(|i| device_path(dir, i)).collect();
-    let size = per_device_bytes(opts, count);
+    let size = if exists {
+        0
+    } else {
+        per_device_bytes(opts, count)?
+    };
     let mut targets = Vec::with_capacity(count);
     for (i, p) in paths.iter().enumerate() {
         let create_size = (!exists).then_some(size);
@@ -747,7 +779,11 @@ pub(crate) fn open_paths(
         )));
     }
     let width = paths.len() / copies;
-    let size = per_device_bytes(opts, width);
+    let size = if create {
+        per_device_bytes(opts, width)?
+    } else {
+        0
+    };
     let mut locks = Locks::default();
     let mut targets = Vec::with_capacity(width);
     let mut firsts = Vec::with_capacity(width);

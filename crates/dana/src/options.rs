@@ -23,6 +23,17 @@ use crate::wal::{control, Durability};
 /// ```
 pub const INITIAL_DATA_BYTES: u64 = 1 << 20;
 
+/// Where page writes land ([`Options::write_mode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WriteMode {
+    /// Each page at its own address (the default).
+    #[default]
+    InPlace,
+    /// Each page write to a fresh slot of an append-only segment
+    /// ([`crate::io::remap`]).
+    OutOfPlace,
+}
+
 /// How to open a database. Start from [`Options::default`] and chain the
 /// setters.
 ///
@@ -47,6 +58,7 @@ pub struct Options {
     pub(crate) backend: Backend,
     pub(crate) devices: usize,
     pub(crate) mirror_copies: usize,
+    pub(crate) write_mode: WriteMode,
     pub(crate) capacity_bytes: Option<u64>,
     pub(crate) direct: bool,
     pub(crate) queue_depth: u32,
@@ -79,6 +91,7 @@ impl Default for Options {
             backend: Backend::default(),
             devices: 1,
             mirror_copies: 1,
+            write_mode: WriteMode::InPlace,
             capacity_bytes: None,
             direct: true,
             queue_depth: rt.queue_depth,
@@ -291,6 +304,41 @@ impl Options {
     pub fn mirror_copies(mut self, n: usize) -> Self {
         self.mirror_copies = n;
         self
+    }
+
+    /// Where a new database's page writes land (default
+    /// [`WriteMode::InPlace`]). Out of place, each data file is an
+    /// out-of-place device ([`crate::io::remap`]): every page write goes to
+    /// a fresh slot of an append-only segment, dana collects its segments
+    /// and trims the dead ones, and a torn write never touches a page's
+    /// last good version. Such files do not grow: they are created at
+    /// [`Options::capacity_bytes`] (required), of which the engine gets a
+    /// little less (segment summaries, 8 reserved segments, 5% spare).
+    /// Not with mirrors. An existing database keeps the mode it was
+    /// created with (a data file's label says which).
+    ///
+    /// ```
+    /// use dana::options::WriteMode;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default()
+    ///     .pool_bytes(8 << 20)
+    ///     .capacity_bytes(64 << 20)
+    ///     .write_mode(WriteMode::OutOfPlace);
+    /// let db = dana::Db::open(dir.path(), opts).unwrap();
+    /// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    /// db.close().unwrap();
+    /// // Reopened without the option: the files say they are out of place.
+    /// let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20)).unwrap();
+    /// assert_eq!(db.tree("t").unwrap().get(b"k").unwrap(), Some(b"v".to_vec()));
+    /// ```
+    pub fn write_mode(mut self, mode: WriteMode) -> Self {
+        self.write_mode = mode;
+        self
+    }
+
+    /// The write mode set ([`Options::write_mode`]).
+    pub fn write_mode_value(&self) -> WriteMode {
+        self.write_mode
     }
 
     /// The number of copies set ([`Options::mirror_copies`]).
@@ -752,7 +800,20 @@ impl Options {
                 "page size {ps}: a power of two from 4096 to 65536 (Options::page_size)"
             )));
         }
+        if self.write_mode == WriteMode::OutOfPlace && self.mirror_copies > 1 {
+            return Err(crate::Error::InvalidArgument(
+                "out-of-place writes (Options::write_mode) do not take mirrors yet".into(),
+            ));
+        }
         Ok(())
+    }
+
+    /// How a new out-of-place data file is cut ([`Options::write_mode`]).
+    pub(crate) fn remap_config(&self) -> crate::io::remap::RemapConfig {
+        crate::io::remap::RemapConfig {
+            page_size: self.page_size as u32,
+            ..Default::default()
+        }
     }
 
     pub(crate) fn runtime_config(&self) -> RuntimeConfig {

@@ -76,6 +76,18 @@ impl Target {
         }
     }
 
+    /// Tells the device that `len` bytes at `offset` will not be read
+    /// again (TRIM; see [`Device::discard`], [`SimDisk::discard`]).
+    /// Advice: a mirrored group or an out-of-place device takes it as
+    /// nothing. Blocking.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        match self {
+            Target::File(d) => d.discard(offset, len),
+            Target::Sim(d) => d.discard(offset, len),
+            Target::Mirror(_) | Target::Remap(_) => Ok(()),
+        }
+    }
+
     /// Direct-I/O alignment.
     pub fn alignment(&self) -> Alignment {
         match self {

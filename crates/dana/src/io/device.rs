@@ -345,6 +345,51 @@ fn file_system_size(fd: RawFd) -> Option<u64> {
 
 /// Allocates real blocks for `[from, to)` so that later writes never fail
 /// for lack of space and reads of written data never hit holes.
+/// `_IO(0x12, 119)`: discard a byte range of a block device.
+const BLKDISCARD: libc::c_ulong = 0x1277;
+
+impl Device {
+    /// Tells the device that `len` bytes at `offset` hold nothing anyone
+    /// will read again: a block device gets a discard (TRIM), a file a
+    /// punched hole (its file system may pass the discard on). Advice: a
+    /// device or file system that cannot do it is not an error. Blocking.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        if offset.checked_add(len).is_none_or(|e| e > self.size()) {
+            return Err(Error::InvalidArgument(format!(
+                "discard of {len} bytes at {offset} on {} ({} bytes)",
+                self.path.display(),
+                self.size()
+            )));
+        }
+        let fd = self.file.as_raw_fd();
+        let r = if self.block_device {
+            let range = [offset, len];
+            // SAFETY: fd is a valid open descriptor; BLKDISCARD reads two
+            // u64 from the pointer, which points at `range`.
+            unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) }
+        } else {
+            let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            // SAFETY: fd is a valid open descriptor; fallocate reads no
+            // memory.
+            unsafe { libc::fallocate(fd, mode, offset as libc::off_t, len as libc::off_t) }
+        };
+        if r == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY) | Some(libc::EINVAL) => Ok(()),
+            _ => Err(Error::Io {
+                op: crate::OpKind::Write,
+                device: self.index,
+                offset,
+                len: len as usize,
+                source: err,
+            }),
+        }
+    }
+}
+
 fn preallocate(fd: RawFd, from: u64, to: u64) -> std::io::Result<()> {
     // SAFETY: fd is a valid open descriptor; fallocate reads no memory.
     let r = unsafe { libc::fallocate(fd, 0, from as libc::off_t, (to - from) as libc::off_t) };

@@ -61,15 +61,20 @@ pub enum Placement {
     Cold,
     /// The pages of a large value: written once, freed whole.
     Large,
+    /// Pages an out-of-place device's collection moved
+    /// ([`super::remap`]): they outlived the segment they were written
+    /// to, the coldest of all.
+    Collected,
 }
 
 /// The classes, in the order of their stream numbers (`Unsorted` is 0).
-pub const PLACEMENTS: [Placement; 5] = [
+pub const PLACEMENTS: [Placement; 6] = [
     Placement::Unsorted,
     Placement::Log,
     Placement::Hot,
     Placement::Cold,
     Placement::Large,
+    Placement::Collected,
 ];
 
 /// A Linux write-life hint (`RWH_WRITE_LIFE_*`).
@@ -105,7 +110,7 @@ impl WriteLife {
 }
 
 impl Placement {
-    /// The class's number: 0 for `Unsorted`, then 1-4 in [`PLACEMENTS`]
+    /// The class's number: 0 for `Unsorted`, then 1-5 in [`PLACEMENTS`]
     /// order.
     pub const fn index(self) -> u32 {
         match self {
@@ -114,13 +119,14 @@ impl Placement {
             Placement::Hot => 2,
             Placement::Cold => 3,
             Placement::Large => 4,
+            Placement::Collected => 5,
         }
     }
 
     /// The placement handle of this class on a device with `handles`
     /// handles (at least 1): handle 0 for `Unsorted`; the sorted classes
     /// share handles `1..handles` round-robin when there are fewer than
-    /// five; everything on handle 0 when there is one.
+    /// six; everything on handle 0 when there is one.
     pub const fn handle(self, handles: u32) -> u32 {
         let i = self.index();
         if handles <= 1 || i == 0 {
@@ -134,7 +140,7 @@ impl Placement {
     /// `streams` streams. Stream numbers start at 1; 0 asks for none (the
     /// device's default placement), which is what `Unsorted` gets and what
     /// every class gets on a device without streams. The sorted classes
-    /// share the streams round-robin when there are fewer than four.
+    /// share the streams round-robin when there are fewer than five.
     pub const fn stream(self, streams: u8) -> u8 {
         let i = self.index();
         if streams == 0 || i == 0 {
@@ -152,6 +158,7 @@ impl Placement {
             Placement::Hot => WriteLife::Medium,
             Placement::Cold => WriteLife::Long,
             Placement::Large => WriteLife::Extreme,
+            Placement::Collected => WriteLife::Long,
         }
     }
 }
@@ -208,11 +215,11 @@ mod tests {
     fn handles_keep_unsorted_alone_and_share_the_rest() {
         for p in PLACEMENTS {
             assert_eq!(p.handle(1), 0);
-            assert_eq!(p.handle(5), p.index());
+            assert_eq!(p.handle(6), p.index());
         }
-        // Three handles: unsorted on 0, the four classes over 1 and 2.
+        // Three handles: unsorted on 0, the five classes over 1 and 2.
         let on3: Vec<u32> = PLACEMENTS.iter().map(|p| p.handle(3)).collect();
-        assert_eq!(on3, [0, 1, 2, 1, 2]);
+        assert_eq!(on3, [0, 1, 2, 1, 2, 1]);
         for handles in 1..=64 {
             assert!(PLACEMENTS.iter().all(|p| p.handle(handles) < handles));
         }
@@ -231,9 +238,9 @@ mod tests {
             }
         }
         let on8: Vec<u8> = PLACEMENTS.iter().map(|p| p.stream(8)).collect();
-        assert_eq!(on8, [0, 1, 2, 3, 4]);
+        assert_eq!(on8, [0, 1, 2, 3, 4, 5]);
         let on2: Vec<u8> = PLACEMENTS.iter().map(|p| p.stream(2)).collect();
-        assert_eq!(on2, [0, 1, 2, 1, 2]);
+        assert_eq!(on2, [0, 1, 2, 1, 2, 1]);
     }
 
     #[test]

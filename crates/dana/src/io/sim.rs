@@ -888,6 +888,32 @@ impl SimDisk {
         Ok(())
     }
 
+    /// Tells the device that `len` bytes at `offset` hold nothing anyone
+    /// will read again (TRIM): an attached FTL stops counting their 4 KiB
+    /// pages as valid, so its collection never copies them. The bytes
+    /// themselves stay readable (as a device may return old data or zeros
+    /// after a trim, nobody may rely on either).
+    pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        let end = offset.checked_add(len).filter(|&e| e <= self.size());
+        if end.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "discard of {len} bytes at {offset} on a {}-byte simulated device",
+                self.size()
+            )));
+        }
+        let mut inner = self.lock();
+        if let Some(ftl) = inner.ftl.as_mut() {
+            let first = offset.div_ceil(CHUNK as u64);
+            let last = (offset + len) / CHUNK as u64;
+            for page in first..last {
+                if let Ok(p) = u32::try_from(page) {
+                    ftl.trim(p)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Makes this disk's durable image a copy of `other`'s (what survives
     /// a power cut there), as if written here in ascending order: an
     /// attached FTL programs each copied 4 KiB page through handle 0. For

@@ -19,11 +19,20 @@
 //! Both runs of a fill start from the same load (YCSB: one loading task,
 //! in key order; TPC-C: a copy of one loaded image).
 //!
-//! What it is not (yet): the out-of-place write mode and compression of
-//! issue #14 do not exist, so this measures dana's in-place writes only,
-//! the baseline they will be compared with. dana does not trim freed
-//! pages (YCSB-A frees none; TPC-C's deliveries free a few), so the FTL
-//! counts every page below the high-water mark as live: the fill is the
+//! With `--write-mode in-place,out-of-place` (the default) each of those
+//! runs twice more: pages written in place, and out of place
+//! (`dana::io::remap`: append-only segments whose data slots fill one
+//! erase block, collected and trimmed by dana, loaded from a load of
+//! their own). Out of place, the host bytes count dana's collection and
+//! its segment summaries; `--oop-over-provisioning` gives the
+//! out-of-place device a different spare on the same erase blocks (a
+//! host-managed device). Live data, fill and phases are the in-place
+//! device's in both modes.
+//!
+//! What it is not (yet): compression (#14 item 3) does not exist. dana
+//! does not trim pages it frees in place (YCSB-A frees none; TPC-C's
+//! deliveries free a few), so the FTL counts every page below the
+//! high-water mark as live: the fill is the
 //! high-water mark over the logical capacity. The simulated devices complete
 //! every request at the next reap: operations per second here are the
 //! engine's CPU-bound rate, not a disk figure. Never: reports a window the
@@ -35,6 +44,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use dana::io::ftl::{FtlConfig, FtlStats, GcPolicy};
+use dana::io::remap::{Remap, RemapConfig, RemapStats};
 use dana::io::sim::{SimConfig, SimDisk};
 use dana::io::{Array, Target};
 use dana::wal::CONTROL_BYTES;
@@ -69,6 +79,27 @@ pub enum PlacementMode {
     /// pages, cold pages, large values), as FDP reclaim-unit handles or
     /// write streams would give.
     Classes,
+}
+
+/// Where page writes land.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WriteMode {
+    /// Each page at its own address: the FTL below collects.
+    InPlace,
+    /// Each write to a fresh slot of an append-only segment the size of an
+    /// erase block (`dana::io::remap`); dana collects its segments and
+    /// trims the dead ones, so the FTL below finds whole blocks dead.
+    OutOfPlace,
+}
+
+impl WriteMode {
+    fn name(self) -> &'static str {
+        match self {
+            WriteMode::InPlace => "in-place",
+            WriteMode::OutOfPlace => "out-of-place",
+        }
+    }
 }
 
 /// The workloads `bench waf` runs.
@@ -138,6 +169,25 @@ pub struct WafArgs {
         default_value = "none,classes"
     )]
     pub placement: Vec<PlacementMode>,
+    /// Write modes to run at each fill and placement: `in-place` (pages
+    /// at their own address) and `out-of-place` (`dana::io::remap`:
+    /// append-only segments of an erase block, collected and trimmed by
+    /// dana).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "in-place,out-of-place"
+    )]
+    pub write_mode: Vec<WriteMode>,
+    /// Spare flash over user capacity of the out-of-place runs' data
+    /// device (default: `--over-provisioning`, the same device). The same
+    /// erase blocks, so a lower spare gives dana the room the FTL would
+    /// keep: a host-managed device (ZNS, or FDP with whole reclaim units
+    /// trimmed) in place of a conventional one. The live data, the fill
+    /// and the phases stay those of the in-place device.
+    #[arg(long)]
+    pub oop_over_provisioning: Option<f64>,
     /// Buffer pool as a share of the loaded data.
     #[arg(long, default_value_t = 0.1)]
     pub pool_fraction: f64,
@@ -229,6 +279,12 @@ pub struct FillRun {
     pub device_bytes: u64,
     /// Whether the writes' classes reached the FTL as placement handles.
     pub placement: PlacementMode,
+    /// Where page writes landed.
+    pub write_mode: WriteMode,
+    /// Out of place: pages dana's own collection copied, per operation.
+    pub dana_gc_copies_per_op: f64,
+    /// Out of place: segment summary pages written, per operation.
+    pub summary_writes_per_op: f64,
     /// Pages the database uses after the load, as a share of the data
     /// device's logical capacity.
     pub fill_reached: f64,
@@ -317,6 +373,18 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
     if a.value_size < 16 || a.value_size > 1024 {
         return Err(CliError("--value-size must lie in 16..=1024".into()));
     }
+    if a.oop_over_provisioning
+        .is_some_and(|s| !(0.005..=1.0).contains(&s))
+    {
+        return Err(CliError(
+            "--oop-over-provisioning must lie in 0.005..=1".into(),
+        ));
+    }
+    if a.write_mode.is_empty() {
+        return Err(CliError(
+            "--write-mode takes in-place, out-of-place or both".into(),
+        ));
+    }
     if a.placement.is_empty() {
         return Err(CliError("--placement takes none, classes or both".into()));
     }
@@ -340,13 +408,29 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
                 None => None,
             };
             for &placement in &a.placement {
-                runs.push(match &image {
+                match &image {
                     None => {
-                        let data_cfg = ftl_config(a, a.blocks, placement);
-                        run_fill(a, fill, placement, data_cfg, device_bytes)?
+                        for &mode in &a.write_mode {
+                            let data_cfg = ftl_config_for(a, a.blocks, placement, mode);
+                            let setup = Setup {
+                                fill,
+                                placement,
+                                mode,
+                                data_cfg,
+                                device_bytes: u64::from(
+                                    dana::io::ftl::Ftl::new(data_cfg)?.logical_pages(),
+                                ) * PAGE,
+                                reference_bytes: device_bytes,
+                            };
+                            runs.push(run_fill(a, setup)?);
+                        }
                     }
-                    Some(image) => tpcc::run_fill(a, placement, image)?,
-                });
+                    Some(image) => {
+                        for &mode in &a.write_mode {
+                            runs.push(tpcc::run_fill(a, placement, mode, image)?);
+                        }
+                    }
+                }
             }
         }
     }
@@ -375,7 +459,22 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
 }
 
 fn ftl_config(a: &WafArgs, blocks: u32, placement: PlacementMode) -> FtlConfig {
-    let mut c = FtlConfig::new(a.pages_per_block, blocks, a.over_provisioning);
+    ftl_config_for(a, blocks, placement, WriteMode::InPlace)
+}
+
+/// The data device's FTL of a run in `mode` (see
+/// `--oop-over-provisioning`).
+fn ftl_config_for(
+    a: &WafArgs,
+    blocks: u32,
+    placement: PlacementMode,
+    mode: WriteMode,
+) -> FtlConfig {
+    let spare = match mode {
+        WriteMode::InPlace => a.over_provisioning,
+        WriteMode::OutOfPlace => a.oop_over_provisioning.unwrap_or(a.over_provisioning),
+    };
+    let mut c = FtlConfig::new(a.pages_per_block, blocks, spare);
     c.handles = match placement {
         PlacementMode::None => 1,
         PlacementMode::Classes => dana::io::placement::PLACEMENTS.len() as u32,
@@ -387,10 +486,26 @@ fn ftl_config(a: &WafArgs, blocks: u32, placement: PlacementMode) -> FtlConfig {
     c
 }
 
+/// How the out-of-place runs cut their device: a segment's data slots
+/// fill one erase block (its two summary pages go to the unsorted
+/// stream); the free room the collection works in is whatever the fill
+/// leaves.
+fn remap_config(pages_per_block: u32) -> RemapConfig {
+    RemapConfig {
+        page_size: PAGE as u32,
+        segment_pages: pages_per_block + 2,
+        spare: 0.0,
+    }
+}
+
 /// The two simulated devices of one run, each behind its FTL.
 struct Devices {
     data: Arc<SimDisk>,
     log: Arc<SimDisk>,
+    mode: WriteMode,
+    /// Out of place: the device dana writes through, once opened.
+    remap: std::sync::Mutex<Option<Arc<Remap>>>,
+    pages_per_block: u32,
 }
 
 impl Devices {
@@ -418,17 +533,52 @@ impl Devices {
         .max(spare_min as u32);
         let log = SimDisk::new(1, log_device, SimConfig::default());
         log.attach_ftl(ftl_config(a, blocks, placement))?;
-        Ok(Devices { data, log })
+        Ok(Devices {
+            data,
+            log,
+            mode: WriteMode::InPlace,
+            remap: std::sync::Mutex::new(None),
+            pages_per_block: a.pages_per_block,
+        })
+    }
+
+    /// The same devices, written out of place with `mode`.
+    fn with_mode(mut self, mode: WriteMode) -> Devices {
+        self.mode = mode;
+        self
     }
 
     fn open(&self, opts: Options, create: bool) -> CliResult<Db> {
-        let array = Array::new(vec![Target::Sim(self.data.clone())], PAGE)?;
+        let data = Target::Sim(self.data.clone());
+        let data = match self.mode {
+            WriteMode::InPlace => data,
+            WriteMode::OutOfPlace => {
+                let remap = if create {
+                    Remap::create(data, remap_config(self.pages_per_block))?
+                } else {
+                    Remap::open(data)?
+                };
+                *self.remap.lock().unwrap_or_else(|e| e.into_inner()) = Some(remap.clone());
+                Target::Remap(remap)
+            }
+        };
+        let array = Array::new(vec![data], PAGE)?;
         Ok(Db::open_array_with_log(
             array,
             Some(Target::Sim(self.log.clone())),
             opts,
             create,
         )?)
+    }
+
+    /// Out of place: dana's own counters.
+    fn remap_stats(&self) -> RemapStats {
+        self.remap
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|r| r.stats())
+            .unwrap_or_default()
     }
 
     fn stats(&self) -> (FtlStats, FtlStats) {
@@ -490,15 +640,30 @@ fn load(
     Ok(())
 }
 
-fn run_fill(
-    a: &WafArgs,
+/// One YCSB-A run's devices.
+struct Setup {
     fill: u32,
     placement: PlacementMode,
+    mode: WriteMode,
     data_cfg: FtlConfig,
+    /// The data device's logical bytes.
     device_bytes: u64,
-) -> CliResult<FillRun> {
-    let devices = Devices::new(a, placement, data_cfg, device_bytes)?;
-    let target_pages = device_bytes / PAGE * u64::from(fill) / 100;
+    /// The in-place device's: the fill and the phases are measured
+    /// against it.
+    reference_bytes: u64,
+}
+
+fn run_fill(a: &WafArgs, setup: Setup) -> CliResult<FillRun> {
+    let Setup {
+        fill,
+        placement,
+        mode,
+        data_cfg,
+        device_bytes,
+        reference_bytes,
+    } = setup;
+    let devices = Devices::new(a, placement, data_cfg, device_bytes)?.with_mode(mode);
+    let target_pages = reference_bytes / PAGE * u64::from(fill) / 100;
     // Load: a pool that holds everything, then close (the checkpoint
     // writes every page once).
     let db = devices.open(options(a, device_bytes + (64 << 20)), true)?;
@@ -583,7 +748,7 @@ fn run_fill(
         })?;
     }
     drop(tx);
-    let device_pages = device_bytes / PAGE;
+    let device_pages = reference_bytes / PAGE;
     let max = Duration::from_secs_f64(a.max_seconds);
     let pb = crate::bench::bar(a.quiet || a.json, 2, &format!("waf {fill}%"));
     // Runs until the data device has taken `capacities` device
@@ -609,6 +774,7 @@ fn run_fill(
     let warm = phase(start_data, a.warmup_devices, &mut cut_by_time);
     pb.inc(1);
     let (base_data, base_log) = devices.stats();
+    let remap0 = devices.remap_stats();
     let pool0 = db.pool().stats();
     let (ops0, upd0, t0) = (
         ops.load(Ordering::Relaxed),
@@ -617,6 +783,7 @@ fn run_fill(
     );
     let _ = phase(base_data, a.measure_devices, &mut cut_by_time);
     let (end_data, end_log) = devices.stats();
+    let remap1 = devices.remap_stats();
     let pool1 = db.pool().stats();
     let (ops1, upd1, seconds) = (
         ops.load(Ordering::Relaxed),
@@ -638,6 +805,8 @@ fn run_fill(
         workload: WafWorkload::YcsbA,
         fill,
         placement,
+        mode,
+        remap: remap_since(&remap1, &remap0),
         device_pages,
         used_start: used,
         used_end,
@@ -662,6 +831,9 @@ struct Window {
     workload: WafWorkload,
     fill: u32,
     placement: PlacementMode,
+    mode: WriteMode,
+    /// Out of place: dana's collection in the window.
+    remap: RemapStats,
     device_pages: u64,
     /// Pages in use at the window's start and end.
     used_start: u64,
@@ -692,6 +864,9 @@ impl Window {
             fill_percent: self.fill,
             device_bytes: self.device_pages * PAGE,
             placement: self.placement,
+            write_mode: self.mode,
+            dana_gc_copies_per_op: self.remap.gc_copies as f64 / n.max(1) as f64,
+            summary_writes_per_op: self.remap.summary_writes as f64 / n.max(1) as f64,
             fill_reached: self.used_start as f64 / device,
             fill_end: self.used_end as f64 / device,
             records: self.records,
@@ -716,10 +891,23 @@ impl Window {
     }
 }
 
+/// Counters of `b` minus those of `a`.
+fn remap_since(b: &RemapStats, a: &RemapStats) -> RemapStats {
+    RemapStats {
+        page_writes: b.page_writes - a.page_writes,
+        gc_copies: b.gc_copies - a.gc_copies,
+        segments_freed: b.segments_freed - a.segments_freed,
+        segments_trimmed: b.segments_trimmed - a.segments_trimmed,
+        summary_writes: b.summary_writes - a.summary_writes,
+        barriers: b.barriers - a.barriers,
+        write_stalls: b.write_stalls - a.write_stalls,
+    }
+}
+
 /// The report as text.
 pub fn render(r: &WafReport) -> String {
     let mut s = format!(
-        "dana bench waf: in-place page writes on simulated devices behind an FTL model: {} \
+        "dana bench waf: page writes on simulated devices behind an FTL model: {} \
          pages per block, {:.0}% over-provisioning, {} collection; log flushes padded to {} \
          bytes (ops/s are engine-bound, not a disk figure)\n",
         r.pages_per_block,
@@ -748,11 +936,11 @@ pub fn render(r: &WafReport) -> String {
         ));
     }
     s.push_str(
-        " workload  fill  placement  dev MiB  reached -> end   records  pool MiB     ops/s  host B/op data  log   flash B/op data  log   WAF data  log  total  page writes/write  gc copies/op  hot share\n",
+        " workload  fill  placement  write mode    dev MiB  reached -> end   records  pool MiB     ops/s  host B/op data  log   flash B/op data  log   WAF data  log  total  page writes/write  gc copies/op  dana gc/op  summaries/op  hot share\n",
     );
     for f in &r.runs {
         s.push_str(&format!(
-            " {:>8}  {:>3}%  {:>9}  {:>7}  {:>6.1}% {:>5.1}%  {:>8}  {:>8}  {:>8.0}  {:>14.0} {:>5.0}  {:>15.0} {:>5.0}  {:>8.2} {:>4.2} {:>6.2}  {:>17.3}  {:>12.3}  {:>8.1}%{}\n",
+            " {:>8}  {:>3}%  {:>9}  {:>12}  {:>7}  {:>6.1}% {:>5.1}%  {:>8}  {:>8}  {:>8.0}  {:>14.0} {:>5.0}  {:>15.0} {:>5.0}  {:>8.2} {:>4.2} {:>6.2}  {:>17.3}  {:>12.3}  {:>10.3}  {:>12.3}  {:>8.1}%{}\n",
             match f.workload {
                 WafWorkload::YcsbA => "ycsb-a",
                 WafWorkload::Tpcc => "tpcc",
@@ -762,6 +950,7 @@ pub fn render(r: &WafReport) -> String {
                 PlacementMode::None => "none",
                 PlacementMode::Classes => "classes",
             },
+            f.write_mode.name(),
             f.device_bytes >> 20,
             f.fill_reached * 100.0,
             f.fill_end * 100.0,
@@ -777,6 +966,8 @@ pub fn render(r: &WafReport) -> String {
             f.waf_total,
             f.page_writes_per_update,
             f.data.gc_copies_per_op,
+            f.dana_gc_copies_per_op,
+            f.summary_writes_per_op,
             f.hot_share * 100.0,
             if f.cut_by_time {
                 format!(

@@ -35,12 +35,13 @@ use dana::wal::CONTROL_BYTES;
 use dana::{Db, Durability};
 
 use super::{
-    ftl_config, options, used_pages, Devices, FillRun, PlacementMode, WafArgs, WafWorkload, Window,
-    PAGE,
+    ftl_config, ftl_config_for, options, remap_config, remap_since, used_pages, Devices, FillRun,
+    PlacementMode, WafArgs, WafWorkload, Window, WriteMode, PAGE,
 };
 use crate::bench::tpcc::kv::DanaTables;
 use crate::bench::tpcc::{load, run_mix, Mix, WAREHOUSE_BYTES};
 use crate::{CliError, CliResult};
+use dana::io::remap::Remap;
 
 /// The seed of the load (the same rows at every fill).
 const LOAD_SEED: u64 = 0x7a_f1;
@@ -53,11 +54,11 @@ const CHUNK_SECONDS: f64 = 0.5;
 /// (created) and closes it; returns the rows loaded and the pages used.
 fn load_into(
     a: &WafArgs,
-    data: &Arc<SimDisk>,
+    data: Target,
     log: &Arc<SimDisk>,
     opts: dana::Options,
 ) -> CliResult<(u64, u64)> {
-    let array = Array::new(vec![Target::Sim(data.clone())], PAGE)?;
+    let array = Array::new(vec![data], PAGE)?;
     let db = Db::open_array_with_log(array, Some(Target::Sim(log.clone())), opts, true)?;
     let (rows, used) = load_open(a, &db)?;
     db.close()?;
@@ -95,7 +96,12 @@ impl Sizing {
         let bytes = u64::from(a.warehouses) * WAREHOUSE_BYTES * 2;
         let data = SimDisk::new(0, bytes, SimConfig::default());
         let log = SimDisk::new(1, CONTROL_BYTES + a.log_bytes, SimConfig::default());
-        let (_, loaded) = load_into(a, &data, &log, options(a, bytes + (64 << 20)))?;
+        let (_, loaded) = load_into(
+            a,
+            Target::Sim(data.clone()),
+            &log,
+            options(a, bytes + (64 << 20)),
+        )?;
         let array = Array::new(vec![Target::Sim(data.clone())], PAGE)?;
         let db = Db::open_array_with_log(
             array,
@@ -175,6 +181,8 @@ pub(super) struct Image {
     device_pages: u64,
     data: Arc<SimDisk>,
     log: Arc<SimDisk>,
+    /// The same load written out of place (data, log), when asked for.
+    out_of_place: Option<(Arc<SimDisk>, Arc<SimDisk>)>,
     rows: u64,
     used: u64,
 }
@@ -193,7 +201,19 @@ impl Image {
         let data = SimDisk::new(0, device_pages * PAGE, SimConfig::default());
         let log = SimDisk::new(1, CONTROL_BYTES + a.log_bytes, SimConfig::default());
         let opts = options(a, device_pages * PAGE + (64 << 20));
-        let (rows, used) = load_into(a, &data, &log, opts)?;
+        let (rows, used) = load_into(a, Target::Sim(data.clone()), &log, opts.clone())?;
+        // Out of place, the same rows land elsewhere: an image of their own.
+        let out_of_place = if a.write_mode.contains(&WriteMode::OutOfPlace) {
+            let cfg = ftl_config_for(a, blocks, PlacementMode::None, WriteMode::OutOfPlace);
+            let oop_pages = u64::from(Ftl::new(cfg)?.logical_pages());
+            let oop = SimDisk::new(0, oop_pages * PAGE, SimConfig::default());
+            let oop_log = SimDisk::new(1, CONTROL_BYTES + a.log_bytes, SimConfig::default());
+            let remap = Remap::create(Target::Sim(oop.clone()), remap_config(a.pages_per_block))?;
+            load_into(a, Target::Remap(remap), &oop_log, opts)?;
+            Some((oop, oop_log))
+        } else {
+            None
+        };
         Ok(Image {
             fill,
             sizing,
@@ -201,6 +221,7 @@ impl Image {
             device_pages,
             data,
             log,
+            out_of_place,
             rows,
             used,
         })
@@ -210,7 +231,12 @@ impl Image {
 /// One fill of TPC-C with `placement`: a copy of `image` on devices
 /// behind the model, a warm-up and a window (counted in transactions:
 /// see the module doc).
-pub(super) fn run_fill(a: &WafArgs, placement: PlacementMode, image: &Image) -> CliResult<FillRun> {
+pub(super) fn run_fill(
+    a: &WafArgs,
+    placement: PlacementMode,
+    mode: WriteMode,
+    image: &Image,
+) -> CliResult<FillRun> {
     let Image {
         fill,
         sizing,
@@ -219,10 +245,18 @@ pub(super) fn run_fill(a: &WafArgs, placement: PlacementMode, image: &Image) -> 
         used,
         ..
     } = *image;
-    let cfg = ftl_config(a, image.blocks, placement);
-    let devices = Devices::new(a, placement, cfg, device_pages * PAGE)?;
-    devices.data.copy_durable_from(&image.data)?;
-    devices.log.copy_durable_from(&image.log)?;
+    let cfg = ftl_config_for(a, image.blocks, placement, mode);
+    let data_pages = u64::from(Ftl::new(cfg)?.logical_pages());
+    let devices = Devices::new(a, placement, cfg, data_pages * PAGE)?.with_mode(mode);
+    let (data, log) = match (mode, &image.out_of_place) {
+        (WriteMode::InPlace, _) => (&image.data, &image.log),
+        (WriteMode::OutOfPlace, Some((d, l))) => (d, l),
+        (WriteMode::OutOfPlace, None) => {
+            return Err(CliError("no out-of-place image was loaded".into()))
+        }
+    };
+    devices.data.copy_durable_from(data)?;
+    devices.log.copy_durable_from(log)?;
     let pool_bytes = pool_bytes(a, used);
 
     let db = devices.open(options(a, pool_bytes), false)?;
@@ -258,10 +292,12 @@ pub(super) fn run_fill(a: &WafArgs, placement: PlacementMode, image: &Image) -> 
     phase(a.warmup_devices, &mut cut_by_time)?;
     pb.inc(1);
     let (base_data, base_log) = devices.stats();
+    let remap0 = devices.remap_stats();
     let used_start = used_pages(&db)?;
     let pool0 = db.pool().stats();
     let (transactions, seconds) = phase(a.measure_devices, &mut cut_by_time)?;
     let (end_data, end_log) = devices.stats();
+    let remap1 = devices.remap_stats();
     let pool1 = db.pool().stats();
     pb.finish_and_clear();
     let used_end = used_pages(&db)?;
@@ -271,6 +307,8 @@ pub(super) fn run_fill(a: &WafArgs, placement: PlacementMode, image: &Image) -> 
         workload: WafWorkload::Tpcc,
         fill,
         placement,
+        mode,
+        remap: remap_since(&remap1, &remap0),
         device_pages,
         used_start,
         used_end,

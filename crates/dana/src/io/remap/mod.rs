@@ -79,14 +79,18 @@ const ENTRY_BYTES: usize = 16;
 const NO_PAGE: u64 = u64::MAX;
 /// Summary slots at the head of each data segment.
 const SUMMARY_SLOTS: u64 = 2;
-/// The open segments: one per placement class, and the collection's.
-const OPEN_SEGMENTS: usize = super::placement::PLACEMENTS.len() + 1;
+/// The open segments: one per placement class (the collection's copies
+/// are [`Placement::Collected`]).
+const OPEN_SEGMENTS: usize = super::placement::PLACEMENTS.len();
 /// The collection's open segment.
-const GC_STREAM: usize = OPEN_SEGMENTS - 1;
+const GC_STREAM: usize = Placement::Collected.index() as usize;
 /// Free segments kept for the collection: writes of the engine wait when
 /// only these are left.
 const GC_RESERVE: usize = 2;
-/// Segments a run of the collection frees at most before it returns.
+/// How long the collection waits for reads in flight on other workers'
+/// queues that pin the segments it emptied.
+const PIN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+/// Segments a run of the collection frees beyond what it was asked for.
 const GC_BATCH: usize = 4;
 
 /// How an out-of-place device is cut.
@@ -169,6 +173,8 @@ struct Segment {
     dirty: bool,
     /// The summary slot its next summary goes to (0 or 1).
     summary_slot: u8,
+    /// The open-segment stream it was opened for.
+    stream: u8,
 }
 
 impl Segment {
@@ -182,6 +188,7 @@ impl Segment {
             entries: vec![(NO_PAGE, 0); slots],
             dirty: false,
             summary_slot: 0,
+            stream: 0,
         }
     }
 }
@@ -195,6 +202,8 @@ pub struct RemapStats {
     pub gc_copies: u64,
     /// Segments freed.
     pub segments_freed: u64,
+    /// Freed segments the device was told to trim.
+    pub segments_trimmed: u64,
     /// Summary pages written.
     pub summary_writes: u64,
     /// Barriers run.
@@ -478,26 +487,23 @@ impl Remap {
         seg.readers -= 1;
     }
 
-    /// Hands out a fresh slot for a write of class `placement`; runs the
-    /// collection when only its reserve of free segments is left.
-    pub(crate) fn write_slot(&self, placement: Placement) -> Result<SlotWrite> {
+    /// Hands out a fresh slot for a write of class `placement`, or None
+    /// when only the collection's reserve of free segments is left: the
+    /// caller then lets its own reads in flight end (they pin their
+    /// segments) and runs [`Remap::collect`].
+    pub(crate) fn write_slot(&self, placement: Placement) -> Option<SlotWrite> {
         let stream = placement_stream(placement);
-        // Bounded: each round either hands a slot out or frees at least one
-        // segment (the collection fails when it cannot).
-        for _ in 0..self.segments + 2 {
-            {
-                let mut st = self.lock();
-                if let Some(slot) = self.take_slot(&mut st, stream, GC_RESERVE) {
-                    st.stats.page_writes += 1;
-                    return Ok(SlotWrite { slot });
-                }
-                st.stats.write_stalls += 1;
+        let mut st = self.lock();
+        match self.take_slot(&mut st, stream, GC_RESERVE) {
+            Some(slot) => {
+                st.stats.page_writes += 1;
+                Some(SlotWrite { slot })
             }
-            self.collect(1)?;
+            None => {
+                st.stats.write_stalls += 1;
+                None
+            }
         }
-        Err(Error::NoSpace(
-            "out-of-place device: the collection frees no segment".into(),
-        ))
     }
 
     /// A slot of stream `stream`'s open segment, opening a free one (if
@@ -535,6 +541,7 @@ impl Remap {
         seg.pending = 0;
         seg.entries.fill((NO_PAGE, 0));
         seg.dirty = true;
+        seg.stream = stream as u8;
         st.open[stream] = Some(s);
         self.take_slot(st, stream, reserve)
     }
@@ -600,7 +607,12 @@ impl Remap {
                 let slot = seg.summary_slot;
                 seg.summary_slot ^= 1;
                 let mut buf = self.page_buf()?;
-                encode_summary(&mut buf, s as u32, version, &seg.entries);
+                let head = SummaryHead {
+                    segment: s as u32,
+                    stream: seg.stream,
+                    version,
+                };
+                encode_summary(&mut buf, head, &seg.entries[..seg.next as usize]);
                 let at = ((s as u64 + 1) * self.seg_pages() + slot as u64)
                     * self.config.page_size as u64;
                 out.push((s, at, buf));
@@ -625,39 +637,86 @@ impl Remap {
             }
             return Err(e);
         }
+        // Free (not yet in the free list, so nobody opens them before
+        // their trim).
+        let mut freed = Vec::new();
         for s in 0..st.segments.len() {
             let seg = &st.segments[s];
             if let Life::Dying { barrier } = seg.life {
                 if barrier < started && seg.readers == 0 && seg.pending == 0 && seg.live == 0 {
                     st.segments[s].life = Life::Free;
-                    st.free.push_back(s as u32);
-                    st.stats.segments_freed += 1;
+                    freed.push(s as u32);
                 }
             }
         }
+        drop(st);
+        // Trimmed whole, summaries too (an old summary that reads as zeros
+        // is no summary): the device's collection never copies a dead
+        // segment. Advice: a failed trim frees the segment all the same.
+        let seg_bytes = self.seg_pages() * self.config.page_size as u64;
+        let mut trimmed = 0;
+        for &s in &freed {
+            if self
+                .inner
+                .discard((s as u64 + 1) * seg_bytes, seg_bytes)
+                .is_ok()
+            {
+                trimmed += 1;
+            }
+        }
+        let mut st = self.lock();
+        st.stats.segments_freed += freed.len() as u64;
+        st.stats.segments_trimmed += trimmed;
+        st.free.extend(freed);
         Ok(())
     }
 
-    /// Frees at least `want` segments (up to four a run) by copying
+    /// Frees at least `want` segments (a few more when it can) by copying
     /// the live slots of the closed segments with the fewest out, then a
     /// barrier. Blocking.
     pub fn collect(&self, want: usize) -> Result<()> {
         let mut q = self.own_queue();
         let q = &mut **q;
         let goal = GC_RESERVE + want.max(1);
-        for _ in 0..GC_BATCH.max(want) {
-            if self.lock().free.len() >= goal {
+        let enough = goal + GC_BATCH;
+        // Segments already dead need only a barrier.
+        if self.dying() > 0 {
+            self.barrier_on(q)?;
+        }
+        // Bounded: each pass empties a segment or frees the emptied ones;
+        // a segment another worker's read still pins is waited for, up
+        // to PIN_PATIENCE.
+        let started = std::time::Instant::now();
+        for _ in 0..2 * self.segments {
+            let free = self.lock().free.len();
+            let dying = self.dying();
+            if free >= goal && dying == 0 {
                 break;
             }
-            // Segments already dead need only a barrier.
-            self.barrier_on(q)?;
-            if self.lock().free.len() >= goal {
-                break;
+            // The emptied segments are freed by a barrier once there are
+            // enough, or before the copies run out of room.
+            if dying > 0 && (free + dying >= enough || free <= 1) {
+                self.barrier_on(q)?;
+                let now = self.lock().free.len();
+                if now >= goal {
+                    break;
+                }
+                if now <= 1 && now == free {
+                    // Every emptied segment is pinned by a read in flight
+                    // on another worker's queue: give it time to end.
+                    if started.elapsed() > PIN_PATIENCE {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+                continue;
             }
             let Some(victim) = self.pick_victim() else {
                 break;
             };
             self.copy_out(q, victim)?;
+        }
+        if self.dying() > 0 {
             self.barrier_on(q)?;
         }
         if self.lock().free.len() > GC_RESERVE {
@@ -669,6 +728,15 @@ impl Remap {
                 self.segments
             )))
         }
+    }
+
+    /// Segments waiting for a barrier to be freed.
+    fn dying(&self) -> usize {
+        self.lock()
+            .segments
+            .iter()
+            .filter(|g| matches!(g.life, Life::Dying { .. }))
+            .count()
     }
 
     /// The closed segment with the fewest live slots, if any has a dead
@@ -731,7 +799,7 @@ impl Remap {
             .zip(bufs)
             .map(|(&(_, _, to), b)| (to * page as u64, b));
         if result.is_ok() {
-            result = write_all_bufs(q, writes.collect());
+            result = write_all_bufs(q, writes.collect(), Placement::Collected);
         }
         for &(p, from, to) in &moves {
             self.write_done(p, to, result.is_ok(), Some(from));
@@ -791,10 +859,28 @@ impl Remap {
         st.clock = clock;
         st.free.clear();
         let slots = self.data_slots();
+        // Per stream, the newest segment it had not filled: it goes on
+        // taking that stream's writes after the slots its summary lists
+        // (the device's erase blocks stay aligned with the segments).
+        let mut resume: [Option<(u64, usize)>; OPEN_SEGMENTS] = [None; OPEN_SEGMENTS];
+        for (s, b) in best.iter().enumerate() {
+            if let Some((summary, _)) = b {
+                let stream = summary.stream as usize;
+                if summary.entries.len() < slots
+                    && stream < OPEN_SEGMENTS
+                    && resume[stream].is_none_or(|(v, _)| summary.version > v)
+                {
+                    resume[stream] = Some((summary.version, s));
+                }
+            }
+        }
+        let mut next = vec![slots as u32; st.segments.len()];
         for (s, b) in best.into_iter().enumerate() {
             let seg = &mut st.segments[s];
             match b {
                 Some((summary, slot)) => {
+                    next[s] = summary.entries.len() as u32;
+                    seg.stream = summary.stream;
                     seg.entries = summary.entries;
                     seg.entries.resize(slots, (NO_PAGE, 0));
                     seg.summary_slot = slot ^ 1;
@@ -816,6 +902,15 @@ impl Remap {
                 st.free.push_back(s as u32);
             } else {
                 seg.life = Life::Closed;
+            }
+        }
+        for (stream, r) in resume.iter().enumerate() {
+            let Some((_, s)) = *r else { continue };
+            let seg = &mut st.segments[s];
+            if seg.life == Life::Closed {
+                seg.life = Life::Open;
+                seg.next = next[s];
+                st.open[stream] = Some(s as u32);
             }
         }
         Ok(())
@@ -863,14 +958,24 @@ fn decode_label(b: &[u8]) -> Result<(RemapConfig, u64)> {
     Ok((config, pages))
 }
 
+/// What a summary says besides its entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SummaryHead {
+    segment: u32,
+    stream: u8,
+    version: u64,
+}
+
 /// Summary layout: magic (8), crc32c of bytes 12.. (4), segment (4),
-/// count (8), version (8), then `count` entries (logical page, stamp).
-fn encode_summary(b: &mut [u8], segment: u32, version: u64, entries: &[(u64, u64)]) {
+/// count (4), stream (4), version (8), then `count` entries (logical
+/// page, stamp): the slots handed out so far.
+fn encode_summary(b: &mut [u8], head: SummaryHead, entries: &[(u64, u64)]) {
     b.fill(0);
     b[..8].copy_from_slice(SUMMARY_MAGIC);
-    b[12..16].copy_from_slice(&segment.to_le_bytes());
-    b[16..24].copy_from_slice(&(entries.len() as u64).to_le_bytes());
-    b[24..32].copy_from_slice(&version.to_le_bytes());
+    b[12..16].copy_from_slice(&head.segment.to_le_bytes());
+    b[16..20].copy_from_slice(&(entries.len() as u32).to_le_bytes());
+    b[20..24].copy_from_slice(&u32::from(head.stream).to_le_bytes());
+    b[24..32].copy_from_slice(&head.version.to_le_bytes());
     for (i, &(p, s)) in entries.iter().enumerate() {
         let o = SUMMARY_HEADER + i * ENTRY_BYTES;
         b[o..o + 8].copy_from_slice(&p.to_le_bytes());
@@ -884,6 +989,7 @@ fn encode_summary(b: &mut [u8], segment: u32, version: u64, entries: &[(u64, u64
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Summary {
     segment: u32,
+    stream: u8,
     version: u64,
     /// Per data slot: (logical page or NO_PAGE, stamp).
     entries: Vec<(u64, u64)>,
@@ -899,8 +1005,10 @@ fn decode_summary(b: &[u8], slots: usize) -> Option<Summary> {
     if crc != crc32c::crc32c(&b[12..]) {
         return None;
     }
-    let segment = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes"));
-    let count = u64_at(16) as usize;
+    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+    let segment = u32_at(12);
+    let count = u32_at(16) as usize;
+    let stream = u8::try_from(u32_at(20)).ok()?;
     if count > slots || SUMMARY_HEADER + count * ENTRY_BYTES > b.len() {
         return None;
     }
@@ -913,6 +1021,7 @@ fn decode_summary(b: &[u8], slots: usize) -> Option<Summary> {
         .collect();
     Some(Summary {
         segment,
+        stream,
         version,
         entries,
     })
@@ -1007,16 +1116,19 @@ fn read_all(q: &mut dyn IoQueue, reads: Vec<(u64, IoBuf)>) -> Result<Vec<IoBuf>>
     )
 }
 
+/// Writes summaries (unsorted: rewritten at every barrier, apart from
+/// the segments' data).
 fn write_all(q: &mut dyn IoQueue, writes: impl Iterator<Item = (u64, AlignedBuf)>) -> Result<()> {
-    write_all_bufs(q, writes.map(|(at, b)| (at, IoBuf::owned(b))).collect())
+    let writes = writes.map(|(at, b)| (at, IoBuf::owned(b))).collect();
+    write_all_bufs(q, writes, Placement::Unsorted)
 }
 
-fn write_all_bufs(q: &mut dyn IoQueue, writes: Vec<(u64, IoBuf)>) -> Result<()> {
+fn write_all_bufs(q: &mut dyn IoQueue, writes: Vec<(u64, IoBuf)>, class: Placement) -> Result<()> {
     run_all(
         q,
         writes
             .into_iter()
-            .map(|(at, b)| Request::write(0, at, b).placed(Placement::Cold))
+            .map(|(at, b)| Request::write(0, at, b).placed(class))
             .collect(),
     )
     .map(|_| ())

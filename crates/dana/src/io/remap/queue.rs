@@ -153,7 +153,7 @@ impl RemapQueue {
             let logical = first + i as u64;
             let slot = match op {
                 OpKind::Read => self.remap.read_slot(logical),
-                _ => Some(self.remap.write_slot(placement)?.slot),
+                _ => Some(self.fresh_slot(placement)?),
             };
             let pr = self.parents[p].as_mut().expect("a live parent");
             pr.slots.push(slot.unwrap_or(NO_PAGE));
@@ -170,6 +170,38 @@ impl RemapQueue {
             };
             self.parents[p].as_mut().expect("a live parent").pending += 1;
             self.backlog.push_back(req);
+        }
+        Ok(())
+    }
+
+    /// A fresh slot for a write; when the free segments run low, lets
+    /// this queue's requests in flight end (its reads pin their segments,
+    /// and nobody else reaps them while this worker collects), then runs
+    /// the collection.
+    fn fresh_slot(&mut self, placement: Placement) -> Result<u64> {
+        // Bounded: each round hands a slot out or the collection frees a
+        // segment (it fails when it cannot).
+        for _ in 0..=self.remap.segments() {
+            if let Some(w) = self.remap.write_slot(placement) {
+                return Ok(w.slot);
+            }
+            self.settle()?;
+            self.remap.collect(1)?;
+        }
+        Err(Error::NoSpace(
+            "out-of-place device: the collection frees no segment".into(),
+        ))
+    }
+
+    /// Waits until every sub-request this queue sent has completed, and
+    /// takes the completions in.
+    fn settle(&mut self) -> Result<()> {
+        self.feed();
+        // Bounded: each pass waits for at least one completion.
+        while self.inner.in_flight() + self.inner.queued() > 0 || !self.backlog.is_empty() {
+            self.inner.submit()?;
+            self.inner.wait(1, None)?;
+            self.pump();
         }
         Ok(())
     }
@@ -208,7 +240,7 @@ impl RemapQueue {
             if let Err(e) = c.result {
                 pr.error.get_or_insert(e);
             }
-            if pr.slots.len() == 1 {
+            if pr.len as u64 == page {
                 pr.buf = c.buf;
             } else {
                 // A page of the shared region: released before the region
@@ -280,7 +312,9 @@ impl IoQueue for RemapQueue {
         self.outstanding += 1;
         self.queued += 1;
         if req.op == OpKind::Flush {
-            let result = self.remap.barrier().map(|_| 0);
+            // This queue's reads in flight could pin segments a collection
+            // on another worker waits for while this one waits for it.
+            let result = self.settle().and_then(|_| self.remap.barrier()).map(|_| 0);
             self.free.push(p);
             self.ready.push_back(Completion {
                 tag: req.tag,
@@ -304,10 +338,17 @@ impl IoQueue for RemapQueue {
             pending: 0,
             error: None,
         });
-        if let Err(e) = self.dispatch(p) {
-            self.parents[p].as_mut().expect("a live parent").error = Some(e);
+        // Held while its pages are dispatched: a collection on the way
+        // reaps this queue's completions, and must not finish the parent
+        // before all its pages went out.
+        self.parents[p].as_mut().expect("a live parent").pending = 1;
+        let dispatched = self.dispatch(p);
+        let pr = self.parents[p].as_mut().expect("a live parent");
+        if let Err(e) = dispatched {
+            pr.error.get_or_insert(e);
         }
-        if self.parents[p].as_ref().is_some_and(|pr| pr.pending == 0) {
+        pr.pending -= 1;
+        if pr.pending == 0 {
             self.finish(p);
         }
         Ok(())

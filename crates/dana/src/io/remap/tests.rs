@@ -120,6 +120,10 @@ fn overwrites_move_pages_and_the_collection_frees_segments() {
     }
     let s = r.stats();
     assert!(s.gc_copies > 0 && s.segments_freed > 40, "{s:?}");
+    assert_eq!(
+        s.segments_trimmed, s.segments_freed,
+        "every freed segment trimmed"
+    );
     assert_eq!(r.mapped_pages(), model.len() as u64);
     // Reopened from its summaries alone: the same pages.
     flush_q(&mut q);
@@ -293,9 +297,15 @@ fn requests_past_the_offered_size_are_refused() {
 fn summaries_round_trip_and_reject_damage() {
     let mut b = vec![0u8; PAGE];
     let entries = vec![(3, 10), (NO_PAGE, 0), (7, 12)];
-    encode_summary(&mut b, 5, 99, &entries);
+    let head = SummaryHead {
+        segment: 5,
+        stream: 2,
+        version: 99,
+    };
+    encode_summary(&mut b, head, &entries);
     let want = Summary {
         segment: 5,
+        stream: 2,
         version: 99,
         entries,
     };
