@@ -236,6 +236,13 @@ pub(crate) async fn destroy(pool: &Arc<BufferPool>, root: u64) -> Result<()> {
 /// Frees `child`, the child at `slot` of inner node `pid`, in one group
 /// with the zeroing of the pointer to it.
 async fn free_child(pool: &BufferPool, pid: u64, slot: ChildSlot, child: u64) -> Result<()> {
+    // Room in the log for the group (the parent, the child, the map and
+    // meta pages), taken before any latch: a large tree's drop must not
+    // outrun the checkpoints (without it, a drop many times the log
+    // filled it past what a checkpoint could free, and the log and the
+    // close's checkpoint waited for each other: `tests/wal.rs`, about 1 run
+    // in 20 under load).
+    let _room = pool.admit_log(4).await?;
     let mut m = pool.lock_space().await?;
     let mut par = pool.fix_exclusive(pid).await?;
     let mut c = pool.fix_exclusive(child).await?;
