@@ -1531,18 +1531,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         let dir = kill_dir(args)?;
         let started = Instant::now();
         let k = kill_cycles(&dir, args.seed, args.kills, args.tasks).map_err(CliError)?;
-        println!(
-            "kill -9, out of place: {} cycles ({} async, {} killed while opening), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied in {:.1} s",
-            k.runs,
-            k.async_runs,
-            k.early_kills,
-            args.tasks,
-            k.judged.required,
-            k.judged.found,
-            k.judged.lost(),
-            k.judged.doubts_applied,
-            started.elapsed().as_secs_f64()
-        );
+        print_kills("kill -9, out of place", &k, args.tasks, started);
         if args.dir.is_none() {
             let _ = std::fs::remove_dir_all(&dir);
         }
@@ -1645,19 +1634,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         let started = Instant::now();
         let k = kill_cycles(&dir, args.seed, args.kills, args.tasks).map_err(CliError)?;
         lost += k.judged.lost();
-        println!(
-            "kill -9: {} cycles ({} async, {} with the log flushed by write + fdatasync, {} killed while opening), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied in {:.1} s",
-            k.runs,
-            k.async_runs,
-            k.log_sync_runs,
-            k.early_kills,
-            args.tasks,
-            k.judged.required,
-            k.judged.found,
-            k.judged.lost(),
-            k.judged.doubts_applied,
-            started.elapsed().as_secs_f64()
-        );
+        print_kills("kill -9", &k, args.tasks, started);
         if args.dir.is_none() {
             let _ = std::fs::remove_dir_all(&dir);
         }
@@ -1669,6 +1646,23 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         )));
     }
     lost_is_failure(lost, false)
+}
+
+/// Prints the counts of a run of kill -9 cycles, as `label: ...`.
+fn print_kills(label: &str, k: &Totals, tasks: u64, started: Instant) {
+    println!(
+        "{label}: {} cycles ({} async, {} with the log flushed by write + fdatasync, {} killed while opening), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied in {:.1} s",
+        k.runs,
+        k.async_runs,
+        k.log_sync_runs,
+        k.early_kills,
+        tasks,
+        k.judged.required,
+        k.judged.found,
+        k.judged.lost(),
+        k.judged.doubts_applied,
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// `dana crashtest --mirrored`: the kill -9 cycles on mirrored files,
