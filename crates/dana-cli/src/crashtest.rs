@@ -1142,10 +1142,13 @@ fn kill_options(durability: Durability, log_sync: bool) -> Options {
     } else {
         Options::default()
     };
-    let o = if out_of_place() {
-        o.write_mode(dana::WriteMode::OutOfPlace)
+    // Out of place, a file small enough (12 MiB: ~1,800 pages for the
+    // engine, 23 segments) that the children's page writes wrap it many
+    // times: the collection runs under the kills.
+    let (o, capacity) = if out_of_place() {
+        (o.write_mode(dana::WriteMode::OutOfPlace), 12 << 20)
     } else {
-        o
+        (o, 64 << 20)
     };
     o.log_flush_block(log_flush_block())
         .log_flushes_in_flight(log_flushes_in_flight())
@@ -1155,7 +1158,7 @@ fn kill_options(durability: Durability, log_sync: bool) -> Options {
             Options::default().log_write_through_max_value()
         })
         .pool_bytes(64 * 4096)
-        .capacity_bytes(64 << 20)
+        .capacity_bytes(capacity)
         .log_bytes(4 << 20)
         .workers(2)
         // One log per worker: kill -9 across logs that become durable
