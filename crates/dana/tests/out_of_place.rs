@@ -213,3 +213,68 @@ fn acknowledged_commits_survive_power_cuts() {
         db.close().unwrap();
     }
 }
+
+/// `Options::write_mode(OutOfPlace)` through `Db::open`: what it refuses,
+/// clearly and leaving nothing behind, and what it keeps (the lock, the
+/// mode across opens without the option).
+#[test]
+fn out_of_place_files_refuse_what_they_cannot_do() {
+    use dana::{Error, WriteMode};
+    let oop = || {
+        Options::default()
+            .pool_bytes(4 << 20)
+            .write_mode(WriteMode::OutOfPlace)
+    };
+    let refused = |r: dana::Result<Db>| match r {
+        Ok(_) => panic!("opened"),
+        Err(e) => e,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let err = refused(Db::open(dir.path(), oop()));
+    assert!(err.to_string().contains("capacity_bytes"), "{err}");
+    let err = refused(Db::open(
+        dir.path(),
+        oop().capacity_bytes(64 << 20).mirrored(),
+    ));
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    // Too small for the segments it needs: refused, no file left.
+    let err = refused(Db::open(dir.path(), oop().capacity_bytes(1 << 20)));
+    assert!(err.to_string().contains("segments"), "{err}");
+    assert!(
+        !dir.path().join("dana.0").exists(),
+        "a refused create leaves no file"
+    );
+    // Created at its capacity; a second open waits for the lock in vain.
+    let db = Db::open(dir.path(), oop().capacity_bytes(16 << 20)).unwrap();
+    let len = std::fs::metadata(dir.path().join("dana.0")).unwrap().len();
+    assert_eq!(len, 16 << 20, "created whole: it does not grow");
+    let err = refused(Db::open(dir.path(), Options::default()));
+    assert!(matches!(err, Error::Locked { .. }), "{err}");
+    // It fills up with a clear error, not a hang or a panic, and keeps
+    // what it acknowledged.
+    let t = db.create_tree("t").unwrap();
+    let mut stored = 0u64;
+    let full = loop {
+        let r = db.transaction(|tx| {
+            for j in 0..50 {
+                let i = stored * 50 + j;
+                tx.put(&t, &key(i), &value(i, 0))?;
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) => stored += 1,
+            Err(e) => break e,
+        }
+        assert!(stored < 10_000, "16 MiB never filled");
+    };
+    assert!(matches!(full, Error::NoSpace(_)), "{full}");
+    db.close().unwrap();
+    let db = Db::open(dir.path(), Options::default().pool_bytes(4 << 20)).unwrap();
+    let t = db.tree("t").unwrap();
+    for i in 0..stored * 50 {
+        assert_eq!(t.get(&key(i)).unwrap(), Some(value(i, 0)), "key {i}");
+    }
+    assert!(db.check().unwrap().is_ok());
+    db.close().unwrap();
+}
