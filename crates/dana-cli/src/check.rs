@@ -98,6 +98,18 @@ struct JsonReport<'a> {
     trees: Vec<JsonTree<'a>>,
     findings: Vec<JsonFinding<'a>>,
     mirrors: Vec<JsonMirror>,
+    out_of_place: Vec<JsonOutOfPlace>,
+}
+
+/// One out-of-place data device's segments, for JSON.
+#[derive(Serialize, Debug)]
+struct JsonOutOfPlace {
+    device: usize,
+    segments: u64,
+    segment_pages: u32,
+    free_segments: usize,
+    mapped_pages: u64,
+    offered_pages: u64,
 }
 
 /// One mirrored device's comparison, for JSON.
@@ -146,6 +158,18 @@ fn json(path: &Path, r: &CheckReport) -> CliResult<String> {
                 states: m.states.iter().map(|s| format!("{s:?}")).collect(),
                 pages_compared: m.pages_compared,
                 divergent_pages: m.divergent.iter().map(|d| d.0).collect(),
+            })
+            .collect(),
+        out_of_place: r
+            .out_of_place
+            .iter()
+            .map(|o| JsonOutOfPlace {
+                device: o.device,
+                segments: o.segments,
+                segment_pages: o.segment_pages,
+                free_segments: o.free_segments,
+                mapped_pages: o.mapped_pages,
+                offered_pages: o.offered_pages,
             })
             .collect(),
     };
@@ -279,6 +303,17 @@ pub fn run_inspect(args: &CheckArgs) -> CliResult<()> {
     );
     for m in &r.mirrors {
         println!("mirror       {}", mirror_line(m));
+    }
+    for o in &r.out_of_place {
+        println!(
+            "out of place device {}: {} segments of {} pages, {} free; {} of {} pages mapped",
+            o.device,
+            num(o.segments as f64, 0),
+            o.segment_pages,
+            num(o.free_segments as f64, 0),
+            num(o.mapped_pages as f64, 0),
+            num(o.offered_pages as f64, 0)
+        );
     }
     if r.is_ok() {
         println!("check        clean");

@@ -249,6 +249,26 @@ pub struct CheckReport {
     /// What the comparison of every mirrored device's copies found (empty
     /// without mirrors).
     pub mirrors: Vec<MirrorCheck>,
+    /// Every out-of-place data device's segments (empty for in-place
+    /// files).
+    pub out_of_place: Vec<OutOfPlaceSummary>,
+}
+
+/// The state of one out-of-place data device ([`crate::io::remap`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfPlaceSummary {
+    /// The data device's index.
+    pub device: usize,
+    /// Data segments.
+    pub segments: u64,
+    /// Pages per segment (its two summary pages included).
+    pub segment_pages: u32,
+    /// Segments free now.
+    pub free_segments: usize,
+    /// Logical pages that hold a version.
+    pub mapped_pages: u64,
+    /// Logical pages the device offers the engine.
+    pub offered_pages: u64,
 }
 
 /// The comparison of one mirrored data device's copies, page by page, or
@@ -957,6 +977,23 @@ pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
         lost_pages,
         findings: c.findings,
         mirrors: Vec::new(),
+        out_of_place: pool
+            .array()
+            .targets()
+            .iter()
+            .enumerate()
+            .filter_map(|(device, t)| match t {
+                crate::io::Target::Remap(r) => Some(OutOfPlaceSummary {
+                    device,
+                    segments: r.segments(),
+                    segment_pages: r.config().segment_pages,
+                    free_segments: r.free_segments(),
+                    mapped_pages: r.mapped_pages(),
+                    offered_pages: r.size() / pool.page_size() as u64,
+                }),
+                _ => None,
+            })
+            .collect(),
     })
 }
 
