@@ -486,6 +486,10 @@ impl Mirror {
 
     /// Publishes the masks of `states` for the queues' lock-free checks.
     fn publish(&self, states: &[CopyState]) {
+        // The count first: a queue that reads a new mask then reads a new
+        // count, and reopens its copies' queues before it uses the mask
+        // (`queue.rs`, `dispatch_write`).
+        self.seq.fetch_add(1, Ordering::SeqCst);
         let mask = |f: &dyn Fn(CopyState) -> bool| {
             states
                 .iter()
@@ -501,7 +505,6 @@ impl Mirror {
             mask(&|s| matches!(s, CopyState::Rebuilding { .. })),
             Ordering::SeqCst,
         );
-        self.seq.fetch_add(1, Ordering::SeqCst);
     }
 
     /// What the group holds.
@@ -803,8 +806,25 @@ impl Mirror {
 
     /// Sets copy `c`'s state and records it durably (rebuild steps).
     fn set_state(self: &Arc<Self>, c: usize, state: CopyState) -> Result<()> {
+        self.set_state_if(c, state, |_| true)
+    }
+
+    /// [`Mirror::set_state`] only while copy `c`'s state passes `when`
+    /// (checked and changed under one lock); else an error naming it.
+    fn set_state_if(
+        self: &Arc<Self>,
+        c: usize,
+        state: CopyState,
+        when: impl Fn(CopyState) -> bool,
+    ) -> Result<()> {
         let states = {
             let mut s = self.lock();
+            if !when(s.states[c]) {
+                return Err(Error::Mirror(format!(
+                    "{} copy {c} is {:?}: not moved to {state:?}",
+                    self.role, s.states[c]
+                )));
+            }
             s.states[c] = state;
             s.generation += 1;
             self.generation.store(s.generation, Ordering::SeqCst);

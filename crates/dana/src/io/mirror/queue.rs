@@ -166,6 +166,17 @@ struct CopyQueue {
     queue: Option<Box<dyn IoQueue>>,
     /// [`super::State::replaced`] of the device the queue is on.
     replaced: u64,
+    /// The copy's device was replaced and this queue, still on the old
+    /// one, could not be reopened yet (requests in flight): nothing may go
+    /// to it.
+    stale: bool,
+}
+
+impl CopyQueue {
+    /// The queue, if requests may go to it.
+    fn usable(&self) -> bool {
+        self.queue.is_some() && !self.stale
+    }
 }
 
 /// A worker's queue to a mirrored group.
@@ -208,6 +219,7 @@ impl MirrorQueue {
                 .map(|_| CopyQueue {
                     queue: None,
                     replaced: 0,
+                    stale: false,
                 })
                 .collect(),
             eventfd: None,
@@ -245,12 +257,17 @@ impl MirrorQueue {
             (s.states.clone(), s.targets.clone(), s.replaced.clone())
         };
         for c in 0..self.copies.len() {
-            let cq = &self.copies[c];
-            let stale = cq.replaced != replaced[c];
+            let cq = &mut self.copies[c];
+            let stale = cq.queue.is_some() && cq.replaced != replaced[c];
+            cq.stale = stale;
             let busy = cq
                 .queue
                 .as_ref()
                 .is_some_and(|q| q.in_flight() + q.queued() > 0);
+            if busy && stale {
+                // Reopened once its requests are in: look again then.
+                self.seq = u64::MAX;
+            }
             if !states[c].writable() || (cq.queue.is_some() && !stale) || busy {
                 continue;
             }
@@ -261,6 +278,7 @@ impl MirrorQueue {
                 Ok(q) => {
                     self.copies[c].queue = Some(q);
                     self.copies[c].replaced = replaced[c];
+                    self.copies[c].stale = false;
                 }
                 Err(e) => {
                     self.copies[c].queue = None;
@@ -313,7 +331,7 @@ impl MirrorQueue {
         let readable = self.mirror.readable.load(Ordering::SeqCst);
         (0..self.copies.len())
             .filter(|&c| readable & (1 << c) != 0 && tried & (1 << c) == 0)
-            .filter(|&c| self.copies[c].queue.is_some())
+            .filter(|&c| self.copies[c].usable())
             .min_by_key(|&c| {
                 // Ties alternate by block, so equal loads spread.
                 let load = self.mirror.in_flight[c].load(Ordering::Relaxed);
@@ -327,7 +345,7 @@ impl MirrorQueue {
     fn holders(&self, offset: u64, len: usize) -> Vec<usize> {
         let s = self.mirror.lock();
         (0..self.copies.len())
-            .filter(|&c| self.copies[c].queue.is_some())
+            .filter(|&c| self.copies[c].usable())
             .filter(|&c| match s.states[c] {
                 CopyState::Healthy => true,
                 CopyState::Rebuilding { done } => offset + len as u64 <= done,
@@ -410,12 +428,36 @@ impl MirrorQueue {
     /// since the rebuild waits for the registered writes before it
     /// releases the range.
     fn dispatch_write(&mut self, p: usize) {
+        // The masks are published after the change count moves
+        // (`Mirror::publish`): a mask read here that names a copy made
+        // writable by a change is followed by a count that shows the
+        // change, so the queues are reopened before the copy is written.
         let mut writable = self.mirror.writable.load(Ordering::SeqCst);
+        for _ in 0..4 {
+            if self.mirror.seq.load(Ordering::SeqCst) == self.seq {
+                break;
+            }
+            self.refresh();
+            writable = self.mirror.writable.load(Ordering::SeqCst);
+        }
         if let Some(c) = parent!(self, p).only {
             writable &= 1 << c;
         }
+        // A writable copy without a usable queue cannot take this write: it
+        // fails, rather than miss the write and later pass for a copy that
+        // holds it (a rebuild that saw it fail starts over).
+        for c in 0..self.copies.len() {
+            if writable & (1 << c) != 0 && !self.copies[c].usable() {
+                let e = Error::Mirror(format!(
+                    "{} copy {c}: no queue to its device",
+                    self.mirror.role
+                ));
+                self.mirror.fail_copy(c, &e);
+                writable &= !(1 << c);
+            }
+        }
         let targets: Vec<usize> = (0..self.copies.len())
-            .filter(|&c| writable & (1 << c) != 0 && self.copies[c].queue.is_some())
+            .filter(|&c| writable & (1 << c) != 0)
             .collect();
         if targets.is_empty() {
             let pr = parent!(self, p);
@@ -489,7 +531,7 @@ impl MirrorQueue {
         let writable = self.mirror.writable.load(Ordering::SeqCst);
         for (p, c, req) in std::mem::take(&mut self.deferred) {
             parent!(self, p).pending -= 1;
-            if writable & (1 << c) == 0 || self.copies[c].queue.is_none() {
+            if writable & (1 << c) == 0 || !self.copies[c].usable() {
                 // The copy failed meanwhile: the write is done without it.
                 self.settle(p);
                 continue;

@@ -123,6 +123,12 @@ impl Mirror {
             if done >= size {
                 break;
             }
+            if !is_rebuilding(self.states()[c]) {
+                return Err(Error::Mirror(format!(
+                    "{} copy {c} failed during its rebuild",
+                    self.role
+                )));
+            }
             let hi = (done + RANGE).min(size);
             {
                 let _fence = self.fence_range(done, hi)?;
@@ -148,11 +154,10 @@ impl Mirror {
             self.fail_copy(c, &e);
             return Err(e);
         }
-        {
-            let mut s = self.lock();
-            s.failures[c] = None;
-        }
-        self.set_state(c, CopyState::Healthy)?;
+        // Healthy only if nothing failed the copy meanwhile (a write it
+        // could not take): else its bytes may lack that write.
+        self.set_state_if(c, CopyState::Healthy, is_rebuilding)?;
+        self.lock().failures[c] = None;
         Ok(RebuildReport {
             role: self.role,
             copy: c,
@@ -280,8 +285,13 @@ impl Mirror {
             self.fail_copy(c, &e);
             return Err(e);
         }
-        self.set_state(c, CopyState::Rebuilding { done })
+        self.set_state_if(c, CopyState::Rebuilding { done }, is_rebuilding)
     }
+}
+
+/// True for a copy being rebuilt (not failed meanwhile).
+fn is_rebuilding(s: CopyState) -> bool {
+    matches!(s, CopyState::Rebuilding { .. })
 }
 
 /// True if the open device `d` is the file `m` describes (not replaced

@@ -274,10 +274,21 @@ fn a_rebuild_under_concurrent_writes_ends_with_identical_copies() {
         write(&mut q, i * 4096, &block(10_000 + i, 7)).unwrap();
     }
     let len = (BLOCKS * 4096) as usize;
-    assert!(
-        on_disk(&d[0], 0, len) == on_disk(&fresh, 0, len),
-        "copies differ after the rebuild"
-    );
+    let (a, b) = (on_disk(&d[0], 0, len), on_disk(&fresh, 0, len));
+    for i in 0..BLOCKS as usize {
+        let (x, y) = (&a[i * 4096..(i + 1) * 4096], &b[i * 4096..(i + 1) * 4096]);
+        if x != y {
+            let lsn = |z: &[u8]| u64::from_le_bytes(z[8..16].try_into().unwrap());
+            eprintln!(
+                "DIFF block {i}: healthy lsn {} fill {}, rebuilt lsn {} fill {}",
+                lsn(x),
+                x[20],
+                lsn(y),
+                y[20]
+            );
+        }
+    }
+    assert!(a == b, "copies differ after the rebuild");
     let l = read_label(&Target::Sim(fresh)).unwrap().unwrap();
     assert_eq!(l.states, vec![CopyState::Healthy; 2]);
 }
