@@ -806,7 +806,7 @@ fn run_fill(a: &WafArgs, setup: Setup) -> CliResult<FillRun> {
         fill,
         placement,
         mode,
-        remap: remap_since(&remap1, &remap0),
+        remap: remap1.since(&remap0),
         device_pages,
         used_start: used,
         used_end,
@@ -888,19 +888,6 @@ impl Window {
             page_writes_per_update: d.host_pages as f64 / self.writes.max(1) as f64,
             hot_share: self.hot_writebacks as f64 / self.writebacks.max(1) as f64,
         }
-    }
-}
-
-/// Counters of `b` minus those of `a`.
-fn remap_since(b: &RemapStats, a: &RemapStats) -> RemapStats {
-    RemapStats {
-        page_writes: b.page_writes - a.page_writes,
-        gc_copies: b.gc_copies - a.gc_copies,
-        segments_freed: b.segments_freed - a.segments_freed,
-        segments_trimmed: b.segments_trimmed - a.segments_trimmed,
-        summary_writes: b.summary_writes - a.summary_writes,
-        barriers: b.barriers - a.barriers,
-        write_stalls: b.write_stalls - a.write_stalls,
     }
 }
 

@@ -35,8 +35,8 @@ use dana::wal::CONTROL_BYTES;
 use dana::{Db, Durability};
 
 use super::{
-    ftl_config, ftl_config_for, options, remap_config, remap_since, used_pages, Devices, FillRun,
-    PlacementMode, WafArgs, WafWorkload, Window, WriteMode, PAGE,
+    ftl_config, ftl_config_for, options, remap_config, used_pages, Devices, FillRun, PlacementMode,
+    WafArgs, WafWorkload, Window, WriteMode, PAGE,
 };
 use crate::bench::tpcc::kv::DanaTables;
 use crate::bench::tpcc::{load, run_mix, Mix, WAREHOUSE_BYTES};
@@ -308,7 +308,7 @@ pub(super) fn run_fill(
         fill,
         placement,
         mode,
-        remap: remap_since(&remap1, &remap0),
+        remap: remap1.since(&remap0),
         device_pages,
         used_start,
         used_end,

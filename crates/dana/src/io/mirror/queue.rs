@@ -730,11 +730,14 @@ impl MirrorQueue {
             return self.finish(p);
         }
         let (best, bad) = {
-            // SAFETY: every version's read completed and the parent has
-            // not: these buffers are this queue's alone.
             let bytes: Vec<&[u8]> = good
                 .iter()
-                .map(|&i| unsafe { versions[i].1.as_ref().expect("a good version").bytes() })
+                .map(|&i| {
+                    let v = versions[i].1.as_ref().expect("a good version");
+                    // SAFETY: every version's read completed and the parent
+                    // has not: these buffers are this queue's alone.
+                    unsafe { v.bytes() }
+                })
                 .collect();
             let len = bytes[0].len();
             let unit = check

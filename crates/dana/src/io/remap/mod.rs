@@ -57,7 +57,6 @@ mod queue;
 mod tests;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::array::{open_queue, Backend, Target};
@@ -212,6 +211,21 @@ pub struct RemapStats {
     pub write_stalls: u64,
 }
 
+impl RemapStats {
+    /// The counts since `earlier` (a snapshot of the same device).
+    pub fn since(&self, earlier: &RemapStats) -> RemapStats {
+        RemapStats {
+            page_writes: self.page_writes - earlier.page_writes,
+            gc_copies: self.gc_copies - earlier.gc_copies,
+            segments_freed: self.segments_freed - earlier.segments_freed,
+            segments_trimmed: self.segments_trimmed - earlier.segments_trimmed,
+            summary_writes: self.summary_writes - earlier.summary_writes,
+            barriers: self.barriers - earlier.barriers,
+            write_stalls: self.write_stalls - earlier.write_stalls,
+        }
+    }
+}
+
 /// The shared state of an out-of-place device, behind one lock.
 #[derive(Debug)]
 struct State {
@@ -219,6 +233,8 @@ struct State {
     map: Vec<u64>,
     segments: Vec<Segment>,
     free: VecDeque<u32>,
+    /// Segments with no live slot, waiting for a barrier (`Life::Dying`).
+    dying: Vec<u32>,
     /// The open segment of each stream.
     open: [Option<u32>; OPEN_SEGMENTS],
     /// The next stamp or summary version.
@@ -240,8 +256,6 @@ pub struct Remap {
     /// The device's own queue: barriers, collection, summaries. Held for a
     /// whole barrier or collection run, so they run one at a time.
     own: Mutex<Box<dyn IoQueue>>,
-    /// Bytes of the engine's reads answered with zeros (never written).
-    zero_reads: AtomicU64,
 }
 
 impl std::fmt::Debug for Remap {
@@ -255,12 +269,6 @@ impl std::fmt::Debug for Remap {
     }
 }
 
-/// A request's slot on the device, for the queue.
-pub(crate) struct SlotWrite {
-    /// Physical page.
-    pub(crate) slot: u64,
-}
-
 impl Remap {
     /// Formats `inner` as a new, empty out-of-place device and opens it.
     /// Its size must hold the label's segment and at least
@@ -271,19 +279,19 @@ impl Remap {
         let mut q = remap.own_queue();
         let mut label = remap.page_buf()?;
         encode_label(&mut label, &config, remap.pages);
-        write_at(&mut **q, 0, label)?;
+        write_all(&mut **q, std::iter::once((0, label)))?;
         // Old summaries of whatever the device held before must not be
-        // taken for this device's: every summary slot gets zeros.
-        let zeros = remap.page_buf()?;
-        let zeros = Arc::new(zeros);
-        for s in 1..=remap.segments {
-            for k in 0..SUMMARY_SLOTS {
-                let at = (s * config.segment_pages as u64 + k) * config.page_size as u64;
-                // SAFETY: nobody writes `zeros`; every request sharing it is
-                // reaped by write_at before the next is made.
-                let buf = unsafe { IoBuf::shared(zeros.clone(), 0, config.page_size as usize)? };
-                write_at(&mut **q, at, buf)?;
-            }
+        // taken for this device's: every summary slot gets zeros, a batch
+        // of fresh (zeroed) pages at a time.
+        let slots: Vec<u64> = (1..=remap.segments)
+            .flat_map(|s| (0..SUMMARY_SLOTS).map(move |k| s * config.segment_pages as u64 + k))
+            .collect();
+        for batch in slots.chunks(128) {
+            let zeros = batch
+                .iter()
+                .map(|&page| Ok((page * config.page_size as u64, remap.page_buf()?)))
+                .collect::<Result<Vec<_>>>()?;
+            write_all(&mut **q, zeros.into_iter())?;
         }
         flush(&mut **q)?;
         drop(q);
@@ -365,6 +373,7 @@ impl Remap {
             map: vec![NO_PAGE; pages as usize],
             segments: segs,
             free: (0..segments as u32).collect(),
+            dying: Vec::new(),
             open: [None; OPEN_SEGMENTS],
             clock: 1,
             barriers_started: 0,
@@ -377,7 +386,6 @@ impl Remap {
             pages,
             state: Mutex::new(state),
             own: Mutex::new(own),
-            zero_reads: AtomicU64::new(0),
         })
     }
 
@@ -461,10 +469,6 @@ impl Remap {
         ((page / seg - 1) as u32, (page % seg - SUMMARY_SLOTS) as u32)
     }
 
-    fn zero_read(&self, bytes: usize) {
-        self.zero_reads.fetch_add(bytes as u64, Ordering::Relaxed);
-    }
-
     /// Where logical page `page` lives now, pinning its segment against
     /// reuse until [`Remap::read_done`] (None: never written, reads as
     /// zeros).
@@ -491,13 +495,13 @@ impl Remap {
     /// when only the collection's reserve of free segments is left: the
     /// caller then lets its own reads in flight end (they pin their
     /// segments) and runs [`Remap::collect`].
-    pub(crate) fn write_slot(&self, placement: Placement) -> Option<SlotWrite> {
+    pub(crate) fn write_slot(&self, placement: Placement) -> Option<u64> {
         let stream = placement_stream(placement);
         let mut st = self.lock();
         match self.take_slot(&mut st, stream, GC_RESERVE) {
             Some(slot) => {
                 st.stats.page_writes += 1;
-                Some(SlotWrite { slot })
+                Some(slot)
             }
             None => {
                 st.stats.write_stalls += 1;
@@ -517,14 +521,10 @@ impl Remap {
                 seg.next += 1;
                 seg.pending += 1;
                 if seg.next == slots {
+                    // Its last slot is pending: it dies, if ever, when a
+                    // write ends (`write_done`).
+                    seg.life = Life::Closed;
                     st.open[stream] = None;
-                    let barrier = st.barriers_started;
-                    let seg = &mut st.segments[s as usize];
-                    seg.life = if seg.live == 0 && seg.pending == 0 {
-                        Life::Dying { barrier }
-                    } else {
-                        Life::Closed
-                    };
                 }
                 return Some(self.slot_page(s, k));
             }
@@ -566,17 +566,11 @@ impl Remap {
             seg.dirty = true;
             if old != NO_PAGE {
                 let (os, _) = self.slot_of(old);
-                let oseg = &mut st.segments[os as usize];
-                oseg.live -= 1;
-                if oseg.live == 0 && oseg.pending == 0 && oseg.life == Life::Closed {
-                    oseg.life = Life::Dying { barrier };
-                }
+                st.segments[os as usize].live -= 1;
+                die_if_dead(&mut st, os, barrier);
             }
         }
-        let seg = &mut st.segments[s as usize];
-        if seg.live == 0 && seg.pending == 0 && seg.life == Life::Closed {
-            seg.life = Life::Dying { barrier };
-        }
+        die_if_dead(&mut st, s, barrier);
     }
 
     /// Makes every write completed so far durable with its map entries:
@@ -640,15 +634,20 @@ impl Remap {
         // Free (not yet in the free list, so nobody opens them before
         // their trim).
         let mut freed = Vec::new();
-        for s in 0..st.segments.len() {
-            let seg = &st.segments[s];
-            if let Life::Dying { barrier } = seg.life {
-                if barrier < started && seg.readers == 0 && seg.pending == 0 && seg.live == 0 {
-                    st.segments[s].life = Life::Free;
-                    freed.push(s as u32);
-                }
+        let State {
+            dying, segments, ..
+        } = &mut *st;
+        dying.retain(|&s| {
+            let seg = &mut segments[s as usize];
+            let free = matches!(seg.life, Life::Dying { barrier } if barrier < started)
+                && seg.readers == 0;
+            if free {
+                debug_assert!(seg.live == 0 && seg.pending == 0);
+                seg.life = Life::Free;
+                freed.push(s);
             }
-        }
+            !free
+        });
         drop(st);
         // Trimmed whole, summaries too (an old summary that reads as zeros
         // is no summary): the device's collection never copies a dead
@@ -732,11 +731,7 @@ impl Remap {
 
     /// Segments waiting for a barrier to be freed.
     fn dying(&self) -> usize {
-        self.lock()
-            .segments
-            .iter()
-            .filter(|g| matches!(g.life, Life::Dying { .. }))
-            .count()
+        self.lock().dying.len()
     }
 
     /// The closed segment with the fewest live slots, if any has a dead
@@ -858,6 +853,7 @@ impl Remap {
         }
         st.clock = clock;
         st.free.clear();
+        st.dying.clear();
         let slots = self.data_slots();
         // Per stream, the newest segment it had not filled: it goes on
         // taking that stream's writes after the slots its summary lists
@@ -914,6 +910,16 @@ impl Remap {
             }
         }
         Ok(())
+    }
+}
+
+/// Segment `s` dies (waits for a barrier to be freed) once it is closed
+/// with no live slot and no write pending.
+fn die_if_dead(st: &mut State, s: u32, barrier: u64) {
+    let seg = &mut st.segments[s as usize];
+    if seg.live == 0 && seg.pending == 0 && seg.life == Life::Closed {
+        seg.life = Life::Dying { barrier };
+        st.dying.push(s);
     }
 }
 
@@ -1031,37 +1037,11 @@ fn flush(q: &mut dyn IoQueue) -> Result<()> {
     sync_io(q, Request::flush(0))?.result.map(|_| ())
 }
 
-fn write_at(q: &mut dyn IoQueue, at: u64, buf: impl Into<IoBufArg>) -> Result<()> {
-    let buf = match buf.into() {
-        IoBufArg::Owned(b) => IoBuf::owned(b),
-        IoBufArg::Io(b) => b,
-    };
-    sync_io(q, Request::write(0, at, buf))?.result.map(|_| ())
-}
-
 fn read_at(q: &mut dyn IoQueue, at: u64, buf: IoBuf) -> Result<IoBuf> {
     let c = sync_io(q, Request::read(0, at, buf))?;
     c.result?;
     c.buf
         .ok_or_else(|| Error::InvalidArgument("a read handed back no buffer".into()))
-}
-
-/// A buffer to write: owned memory or a request buffer.
-enum IoBufArg {
-    Owned(AlignedBuf),
-    Io(IoBuf),
-}
-
-impl From<AlignedBuf> for IoBufArg {
-    fn from(b: AlignedBuf) -> Self {
-        IoBufArg::Owned(b)
-    }
-}
-
-impl From<IoBuf> for IoBufArg {
-    fn from(b: IoBuf) -> Self {
-        IoBufArg::Io(b)
-    }
 }
 
 /// Runs `reqs` on `q` at once (as many in flight as it takes) and returns
@@ -1116,8 +1096,8 @@ fn read_all(q: &mut dyn IoQueue, reads: Vec<(u64, IoBuf)>) -> Result<Vec<IoBuf>>
     )
 }
 
-/// Writes summaries (unsorted: rewritten at every barrier, apart from
-/// the segments' data).
+/// Writes summaries and the label (unsorted: rewritten at every barrier,
+/// apart from the segments' data).
 fn write_all(q: &mut dyn IoQueue, writes: impl Iterator<Item = (u64, AlignedBuf)>) -> Result<()> {
     let writes = writes.map(|(at, b)| (at, IoBuf::owned(b))).collect();
     write_all_bufs(q, writes, Placement::Unsorted)

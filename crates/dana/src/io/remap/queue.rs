@@ -105,22 +105,20 @@ impl RemapQueue {
             parent.region = Some(buf.into_region());
         }
         let (region, off, _) = parent.region.as_ref().expect("shared above");
-        // SAFETY: the caller handed the whole buffer to this queue until the
-        // parent's completion; each sub-request covers its own page of it,
-        // and the region is handed back only when every sub-request of the
-        // parent was reaped.
+        // The caller handed the whole buffer to this queue until the
+        // parent's completion; the region goes back only when every
+        // sub-request of the parent was reaped.
+        // SAFETY: so each sub-request's page is its own.
         unsafe { IoBuf::shared(region.clone(), off + i * page, page) }
     }
 
     /// Fills page `i` of parent `p` with zeros (a read of a page never
     /// written).
     fn zero_page(&mut self, p: usize, i: usize, pages: usize) -> Result<()> {
-        let page = self.page();
         let buf = self.sub_buf(p, i, pages)?;
         // SAFETY: this queue holds the caller's buffer for a read until its
         // completion; no request holds this page of it.
         unsafe { buf.bytes_mut().fill(0) };
-        self.remap.zero_read(page);
         if pages == 1 {
             self.parents[p].as_mut().expect("a live parent").buf = Some(buf);
         }
@@ -182,8 +180,8 @@ impl RemapQueue {
         // Bounded: each round hands a slot out or the collection frees a
         // segment (it fails when it cannot).
         for _ in 0..=self.remap.segments() {
-            if let Some(w) = self.remap.write_slot(placement) {
-                return Ok(w.slot);
+            if let Some(slot) = self.remap.write_slot(placement) {
+                return Ok(slot);
             }
             self.settle()?;
             self.remap.collect(1)?;
