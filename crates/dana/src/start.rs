@@ -81,7 +81,18 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
     let log_count = logs.len();
     let wal = match start {
         Some(start) => {
-            let shared = LogSet::shared(log_count, start.next_gsn, opts.checkpoint_shards);
+            // Out of place, a write-back never tears a page: no full
+            // images (FORMAT.md, "What is logged").
+            let pages_whole = array
+                .targets()
+                .iter()
+                .all(|t| matches!(t, crate::io::Target::Remap(_)));
+            let shared = LogSet::shared(
+                log_count,
+                start.next_gsn,
+                opts.checkpoint_shards,
+                pages_whole,
+            );
             reserve_for_logs(&pool, &array, &logs, &start.resume);
             let mut set = Vec::with_capacity(log_count);
             for (i, (t, resume)) in logs.iter().zip(start.resume).enumerate() {

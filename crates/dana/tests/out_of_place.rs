@@ -137,6 +137,68 @@ fn updates_move_pages_and_every_value_reads_back_after_reopening() {
     db.close().unwrap();
 }
 
+/// Log bytes and full images of rounds of same-size updates (no split,
+/// no allocation) under a checkpoint per round, after a load.
+fn update_rounds_log(out_of_place: bool) -> (u64, u64) {
+    const KEYS: u64 = 3_000;
+    let rig = Rig::new(7, 6 << 20);
+    let (db, remap) = if out_of_place {
+        let (db, remap) = rig.open(true).unwrap();
+        (db, Some(remap))
+    } else {
+        let array = Array::new(vec![Target::Sim(rig.data.clone())], 4096).unwrap();
+        let log = Some(Target::Sim(rig.log.clone()));
+        (
+            Db::open_array_with_log(array, log, Rig::opts(), true).unwrap(),
+            None,
+        )
+    };
+    let t = db.create_tree("t").unwrap();
+    let update = |round: u64| {
+        for chunk in (0..KEYS).collect::<Vec<_>>().chunks(100) {
+            db.transaction(|tx| {
+                for &i in chunk {
+                    tx.put(&t, &key(i), &value(i, round))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        }
+        db.checkpoint().unwrap();
+    };
+    update(0);
+    let before = db.wal_stats().unwrap();
+    for round in 1..6 {
+        update(round);
+    }
+    let after = db.wal_stats().unwrap();
+    for i in 0..KEYS {
+        assert_eq!(t.get(&key(i)).unwrap(), Some(value(i, 5)), "key {i}");
+    }
+    db.close().unwrap();
+    drop(remap);
+    (after.bytes - before.bytes, after.images - before.images)
+}
+
+/// Out of place no write-back can tear a page, so the log holds no full
+/// images to repair one: rounds of updates each after a checkpoint log
+/// only their commits. In place each round's first change to each leaf
+/// logs the leaf whole.
+#[test]
+fn out_of_place_logs_no_full_images() {
+    let (oop_bytes, oop_images) = update_rounds_log(true);
+    let (in_place_bytes, in_place_images) = update_rounds_log(false);
+    assert_eq!(oop_images, 0, "out of place: {oop_bytes} log bytes");
+    assert!(
+        in_place_images > 5 * 50,
+        "in place: {in_place_images} images"
+    );
+    assert!(
+        oop_bytes * 3 < in_place_bytes * 2,
+        "log bytes: {oop_bytes} out of place, {in_place_bytes} in place"
+    );
+}
+
 #[test]
 fn acknowledged_commits_survive_power_cuts() {
     const KEYS: u64 = 3_000;

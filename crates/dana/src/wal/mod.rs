@@ -304,6 +304,13 @@ pub(crate) struct Shared {
     wanted: Box<[AtomicU64]>,
     /// Per log: records wait for other logs to become durable.
     blocked: Box<[AtomicBool]>,
+    /// Every data device writes a page whole or not at all (out of place:
+    /// a write-back goes to a fresh slot, and the map names it only once
+    /// it is durable, see `io::remap`). No write-back can then tear a
+    /// page, so no change logs a full image to repair one: a checkpoint
+    /// asks for none, and a page's changes build on its last record
+    /// whenever a checkpoint began (FORMAT.md, "What is logged").
+    pages_whole: bool,
     /// A log failed: every log stops (records of the others may depend
     /// on its records, which will never be durable).
     poisoned: AtomicBool,
@@ -314,7 +321,12 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(count: usize, next_gsn: u64, shards: usize) -> Arc<Shared> {
+    pub(crate) fn new(
+        count: usize,
+        next_gsn: u64,
+        shards: usize,
+        pages_whole: bool,
+    ) -> Arc<Shared> {
         let shards = shards.clamp(1, MAX_CHECKPOINT_SHARDS);
         Arc::new(Shared {
             next_gsn: AtomicU64::new(next_gsn.max(1)),
@@ -325,6 +337,7 @@ impl Shared {
                 .map(|_| AtomicU64::new(next_gsn.max(1)))
                 .collect(),
             fpi_epoch: AtomicU64::new(0),
+            pages_whole,
             unflushed: (0..count).map(|_| AtomicU64::new(u64::MAX)).collect(),
             wanted: (0..count).map(|_| AtomicU64::new(0)).collect(),
             blocked: (0..count).map(|_| AtomicBool::new(false)).collect(),
@@ -367,8 +380,12 @@ impl Shared {
     }
 
     /// Page `pid` logs a full image at its next change if its GSN is below
-    /// this (see [`Shared::fpi_below`]).
+    /// this (see [`Shared::fpi_below`]); 0 (never) when write-backs cannot
+    /// tear pages ([`Shared::pages_whole`]).
     pub(crate) fn full_image_below(&self, pid: u64) -> u64 {
+        if self.pages_whole {
+            return 0;
+        }
         self.fpi_below[shard_of(pid, self.shards())].load(Ordering::Acquire)
     }
 
@@ -1826,7 +1843,7 @@ mod tests {
     }
 
     fn sharded_logs(n: usize, shards: usize) -> Arc<LogSet> {
-        let shared = Shared::new(n, 1, shards);
+        let shared = Shared::new(n, 1, shards, false);
         let logs = (0..n)
             .map(|i| {
                 Wal::new(

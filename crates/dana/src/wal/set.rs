@@ -40,9 +40,15 @@ pub struct LogSet {
 
 impl LogSet {
     /// The shared state for `count` logs whose GSNs start at `next_gsn`,
-    /// checkpointed in `shards` shards.
-    pub(crate) fn shared(count: usize, next_gsn: u64, shards: usize) -> Arc<Shared> {
-        Shared::new(count, next_gsn, shards)
+    /// checkpointed in `shards` shards; `pages_whole` if no write-back can
+    /// tear a page (every data device out of place): no full images then.
+    pub(crate) fn shared(
+        count: usize,
+        next_gsn: u64,
+        shards: usize,
+        pages_whole: bool,
+    ) -> Arc<Shared> {
+        Shared::new(count, next_gsn, shards, pages_whole)
     }
 
     /// The set of `logs` (log `i` at index `i`) sharing `shared`, flushed

@@ -285,8 +285,8 @@ pub struct FillRun {
     pub dana_gc_copies_per_op: f64,
     /// Out of place: segment summary pages written, per operation.
     pub summary_writes_per_op: f64,
-    /// Pages the database uses after the load, as a share of the data
-    /// device's logical capacity.
+    /// Pages the database uses at the window's start (after the load and
+    /// the warm-up), as a share of the data device's logical capacity.
     pub fill_reached: f64,
     /// Pages the database uses at the window's end, as a share of the
     /// data device's logical capacity (TPC-C inserts: its data grows).
