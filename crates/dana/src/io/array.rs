@@ -88,6 +88,18 @@ impl Target {
         }
     }
 
+    /// True if a discard costs no more than the call and spares the
+    /// flash: a block device's TRIM, the simulator's FTL. A file's punched
+    /// hole is not: the next write there allocates blocks again (and a
+    /// synced one then writes file system metadata too).
+    pub fn discards_cheaply(&self) -> bool {
+        match self {
+            Target::File(d) => d.is_block_device(),
+            Target::Sim(_) => true,
+            Target::Mirror(_) | Target::Remap(_) => false,
+        }
+    }
+
     /// Direct-I/O alignment.
     pub fn alignment(&self) -> Alignment {
         match self {

@@ -890,9 +890,11 @@ impl SimDisk {
 
     /// Tells the device that `len` bytes at `offset` hold nothing anyone
     /// will read again (TRIM): an attached FTL stops counting their 4 KiB
-    /// pages as valid, so its collection never copies them. The bytes
-    /// themselves stay readable (as a device may return old data or zeros
-    /// after a trim, nobody may rely on either).
+    /// pages as valid, so its collection never copies them. A whole 4 KiB
+    /// chunk of the range that no unflushed write touches reads as zeros
+    /// from then on, also after a power cut (as many SSDs return after a
+    /// TRIM); one that such a write touches keeps its bytes (a device may
+    /// return old data too). Nobody may rely on either.
     pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
         let end = offset.checked_add(len).filter(|&e| e <= self.size());
         if end.is_none() {
@@ -902,9 +904,19 @@ impl SimDisk {
             )));
         }
         let mut inner = self.lock();
+        let first = offset.div_ceil(CHUNK as u64);
+        let last = (offset + len) / CHUNK as u64;
+        let Inner { durable, dirty, .. } = &mut *inner;
+        if last.saturating_sub(first) > durable.len() as u64 {
+            durable.retain(|i, _| !(first..last).contains(i) || dirty.contains_key(i));
+        } else {
+            for i in first..last {
+                if !dirty.contains_key(&i) {
+                    durable.remove(&i);
+                }
+            }
+        }
         if let Some(ftl) = inner.ftl.as_mut() {
-            let first = offset.div_ceil(CHUNK as u64);
-            let last = (offset + len) / CHUNK as u64;
             for page in first..last {
                 if let Ok(p) = u32::try_from(page) {
                     ftl.trim(p)?;

@@ -200,6 +200,8 @@ pub struct WalStats {
     images: AtomicU64,
     admit_waits: AtomicU64,
     checkpoints: AtomicU64,
+    trimmed_bytes: AtomicU64,
+    trim_failures: AtomicU64,
 }
 
 /// A copy of the log's counters.
@@ -222,12 +224,18 @@ pub struct WalStatsSnapshot {
     /// Bytes of page records (physical changes and full images).
     pub page_bytes: u64,
     /// Full page images logged (new pages, first changes since a
-    /// checkpoint, structure changes of pages with covered changes).
+    /// checkpoint on in-place devices, structure changes of pages with
+    /// covered changes).
     pub images: u64,
     /// Commits that waited for log space (for a checkpoint to free some).
     pub admit_waits: u64,
     /// Checkpoints completed.
     pub checkpoints: u64,
+    /// Stream bytes the checkpoints trimmed behind them (a log device
+    /// that takes discards cheaply: a block device or the simulator).
+    pub trimmed_bytes: u64,
+    /// Trims the device refused (the blocks stay; nothing reads them).
+    pub trim_failures: u64,
     /// Times the log file grew (on its first lap).
     pub file_growths: u64,
     /// Stream bytes from the last checkpoint's redo point to the end,
@@ -253,6 +261,8 @@ impl WalStatsSnapshot {
         self.images += o.images;
         self.admit_waits += o.admit_waits;
         self.checkpoints += o.checkpoints;
+        self.trimmed_bytes += o.trimmed_bytes;
+        self.trim_failures += o.trim_failures;
         self.file_growths += o.file_growths;
         self.in_use += o.in_use;
     }
@@ -271,6 +281,8 @@ impl WalStatsSnapshot {
             images: self.images - earlier.images,
             admit_waits: self.admit_waits - earlier.admit_waits,
             checkpoints: self.checkpoints - earlier.checkpoints,
+            trimmed_bytes: self.trimmed_bytes - earlier.trimmed_bytes,
+            trim_failures: self.trim_failures - earlier.trim_failures,
             file_growths: self.file_growths - earlier.file_growths,
             ..*self
         }
@@ -520,6 +532,9 @@ struct State {
     next_flush: u64,
     /// When the oldest record in `pending` was appended.
     since: Option<Instant>,
+    /// The stream below this is trimmed (or was never trimmed, on a
+    /// device that does not take discards cheaply).
+    trimmed_to: u64,
     /// Redo LSN of the last completed checkpoint: the log before it may
     /// be overwritten.
     redo: u64,
@@ -605,6 +620,11 @@ pub struct Wal {
     in_checkpoint: AtomicBool,
     /// Set for a log file shorter than its capacity.
     growth: Option<LogGrowth>,
+    /// The log's device, when it takes discards cheaply
+    /// ([`crate::io::Target::discards_cheaply`]): each checkpoint trims
+    /// the stream it frees, so the device's collection never copies dead
+    /// log blocks.
+    trim: Option<crate::io::Target>,
     /// Buffers kept from one flush for the next, so a flush allocates
     /// nothing in the steady state.
     flush_buffers: Mutex<FlushBuffers>,
@@ -764,6 +784,7 @@ impl Wal {
                 next_flush: 0,
                 since: None,
                 redo: resume.redo,
+                trimmed_to: 0,
                 applying: BTreeSet::new(),
                 redo_at: RedoAt::Idle,
                 redo_gsn: 0,
@@ -784,6 +805,7 @@ impl Wal {
             control_seq: AtomicU64::new(resume.control_seq),
             checkpoint_wanted: AtomicBool::new(false),
             in_checkpoint: AtomicBool::new(false),
+            trim: file.as_ref().filter(|f| f.discards_cheaply()).cloned(),
             growth: file
                 .filter(|f| recover::is_growable(f) && f.size() < CONTROL_BYTES + resume.capacity)
                 .map(|f| LogGrowth {
@@ -956,6 +978,8 @@ impl Wal {
             images: l(&self.stats.images),
             admit_waits: l(&self.stats.admit_waits),
             checkpoints: l(&self.stats.checkpoints),
+            trimmed_bytes: l(&self.stats.trimmed_bytes),
+            trim_failures: l(&self.stats.trim_failures),
             file_growths: self.growth.as_ref().map_or(0, |g| l(&g.growths)),
             in_use: self.used(),
             durable: self.durable_below().min(end),
@@ -1772,6 +1796,16 @@ impl Wal {
             .await?;
         self.op(Request::flush(0)).await?;
         let mut st = self.lock();
+        // The stream before the previous checkpoint's redo LSN is dead
+        // now: neither control block names it (this one replaced the block
+        // that did). Trimmed one checkpoint late, so the other block's log
+        // stays whole for a recovery that finds this one damaged; blocks
+        // a flush reused since are skipped, and the lock keeps a new flush
+        // from being issued until the trim is done.
+        let old_redo = st.redo;
+        let from = st.trimmed_to.max(st.end.saturating_sub(self.capacity));
+        self.trim_stream(from, old_redo);
+        st.trimmed_to = st.trimmed_to.max(old_redo);
         st.redo = st.redo.max(redo);
         st.redo_at = RedoAt::Idle;
         // Flushes wholly before the redo LSN are no longer needed.
@@ -1785,6 +1819,30 @@ impl Wal {
         self.space_waiters.wake_all();
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Trims the whole 4 KiB blocks of the stream `[from, to)` on a log
+    /// device that takes discards cheaply. Advice: a failure is counted,
+    /// never an error (the blocks stay as they are, and nothing reads
+    /// them). Blocking: one call per lap piece, under the log's lock (a
+    /// block device's TRIM of a checkpoint's stretch holds commits' appends
+    /// that long).
+    fn trim_stream(&self, from: u64, to: u64) {
+        const UNIT: u64 = 4096;
+        let Some(t) = &self.trim else { return };
+        let (from, to) = (from.div_ceil(UNIT) * UNIT, to / UNIT * UNIT);
+        // At most one lap: anything older was overwritten since.
+        let from = from.max(to.saturating_sub(self.capacity));
+        let mut at = from;
+        while at < to {
+            let in_lap = at % self.capacity;
+            let n = (to - at).min(self.capacity - in_lap);
+            match t.discard(CONTROL_BYTES + in_lap, n) {
+                Ok(()) => self.stats.trimmed_bytes.fetch_add(n, Ordering::Relaxed),
+                Err(_) => self.stats.trim_failures.fetch_add(1, Ordering::Relaxed),
+            };
+            at += n;
+        }
     }
 
     /// One request on the log device, awaited; a failure poisons the log.

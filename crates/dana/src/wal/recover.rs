@@ -335,6 +335,20 @@ pub fn scan(stream: &[u8], ctl: &Control) -> Result<Scan> {
         }
         at += 8;
     }
+    // The control block was written after its checkpoint record was
+    // durable: a valid log that ends before that record lost durable
+    // records (a control block read in place of a newer damaged one whose
+    // log was trimmed or reused since), and recovering from it would
+    // silently drop every commit after them.
+    if ctl.checkpoint != 0 && ctl.checkpoint >= ctl.redo && valid_end <= ctl.checkpoint {
+        return Err(Error::CorruptLog {
+            offset: CONTROL_BYTES + valid_end % cap,
+            what: format!(
+                "the log from the redo LSN {} ends at LSN {valid_end}, before the checkpoint                  record its control block (sequence {}) names at LSN {}: durable records are                  damaged or gone (a newer control block damaged?)",
+                ctl.redo, ctl.seq, ctl.checkpoint
+            ),
+        });
+    }
     out.end = valid_end;
     out.last_crc = last;
     out.flushes_past_end = markers_past_end.saturating_sub(1);
