@@ -167,8 +167,18 @@ impl BTree {
             }
             let mut pid = self.root;
             let mut levels = 1u32;
+            let mut parent: Option<PageOptimistic<'_>> = None;
             loop {
-                let cur = self.pool.fix_optimistic(pid).await?;
+                let cur = match self.pool.fix_optimistic(pid).await {
+                    Ok(c) => c,
+                    // Freed and reused since the parent named it.
+                    Err(Error::Corrupt { .. })
+                        if parent.as_ref().is_some_and(|p| !p.validate()) =>
+                    {
+                        continue 'restart
+                    }
+                    Err(e) => return Err(e),
+                };
                 let Some(step) = cur.with_bytes(|b| look(b, &[])) else {
                     continue 'restart;
                 };
@@ -178,6 +188,7 @@ impl BTree {
                         if !cur.validate() {
                             continue 'restart;
                         }
+                        parent = Some(cur);
                         pid = c;
                         levels += 1;
                         if levels > MAX_HEIGHT {
@@ -340,7 +351,15 @@ impl BTree {
         loop {
             tries = tries.wrapping_add(1);
             let (pid, parent) = self.find_leaf(key, ahead.as_deref_mut()).await?;
-            let g = self.pool.fix_shared(pid).await?;
+            let g = match self.pool.fix_shared(pid).await {
+                Ok(g) => g,
+                // Freed and reused (a large value's bytes fail the page
+                // checksum) since the parent named it: look again.
+                Err(Error::Corrupt { .. }) if parent.as_ref().is_some_and(|p| !p.validate()) => {
+                    continue
+                }
+                Err(e) => return Err(e),
+            };
             if parent.as_ref().is_none_or(|p| p.validate()) {
                 let n = Node::new(&g).map_err(corrupt(pid))?;
                 if n.is_leaf() && n.covers(key) {
@@ -361,10 +380,18 @@ impl BTree {
             tries = tries.wrapping_add(1);
             let (pid, parent) = self.find_leaf(key, None).await?;
             // A commit's apply: the change is covered, no page copy needed.
-            let g = if self.cover != 0 {
-                self.pool.fix_exclusive_covered(pid).await?
+            let fixed = if self.cover != 0 {
+                self.pool.fix_exclusive_covered(pid).await
             } else {
-                self.pool.fix_exclusive(pid).await?
+                self.pool.fix_exclusive(pid).await
+            };
+            let g = match fixed {
+                Ok(g) => g,
+                // As in `leaf_shared`: a leaf freed and reused since.
+                Err(Error::Corrupt { .. }) if parent.as_ref().is_some_and(|p| !p.validate()) => {
+                    continue
+                }
+                Err(e) => return Err(e),
             };
             if parent.as_ref().is_none_or(|p| p.validate()) {
                 let n = Node::new(&g).map_err(corrupt(pid))?;
@@ -696,7 +723,12 @@ impl BTree {
                 match step {
                     Step::Child(c) if c == target => return Ok(Some(pid)),
                     Step::Child(c) => {
-                        let next = self.pool.fix_optimistic(c).await?;
+                        let next = match self.pool.fix_optimistic(c).await {
+                            Ok(n) => n,
+                            // Freed and reused since `cur` named it.
+                            Err(Error::Corrupt { .. }) if !cur.validate() => continue 'restart,
+                            Err(e) => return Err(e),
+                        };
                         if !cur.validate() {
                             continue 'restart;
                         }
@@ -725,6 +757,37 @@ impl BTree {
         }
     }
 
+    /// Latches `parent_pid` exclusively, which [`Tree::find_parent`] named
+    /// as the parent of `pid` on the path to `key`; None if it no longer
+    /// is: changed, or freed since (a free page, or a page a large value
+    /// took, whose bytes fail the page checksum) and a fresh look names
+    /// another parent. Damage to the page that still is the parent is an
+    /// error.
+    async fn latch_parent(
+        &self,
+        parent_pid: u64,
+        pid: u64,
+        key: &[u8],
+    ) -> Result<Option<PageMut<'_>>> {
+        let damage = match self.pool.fix_exclusive(parent_pid).await {
+            Ok(g) => {
+                let still =
+                    Node::new(&g).map(|p| !p.is_leaf() && p.covers(key) && p.child_for(key) == pid);
+                match still {
+                    Ok(true) => return Ok(Some(g)),
+                    Ok(false) => return Ok(None),
+                    Err(c) => c.into_error(parent_pid),
+                }
+            }
+            Err(e @ Error::Corrupt { .. }) => e,
+            Err(e) => return Err(e),
+        };
+        if self.find_parent(pid, key).await? == Some(parent_pid) {
+            return Err(damage);
+        }
+        Ok(None)
+    }
+
     async fn try_split(&self, pid: u64, key: &[u8]) -> Result<SplitOutcome> {
         if pid == self.root {
             return self.split_root().await.map(|_| SplitOutcome::Done);
@@ -733,13 +796,12 @@ impl BTree {
             return Ok(SplitOutcome::Retry);
         };
         let ps = self.pool.page_size();
-        let mut parent = self.pool.fix_exclusive(parent_pid).await?;
+        let Some(mut parent) = self.latch_parent(parent_pid, pid, key).await? else {
+            return Ok(SplitOutcome::Retry);
+        };
+        // Under the parent's latch the child cannot be freed.
         let mut child = self.pool.fix_exclusive(pid).await?;
         {
-            let p = Node::new(&parent).map_err(corrupt(parent_pid))?;
-            if p.is_leaf() || !p.covers(key) || p.child_for(key) != pid {
-                return Ok(SplitOutcome::Retry);
-            }
             let c = Node::new(&child).map_err(corrupt(pid))?;
             if c.len() < 2 {
                 // Nothing to split (a single huge entry cannot be the
@@ -844,7 +906,9 @@ impl BTree {
         let Some(parent_pid) = self.find_parent(pid, key).await? else {
             return Ok(());
         };
-        let mut parent = self.pool.fix_exclusive(parent_pid).await?;
+        let Some(mut parent) = self.latch_parent(parent_pid, pid, key).await? else {
+            return Ok(());
+        };
         let (i, right_pid) = {
             let p = Node::new(&parent).map_err(corrupt(parent_pid))?;
             let (i, _) = p.lower_bound(key);
