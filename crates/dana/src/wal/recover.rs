@@ -344,7 +344,9 @@ pub fn scan(stream: &[u8], ctl: &Control) -> Result<Scan> {
         return Err(Error::CorruptLog {
             offset: CONTROL_BYTES + valid_end % cap,
             what: format!(
-                "the log from the redo LSN {} ends at LSN {valid_end}, before the checkpoint                  record its control block (sequence {}) names at LSN {}: durable records are                  damaged or gone (a newer control block damaged?)",
+                "the log from the redo LSN {} ends at LSN {valid_end}, before the checkpoint \
+                 record its control block (sequence {}) names at LSN {}: durable records are \
+                 damaged or gone (a newer control block damaged?)",
                 ctl.redo, ctl.seq, ctl.checkpoint
             ),
         });
@@ -764,4 +766,58 @@ pub fn recover(array: &Array, logs: &[(Target, Control)], cut: CutLeaf) -> Resul
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream (rotated to LSN 4096) holding one commit record there,
+    /// and a control block naming `checkpoint` as its checkpoint record.
+    fn one_record(checkpoint: u64) -> (Vec<u8>, Control) {
+        let w = vec![Write {
+            tree: 5,
+            key: b"k".to_vec(),
+            value: Some(b"v".to_vec().into()),
+            reference: false,
+        }];
+        let mut rec = record::commit(&w).into_unsealed();
+        record::seal(&mut rec, 4096, 0);
+        let mut stream = vec![0u8; 64 << 10];
+        stream[..rec.len()].copy_from_slice(&rec);
+        let ctl = Control {
+            seq: 3,
+            checkpoint,
+            redo: 4096,
+            capacity: 64 << 10,
+            block: 512,
+            log_id: 1,
+            next_gsn: 10,
+            index: 0,
+            count: 1,
+            redo_gsn: 1,
+        };
+        (stream, ctl)
+    }
+
+    /// A log whose valid records end before the checkpoint record its
+    /// control block names lost durable records (the block was read in
+    /// place of a damaged newer one, and its log was reused or trimmed
+    /// since): an error, never a shorter log.
+    #[test]
+    fn a_log_ending_before_its_checkpoint_record_is_corrupt() {
+        let (stream, ctl) = one_record(4096);
+        let s = scan(&stream, &ctl).unwrap();
+        assert!(s.end > 4096 && s.records == 1);
+        let (stream, ctl) = one_record(4096 + 8192);
+        match scan(&stream, &ctl) {
+            Err(Error::CorruptLog { what, .. }) => {
+                assert!(what.contains("checkpoint record"), "{what}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // The fresh log's block names no checkpoint record.
+        let (stream, ctl) = one_record(0);
+        assert!(scan(&stream, &ctl).is_ok());
+    }
 }
