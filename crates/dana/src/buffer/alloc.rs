@@ -95,6 +95,12 @@ pub(crate) struct AllocState {
     mirror: Mutex<Mirror>,
     /// Large values: reader epochs, retired extents, the live count.
     pub(crate) blobs: super::blob::BlobState,
+    /// Runs of pages freed and not yet trimmed (`trim.rs`).
+    pub(super) freed: Mutex<Vec<(u64, u64)>>,
+    /// Pages trimmed.
+    pub(super) trimmed: AtomicU64,
+    /// Freed pages never trimmed (the waiting list was full).
+    pub(super) trims_missed: AtomicU64,
 }
 
 /// Pages reserved for one commit's apply; released on drop.
@@ -768,6 +774,7 @@ impl BufferPool {
         put_u64(meta, OFF_FREE_COUNT, count + 1);
         self.mirror().clear(pid);
         self.alloc.available.fetch_add(1, Ordering::AcqRel);
+        self.note_freed(pid, 1);
         Ok(())
     }
 

@@ -40,6 +40,7 @@ pub mod page_log;
 mod page_table;
 pub mod policy;
 pub mod space_map;
+mod trim;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -1405,6 +1406,14 @@ impl BufferPool {
             // SAFETY: frame f is this worker's alone until published.
             page::verify(unsafe { self.frame_bytes(f) }, pid)
         });
+        // The entry goes before the page's state is published: once the
+        // page is UNLOCKED (or EVICTED) another worker may evict it and
+        // start a new read of it, whose entry this one must not be (a
+        // crash run of `bench lookup` on 2 workers found the old order:
+        // "two reads in flight", and in release builds the new read's
+        // waiters woken with this read's result). A task that finds the
+        // page LOADING with no entry yields until it is published.
+        let waiters = self.inflight.remove(pid);
         match &result {
             Ok(()) => {
                 meta.dirty.store(false, Ordering::Relaxed);
@@ -1419,7 +1428,7 @@ impl BufferPool {
                 self.return_frames(&[f]);
             }
         }
-        if let Some(w) = self.inflight.remove(pid) {
+        if let Some(w) = waiters {
             w.complete(result, t.reaped);
         }
     }
