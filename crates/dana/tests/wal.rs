@@ -287,6 +287,13 @@ fn writes_outside_commits_wait_for_log_room_instead_of_filling_it() {
     assert_eq!(got.unwrap(), 80_000);
 }
 
+/// A database on simulated `data` and `log` devices (a 2 MiB pool).
+fn open_sim(data: &Arc<SimDisk>, log: &Arc<SimDisk>, log_bytes: u64, create: bool) -> Db {
+    let array = Array::new(vec![Target::Sim(data.clone())], 4096).unwrap();
+    let o = Options::default().pool_bytes(2 << 20).log_bytes(log_bytes);
+    Db::open_array_with_log(array, Some(Target::Sim(log.clone())), o, create).unwrap()
+}
+
 /// A checkpoint trims the log stream it frees on a device that takes
 /// discards cheaply (the simulator: a trimmed block reads as zeros after),
 /// not on a file; after power cuts with the log wrapped many times over
@@ -304,11 +311,7 @@ fn checkpoints_trim_the_log_behind_them_and_power_cuts_lose_nothing() {
     for round in 0..6u64 {
         let data = SimDisk::new(0, 32 << 20, SimConfig::deterministic(round));
         let log = SimDisk::new(1, CONTROL_BYTES + LOG, SimConfig::deterministic(round ^ 9));
-        let open = |create: bool| {
-            let array = Array::new(vec![Target::Sim(data.clone())], 4096).unwrap();
-            let o = Options::default().pool_bytes(2 << 20).log_bytes(LOG);
-            Db::open_array_with_log(array, Some(Target::Sim(log.clone())), o, create).unwrap()
-        };
+        let open = |create: bool| open_sim(&data, &log, LOG, create);
         let db = open(true);
         let t = db.create_tree("t").unwrap();
         // The log wraps several times before the cut: its first blocks
@@ -375,11 +378,7 @@ fn checkpoints_trim_the_log_behind_them_and_power_cuts_lose_nothing() {
     // (trims lag a checkpoint), so recovery from it finds every commit.
     let data = SimDisk::new(0, 32 << 20, SimConfig::default());
     let log = SimDisk::new(1, CONTROL_BYTES + LOG, SimConfig::default());
-    let open = |create: bool| {
-        let array = Array::new(vec![Target::Sim(data.clone())], 4096).unwrap();
-        let o = Options::default().pool_bytes(2 << 20).log_bytes(LOG);
-        Db::open_array_with_log(array, Some(Target::Sim(log.clone())), o, create).unwrap()
-    };
+    let open = |create: bool| open_sim(&data, &log, LOG, create);
     let db = open(true);
     let t = db.create_tree("t").unwrap();
     let round = |r: u64| {
