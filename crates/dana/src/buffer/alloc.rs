@@ -95,8 +95,9 @@ pub(crate) struct AllocState {
     mirror: Mutex<Mirror>,
     /// Large values: reader epochs, retired extents, the live count.
     pub(crate) blobs: super::blob::BlobState,
-    /// Runs of pages freed and not yet trimmed (`trim.rs`).
-    pub(super) freed: Mutex<Vec<(u64, u64)>>,
+    /// Runs of pages freed and not yet trimmed, with the GSN of the
+    /// record of their free (`trim.rs`).
+    pub(super) freed: Mutex<Vec<(u64, u64, u64)>>,
     /// Pages trimmed.
     pub(super) trimmed: AtomicU64,
     /// Freed pages never trimmed (the waiting list was full).
@@ -218,6 +219,9 @@ fn get_u32(p: &[u8], at: usize) -> u32 {
 pub struct SpaceGuard<'a> {
     pub(super) meta: PageMut<'a>,
     pub(super) maps: Vec<PageMut<'a>>,
+    /// Runs of pages freed under this guard: noted for a trim when the
+    /// guard is logged (`trim.rs`).
+    pub(super) freed: Vec<(u64, u64)>,
 }
 
 impl<'a> SpaceGuard<'a> {
@@ -482,6 +486,7 @@ impl BufferPool {
         Ok(SpaceGuard {
             meta: self.fix_exclusive(META_PAGE).await?,
             maps: Vec::new(),
+            freed: Vec::new(),
         })
     }
 
@@ -495,7 +500,9 @@ impl BufferPool {
         let mut all: Vec<&mut PageMut<'a>> = pages.iter_mut().map(|p| &mut **p).collect();
         all.push(&mut space.meta);
         all.extend(space.maps.iter_mut());
-        self.log_group(&mut all)
+        self.log_group(&mut all)?;
+        self.note_freed(space);
+        Ok(())
     }
 
     /// Allocates a page of type `t`: zeroed, with a header, exclusively
@@ -774,7 +781,7 @@ impl BufferPool {
         put_u64(meta, OFF_FREE_COUNT, count + 1);
         self.mirror().clear(pid);
         self.alloc.available.fetch_add(1, Ordering::AcqRel);
-        self.note_freed(pid, 1);
+        s.freed.push((pid, 1));
         Ok(())
     }
 

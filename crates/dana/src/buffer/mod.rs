@@ -511,6 +511,7 @@ impl BufferPool {
             let c = commit.take().unwrap_or_default();
             wal.log_commit(c, changes, dep).map(Some)
         })?;
+        self.note_freed(space);
         Ok(logged.unwrap_or((0, 0)))
     }
 

@@ -6,7 +6,11 @@
 //! trim itself, which a checkpoint runs after its control blocks.
 //!
 //! When a page may be trimmed: its bit in the free-space map page is
-//! clear, that map page's last change is durable in the log (so a crash
+//! clear, the record of its last free is durable in the log (noted with
+//! its GSN when the free's space guard is logged, while the guard still
+//! latches the map page; the trim latches the map page and looks at every
+//! note of the page made so far, so a free after the one it holds is
+//! never missed), so a crash
 //! finds the page free, whatever control block recovery starts from: the
 //! free is redone from the log or already in the map page, and recovery
 //! rewrites a free page that fails its checksum as a clean free page), and
@@ -28,9 +32,10 @@
 //! is allocated or held; never errs for a device that refuses a trim
 //! (advice: counted, the page stays as it is).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 
+use super::alloc::SpaceGuard;
 use super::{page, BufferPool};
 use crate::Result;
 
@@ -45,18 +50,28 @@ impl BufferPool {
         self.wal.get().is_some() && self.array.targets().iter().all(|t| t.discards_cheaply())
     }
 
-    /// Notes `len` pages from `first`, just freed (their free logged with
-    /// the change that made it), for a later trim.
-    pub(super) fn note_freed(&self, first: u64, len: u64) {
-        if len == 0 || !self.trims_freed_pages() {
+    /// Notes the pages freed under `space`, whose record was just
+    /// appended (the meta page, which every free changes, holds its GSN),
+    /// for a later trim. Called while the guard still latches the map
+    /// pages: a trim that latches one finds every earlier free of its
+    /// pages noted.
+    pub(super) fn note_freed(&self, space: &mut SpaceGuard<'_>) {
+        if space.freed.is_empty() {
             return;
         }
+        let runs = std::mem::take(&mut space.freed);
+        if !self.trims_freed_pages() {
+            return;
+        }
+        let gsn = page::page_lsn(&space.meta);
         let mut w = self.alloc.freed.lock().unwrap_or_else(|e| e.into_inner());
-        if w.len() >= MAX_WAITING {
-            self.alloc.trims_missed.fetch_add(len, Ordering::Relaxed);
-            return;
+        for (first, len) in runs {
+            if w.len() >= MAX_WAITING {
+                self.alloc.trims_missed.fetch_add(len, Ordering::Relaxed);
+                continue;
+            }
+            w.push((first, len, gsn));
         }
-        w.push((first, len));
     }
 
     /// Pages trimmed since the pool opened.
@@ -64,9 +79,9 @@ impl BufferPool {
         self.alloc.trimmed.load(Ordering::Relaxed)
     }
 
-    /// Trims the freed pages whose free is durable (see the module doc);
-    /// the others wait for the next call. Run by a checkpoint after its
-    /// control blocks; blocking for the discards themselves.
+    /// Trims the freed pages whose last free is durable (see the module
+    /// doc); the others wait for the next call. Run by a checkpoint after
+    /// its control blocks; blocking for the discards themselves.
     pub(crate) async fn trim_freed(&self) -> Result<()> {
         let Some(wal) = self.wal.get() else {
             return Ok(());
@@ -81,28 +96,62 @@ impl BufferPool {
             return Ok(());
         }
         let geo = self.geometry();
-        let mut by_map: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-        for &(first, len) in &waiting {
+        // Per map page, per page: the GSN of its last free noted.
+        let mut by_map: BTreeMap<u64, HashMap<u64, u64>> = BTreeMap::new();
+        for &(first, len, gsn) in &waiting {
             for pid in first..first + len {
-                by_map.entry(geo.map_page_of(pid)).or_default().push(pid);
+                let last = by_map.entry(geo.map_page_of(pid)).or_default();
+                let g = last.entry(pid).or_insert(gsn);
+                *g = (*g).max(gsn);
             }
         }
         let mut later = Vec::new();
         for (map_pid, pids) in by_map {
-            let durable = wal.durable();
             let held: Vec<u64> = {
                 let map = self.fix_shared(map_pid).await?;
-                if page::page_lsn(&map) >= durable {
-                    later.extend(pids.iter().map(|&p| (p, 1)));
-                    continue;
-                }
+                let durable = wal.durable();
+                // Frees noted since the list was taken: with the map page
+                // latched, every free of its pages so far is noted.
+                let newer: HashMap<u64, u64> = {
+                    let w = self.alloc.freed.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut m = HashMap::new();
+                    for &(first, len, gsn) in w.iter() {
+                        for pid in first..first + len {
+                            if pids.contains_key(&pid) {
+                                let g = m.entry(pid).or_insert(gsn);
+                                *g = (*g).max(gsn);
+                            }
+                        }
+                    }
+                    m
+                };
                 let mut mirror = self.mirror();
-                pids.into_iter()
-                    .filter(|&pid| {
-                        let (at, mask) = geo.bit(pid);
-                        map[at] & mask == 0 && mirror.set(pid)
-                    })
-                    .collect()
+                let mut held = Vec::new();
+                let mut sorted: Vec<(u64, u64)> = pids.into_iter().collect();
+                sorted.sort_unstable();
+                for (pid, gsn) in sorted {
+                    if newer.contains_key(&pid) {
+                        // Freed again since: that note decides.
+                        continue;
+                    }
+                    if gsn >= durable {
+                        later.push((pid, 1, gsn));
+                        continue;
+                    }
+                    let (at, mask) = geo.bit(pid);
+                    if map[at] & mask != 0 {
+                        continue; // allocated again
+                    }
+                    if mirror.set(pid) {
+                        held.push(pid);
+                    } else {
+                        // Still in use in memory: a large value's extent
+                        // that readers may be in, or a page being handed
+                        // out (its map bit is set by the next call).
+                        later.push((pid, 1, gsn));
+                    }
+                }
+                held
             };
             let trimmed = self.discard_pages(&held);
             let mut mirror = self.mirror();

@@ -253,6 +253,9 @@ pub struct DeviceFigures {
     pub gc_copies_per_op: f64,
     /// Blocks erased in the window.
     pub erases: u64,
+    /// Pages the host trimmed, per operation (the log behind its
+    /// checkpoints, freed pages, dead out-of-place segments).
+    pub trims_per_op: f64,
 }
 
 impl DeviceFigures {
@@ -264,6 +267,7 @@ impl DeviceFigures {
             waf: s.waf(),
             gc_copies_per_op: s.gc_copies as f64 / ops.max(1) as f64,
             erases: s.erases,
+            trims_per_op: s.trims as f64 / ops.max(1) as f64,
         }
     }
 }
