@@ -82,6 +82,15 @@ fn corrupt(pid: u64) -> impl FnOnce(node::Corrupt) -> Error {
     move |c| c.into_error(pid)
 }
 
+/// True if `e`, met fixing a page that node `named_by` named, says only
+/// that the page was freed and reused since (a free page, or a large
+/// value's bytes that fail the page checksum): the node no longer
+/// validates, so the caller looks again. With the node still valid (or
+/// none: the root) the error is real.
+fn freed_since(e: &Error, named_by: Option<&PageOptimistic<'_>>) -> bool {
+    matches!(e, Error::Corrupt { .. }) && named_by.is_some_and(|n| !n.validate())
+}
+
 fn look(bytes: &[u8], key: &[u8]) -> Step {
     match Node::new(bytes) {
         Ok(n) if !n.covers(key) => Step::NotCovered,
@@ -171,12 +180,7 @@ impl BTree {
             loop {
                 let cur = match self.pool.fix_optimistic(pid).await {
                     Ok(c) => c,
-                    // Freed and reused since the parent named it.
-                    Err(Error::Corrupt { .. })
-                        if parent.as_ref().is_some_and(|p| !p.validate()) =>
-                    {
-                        continue 'restart
-                    }
+                    Err(e) if freed_since(&e, parent.as_ref()) => continue 'restart,
                     Err(e) => return Err(e),
                 };
                 let Some(step) = cur.with_bytes(|b| look(b, &[])) else {
@@ -308,11 +312,7 @@ impl BTree {
                         }
                         let next = match self.pool.fix_optimistic(child).await {
                             Ok(n) => n,
-                            // The child may have been freed and reused (a
-                            // large value's bytes fail the page checksum)
-                            // after we read its id: only a still-valid
-                            // node makes the error real.
-                            Err(Error::Corrupt { .. }) if !cur.validate() => continue 'restart,
+                            Err(e) if freed_since(&e, Some(&cur)) => continue 'restart,
                             Err(e) => return Err(e),
                         };
                         if !cur.validate() {
@@ -353,11 +353,7 @@ impl BTree {
             let (pid, parent) = self.find_leaf(key, ahead.as_deref_mut()).await?;
             let g = match self.pool.fix_shared(pid).await {
                 Ok(g) => g,
-                // Freed and reused (a large value's bytes fail the page
-                // checksum) since the parent named it: look again.
-                Err(Error::Corrupt { .. }) if parent.as_ref().is_some_and(|p| !p.validate()) => {
-                    continue
-                }
+                Err(e) if freed_since(&e, parent.as_ref()) => continue,
                 Err(e) => return Err(e),
             };
             if parent.as_ref().is_none_or(|p| p.validate()) {
@@ -387,10 +383,7 @@ impl BTree {
             };
             let g = match fixed {
                 Ok(g) => g,
-                // As in `leaf_shared`: a leaf freed and reused since.
-                Err(Error::Corrupt { .. }) if parent.as_ref().is_some_and(|p| !p.validate()) => {
-                    continue
-                }
+                Err(e) if freed_since(&e, parent.as_ref()) => continue,
                 Err(e) => return Err(e),
             };
             if parent.as_ref().is_none_or(|p| p.validate()) {
@@ -725,8 +718,7 @@ impl BTree {
                     Step::Child(c) => {
                         let next = match self.pool.fix_optimistic(c).await {
                             Ok(n) => n,
-                            // Freed and reused since `cur` named it.
-                            Err(Error::Corrupt { .. }) if !cur.validate() => continue 'restart,
+                            Err(e) if freed_since(&e, Some(&cur)) => continue 'restart,
                             Err(e) => return Err(e),
                         };
                         if !cur.validate() {

@@ -100,8 +100,6 @@ pub(crate) struct AllocState {
     pub(super) freed: Mutex<Vec<(u64, u64, u64)>>,
     /// Pages trimmed.
     pub(super) trimmed: AtomicU64,
-    /// Freed pages never trimmed (the waiting list was full).
-    pub(super) trims_missed: AtomicU64,
 }
 
 /// Pages reserved for one commit's apply; released on drop.

@@ -40,7 +40,7 @@ use super::{page, BufferPool};
 use crate::Result;
 
 /// Most page runs waiting for a trim; runs freed beyond it are not
-/// trimmed (counted in `AllocState::trims_missed`).
+/// trimmed (advice: the device copies them until they are rewritten).
 const MAX_WAITING: usize = 1 << 16;
 
 impl BufferPool {
@@ -65,13 +65,12 @@ impl BufferPool {
         }
         let gsn = page::page_lsn(&space.meta);
         let mut w = self.alloc.freed.lock().unwrap_or_else(|e| e.into_inner());
-        for (first, len) in runs {
-            if w.len() >= MAX_WAITING {
-                self.alloc.trims_missed.fetch_add(len, Ordering::Relaxed);
-                continue;
-            }
-            w.push((first, len, gsn));
-        }
+        let room = MAX_WAITING.saturating_sub(w.len());
+        w.extend(
+            runs.into_iter()
+                .take(room)
+                .map(|(first, len)| (first, len, gsn)),
+        );
     }
 
     /// Pages trimmed since the pool opened.
@@ -164,11 +163,7 @@ impl BufferPool {
         if !later.is_empty() {
             let mut w = self.alloc.freed.lock().unwrap_or_else(|e| e.into_inner());
             let room = MAX_WAITING.saturating_sub(w.len());
-            let dropped = later.len().saturating_sub(room) as u64;
             w.extend(later.into_iter().take(room));
-            self.alloc
-                .trims_missed
-                .fetch_add(dropped, Ordering::Relaxed);
         }
         Ok(())
     }
