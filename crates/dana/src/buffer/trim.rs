@@ -30,7 +30,7 @@
 //!
 //! Never: trims a page whose free might not survive a crash, or one that
 //! is allocated or held; never errs for a device that refuses a trim
-//! (advice: counted, the page stays as it is).
+//! (advice: the page stays as it is, not counted as trimmed).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
