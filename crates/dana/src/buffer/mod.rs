@@ -40,6 +40,7 @@ pub mod page_log;
 mod page_table;
 pub mod policy;
 pub mod space_map;
+mod stall;
 mod trim;
 
 use std::future::Future;
@@ -64,6 +65,7 @@ use page_table::{
 pub use page::{PageType, PAGE_HEADER_SIZE};
 pub use policy::EvictionPolicy;
 use policy::{watt_value, History};
+use stall::WriteStall;
 
 /// A value alone on its cache line.
 #[repr(align(64))]
@@ -246,17 +248,16 @@ pub struct BufferPool {
     policy: EvictionPolicy,
     write_weight: u32,
     max_writes_in_flight: usize,
-    writes_in_flight: AtomicUsize,
     /// Frames holding a dirty page.
     dirty_frames: AtomicUsize,
     /// WATT: above this many dirty frames, eviction also writes back the
     /// coldest dirty page of each sample, however valuable.
     dirty_limit: usize,
-    /// The last eviction batch freed nothing and started no write while
-    /// writes were in flight: skip batches until one completes (a batch
-    /// that scans the whole pool for nothing, every loop round, burned
-    /// 70% of the CPU).
-    eviction_stalled: AtomicBool,
+    /// Write-backs in flight, and whether the last eviction batch freed
+    /// nothing and started no write while some were: batches are skipped
+    /// until one completes (a batch that scans the whole pool for nothing,
+    /// every loop round, burned 70% of the CPU).
+    writes: WriteStall,
     /// Tasks waiting for a write-back to complete (a checkpoint's flush
     /// waiting for its writes, a large value taking a page being
     /// written): woken by every write completion. Polling the `writing`
@@ -331,10 +332,9 @@ impl BufferPool {
             policy: config.eviction,
             write_weight: config.write_weight,
             max_writes_in_flight: config.max_writes_in_flight.max(1),
-            writes_in_flight: AtomicUsize::new(0),
             dirty_frames: AtomicUsize::new(0),
             dirty_limit: (config.frames / 4 * 3).max(1),
-            eviction_stalled: AtomicBool::new(false),
+            writes: WriteStall::default(),
             writes_done: WakerList::default(),
             low_water,
             high_water,
@@ -969,6 +969,8 @@ impl BufferPool {
         // version did, kept writers of the page waiting for the device
         // (milliseconds on a disk), spinning.
         let tag = RequestKind::PageWrite.tag(f as u64);
+        // Counted before it is queued: its completion cannot come first.
+        self.writes.started();
         let queued = AlignedBuf::new(self.page_size, self.page_size).and_then(|mut b| {
             // SAFETY: the caller holds the exclusive latch on pid, whose
             // frame is f.
@@ -980,10 +982,10 @@ impl BufferPool {
         if let Err(e) = queued {
             self.set_dirty(f, true);
             meta.writing.store(false, Ordering::Release);
+            self.writes.completed();
             self.writes_done.wake_all();
             return Err(e);
         }
-        self.writes_in_flight.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
@@ -1021,7 +1023,7 @@ impl BufferPool {
         if free >= self.low_water && !waiters {
             return false;
         }
-        if self.eviction_stalled.load(Ordering::Acquire) {
+        if self.writes.is_stalled() {
             return false;
         }
         let want = self.high_water.saturating_sub(free).max(1);
@@ -1042,12 +1044,8 @@ impl BufferPool {
             }
         }
         let progress = !freed.is_empty() || writes > 0;
-        if !progress && self.writes_in_flight.load(Ordering::Acquire) > 0 {
-            self.eviction_stalled.store(true, Ordering::Release);
-            // A write may have completed before the flag was set.
-            if self.writes_in_flight.load(Ordering::Acquire) == 0 {
-                self.eviction_stalled.store(false, Ordering::Release);
-            }
+        if !progress {
+            self.writes.stall_if_writing();
         }
         self.return_frames(&freed);
         progress
@@ -1141,7 +1139,7 @@ impl BufferPool {
             return Err(e);
         }
         self.stats.writebacks.fetch_add(1, Ordering::Relaxed);
-        let in_flight = self.writes_in_flight.load(Ordering::Acquire) as u64;
+        let in_flight = self.writes.in_flight() as u64;
         let most = &self.stats.eviction_writes_in_flight_max;
         // Written only at a new maximum: no shared write per write-back.
         if in_flight > most.load(Ordering::Relaxed) {
@@ -1270,7 +1268,7 @@ impl BufferPool {
                 if !c.dirty || write_bar.is_none_or(|b| c.value > b) {
                     continue;
                 }
-                if self.writes_in_flight.load(Ordering::Acquire) >= write_cap {
+                if self.writes.in_flight() >= write_cap {
                     break;
                 }
                 match self.try_write_back(c.frame, c.pid) {
@@ -1278,7 +1276,7 @@ impl BufferPool {
                     Err(_) => return (freed, writes),
                 }
             }
-            if clean.is_none() && self.writes_in_flight.load(Ordering::Acquire) >= write_cap {
+            if clean.is_none() && self.writes.in_flight() >= write_cap {
                 // Nothing to free here and no write can start: wait for
                 // the writes in flight rather than scan on.
                 break;
@@ -1443,9 +1441,8 @@ impl BufferPool {
             self.poison_with(&e);
         }
         meta.writing.store(false, Ordering::Release);
-        self.writes_in_flight.fetch_sub(1, Ordering::AcqRel);
         // A write finished: eviction has something to look at again.
-        self.eviction_stalled.store(false, Ordering::Release);
+        self.writes.completed();
         self.writes_done.wake_all();
     }
 
