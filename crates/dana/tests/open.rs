@@ -109,6 +109,51 @@ fn handles_of_a_closed_database_fail_with_closed() {
     db.close().unwrap();
 }
 
+/// `Db::close` while other threads call into the database: every call
+/// returns (a result or `Closed`/`Shutdown`), none waits for good. A sync
+/// call that passed the closed check and queued its task after the
+/// workers had stopped used to wait for a task nobody would run.
+#[test]
+fn close_racing_calls_on_other_threads_never_leaves_a_call_waiting() {
+    for round in 0..60u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path(), opts()).unwrap();
+        let t = db.create_tree("t").unwrap();
+        let (done, finished) = std::sync::mpsc::channel();
+        for n in 0..3u64 {
+            let (t, done) = (t.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut i = n;
+                let end = loop {
+                    let k = (i % 500).to_be_bytes();
+                    let r = if i % 3 == 0 {
+                        t.get(&k).map(|_| ())
+                    } else {
+                        t.put(&k, &[n as u8; 64]).map(|_| ())
+                    };
+                    match r {
+                        Ok(()) => i += 3,
+                        Err(e) => break e,
+                    }
+                };
+                let _ = done.send(end);
+            });
+        }
+        drop(done);
+        std::thread::sleep(std::time::Duration::from_millis(1 + round % 7));
+        db.close().unwrap();
+        for _ in 0..3 {
+            let e = finished
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .expect("a call still waiting 20 s after close");
+            assert!(
+                matches!(e, Error::Closed | Error::Shutdown),
+                "round {round}: {e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_foreign_file_is_not_a_database_and_is_left_alone() {
     let dir = tempfile::tempdir().unwrap();

@@ -115,6 +115,10 @@ pub(crate) struct WorkerShared {
     remote: Mutex<Vec<TaskKey>>,
     has_remote: AtomicBool,
     injector: Mutex<VecDeque<Job>>,
+    /// Set, under the injector's lock, when the worker stops with its
+    /// injector empty: later pushes fail instead of queueing a job nobody
+    /// will run (a `block_on` racing `stop` then waited for good).
+    stopped: AtomicBool,
     injected: AtomicUsize,
     not_full: Condvar,
     injector_capacity: usize,
@@ -139,7 +143,13 @@ impl WorkerShared {
 
     fn push_job(&self, job: Job, shutdown: &AtomicBool) -> Result<()> {
         let mut q = self.injector.lock().unwrap_or_else(|e| e.into_inner());
-        while q.len() >= self.injector_capacity {
+        loop {
+            if self.stopped.load(Ordering::Acquire) {
+                return Err(Error::Shutdown);
+            }
+            if q.len() < self.injector_capacity {
+                break;
+            }
             if shutdown.load(Ordering::Acquire) {
                 return Err(Error::Shutdown);
             }
@@ -154,6 +164,17 @@ impl WorkerShared {
         drop(q);
         self.notify();
         Ok(())
+    }
+
+    /// Marks the worker stopped if its injector is empty (under its lock:
+    /// no push can slip in between). False if a job came in meanwhile.
+    fn stop_if_idle(&self) -> bool {
+        let q = self.injector.lock().unwrap_or_else(|e| e.into_inner());
+        if !q.is_empty() {
+            return false;
+        }
+        self.stopped.store(true, Ordering::Release);
+        true
     }
 
     fn pop_job(&self) -> Option<Job> {
@@ -243,6 +264,7 @@ impl Runtime {
                 remote: Mutex::new(Vec::new()),
                 has_remote: AtomicBool::new(false),
                 injector: Mutex::new(VecDeque::new()),
+                stopped: AtomicBool::new(false),
                 injected: AtomicUsize::new(0),
                 not_full: Condvar::new(),
                 injector_capacity: config.injector_capacity.max(1),
@@ -533,6 +555,7 @@ fn worker_main(index: usize, rt: Arc<RuntimeShared>, wio: io::WorkerIo, services
             && waiting == 0
             && !me.has_work()
             && LOCAL_SPAWNED.with(|s| s.borrow().is_empty())
+            && me.stop_if_idle()
         {
             break;
         }
