@@ -62,7 +62,7 @@ pub(crate) async fn exclusive_checkpoint(
     wal: &Arc<LogSet>,
     busy: &AtomicBool,
 ) -> Result<()> {
-    while busy.swap(true, Ordering::AcqRel) {
+    while busy.swap(true, Ordering::SeqCst) {
         sched::yield_now().await;
     }
     let _busy = Busy(busy);
@@ -74,7 +74,11 @@ struct Busy<'a>(&'a AtomicBool);
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        // SeqCst, as every access to the flag and to the log's
+        // `checkpoint_wanted`: a step that finds the flag set and a
+        // checkpoint's end that finds nothing wanted must not both miss
+        // (store then load on each side; see `buffer/stall.rs`).
+        self.0.store(false, Ordering::SeqCst);
     }
 }
 
@@ -102,7 +106,7 @@ impl SystemTask for Checkpointer {
         if !self.wal.checkpoint_due()
             || self.stop.load(Ordering::Acquire)
             || self.wal.poisoned().is_some()
-            || self.busy.swap(true, Ordering::AcqRel)
+            || self.busy.swap(true, Ordering::SeqCst)
         {
             return false;
         }
@@ -121,7 +125,7 @@ impl SystemTask for Checkpointer {
         });
         if started.is_err() {
             // Only off a worker, where no system task is stepped.
-            self.busy.store(false, Ordering::Release);
+            self.busy.store(false, Ordering::SeqCst);
             return false;
         }
         true

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use dana::io::sim::{PowerCutPolicy, PowerSwitch, SimConfig, SimDisk};
+use dana::io::sim::{Latency, PowerCutPolicy, PowerSwitch, SimConfig, SimDisk};
 use dana::io::{Array, Target};
 use dana::wal::CONTROL_BYTES;
 use dana::{Db, Durability, Error, Options};
@@ -290,4 +290,75 @@ fn transfers_on_two_workers_survive_power_cuts_whole() {
         assert!(db.check().unwrap().is_ok(), "round {round}");
         db.close().unwrap();
     }
+}
+
+/// An async commit appended to a log while another worker's flush of that
+/// log is in flight is flushed within its window once that flush ends.
+/// The log's own worker slept without a deadline while the flush was in
+/// flight (its completion wakes the worker that issued it), and the
+/// worker that issued it, which does not tend the log, saw no reason to
+/// flush: the commit stayed in memory until something else happened.
+#[test]
+fn an_async_commit_behind_another_workers_flush_is_flushed_within_its_window() {
+    let slow = SimConfig {
+        latency: Latency::Fixed(Duration::from_millis(200)),
+        ..SimConfig::default()
+    };
+    let data = SimDisk::new(0, 32 << 20, SimConfig::default());
+    let logs: Vec<_> = [slow, SimConfig::default()]
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| SimDisk::new(i + 1, CONTROL_BYTES + LOG, c))
+        .collect();
+    let window = Duration::from_millis(600);
+    let opts = Options::default()
+        .pool_bytes(8 << 20)
+        .workers(2)
+        .log_bytes(2 * LOG)
+        .async_window(window);
+    let array = Array::new(vec![Target::Sim(data)], 4096).unwrap();
+    let targets = logs.iter().map(|l| Target::Sim(l.clone())).collect();
+    let db = Db::open_array_with_logs(array, targets, opts, true).unwrap();
+    db.create_tree("t").unwrap();
+    db.checkpoint().unwrap();
+    let async_put = |key: &'static [u8]| {
+        let (d, t) = (db.clone(), db.tree("t").unwrap());
+        on(&db, 0, async move {
+            let mut tx = d.begin();
+            tx.set_durability(Durability::Async);
+            tx.put(&t, key, b"v")?;
+            tx.commit_lsn_async().await
+        })
+        .unwrap()
+    };
+    async_put(b"a");
+    // Worker 1 reads it and commits: it asks for log 0 and, log 0's
+    // worker asleep, flushes log 0 itself (200 ms on the slow device).
+    let (d, t) = (db.clone(), db.tree("t").unwrap());
+    let (send, reader) = mpsc::channel();
+    db.spawn_on(1, async move {
+        let r = async {
+            let mut tx = d.begin();
+            let seen = tx.get_async(&t, b"a").await?;
+            tx.put(&t, b"b", &seen.unwrap_or_default())?;
+            tx.commit_async().await
+        };
+        let _ = send.send(r.await);
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let started = std::time::Instant::now();
+    let end = async_put(b"z");
+    reader.recv().unwrap().unwrap();
+    // Within the window (from the append), plus the flush's 200 ms and
+    // slack for a busy machine.
+    while db.wal_stats().unwrap().durable < end {
+        assert!(
+            started.elapsed() < window + Duration::from_secs(3),
+            "an async commit not flushed {:?} after it was appended (window {window:?})",
+            started.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    db.close().unwrap();
 }

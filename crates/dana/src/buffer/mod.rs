@@ -700,7 +700,7 @@ impl BufferPool {
         }
         let f = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
         if f.is_some() {
-            self.free_count.fetch_sub(1, Ordering::AcqRel);
+            self.free_count.fetch_sub(1, Ordering::SeqCst);
         }
         f
     }
@@ -716,7 +716,7 @@ impl BufferPool {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .extend_from_slice(fs);
-        self.free_count.fetch_add(fs.len(), Ordering::AcqRel);
+        self.free_count.fetch_add(fs.len(), Ordering::SeqCst);
         self.frame_waiters.wake_all();
     }
 
@@ -1018,7 +1018,10 @@ impl BufferPool {
     /// one), by the configured policy. Returns true if it freed a frame or
     /// started a write.
     fn evict_batch(&self) -> bool {
-        let free = self.free_count.load(Ordering::Acquire);
+        // SeqCst, as the stall flag and the frame waiters' list: a waiter
+        // registers then looks at the count, a completion clears the stall
+        // then eviction looks at the count and the list (`stall.rs`).
+        let free = self.free_count.load(Ordering::SeqCst);
         let waiters = self.frame_waiters.has_waiters();
         if free >= self.low_water && !waiters {
             return false;
@@ -1503,14 +1506,14 @@ impl Future for FrameWait<'_> {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.registered || self.pool.free_count.load(Ordering::Acquire) > 0 {
+        if self.registered || self.pool.free_count.load(Ordering::SeqCst) > 0 {
             return Poll::Ready(());
         }
         self.pool.frame_waiters.register(cx.waker());
         self.registered = true;
         // A frame freed between the check and the registration would not
         // wake us: look again.
-        if self.pool.free_count.load(Ordering::Acquire) > 0 {
+        if self.pool.free_count.load(Ordering::SeqCst) > 0 {
             return Poll::Ready(());
         }
         Poll::Pending

@@ -92,17 +92,17 @@ impl WakerList {
         if !w.iter().any(|x| x.will_wake(waker)) {
             w.push(waker.clone());
         }
-        self.any.swap(true, Ordering::AcqRel);
+        self.any.swap(true, Ordering::SeqCst);
     }
 
     /// True if some task is parked (a hint: it may be woken meanwhile).
     pub fn has_waiters(&self) -> bool {
-        self.any.load(Ordering::Acquire)
+        self.any.load(Ordering::SeqCst)
     }
 
     /// Wakes every parked task (cheap when none is).
     pub fn wake_all(&self) {
-        if !self.any.swap(false, Ordering::AcqRel) {
+        if !self.any.swap(false, Ordering::SeqCst) {
             return;
         }
         let woken = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|e| e.into_inner()));

@@ -446,9 +446,11 @@ impl Shared {
     fn want_others(&self, me: usize, dep: u64) {
         for (j, w) in self.wanted.iter().enumerate() {
             if j != me {
-                w.fetch_max(dep + 1, Ordering::AcqRel);
+                w.fetch_max(dep + 1, Ordering::SeqCst);
             }
         }
+        // See `Wal::want`.
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 }
 
@@ -724,6 +726,10 @@ fn flushable(queue: &VecDeque<Queued>, others: u64) -> (usize, usize, u64) {
     }
     (n, bytes, 0)
 }
+
+/// How soon a worker looks again at a log whose async window ended while
+/// a flush of it was in flight (see [`Wal::due_in`]).
+const FLUSH_RECHECK: Duration = Duration::from_millis(1);
 
 fn align_up(v: u64, a: u64) -> u64 {
     v.div_ceil(a) * a
@@ -1220,7 +1226,11 @@ impl Wal {
     /// Asks for a flush of this log's records below GSN `end` without
     /// waiting.
     pub fn want(&self, end: u64) {
-        self.shared.wanted[self.index].fetch_max(end, Ordering::AcqRel);
+        self.shared.wanted[self.index].fetch_max(end, Ordering::SeqCst);
+        // Pairs with the fence in `flush_completed`: either this side's
+        // `wants_flush` sees the flush's end, or the completion's `pump`
+        // sees what is wanted (store then load on each side).
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 
     /// Stream bytes in use: appended since the last checkpoint's redo LSN.
@@ -1375,9 +1385,9 @@ impl Wal {
         self.shared.blocked[self.index].load(Ordering::SeqCst)
     }
 
-    /// How long until this log's async window asks for a flush (None: no
-    /// deadline: a flush in flight wakes its worker when it completes, and
-    /// nothing to flush needs none).
+    /// How long until this log's async window asks for a flush (None:
+    /// nothing waits for the window). While a flush is in flight, at least
+    /// [`FLUSH_RECHECK`].
     pub(crate) fn due_in(&self) -> Option<Duration> {
         if self
             .growth
@@ -1391,10 +1401,17 @@ impl Wal {
             return Some(Duration::ZERO);
         }
         let st = self.lock();
-        match st.since {
-            Some(t) if st.flushing.is_empty() => Some(self.window.saturating_sub(t.elapsed())),
-            _ => None,
+        let left = self.window.saturating_sub(st.since?.elapsed());
+        if st.flushing.is_empty() {
+            return Some(left);
         }
+        // A flush is in flight: its completion pumps this log, but on the
+        // worker that issued it, which need not be one that tends this
+        // log and then keeps no deadline for it. So the window's end is
+        // kept here too, no sooner than a millisecond while the flush
+        // lasts (a worker sleeping with no deadline left an async commit
+        // in memory for good: `tests/worker_logs.rs`).
+        Some(left.max(FLUSH_RECHECK))
     }
 
     /// Starts a flush if one is needed and fewer than the most allowed are
@@ -1719,12 +1736,13 @@ impl Wal {
     /// asked (one atomic load: every worker's checkpoint step asks every
     /// round).
     pub fn checkpoint_due(&self) -> bool {
-        self.checkpoint_wanted.load(Ordering::Acquire)
+        self.checkpoint_wanted.load(Ordering::SeqCst)
     }
 
     /// Asks for a checkpoint (the checkpoint step starts one).
     pub fn request_checkpoint(&self) {
-        self.checkpoint_wanted.store(true, Ordering::Release);
+        // SeqCst: see the checkpoint's busy flag (`checkpoint::Busy`).
+        self.checkpoint_wanted.store(true, Ordering::SeqCst);
     }
 
     /// The oldest GSN of a commit this log is still applying, if any.
