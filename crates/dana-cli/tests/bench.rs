@@ -299,6 +299,50 @@ fn waf_runs_and_a_fuller_device_amplifies_more() {
     );
 }
 
+/// `dana bench waf --untorn-writes`: in place on data devices that write
+/// 4 KiB untorn, the log holds no torn-page images, so it is a fraction of
+/// the same run's log on plain devices.
+#[test]
+fn waf_untorn_writes_log_no_torn_page_images() {
+    let log_per_op = |untorn: bool| {
+        let mut args = vec![
+            "bench",
+            "waf",
+            "--json",
+            "--quiet",
+            "--workloads",
+            "ycsb-a",
+            "--placement",
+            "classes",
+            "--write-mode",
+            "in-place",
+            "--blocks",
+            "224",
+            "--fills",
+            "60",
+            "--log-bytes",
+            "4194304",
+            "--warmup-devices",
+            "1",
+            "--measure-devices",
+            "1",
+            "--tasks",
+            "16",
+        ];
+        if untorn {
+            args.push("--untorn-writes");
+        }
+        let v = run(&args);
+        assert_eq!(v["untorn_writes"].as_bool(), Some(untorn));
+        v["runs"][0]["log"]["host_bytes_per_op"].as_f64().unwrap()
+    };
+    let (untorn, plain) = (log_per_op(true), log_per_op(false));
+    assert!(
+        untorn > 0.0 && untorn * 2.5 < plain,
+        "log bytes per op: {untorn} untorn, {plain} plain"
+    );
+}
+
 /// `dana bench waf --write-mode in-place,out-of-place`: YCSB-A on the same
 /// device and load, pages in place and in dana's segments: out of place,
 /// with a handle per class, the FTL below copies (almost) nothing, dana's

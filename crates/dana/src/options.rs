@@ -72,6 +72,7 @@ pub struct Options {
     pub(crate) logs: usize,
     pub(crate) checkpoint_shards: usize,
     pub(crate) log_preallocate: bool,
+    pub(crate) untorn_page_writes: bool,
     pub(crate) log_write_through_max: u64,
     pub(crate) log_flushes_in_flight: usize,
     pub(crate) log_flush_block: u64,
@@ -105,6 +106,7 @@ impl Default for Options {
             logs: 1,
             checkpoint_shards: 8,
             log_preallocate: false,
+            untorn_page_writes: true,
             log_write_through_max: 16 << 10,
             log_flushes_in_flight: 1,
             log_flush_block: 0,
@@ -553,6 +555,32 @@ impl Options {
     pub fn log_preallocate(mut self, on: bool) -> Self {
         self.log_preallocate = on;
         self
+    }
+
+    /// Use the data devices' untorn page writes when every one offers them
+    /// (default true). A device whose kernel offers `RWF_ATOMIC` writes of
+    /// a page (`statx` `STATX_WRITE_ATOMIC`, Linux 6.11+: NVMe drives
+    /// with an atomic write unit of 4 KiB or more, among others) cannot
+    /// tear a page it writes that way; on such devices every page
+    /// write-back is untorn and the log carries no full page images to
+    /// repair torn pages (FORMAT.md, "What is logged"), as out of place.
+    /// With false, or on any device that does not offer it (this
+    /// project's virtio disk, a mirrored group), pages are written plainly
+    /// and the images are logged.
+    ///
+    /// ```
+    /// assert!(dana::Options::default().untorn_page_writes_value());
+    /// assert!(!dana::Options::default().untorn_page_writes(false).untorn_page_writes_value());
+    /// ```
+    pub fn untorn_page_writes(mut self, on: bool) -> Self {
+        self.untorn_page_writes = on;
+        self
+    }
+
+    /// Whether untorn page writes are used where offered
+    /// ([`Options::untorn_page_writes`]).
+    pub fn untorn_page_writes_value(&self) -> bool {
+        self.untorn_page_writes
     }
 
     /// How a log flush is made durable (default 16 KiB): a flush of at

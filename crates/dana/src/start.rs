@@ -74,6 +74,14 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
     let frames = opts.pool_bytes / opts.page_size;
     let mut pool_config = PoolConfig::with_frames(frames);
     pool_config.read_only = read_only;
+    // Every data device writes a page untorn (RWF_ATOMIC): write-backs ask
+    // for it, and the log logs no torn-page images (as out of place).
+    let untorn = opts.untorn_page_writes
+        && array
+            .targets()
+            .iter()
+            .all(|t| t.untorn_writes(opts.page_size as u64));
+    pool_config.untorn_writes = untorn;
     pool_config.eviction = opts.eviction;
     pool_config.max_writes_in_flight = (opts.device_budget / 2).max(1);
     let pool = BufferPool::new(array.clone(), &pool_config)?;
@@ -81,12 +89,13 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
     let log_count = logs.len();
     let wal = match start {
         Some(start) => {
-            // Out of place, a write-back never tears a page: no full
-            // images (FORMAT.md, "What is logged").
-            let pages_whole = array
-                .targets()
-                .iter()
-                .all(|t| matches!(t, crate::io::Target::Remap(_)));
+            // Out of place, or with untorn writes, a write-back never
+            // tears a page: no full images (FORMAT.md, "What is logged").
+            let pages_whole = untorn
+                || array
+                    .targets()
+                    .iter()
+                    .all(|t| matches!(t, crate::io::Target::Remap(_)));
             let shared = LogSet::shared(
                 log_count,
                 start.next_gsn,

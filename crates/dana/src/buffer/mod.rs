@@ -93,6 +93,10 @@ pub struct PoolConfig {
     /// Never write a page (a read-only open): a write-back fails with
     /// [`Error::ReadOnly`].
     pub read_only: bool,
+    /// Write pages back untorn ([`crate::io::Request::atomic`]): every
+    /// data device offers it, and the log relies on it (no torn-page
+    /// images).
+    pub untorn_writes: bool,
     /// How pages are chosen for eviction and write-back.
     pub eviction: EvictionPolicy,
     /// WATT: how many reads one write of a page weighs.
@@ -111,6 +115,7 @@ impl PoolConfig {
             frames,
             max_writes_per_batch: 64,
             read_only: false,
+            untorn_writes: false,
             eviction: EvictionPolicy::default(),
             write_weight: 4,
             max_writes_in_flight: 16,
@@ -268,6 +273,8 @@ pub struct BufferPool {
     high_water: usize,
     max_writes_per_batch: usize,
     read_only: bool,
+    /// [`PoolConfig::untorn_writes`].
+    untorn_writes: bool,
     stats: PoolStats,
     poison: Mutex<Option<String>>,
     poisoned: AtomicBool,
@@ -340,6 +347,7 @@ impl BufferPool {
             high_water,
             max_writes_per_batch: config.max_writes_per_batch.max(1),
             read_only: config.read_only,
+            untorn_writes: config.untorn_writes,
             stats: PoolStats::default(),
             poison: Mutex::new(None),
             poisoned: AtomicBool::new(false),
@@ -975,7 +983,9 @@ impl BufferPool {
             // SAFETY: the caller holds the exclusive latch on pid, whose
             // frame is f.
             b.copy_from_slice(unsafe { self.frame_bytes(f) });
-            let req = Request::write(tag, offset, IoBuf::owned(b)).placed(placement);
+            let req = Request::write(tag, offset, IoBuf::owned(b))
+                .placed(placement)
+                .untorn(self.untorn_writes);
             sched::enqueue(device, req).map_err(|_| Error::WouldBlock)
         });
         self.table.set_lock(pid, UNLOCKED);

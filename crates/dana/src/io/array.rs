@@ -100,6 +100,21 @@ impl Target {
         }
     }
 
+    /// True if a write of `len` bytes (a power of two), aligned to its
+    /// length, can be issued untorn ([`super::Request::atomic`]): a file or block
+    /// device whose kernel offers `RWF_ATOMIC` for that length, or a
+    /// simulated device configured so. A mirrored group says no (its
+    /// copies would each be whole, but could differ after a cut), and an
+    /// out-of-place device needs none (it never overwrites a page's last
+    /// version).
+    pub fn untorn_writes(&self, len: u64) -> bool {
+        match self {
+            Target::File(d) => d.untorn_writes(len),
+            Target::Sim(d) => d.untorn_writes(len),
+            Target::Mirror(_) | Target::Remap(_) => false,
+        }
+    }
+
     /// Direct-I/O alignment.
     pub fn alignment(&self) -> Alignment {
         match self {

@@ -42,7 +42,7 @@ impl BlockingQueue {
                 libc::pread(fd, b.addr().cast(), len, req.offset as libc::off_t) as i64
             },
             // SAFETY: as above; pwrite only reads the buffer.
-            (OpKind::Write, Some(b)) if !req.durable => unsafe {
+            (OpKind::Write, Some(b)) if !req.durable && !req.atomic => unsafe {
                 libc::pwrite(fd, b.addr().cast(), len, req.offset as libc::off_t) as i64
             },
             // SAFETY: as above; the iovec names the request's buffer, which
@@ -52,7 +52,9 @@ impl BlockingQueue {
                     iov_base: b.addr().cast(),
                     iov_len: len,
                 };
-                libc::pwritev2(fd, &iov, 1, req.offset as libc::off_t, libc::RWF_DSYNC) as i64
+                let durable = if req.durable { libc::RWF_DSYNC } else { 0 };
+                let atomic = if req.atomic { libc::RWF_ATOMIC } else { 0 };
+                libc::pwritev2(fd, &iov, 1, req.offset as libc::off_t, durable | atomic) as i64
             },
             // SAFETY: fdatasync takes only the descriptor.
             (OpKind::Flush, _) => unsafe { libc::fdatasync(fd) as i64 },

@@ -41,6 +41,11 @@ pub struct Device {
     /// Write streams the block device offers (0: none; always 0 for a
     /// file). See [`super::placement`].
     write_streams: u8,
+    /// The smallest and largest untorn direct write the kernel offers on
+    /// this file or device (`statx` `STATX_WRITE_ATOMIC`, Linux 6.11+:
+    /// `RWF_ATOMIC` writes of a power-of-two length in this range, aligned
+    /// to their length), if any.
+    atomic_write: Option<(u64, u64)>,
 }
 
 /// How to open a device.
@@ -132,6 +137,11 @@ impl Device {
         } else {
             0
         };
+        let atomic_write = if opts.direct {
+            atomic_write_units(fd)
+        } else {
+            None
+        };
         Ok(Device {
             file,
             path: path.to_path_buf(),
@@ -148,7 +158,16 @@ impl Device {
             block_device,
             direct: opts.direct,
             write_streams,
+            atomic_write,
         })
+    }
+
+    /// True if a direct write of `len` bytes (a power of two), aligned to
+    /// its length, can be issued untorn (`RWF_ATOMIC`): the kernel said so
+    /// for this file or device at open.
+    pub fn untorn_writes(&self, len: u64) -> bool {
+        self.atomic_write
+            .is_some_and(|(min, max)| len.is_power_of_two() && min <= len && len <= max)
     }
 
     /// Drops the advisory lock taken at open (a closed database lets
@@ -452,6 +471,36 @@ fn file_dio_alignment(fd: RawFd) -> Option<(u64, u64)> {
     Some((
         stx.stx_dio_offset_align as u64,
         stx.stx_dio_mem_align.max(1) as u64,
+    ))
+}
+
+/// The (smallest, largest) untorn direct write on a file or block device,
+/// if the kernel offers any (Linux 6.11+; 0 or an old kernel: none).
+fn atomic_write_units(fd: RawFd) -> Option<(u64, u64)> {
+    // SAFETY: statx is plain data; all-zero is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let empty = c"";
+    // SAFETY: fd is valid, the path is a valid empty C string used with
+    // AT_EMPTY_PATH, and stx points to a live statx struct.
+    let r = unsafe {
+        libc::statx(
+            fd,
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_WRITE_ATOMIC,
+            &mut stx,
+        )
+    };
+    if r != 0
+        || stx.stx_mask & libc::STATX_WRITE_ATOMIC == 0
+        || stx.stx_atomic_write_unit_min == 0
+        || stx.stx_atomic_write_unit_max < stx.stx_atomic_write_unit_min
+    {
+        return None;
+    }
+    Some((
+        u64::from(stx.stx_atomic_write_unit_min),
+        u64::from(stx.stx_atomic_write_unit_max),
     ))
 }
 

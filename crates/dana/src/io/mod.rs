@@ -282,6 +282,12 @@ pub struct Request {
     /// changes where the bytes go in the device's address space or when
     /// they are durable. Reads and flushes ignore it.
     pub placement: Placement,
+    /// A write that must land whole or not at all (`RWF_ATOMIC`): the
+    /// engine asks for it only on devices that said they can
+    /// ([`Target::untorn_writes`]), for page write-backs whose torn-page
+    /// images it no longer logs. A device that cannot fails it
+    /// (`EINVAL`), never writes it tearable. False for reads and flushes.
+    pub atomic: bool,
 }
 
 impl Request {
@@ -296,6 +302,7 @@ impl Request {
             pages: false,
             copy: None,
             placement: Placement::Unsorted,
+            atomic: false,
         }
     }
 
@@ -318,6 +325,7 @@ impl Request {
             pages: false,
             copy: None,
             placement: Placement::Unsorted,
+            atomic: false,
         }
     }
 
@@ -328,6 +336,11 @@ impl Request {
             durable: true,
             ..Request::write(tag, offset, buf)
         }
+    }
+
+    /// This write, untorn (see [`Request::atomic`]) if `atomic`.
+    pub fn untorn(self, atomic: bool) -> Request {
+        Request { atomic, ..self }
     }
 
     /// This request with placement class `placement` (see
@@ -347,6 +360,7 @@ impl Request {
             pages: false,
             copy: None,
             placement: Placement::Unsorted,
+            atomic: false,
         }
     }
 

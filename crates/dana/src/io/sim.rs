@@ -139,6 +139,12 @@ pub struct SimConfig {
     /// the device index and the queue's number) each queue's completion
     /// order in deterministic mode.
     pub seed: u64,
+    /// The largest untorn write the device offers (`RWF_ATOMIC`, as an
+    /// NVMe drive's atomic write unit): a write flagged
+    /// [`Request::atomic`] of a power-of-two length up to this, aligned to
+    /// its length, lands whole or not at all at a power cut; a flagged
+    /// write outside that fails with `EINVAL`. 0 (the default): none.
+    pub atomic_write_max: u64,
 }
 
 impl Default for SimConfig {
@@ -150,6 +156,7 @@ impl Default for SimConfig {
             iops: None,
             clock: Clock::RealTime,
             seed: 0,
+            atomic_write_max: 0,
         }
     }
 }
@@ -395,6 +402,8 @@ struct VolatileWrite {
     seq: u64,
     offset: u64,
     data: Box<[u8]>,
+    /// Untorn ([`Request::atomic`]): a power cut keeps or drops it whole.
+    atomic: bool,
 }
 
 struct DirtyChunk {
@@ -454,6 +463,8 @@ struct Inner {
     /// The flash translation layer model fed with every completed write,
     /// if one is attached.
     ftl: Option<Ftl>,
+    /// [`SimConfig::atomic_write_max`].
+    atomic_write_max: u64,
 }
 
 /// Mixes `v` into the trace hash `h` (FNV-1a over its bytes).
@@ -464,6 +475,12 @@ fn trace_mix(h: u64, v: u64) -> u64 {
 }
 
 impl Inner {
+    /// True if a write of `len` bytes at `offset` can be untorn here.
+    fn untorn_ok(&self, offset: u64, len: usize) -> bool {
+        let n = len as u64;
+        n.is_power_of_two() && n <= self.atomic_write_max && offset % n == 0
+    }
+
     fn alive(&self, generation: u64) -> bool {
         self.powered && self.generation == generation
     }
@@ -501,7 +518,7 @@ impl Inner {
     }
 
     /// A write completed: it joins the volatile layer.
-    fn write_volatile(&mut self, offset: u64, data: Box<[u8]>) {
+    fn write_volatile(&mut self, offset: u64, data: Box<[u8]>, atomic: bool) {
         self.trace = trace_mix(
             trace_mix(self.trace, offset),
             u64::from(crc32c::crc32c(&data)),
@@ -518,7 +535,12 @@ impl Inner {
         });
         let seq = self.next_write_seq;
         self.next_write_seq += 1;
-        self.volatile.push_back(VolatileWrite { seq, offset, data });
+        self.volatile.push_back(VolatileWrite {
+            seq,
+            offset,
+            data,
+            atomic,
+        });
     }
 
     /// A flush completed: volatile writes before `upto` become durable.
@@ -589,6 +611,11 @@ impl Inner {
         let (op, offset, len) = (req.op, req.offset, req.len());
         let result = match (alive, fault) {
             (false, _) => Err(Error::io(op, device, offset, len, libc::EIO)),
+            // As the kernel answers an RWF_ATOMIC write the device cannot
+            // make untorn.
+            (true, _) if req.atomic && (op != OpKind::Write || !self.untorn_ok(offset, len)) => {
+                Err(Error::io(op, device, offset, len, libc::EINVAL))
+            }
             (true, Some(FaultEffect::Error(errno))) => {
                 self.stats.faults_fired += 1;
                 Err(Error::io(op, device, offset, len, errno))
@@ -615,7 +642,7 @@ impl Inner {
                     // is handed back; by IoBuf's contract nobody writes a write
                     // request's bytes while it is in flight.
                     let data: Box<[u8]> = unsafe { buf.bytes() }.into();
-                    self.write_volatile(offset, data);
+                    self.write_volatile(offset, data, req.atomic);
                     if req.durable {
                         // Write-through as Linux does it on a disk without
                         // FUA (RWF_DSYNC: the write, then a cache flush):
@@ -797,6 +824,7 @@ impl SimDisk {
                 rng: SmallRng::seed_from_u64(config.seed),
                 next_start: None,
                 trace: 0xcbf2_9ce4_8422_2325,
+                atomic_write_max: config.atomic_write_max,
                 stats: SimStats::default(),
                 ftl: None,
             }),
@@ -1011,6 +1039,12 @@ impl SimDisk {
         self.config
     }
 
+    /// True if a write of `len` bytes (a power of two), aligned to its
+    /// length, can be issued untorn ([`SimConfig::atomic_write_max`]).
+    pub fn untorn_writes(&self, len: u64) -> bool {
+        len.is_power_of_two() && len <= self.config.atomic_write_max
+    }
+
     /// False between a power cut and the next power on.
     pub fn is_powered(&self) -> bool {
         self.lock().powered
@@ -1090,12 +1124,12 @@ impl SimDisk {
         inner.powered = false;
         inner.stats.power_cuts += 1;
         inner.dirty.clear();
-        let mut writes: Vec<(u64, Box<[u8]>, bool)> = std::mem::take(&mut inner.volatile)
+        let mut writes: Vec<(u64, Box<[u8]>, bool, bool)> = std::mem::take(&mut inner.volatile)
             .into_iter()
-            .map(|w| (w.offset, w.data, true))
+            .map(|w| (w.offset, w.data, true, w.atomic))
             .collect();
         let generation = inner.generation;
-        let mut pending: Vec<(u64, u64, Box<[u8]>)> = Vec::new();
+        let mut pending: Vec<(u64, u64, Box<[u8]>, bool)> = Vec::new();
         for q in inner.queues.values().filter(|q| q.generation == generation) {
             report.failed_requests += q.queued.len() + q.in_flight.len();
             for p in q.queued.iter().chain(&q.in_flight) {
@@ -1104,15 +1138,19 @@ impl SimDisk {
                     // disk state; by IoBuf's contract nobody writes a write
                     // request's bytes while it is pending.
                     let data: Box<[u8]> = unsafe { buf.bytes() }.into();
-                    pending.push((p.seq, p.req.offset, data));
+                    pending.push((p.seq, p.req.offset, data, p.req.atomic));
                 }
             }
         }
-        pending.sort_by_key(|(seq, _, _)| *seq);
-        writes.extend(pending.into_iter().map(|(_, off, data)| (off, data, false)));
+        pending.sort_by_key(|(seq, _, _, _)| *seq);
+        writes.extend(
+            pending
+                .into_iter()
+                .map(|(_, off, data, atomic)| (off, data, false, atomic)),
+        );
 
         let mut rng = SmallRng::seed_from_u64(seed);
-        for (offset, data, completed) in writes {
+        for (offset, data, completed, atomic) in writes {
             let fate = match policy {
                 PowerCutPolicy::DropAll => WriteFate::Dropped,
                 PowerCutPolicy::KeepAll => WriteFate::Kept,
@@ -1129,6 +1167,22 @@ impl SimDisk {
                         WriteFate::Torn(Vec::new())
                     }
                 }
+            };
+            // An untorn write lands whole or not at all. (One in flight
+            // that the device would refuse is refused before it lands:
+            // dropped.)
+            let fate = match fate {
+                WriteFate::Torn(_) if atomic => {
+                    if rng.gen_bool(0.5) {
+                        WriteFate::Kept
+                    } else {
+                        WriteFate::Dropped
+                    }
+                }
+                WriteFate::Kept if atomic && !completed && !inner.untorn_ok(offset, data.len()) => {
+                    WriteFate::Dropped
+                }
+                fate => fate,
             };
             let fate = match fate {
                 WriteFate::Kept => {
@@ -1897,6 +1951,70 @@ mod tests {
         disk.power_on();
         drop(q);
         assert_eq!(disk.read_current(12288, PAGE), pages[3]);
+    }
+
+    #[test]
+    fn untorn_writes_land_whole_or_not_at_all_and_others_are_refused() {
+        let config = SimConfig {
+            atomic_write_max: 8192,
+            ..paged(9)
+        };
+        let disk = SimDisk::new(0, 1 << 20, config);
+        assert!(disk.untorn_writes(4096) && disk.untorn_writes(8192));
+        assert!(!disk.untorn_writes(16384) && !disk.untorn_writes(12288));
+        let mut q = disk.queue(64);
+        let mut rng = SmallRng::seed_from_u64(9);
+        let old: Vec<Vec<u8>> = (0..64).map(|_| random_page(&mut rng).to_vec()).collect();
+        let new: Vec<Vec<u8>> = (0..64).map(|_| random_page(&mut rng).to_vec()).collect();
+        let reqs = old
+            .iter()
+            .enumerate()
+            .map(|(i, d)| write(i as u64, (i * PAGE) as u64, d))
+            .collect();
+        run_ok(&mut q, reqs);
+        run_ok(&mut q, vec![Request::flush(0)]);
+        // Refused as the kernel refuses RWF_ATOMIC: too long, misaligned
+        // to its length, not a power of two.
+        let big = vec![7u8; 4 * PAGE];
+        let odd = vec![7u8; 3 * PAGE];
+        for (off, data) in [(0, &big[..]), (PAGE as u64, &new[0][..]), (0, &odd[..])] {
+            let r = if data.len() == PAGE {
+                // 4 KiB at 4 KiB is fine; make it misaligned to 8 KiB.
+                let mut b = AlignedBuf::new(2 * PAGE, PAGE).unwrap();
+                b[..PAGE].copy_from_slice(data);
+                Request::write(0, off, IoBuf::owned(b)).untorn(true)
+            } else {
+                write(0, off, data).untorn(true)
+            };
+            let c = run(&mut q, vec![r]);
+            assert!(
+                matches!(&c[0].result, Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EINVAL)),
+                "{:?}",
+                c[0].result
+            );
+        }
+        // Untorn overwrites, left unflushed, then a cut that tears most
+        // writes: each page is old or new, whole.
+        let reqs = new
+            .iter()
+            .enumerate()
+            .map(|(i, d)| write(i as u64, (i * PAGE) as u64, d).untorn(true))
+            .collect();
+        run_ok(&mut q, reqs);
+        let report = disk.power_cut(
+            PowerCutPolicy::Random {
+                keep: 1.0,
+                drop: 1.0,
+                tear: 6.0,
+            },
+            9,
+        );
+        assert_eq!(report.torn, 0);
+        assert!(report.kept > 0 && report.dropped > 0);
+        for i in 0..64 {
+            let got = disk.read_durable((i * PAGE) as u64, PAGE);
+            assert!(got == old[i] || got == new[i], "page {i} torn");
+        }
     }
 
     #[test]

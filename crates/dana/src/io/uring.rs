@@ -170,7 +170,13 @@ impl UringQueue {
                 let (ptr, len) = (b.addr() as *const u8, b.len() as u32);
                 // A durable write asks the kernel for write-through
                 // (RWF_DSYNC: FUA, or a cache flush after the write).
-                let flags = if req.durable { libc::RWF_DSYNC } else { 0 };
+                let mut flags = if req.durable { libc::RWF_DSYNC } else { 0 };
+                // An untorn write (a page whose torn-page image the log
+                // no longer holds): RWF_ATOMIC, which fails rather than
+                // tears on a device that cannot.
+                if req.atomic {
+                    flags |= libc::RWF_ATOMIC;
+                }
                 // The class's write stream on a block device that offers
                 // streams (Linux 6.16+); 0, no stream, everywhere else.
                 let stream = req.placement.stream(self.device.write_streams());

@@ -188,6 +188,12 @@ pub struct WafArgs {
     /// and the phases stay those of the in-place device.
     #[arg(long)]
     pub oop_over_provisioning: Option<f64>,
+    /// The simulated data devices write 4 KiB untorn (`RWF_ATOMIC`, as an
+    /// NVMe drive with a 4 KiB atomic write unit): in place, dana then
+    /// writes its pages back untorn and logs no torn-page images
+    /// (`Options::untorn_page_writes`).
+    #[arg(long)]
+    pub untorn_writes: bool,
     /// Buffer pool as a share of the loaded data.
     #[arg(long, default_value_t = 0.1)]
     pub pool_fraction: f64,
@@ -237,6 +243,17 @@ pub struct WafArgs {
     /// warm-up and a window of at most one device capacity each.
     #[arg(long)]
     pub quick: bool,
+}
+
+impl WafArgs {
+    /// The simulated data devices' settings (see
+    /// [`WafArgs::untorn_writes`]).
+    pub(crate) fn data_sim_config(&self) -> SimConfig {
+        SimConfig {
+            atomic_write_max: if self.untorn_writes { 4096 } else { 0 },
+            ..SimConfig::default()
+        }
+    }
 }
 
 /// One device's share of a window.
@@ -351,6 +368,8 @@ pub struct WafReport {
     pub warehouses: u32,
     /// The log's flush block (bytes).
     pub log_flush_block: u64,
+    /// The data devices wrote 4 KiB untorn ([`WafArgs::untorn_writes`]).
+    pub untorn_writes: bool,
     /// One run per fill.
     pub runs: Vec<FillRun>,
 }
@@ -439,6 +458,7 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
         }
     }
     let report = WafReport {
+        untorn_writes: a.untorn_writes,
         blocks: a.blocks,
         pages_per_block: a.pages_per_block,
         over_provisioning: a.over_provisioning,
@@ -519,7 +539,7 @@ impl Devices {
         data_cfg: FtlConfig,
         device_bytes: u64,
     ) -> CliResult<Devices> {
-        let data = SimDisk::new(0, device_bytes, SimConfig::default());
+        let data = SimDisk::new(0, device_bytes, a.data_sim_config());
         data.attach_ftl(data_cfg)?;
         let log_device = CONTROL_BYTES + a.log_bytes;
         // Enough blocks that the log device's logical capacity holds it.
@@ -906,6 +926,12 @@ pub fn render(r: &WafReport) -> String {
         r.gc.to_lowercase(),
         r.log_flush_block,
     );
+    if r.untorn_writes {
+        s.push_str(
+            "  data devices write 4 KiB untorn (RWF_ATOMIC): in place, pages are written back \
+             untorn and the log holds no torn-page images\n",
+        );
+    }
     let has = |w: WafWorkload| r.runs.iter().any(|f| f.workload == w);
     if has(WafWorkload::YcsbA) {
         s.push_str(&format!(

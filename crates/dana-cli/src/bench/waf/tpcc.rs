@@ -94,7 +94,7 @@ impl Sizing {
             return Err(CliError("--warehouses must be at least 1".into()));
         }
         let bytes = u64::from(a.warehouses) * WAREHOUSE_BYTES * 2;
-        let data = SimDisk::new(0, bytes, SimConfig::default());
+        let data = SimDisk::new(0, bytes, a.data_sim_config());
         let log = SimDisk::new(1, CONTROL_BYTES + a.log_bytes, SimConfig::default());
         let (_, loaded) = load_into(
             a,
@@ -198,7 +198,7 @@ impl Image {
         // The logical capacity does not depend on the handles.
         let cfg = ftl_config(a, blocks, PlacementMode::None);
         let device_pages = u64::from(Ftl::new(cfg)?.logical_pages());
-        let data = SimDisk::new(0, device_pages * PAGE, SimConfig::default());
+        let data = SimDisk::new(0, device_pages * PAGE, a.data_sim_config());
         let log = SimDisk::new(1, CONTROL_BYTES + a.log_bytes, SimConfig::default());
         let opts = options(a, device_pages * PAGE + (64 << 20));
         let (rows, used) = load_into(a, Target::Sim(data.clone()), &log, opts.clone())?;
