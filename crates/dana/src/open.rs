@@ -173,6 +173,7 @@ fn device_exists(path: &Path) -> bool {
 /// The number of copies of an existing device whose copy 0 is at `path`:
 /// from a label of copy 0 or copy 1 (1 if neither has one: not mirrored).
 fn copies_of(path: &Path) -> Result<usize> {
+    let mut plain_copy_0 = false;
     for c in 0..2 {
         let p = copy_path(path, c);
         if !p.exists() {
@@ -193,8 +194,16 @@ fn copies_of(path: &Path) -> Result<usize> {
             continue;
         }
         if c == 0 {
-            return Ok(1);
+            // No label on copy 0: a device that is not mirrored, unless
+            // copy 1's label says otherwise (copy 0 truncated, or the
+            // magic of both its label slots damaged: the first version
+            // read it as a plain file and failed to open a database
+            // whose other copy was whole).
+            plain_copy_0 = true;
         }
+    }
+    if plain_copy_0 {
+        return Ok(1);
     }
     if copy_path(path, 1).exists() {
         return Err(Error::Mirror(format!(

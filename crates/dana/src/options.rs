@@ -532,9 +532,14 @@ impl Options {
     /// assert_eq!(dana::Options::default().log_bytes_value(), 64 << 20);
     /// // Rounded up to a multiple of 4 KiB.
     /// assert_eq!(dana::Options::default().log_bytes(10_000).log_bytes_value(), 12288);
+    /// assert!(dana::Options::default().log_bytes(u64::MAX).log_bytes_value() > 1 << 60);
     /// ```
     pub fn log_bytes(mut self, bytes: u64) -> Self {
-        self.log_bytes = bytes.div_ceil(control::BLOCK) * control::BLOCK;
+        // Saturating: a size within a block of u64::MAX is the largest
+        // multiple (refused at open as too large), never a wrap to 0.
+        self.log_bytes = bytes
+            .div_ceil(control::BLOCK)
+            .saturating_mul(control::BLOCK);
         self
     }
 

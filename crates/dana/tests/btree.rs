@@ -354,3 +354,38 @@ fn ascending_load_fills_leaves() {
     assert!(leaves > 100);
     assert!(fill > 0.85, "ascending load left leaves {fill:.2} full");
 }
+
+/// A child pointer turned back into an ancestor (damage whose checksums
+/// were made to match: the page is sealed again at write-back) makes every
+/// descent, a tree walk and `check` fail with `Corrupt`, never loop.
+#[test]
+fn a_cycle_of_child_pointers_is_corrupt_not_a_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), Options::default().pool_bytes(8 << 20)).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for i in 0..5_000u32 {
+        t.put(&i.to_be_bytes(), &[7u8; 100]).unwrap();
+    }
+    let root = t.unlogged_btree().root();
+    let pool = db.pool().clone();
+    db.block_on(async move {
+        let mut g = pool.fix_exclusive(root).await.unwrap();
+        let mut n = dana::btree::node::NodeMut::new(&mut g).unwrap();
+        assert!(!n.as_node().is_leaf(), "5,000 records make an inner root");
+        // Every key above the last separator now leads back to the root.
+        n.set_upper_child(root);
+    })
+    .unwrap();
+    let e = t.get(&4_999u32.to_be_bytes()).unwrap_err();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    let e = t.put(&4_999u32.to_be_bytes(), b"x").unwrap_err();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    // The keys below still read.
+    assert_eq!(t.get(&0u32.to_be_bytes()).unwrap(), Some(vec![7u8; 100]));
+    let bt = t.unlogged_btree().clone();
+    let walked = db
+        .block_on(async move { bt.walk(|_, _| Ok(())).await })
+        .unwrap();
+    assert!(matches!(walked, Err(Error::Corrupt { .. })), "{walked:?}");
+    assert!(!db.check().unwrap().is_ok());
+}

@@ -419,3 +419,23 @@ fn a_stamp_holds_until_a_writer_or_an_eviction() {
     .unwrap()
     .unwrap();
 }
+
+/// Page ids past the page table (a damaged pointer, a caller's bad id)
+/// are errors on every path that takes one, never an index out of range:
+/// an optimistic fix, a stamp's check, a tree opened at such a root.
+#[test]
+fn page_ids_past_the_table_are_errors_not_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pool, rt) = start(open_array(dir.path(), 1, 64), 16, 1);
+    for pid in [64, 1 << 40, u64::MAX] {
+        let p = pool.clone();
+        let r = rt
+            .block_on(async move { p.fix_optimistic(pid).await.map(|_| ()) })
+            .unwrap();
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{pid}: {r:?}");
+        assert!(!pool.unchanged(dana::buffer::PageStamp { pid, version: 0 }));
+        let tree = dana::btree::BTree::open(&pool, pid);
+        let r = rt.block_on(async move { tree.get(b"k").await }).unwrap();
+        assert!(r.is_err(), "{pid}: {r:?}");
+    }
+}

@@ -466,6 +466,48 @@ fn a_missing_copy_file_opens_degraded_and_dana_rebuild_recreates_it() {
     db.close().unwrap();
 }
 
+/// Copy 0 of the data file truncated (to nothing, or to less than its
+/// label): the database opens from copy 1, copy 0 failed, every value
+/// there, and a rebuild makes copy 0 whole again. The first version read
+/// the unlabelled copy 0 as a plain file and failed the open.
+#[test]
+fn a_truncated_copy_0_opens_degraded_from_copy_1() {
+    for len in [0u64, 4096] {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options::default().pool_bytes(2 << 20).mirrored();
+        let db = Db::open(dir.path(), opts.clone()).unwrap();
+        let t = db.create_tree("t").unwrap();
+        for n in 0..2000u64 {
+            t.put(&key(1, n), &value(1, n)).unwrap();
+        }
+        db.close().unwrap();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("dana.0"))
+            .unwrap();
+        f.set_len(len).unwrap();
+        drop(f);
+        let db = Db::open(dir.path(), opts.clone()).unwrap();
+        assert_eq!(
+            db.mirror_status()[0].copies[0].state,
+            CopyState::Failed,
+            "truncated to {len}"
+        );
+        let t = db.tree("t").unwrap();
+        for n in 0..2000u64 {
+            assert_eq!(
+                t.get(&key(1, n)).unwrap().as_deref(),
+                Some(&value(1, n)[..])
+            );
+        }
+        db.rebuild().unwrap();
+        db.checkpoint().unwrap();
+        let report = db.check().unwrap();
+        assert!(report.is_ok(), "{:?}", report.findings);
+        db.close().unwrap();
+    }
+}
+
 #[test]
 fn open_devices_takes_each_devices_copies_in_turn() {
     let dir = tempfile::tempdir().unwrap();

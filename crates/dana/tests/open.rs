@@ -109,6 +109,45 @@ fn handles_of_a_closed_database_fail_with_closed() {
     db.close().unwrap();
 }
 
+/// A log of the largest size dana creates (64 GiB) in a file that starts
+/// small: reopening reads what the file holds, not its capacity (the first
+/// version read the capacity whole into memory at every open, 64 GiB).
+#[test]
+fn a_huge_log_in_a_small_file_reopens_without_reading_its_capacity() {
+    let dir = tempfile::tempdir().unwrap();
+    // Past the largest: refused, nothing created.
+    for bytes in [
+        dana::wal::recover::MAX_LOG_BYTES + 4096,
+        u64::MAX - 1,
+        u64::MAX,
+    ] {
+        let e = Db::open(dir.path(), opts().log_bytes(bytes)).err();
+        assert!(e.is_some(), "a log of {bytes} bytes was created");
+        assert!(!dir.path().join("dana.wal").exists());
+    }
+    let huge = opts().log_bytes(dana::wal::recover::MAX_LOG_BYTES);
+    let db = Db::open(dir.path(), huge.clone()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for i in 0..200u32 {
+        t.put(&i.to_be_bytes(), b"v").unwrap();
+    }
+    db.close().unwrap();
+    for read_only in [true, false] {
+        let o = if read_only {
+            huge.clone().read_only()
+        } else {
+            huge.clone()
+        };
+        let db = Db::open(dir.path(), o).unwrap();
+        let t = db.tree("t").unwrap();
+        for i in 0..200u32 {
+            assert_eq!(t.get(&i.to_be_bytes()).unwrap(), Some(b"v".to_vec()));
+        }
+        assert!(db.check().unwrap().is_ok());
+        db.close().unwrap();
+    }
+}
+
 /// `Db::close` while other threads call into the database: every call
 /// returns (a result or `Closed`/`Shutdown`), none waits for good. A sync
 /// call that passed the closed check and queued its task after the

@@ -340,3 +340,48 @@ fn out_of_place_files_refuse_what_they_cannot_do() {
     assert!(db.check().unwrap().is_ok());
     db.close().unwrap();
 }
+
+/// An out-of-place data file extended after its creation (a sparse
+/// `truncate -s 16T`): the open keeps the segments the device was created
+/// with (its label's pages), every value reads back, and `check` passes.
+/// The first version cut the whole extension into segments and aborted
+/// allocating their table (about 64 GiB).
+#[test]
+fn an_out_of_place_file_extended_since_opens_with_its_own_segments() {
+    use dana::WriteMode;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default()
+        .pool_bytes(4 << 20)
+        .write_mode(WriteMode::OutOfPlace)
+        .capacity_bytes(16 << 20);
+    let db = Db::open(dir.path(), opts.clone()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for i in 0..2_000 {
+        t.put(&key(i), &value(i, 1)).unwrap();
+    }
+    db.close().unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("dana.0"))
+        .unwrap();
+    // As far as this file system lets a file go (ext4: 16 TiB).
+    let extended = [16u64 << 40, 1 << 40, 64 << 30]
+        .into_iter()
+        .find(|&len| f.set_len(len).is_ok())
+        .expect("the file system extends a sparse file to 64 GiB at least");
+    drop(f);
+    let db = Db::open(dir.path(), opts).unwrap();
+    let t = db.tree("t").unwrap();
+    for i in 0..2_000 {
+        assert_eq!(t.get(&key(i)).unwrap(), Some(value(i, 1)), "key {i}");
+    }
+    let report = db.check().unwrap();
+    assert!(report.is_ok(), "extended to {extended} bytes");
+    // 16 MiB of 512 KiB segments, the label's; not the extension's.
+    let segments = report.out_of_place[0].segments;
+    assert!(
+        segments <= 34,
+        "{segments} segments after extending to {extended} bytes"
+    );
+    db.close().unwrap();
+}

@@ -31,6 +31,15 @@ use crate::{Error, Result};
 const MAX_RESTARTS: usize = 100_000;
 /// No tree is this tall (a fanout of at least 4 at 2^64 pages).
 pub const MAX_HEIGHT: u32 = 40;
+
+/// The error of a path from the root longer than [`MAX_HEIGHT`] (a cycle
+/// of child pointers), found at inner node `pid`.
+fn too_deep(pid: u64) -> Error {
+    Error::Corrupt {
+        page: pid,
+        what: format!("a path longer than {MAX_HEIGHT} levels (a cycle of child pointers?)"),
+    }
+}
 /// Unexplained descents (see `find_leaf`) before the tree is called corrupt.
 const STABLE_MISSES: u32 = 3;
 /// Latch or validation retries of one operation between two yields.
@@ -196,10 +205,7 @@ impl BTree {
                         pid = c;
                         levels += 1;
                         if levels > MAX_HEIGHT {
-                            return Err(Error::Corrupt {
-                                page: self.root,
-                                what: format!("a path longer than {MAX_HEIGHT} levels"),
-                            });
+                            return Err(too_deep(pid));
                         }
                     }
                     Step::NotCovered => continue 'restart,
@@ -289,6 +295,7 @@ impl BTree {
             let mut parent: Option<PageOptimistic<'_>> = None;
             let mut pid = self.root;
             let mut cur = self.pool.fix_optimistic(pid).await?;
+            let mut levels = 0u32;
             loop {
                 let Some(step) = cur.with_bytes(|b| look(b, key)) else {
                     continue 'restart;
@@ -317,6 +324,13 @@ impl BTree {
                         };
                         if !cur.validate() {
                             continue 'restart;
+                        }
+                        levels += 1;
+                        if levels > MAX_HEIGHT {
+                            // A cycle of child pointers (damage that kept
+                            // its checksums), or a path no tree has: an
+                            // error, never a descent that does not end.
+                            return Err(too_deep(pid));
                         }
                         parent = Some(cur);
                         cur = next;
@@ -708,6 +722,7 @@ impl BTree {
         'restart: for _ in 0..MAX_RESTARTS {
             let mut pid = self.root;
             let mut cur = self.pool.fix_optimistic(pid).await?;
+            let mut levels = 0u32;
             loop {
                 let Some(step) = cur.with_bytes(|b| look(b, key)) else {
                     sched::yield_now().await;
@@ -723,6 +738,10 @@ impl BTree {
                         };
                         if !cur.validate() {
                             continue 'restart;
+                        }
+                        levels += 1;
+                        if levels > MAX_HEIGHT {
+                            return Err(too_deep(pid));
                         }
                         cur = next;
                         pid = c;
@@ -966,15 +985,18 @@ impl BTree {
     /// Visits every page of the tree (for check and drop): calls `f` with
     /// each page id and its bytes, parents before children.
     pub async fn walk(&self, mut f: impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
-        let mut stack = vec![self.root];
-        while let Some(pid) = stack.pop() {
+        let mut stack = vec![(self.root, 0u32)];
+        while let Some((pid, depth)) = stack.pop() {
+            if depth > MAX_HEIGHT {
+                return Err(too_deep(pid));
+            }
             let g = self.pool.fix_shared(pid).await?;
             f(pid, &g)?;
             let n = Node::new(&g).map_err(corrupt(pid))?;
             if !n.is_leaf() {
-                stack.push(n.upper_child());
+                stack.push((n.upper_child(), depth + 1));
                 for i in (0..n.len()).rev() {
-                    stack.push(n.child_at(i));
+                    stack.push((n.child_at(i), depth + 1));
                 }
             }
         }

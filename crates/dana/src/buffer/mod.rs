@@ -781,6 +781,9 @@ impl BufferPool {
     /// false answer says nothing (changed, evicted, or being written):
     /// read the page again.
     pub fn unchanged(&self, stamp: PageStamp) -> bool {
+        if stamp.pid >= self.table.len() {
+            return false;
+        }
         let s = self.table.state(stamp.pid).load(Ordering::Acquire);
         version_of(s) == stamp.version && (UNLOCKED..=MAX_SHARED).contains(&lock_of(s))
     }
@@ -788,6 +791,11 @@ impl BufferPool {
     /// Makes page `pid` resident and returns an optimistic handle: reads
     /// take no latch and must be validated afterwards.
     pub async fn fix_optimistic(&self, pid: u64) -> Result<PageOptimistic<'_>> {
+        if pid >= self.table.len() {
+            // Past the page table (a damaged pointer, a caller's bad id):
+            // the same error as a fix, never an index out of range.
+            self.check_pid(pid)?;
+        }
         loop {
             let s = self.table.state(pid).load(Ordering::Acquire);
             let l = lock_of(s);

@@ -227,20 +227,38 @@ fn read_stream(log: &Target, ctl: &Control) -> Result<Vec<u8>> {
         )));
     }
     let mut lq = open_queue(log, &Backend::Blocking, 4)?;
-    let mut area = Vec::with_capacity(cap as usize);
     let chunk = 1u64 << 20;
     // A growing log's file ends before its capacity until the first lap is
     // written: no record was ever written past its end (growth is durable
-    // before a flush writes there), so the rest reads as zeros.
+    // before a flush writes there), so the stream is what lies between
+    // the redo LSN and the file's end, and the scan takes the rest as the
+    // end of the log. (The first version read the capacity whole, zeros
+    // past the file's end included: a database created with a 64 GiB log
+    // needed 64 GiB of memory at every open.)
     let have = log.size().saturating_sub(CONTROL_BYTES).min(cap);
-    let mut at = 0;
+    let (from, wraps) = if have < cap && ctl.redo <= have {
+        (ctl.redo, false)
+    } else {
+        (0, true)
+    };
+    let len = (have - from) as usize;
+    let mut area = Vec::new();
+    area.try_reserve_exact(len).map_err(|_| {
+        Error::Log(format!(
+            "recovery reads the log's stream into memory and could not allocate its {len} \
+             bytes (Options::log_bytes sets its size)"
+        ))
+    })?;
+    let mut at = from;
     while at < have {
         let n = chunk.min(have - at);
         area.extend_from_slice(&read_at(lq.as_mut(), CONTROL_BYTES + at, n as usize)?);
         at += n;
     }
-    area.resize(cap as usize, 0);
-    area.rotate_left((ctl.redo % cap) as usize);
+    if wraps {
+        area.resize(cap as usize, 0);
+        area.rotate_left((ctl.redo % cap) as usize);
+    }
     Ok(area)
 }
 
@@ -280,7 +298,10 @@ pub fn scan(stream: &[u8], ctl: &Control) -> Result<Scan> {
     // flush's own) rather than other bytes (damage, or the gap a torn
     // flush left before the log resumed).
     let mut padded = true;
-    while pos - ctl.redo < cap {
+    // The stream may end before the capacity (a log file in its first
+    // lap): nothing was written past its end.
+    let limit = cap.min(stream.len() as u64);
+    while pos - ctl.redo < limit {
         let off = (pos - ctl.redo) as usize;
         let parsed = record::parse(&stream[off..], pos);
         match parsed {
@@ -313,7 +334,7 @@ pub fn scan(stream: &[u8], ctl: &Control) -> Result<Scan> {
     // earlier lap of the file).
     let mut at = valid_end.div_ceil(8) * 8;
     let mut markers_past_end = 0u64;
-    while at - ctl.redo + record::FLUSH_MARKER_LEN as u64 <= cap {
+    while at - ctl.redo + record::FLUSH_MARKER_LEN as u64 <= limit {
         let off = (at - ctl.redo) as usize;
         if stream.get(off + 16) == Some(&(Kind::Flush as u8)) {
             if let Parsed::Record(r) = record::parse(&stream[off..], at) {

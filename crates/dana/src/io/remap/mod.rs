@@ -351,8 +351,33 @@ impl Remap {
             )));
         }
         let slots = seg - SUMMARY_SLOTS;
-        let usable = (segments - (OPEN_SEGMENTS + GC_RESERVE) as u64) * slots;
-        let offered = ((usable as f64) * (1.0 - config.spare)) as u64;
+        let offered_by = |segments: u64| {
+            let usable = (segments - (OPEN_SEGMENTS + GC_RESERVE) as u64) * slots;
+            ((usable as f64) * (1.0 - config.spare)) as u64
+        };
+        let offered = offered_by(segments);
+        // An existing device: only the segments it was created with hold
+        // anything (the fewest that offer its label's pages, or a few
+        // more where a segment adds less than a page to the offer: the
+        // slack covers them). A file extended since (`truncate -s 16T`)
+        // must not make the open allocate a segment table for the whole
+        // extension (64 GiB at 16 TiB: the first version aborted there).
+        let segments = match pages {
+            Some(p) if p <= offered => {
+                let (mut lo, mut hi) = (least, segments);
+                while lo < hi {
+                    let mid = lo + (hi - lo) / 2;
+                    if offered_by(mid) >= p {
+                        hi = mid;
+                    } else {
+                        lo = mid + 1;
+                    }
+                }
+                let slack = (1.0 / (slots as f64 * (1.0 - config.spare))).ceil() as u64 + 1;
+                lo.saturating_add(slack).min(segments)
+            }
+            _ => segments,
+        };
         let pages = match pages {
             Some(p) if p > offered => {
                 return Err(Error::Corrupt {
