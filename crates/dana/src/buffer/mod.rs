@@ -963,6 +963,14 @@ impl BufferPool {
             self.table.unlock_exclusive(pid);
             return Err(Error::ReadOnly);
         }
+        if let Some(e) = self.poisoned() {
+            // Looked at under the latch: a writer whose record could not
+            // be logged poisons the pool before it lets the page go, so a
+            // change no record holds is never written (a look before the
+            // latch, as a flush made, could miss it).
+            self.table.unlock_exclusive(pid);
+            return Err(e);
+        }
         if let Some(wal) = self.wal.get() {
             // The WAL rule, checked in release builds: a page is written
             // only once the record of its last change is durable.
@@ -1334,8 +1342,15 @@ impl BufferPool {
                 // change while its write is still unsynced, and a torn
                 // write of it could not be rebuilt (found by `dana
                 // crashtest --tasks 32 --async`, seed 9437185 point 987).
+                // The dirty flag is read first: a write-back sets
+                // `writing` and then clears `dirty`, so a clear dirty flag
+                // seen here means its `writing` is seen too. Read the other
+                // way round, a write-back starting between the two loads
+                // looked like a clean page that no write covered, and the
+                // sync below went ahead without it (found in review).
+                let dirty = meta.dirty.load(Ordering::Acquire);
                 let writing = meta.writing.load(Ordering::Acquire);
-                if pid == NO_PAGE || (!writing && !meta.dirty.load(Ordering::Acquire)) {
+                if pid == NO_PAGE || (!writing && !dirty) {
                     break;
                 }
                 // A failed log or write stops the flush (it could wait

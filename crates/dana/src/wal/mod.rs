@@ -1788,6 +1788,11 @@ impl Wal {
     /// naming it and the redo LSN, syncs it, and frees the log before the
     /// redo LSN.
     pub async fn finish_checkpoint(&self) -> Result<()> {
+        if let Some(e) = self.poisoned() {
+            // A stopped log writes nothing more, not even a control block
+            // whose checkpoint record is durable.
+            return Err(e);
+        }
         let redo = self.checkpoint_redo();
         let (lsn, redo_gsn) = {
             let st = self.lock();

@@ -79,9 +79,22 @@ fn read_at(q: &mut dyn IoQueue, offset: u64, len: usize) -> Result<Vec<u8>> {
 }
 
 fn write_at(q: &mut dyn IoQueue, offset: u64, data: &[u8], placement: Placement) -> Result<()> {
+    write_untorn_at(q, offset, data, placement, false)
+}
+
+/// [`write_at`], untorn ([`crate::io::Request::atomic`]) if `untorn`.
+fn write_untorn_at(
+    q: &mut dyn IoQueue,
+    offset: u64,
+    data: &[u8],
+    placement: Placement,
+    untorn: bool,
+) -> Result<()> {
     let mut buf = AlignedBuf::new(data.len(), control::BLOCK as usize)?;
     buf[..data.len()].copy_from_slice(data);
-    let req = Request::write(0, offset, IoBuf::owned(buf)).placed(placement);
+    let req = Request::write(0, offset, IoBuf::owned(buf))
+        .placed(placement)
+        .untorn(untorn);
     sync_io(q, req)?.result?;
     Ok(())
 }
@@ -256,6 +269,15 @@ fn read_stream(log: &Target, ctl: &Control) -> Result<Vec<u8>> {
         at += n;
     }
     if wraps {
+        // The whole capacity (a file shorter than the redo LSN reads as
+        // zeros past its end): reserved fallibly, as above.
+        area.try_reserve_exact(cap as usize - area.len())
+            .map_err(|_| {
+                Error::Log(format!(
+                    "recovery reads the log's stream into memory and could not allocate its \
+                     {cap} bytes (Options::log_bytes sets its size)"
+                ))
+            })?;
         area.resize(cap as usize, 0);
         area.rotate_left((ctl.redo % cap) as usize);
     }
@@ -689,6 +711,15 @@ pub fn recover(array: &Array, logs: &[(Target, Control)], cut: CutLeaf) -> Resul
         .map(|t| open_queue(t, &Backend::Blocking, 4))
         .collect::<Result<Vec<_>>>()?;
     let ps = array.page_size() as usize;
+    // A redone page is written untorn wherever its device can: a log
+    // written with untorn page writes holds no image to rebuild a page
+    // that a crash during this recovery tears (whatever the options of
+    // this open say).
+    let untorn: Vec<bool> = array
+        .targets()
+        .iter()
+        .map(|t| t.untorn_writes(ps as u64))
+        .collect();
     // Every commit found says which pages its large values took.
     let taken = taken_by_large_values(&out.commits, &by_page, ps)?;
     // The pages hold every commit below the newest checkpoint's redo GSN
@@ -761,7 +792,7 @@ pub fn recover(array: &Array, logs: &[(Target, Control)], cut: CutLeaf) -> Resul
         }
         if changed {
             page::seal(&mut bytes);
-            write_at(q, offset, &bytes, Placement::Unsorted)?;
+            write_untorn_at(q, offset, &bytes, Placement::Unsorted, untorn[dev])?;
             out.pages_redone += 1;
         }
     }
