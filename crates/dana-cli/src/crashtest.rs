@@ -114,6 +114,13 @@ pub struct CrashArgs {
     /// `crates/dana/tests/out_of_place.rs`).
     #[arg(long)]
     pub out_of_place: bool,
+    /// The simulated power cuts' data disk writes 4 KiB untorn
+    /// (`RWF_ATOMIC`, as an NVMe drive with a 4 KiB atomic write unit): a
+    /// cut keeps or drops each page write whole, and the log holds no
+    /// torn-page images (`Options::untorn_page_writes`). Log writes and
+    /// everything else are still torn.
+    #[arg(long)]
+    pub untorn_writes: bool,
     /// Directory for the kill -9 runs (default: a temporary directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -522,10 +529,19 @@ struct SimRig {
 
 impl SimRig {
     fn new(seed: u64) -> SimRig {
+        SimRig::with_untorn(seed, false)
+    }
+
+    /// A rig whose data disk writes 4 KiB untorn if `untorn`.
+    fn with_untorn(seed: u64, untorn: bool) -> SimRig {
         // Replayable: every request completes at the next reap.
         let config = SimConfig::replayable;
+        let data = SimConfig {
+            atomic_write_max: if untorn { 4096 } else { 0 },
+            ..config(seed)
+        };
         SimRig {
-            data: SimDisk::new(0, 16 << 20, config(seed)),
+            data: SimDisk::new(0, 16 << 20, data),
             log: SimDisk::new(1, CONTROL_BYTES + SIM_LOG, config(seed ^ 1)),
         }
     }
@@ -644,6 +660,8 @@ pub struct SimRun {
     pub log_sync: bool,
     /// Drop the synced log block of the newest commit that had to survive.
     pub plant_loss: bool,
+    /// The data disk writes 4 KiB untorn (`--untorn-writes`).
+    pub untorn: bool,
 }
 
 /// What a simulated run found.
@@ -680,8 +698,9 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
         durability,
         log_sync,
         plant_loss,
+        untorn,
     } = cfg;
-    let rig = SimRig::new(seed);
+    let rig = SimRig::with_untorn(seed, untorn);
     let fail = |what: String| {
         format!(
             "seed {seed} point {point}{}: {what}",
@@ -952,6 +971,7 @@ pub fn sim_sweep(
     txns: u64,
     tasks: u64,
     plant_loss: bool,
+    untorn: bool,
 ) -> Result<Totals, String> {
     let mut t = Totals::default();
     let base = SimRun {
@@ -962,6 +982,7 @@ pub fn sim_sweep(
         durability: Durability::Sync,
         log_sync: false,
         plant_loss: false,
+        untorn,
     };
     // The length of a run without a cut, in each mode.
     let mut full = [0u64; 4];
@@ -1549,6 +1570,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
             durability,
             log_sync: args.log_sync,
             plant_loss: args.plant_loss,
+            untorn: args.untorn_writes,
         })
         .map_err(CliError)?;
         let j = o.judged;
@@ -1565,11 +1587,17 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         args.txns,
         args.tasks,
         args.plant_loss,
+        args.untorn_writes,
     )
     .map_err(CliError)?;
     let j = sim.judged;
     println!(
-        "simulated power cuts: {} crash points ({} sync, {} async; {} with the log flushed by write + fdatasync), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied, {} missing before a later survivor; recoveries redid {} leaf cuts ({} keys left out for re-applied commits) and found {} later flushes kept past a torn one (log flushes in flight: at most {}) in {:.1} s",
+        "simulated power cuts{}: {} crash points ({} sync, {} async; {} with the log flushed by write + fdatasync), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied, {} missing before a later survivor; recoveries redid {} leaf cuts ({} keys left out for re-applied commits) and found {} later flushes kept past a torn one (log flushes in flight: at most {}) in {:.1} s",
+        if args.untorn_writes {
+            " (data disk writing 4 KiB untorn, no torn-page images logged)"
+        } else {
+            ""
+        },
         sim.runs,
         sim.runs - sim.async_runs,
         sim.async_runs,

@@ -98,6 +98,10 @@ pub(crate) struct AllocState {
     /// Runs of pages freed and not yet trimmed, with the GSN of the
     /// record of their free (`trim.rs`).
     pub(super) freed: Mutex<Vec<(u64, u64, u64)>>,
+    /// Bumped (under `freed`'s lock) each time notes had to be dropped
+    /// because the list was full: a trim that took its list before then
+    /// may hold an older note of a page whose newer free went unnoted.
+    pub(super) freed_dropped: AtomicU64,
     /// Pages trimmed.
     pub(super) trimmed: AtomicU64,
 }
@@ -287,17 +291,35 @@ impl BufferPool {
             }
             self.wait_for_frame().await;
         };
-        if !self.table.try_transition(pid, EVICTED, EXCLUSIVE) {
-            self.return_frames(&[f]);
+        // Never read from the device: a freed page's bytes there may be
+        // trimmed zeros or a large value's, which fail the checksum (the
+        // first version fell back to a fix, which read them when a stale
+        // reader had the page loading or eviction took it meanwhile, and
+        // failed the allocation after its map bit was set).
+        let mut rounds = 0u64;
+        while !self.table.try_transition(pid, EVICTED, EXCLUSIVE) {
             if !may_be_resident {
+                self.return_frames(&[f]);
                 return Err(Error::Corrupt {
                     page: pid,
                     what: "a page handed out as never used is resident".into(),
                 });
             }
-            let mut p = self.fix_exclusive(pid).await?;
-            page::init_page(&mut p, pid, t);
-            return Ok(p);
+            if let Some(mut p) = self.try_latch_resident(pid) {
+                self.return_frames(&[f]);
+                page::init_page(&mut p, pid, t);
+                return Ok(p);
+            }
+            // Being read (a stale reader, a read-ahead) or latched by a
+            // reader that will see it freed: wait, then look again.
+            self.read_settled(pid).await;
+            rounds += 1;
+            if rounds % 1024 == 0 {
+                if let Some(e) = self.poisoned() {
+                    self.return_frames(&[f]);
+                    return Err(e);
+                }
+            }
         }
         self.frames[f as usize].pid.store(pid, Ordering::Release);
         self.arrived(f, true);

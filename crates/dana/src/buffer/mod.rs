@@ -776,6 +776,39 @@ impl BufferPool {
         })
     }
 
+    /// Page `pid` latched exclusively if it is resident and unlatched now,
+    /// without ever reading it (a page being handed out again: its bytes
+    /// on the device may be trimmed zeros or a large value's).
+    fn try_latch_resident(&self, pid: u64) -> Option<PageMut<'_>> {
+        if !self.table.try_lock_exclusive(pid) {
+            return None;
+        }
+        let frame = self.table.frame(pid);
+        self.touch(frame);
+        let mut g = PageMut {
+            pool: self,
+            pid,
+            frame,
+            before: None,
+            fresh: false,
+            touched: false,
+            cover: 0,
+            cut: None,
+        };
+        g.snapshot();
+        Some(g)
+    }
+
+    /// Waits for the read of `pid` in flight if it is being read, whatever
+    /// the read's outcome; else yields once (a latch holder lets go).
+    async fn read_settled(&self, pid: u64) {
+        let loading = lock_of(self.table.state(pid).load(Ordering::Acquire)) == LOADING;
+        match self.inflight.get(pid).filter(|_| loading) {
+            Some(w) => drop(w.wait().await),
+            None => sched::yield_now().await,
+        }
+    }
+
     /// True if the page of `stamp` still has the stamped version and no
     /// writer holds it now: its bytes are those the stamp's latch saw. A
     /// false answer says nothing (changed, evicted, or being written):

@@ -39,8 +39,12 @@ use super::alloc::SpaceGuard;
 use super::{page, BufferPool};
 use crate::Result;
 
-/// Most page runs waiting for a trim; runs freed beyond it are not
-/// trimmed (advice: the device copies them until they are rewritten).
+/// Most page runs waiting for a trim. Past it every waiting note is
+/// dropped, not only the new ones: an older note of a page freed again
+/// must never outlive the newer free it would hide (a trim by the older
+/// note after the newer free, not yet durable, lost the page's content
+/// at a crash; found in review). Dropped notes are advice lost: the
+/// device copies those pages until they are rewritten.
 const MAX_WAITING: usize = 1 << 16;
 
 impl BufferPool {
@@ -65,12 +69,12 @@ impl BufferPool {
         }
         let gsn = page::page_lsn(&space.meta);
         let mut w = self.alloc.freed.lock().unwrap_or_else(|e| e.into_inner());
-        let room = MAX_WAITING.saturating_sub(w.len());
-        w.extend(
-            runs.into_iter()
-                .take(room)
-                .map(|(first, len)| (first, len, gsn)),
-        );
+        if w.len() + runs.len() > MAX_WAITING {
+            w.clear();
+            self.alloc.freed_dropped.fetch_add(1, Ordering::AcqRel);
+            return;
+        }
+        w.extend(runs.into_iter().map(|(first, len)| (first, len, gsn)));
     }
 
     /// Pages trimmed since the pool opened.
@@ -89,8 +93,13 @@ impl BufferPool {
         if self.poisoned().is_some() {
             return Ok(());
         }
-        let waiting =
-            std::mem::take(&mut *self.alloc.freed.lock().unwrap_or_else(|e| e.into_inner()));
+        let (waiting, dropped) = {
+            let mut w = self.alloc.freed.lock().unwrap_or_else(|e| e.into_inner());
+            (
+                std::mem::take(&mut *w),
+                self.alloc.freed_dropped.load(Ordering::Acquire),
+            )
+        };
         if waiting.is_empty() {
             return Ok(());
         }
@@ -113,6 +122,12 @@ impl BufferPool {
                 // latched, every free of its pages so far is noted.
                 let newer: HashMap<u64, u64> = {
                     let w = self.alloc.freed.lock().unwrap_or_else(|e| e.into_inner());
+                    // Notes dropped since the list was taken: a newer free
+                    // of one of these pages may be among them. Nothing
+                    // more is trimmed in this pass, nor put back.
+                    if self.alloc.freed_dropped.load(Ordering::Acquire) != dropped {
+                        return Ok(());
+                    }
                     let mut m = HashMap::new();
                     for &(first, len, gsn) in w.iter() {
                         for pid in first..first + len {
@@ -162,8 +177,11 @@ impl BufferPool {
         }
         if !later.is_empty() {
             let mut w = self.alloc.freed.lock().unwrap_or_else(|e| e.into_inner());
-            let room = MAX_WAITING.saturating_sub(w.len());
-            w.extend(later.into_iter().take(room));
+            if self.alloc.freed_dropped.load(Ordering::Acquire) == dropped
+                && w.len() + later.len() <= MAX_WAITING
+            {
+                w.extend(later);
+            }
         }
         Ok(())
     }
