@@ -764,7 +764,13 @@ impl BufferPool {
     /// through this guard is logged as a full image).
     pub async fn fix_exclusive_covered(&self, pid: u64) -> Result<PageMut<'_>> {
         let frame = self.fix(pid, Mode::Exclusive).await?;
-        Ok(PageMut {
+        Ok(self.guard_of(pid, frame))
+    }
+
+    /// The guard of page `pid`, resident in `frame` and latched
+    /// exclusively by the caller: no copy kept yet, nothing touched.
+    fn guard_of(&self, pid: u64, frame: u32) -> PageMut<'_> {
+        PageMut {
             pool: self,
             pid,
             frame,
@@ -773,7 +779,7 @@ impl BufferPool {
             touched: false,
             cover: 0,
             cut: None,
-        })
+        }
     }
 
     /// Page `pid` latched exclusively if it is resident and unlatched now,
@@ -785,16 +791,7 @@ impl BufferPool {
         }
         let frame = self.table.frame(pid);
         self.touch(frame);
-        let mut g = PageMut {
-            pool: self,
-            pid,
-            frame,
-            before: None,
-            fresh: false,
-            touched: false,
-            cover: 0,
-            cut: None,
-        };
+        let mut g = self.guard_of(pid, frame);
         g.snapshot();
         Some(g)
     }

@@ -448,24 +448,23 @@ fn logical_block_size(fd: RawFd) -> std::io::Result<u64> {
     Ok(lbs.max(512) as u64)
 }
 
-/// (offset/length alignment, memory alignment) for direct I/O on a file, if
-/// the kernel reports it (Linux 6.1+).
-fn file_dio_alignment(fd: RawFd) -> Option<(u64, u64)> {
+/// `statx` of an open file for `mask`, if the call succeeds and the kernel
+/// filled what the mask asks.
+fn statx_of(fd: RawFd, mask: libc::c_uint) -> Option<libc::statx> {
     // SAFETY: statx is plain data; all-zero is a valid value.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     let empty = c"";
     // SAFETY: fd is valid, the path is a valid empty C string used with
     // AT_EMPTY_PATH, and stx points to a live statx struct.
-    let r = unsafe {
-        libc::statx(
-            fd,
-            empty.as_ptr(),
-            libc::AT_EMPTY_PATH,
-            libc::STATX_DIOALIGN,
-            &mut stx,
-        )
-    };
-    if r != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 || stx.stx_dio_offset_align == 0 {
+    let r = unsafe { libc::statx(fd, empty.as_ptr(), libc::AT_EMPTY_PATH, mask, &mut stx) };
+    (r == 0 && stx.stx_mask & mask == mask).then_some(stx)
+}
+
+/// (offset/length alignment, memory alignment) for direct I/O on a file, if
+/// the kernel reports it (Linux 6.1+).
+fn file_dio_alignment(fd: RawFd) -> Option<(u64, u64)> {
+    let stx = statx_of(fd, libc::STATX_DIOALIGN)?;
+    if stx.stx_dio_offset_align == 0 {
         return None;
     }
     Some((
@@ -477,23 +476,8 @@ fn file_dio_alignment(fd: RawFd) -> Option<(u64, u64)> {
 /// The (smallest, largest) untorn direct write on a file or block device,
 /// if the kernel offers any (Linux 6.11+; 0 or an old kernel: none).
 fn atomic_write_units(fd: RawFd) -> Option<(u64, u64)> {
-    // SAFETY: statx is plain data; all-zero is a valid value.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    let empty = c"";
-    // SAFETY: fd is valid, the path is a valid empty C string used with
-    // AT_EMPTY_PATH, and stx points to a live statx struct.
-    let r = unsafe {
-        libc::statx(
-            fd,
-            empty.as_ptr(),
-            libc::AT_EMPTY_PATH,
-            libc::STATX_WRITE_ATOMIC,
-            &mut stx,
-        )
-    };
-    if r != 0
-        || stx.stx_mask & libc::STATX_WRITE_ATOMIC == 0
-        || stx.stx_atomic_write_unit_min == 0
+    let stx = statx_of(fd, libc::STATX_WRITE_ATOMIC)?;
+    if stx.stx_atomic_write_unit_min == 0
         || stx.stx_atomic_write_unit_max < stx.stx_atomic_write_unit_min
     {
         return None;
