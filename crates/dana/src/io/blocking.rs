@@ -67,6 +67,12 @@ impl BlockingQueue {
         } else {
             res
         };
+        // See `Device::sync_failed`.
+        let res = if req.op != OpKind::Read && self.device.sync_failed() {
+            -(libc::EIO as i64)
+        } else {
+            res
+        };
         Completion {
             tag: req.tag,
             op: req.op,

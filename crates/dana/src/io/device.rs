@@ -46,6 +46,12 @@ pub struct Device {
     /// `RWF_ATOMIC` writes of a power-of-two length in this range, aligned
     /// to their length), if any.
     atomic_write: Option<(u64, u64)>,
+    /// A sync made outside the I/O queues (a growth's, [`Device::sync`])
+    /// failed. The kernel reports a failed write-back once per open file,
+    /// to whichever sync asks first, so a later fdatasync of the queues
+    /// may return 0 over lost writes: every write and flush of this
+    /// device fails from now on ([`Device::sync_failed`]).
+    sync_failed: std::sync::atomic::AtomicBool,
 }
 
 /// How to open a device.
@@ -159,7 +165,14 @@ impl Device {
             direct: opts.direct,
             write_streams,
             atomic_write,
+            sync_failed: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// True once a sync outside the queues failed (see the field): the
+    /// queues then fail every write and flush of this device with `EIO`.
+    pub fn sync_failed(&self) -> bool {
+        self.sync_failed.load(Ordering::Acquire)
     }
 
     /// True if a direct write of `len` bytes (a power of two), aligned to
@@ -246,7 +259,13 @@ impl Device {
         } else {
             preallocate(self.fd(), old, new_size)
         };
-        let grown = allocated.and_then(|()| self.file.sync_data());
+        let grown = allocated.and_then(|()| {
+            self.file.sync_data().inspect_err(|e| {
+                if e.raw_os_error() != Some(libc::ENOSPC) {
+                    self.sync_failed.store(true, Ordering::Release);
+                }
+            })
+        });
         if let Err(source) = grown {
             if source.raw_os_error() == Some(libc::ENOSPC) {
                 return Err(Error::NoSpace(format!(
@@ -312,12 +331,15 @@ impl Device {
 
     /// Makes completed writes durable (fdatasync), synchronously.
     pub fn sync(&self) -> Result<()> {
-        self.file.sync_data().map_err(|source| Error::Io {
-            op: crate::OpKind::Flush,
-            device: self.index,
-            offset: 0,
-            len: 0,
-            source,
+        self.file.sync_data().map_err(|source| {
+            self.sync_failed.store(true, Ordering::Release);
+            Error::Io {
+                op: crate::OpKind::Flush,
+                device: self.index,
+                offset: 0,
+                len: 0,
+                source,
+            }
         })
     }
 }
@@ -556,6 +578,29 @@ mod tests {
         };
         let dev = Device::open(&path, 0, opts).unwrap();
         (path, dev)
+    }
+
+    /// After a sync outside the queues failed, the queues fail every write
+    /// and flush of the device (reads go on): a write-back error taken by
+    /// that sync is never followed by a flush that says all is well.
+    #[test]
+    fn after_a_failed_outside_sync_writes_and_flushes_fail_reads_go_on() {
+        use crate::io::{AlignedBuf, Backend, IoBuf, Request, Target};
+        let dir = tempfile::tempdir().unwrap();
+        let (_, dev) = new_device(&dir);
+        let dev = std::sync::Arc::new(dev);
+        dev.sync_failed.store(true, Ordering::Release);
+        for backend in [Backend::Blocking, Backend::default()] {
+            let t = Target::File(dev.clone());
+            let mut q = crate::io::array::open_queue(&t, &backend, 4).unwrap();
+            let buf = || IoBuf::owned(AlignedBuf::new(4096, 4096).unwrap());
+            let read = crate::io::sync_io(q.as_mut(), Request::read(0, 0, buf())).unwrap();
+            assert!(read.result.is_ok(), "{:?}", read.result);
+            let write = crate::io::sync_io(q.as_mut(), Request::write(0, 0, buf())).unwrap();
+            assert!(write.result.is_err());
+            let flush = crate::io::sync_io(q.as_mut(), Request::flush(0)).unwrap();
+            assert!(flush.result.is_err());
+        }
     }
 
     #[test]
