@@ -494,10 +494,12 @@ impl Transaction {
                 }
             }
         }
+        // Every insert checks that its key is absent, read before or not:
+        // a read that saw the key present validates that it still is, and
+        // the insert must then fail (the first version skipped the check
+        // for a key read, and such an insert overwrote the value).
         for id in self.inserts.keys() {
-            if !self.reads.contains_key(id) {
-                checks.push((id.0, id.1.clone(), Expect::Absent));
-            }
+            checks.push((id.0, id.1.clone(), Expect::Absent));
         }
         let read_set = serializable.then(|| ReadSet {
             points: self

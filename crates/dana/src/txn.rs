@@ -275,10 +275,16 @@ impl Committer {
         if let Some(e) = self.pool.poisoned() {
             return Err(e);
         }
-        if reads.is_some() && self.in_flight.start() {
-            // The first serializable commit: wait out the commits that
-            // may have skipped registering (they hold their stripes).
+        if reads.is_some() && !self.in_flight.is_ready() {
+            // The first serializable commits: wait out the commits that
+            // may have skipped registering (they hold their stripes). Each
+            // one until a barrier has ended, not only the one that turned
+            // registration on: a second one validating during the first's
+            // barrier could see half of a commit that had not registered
+            // (found in review).
+            self.in_flight.start();
             self.locks.barrier().await;
+            self.in_flight.set_ready();
         }
         // This task's worker's log: admission, the record and the wait
         // are all on it.

@@ -123,6 +123,9 @@ const SHARDS: usize = 16;
 pub(crate) struct InFlight {
     shards: Box<[Mutex<Shard>]>,
     on: AtomicBool,
+    /// Set once a barrier that began after `on` has ended: no commit that
+    /// skipped registering is left.
+    ready: AtomicBool,
 }
 
 /// Registered keys of one commit; unregistered on drop.
@@ -149,6 +152,7 @@ impl InFlight {
         InFlight {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             on: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
         }
     }
 
@@ -192,6 +196,17 @@ impl InFlight {
     /// hold no stripe itself meanwhile.
     pub(crate) fn start(&self) -> bool {
         !self.on.swap(true, Ordering::SeqCst)
+    }
+
+    /// True once a barrier begun after registration was on has ended
+    /// ([`InFlight::set_ready`]): every commit in flight registered.
+    pub(crate) fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    /// Records that a barrier begun after [`InFlight::start`] ended.
+    pub(crate) fn set_ready(&self) {
+        self.ready.store(true, Ordering::SeqCst);
     }
 
     /// Registers the keys of `writes` (the caller holds their stripes) if

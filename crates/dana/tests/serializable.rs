@@ -336,3 +336,30 @@ fn read_committed_lets_two_scans_break_that_invariant_serializable_does_not() {
         }
     }
 }
+
+/// `tx.insert` of a key the transaction read present fails at commit with
+/// `KeyExists`, at either isolation level, and changes nothing (the first
+/// version skipped the absence check for a key read, and the insert
+/// overwrote the value).
+#[test]
+fn an_insert_of_a_key_read_present_fails_with_key_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path(), Durability::Sync);
+    let t = db.create_tree("t").unwrap();
+    t.put(b"k", b"old").unwrap();
+    for isolation in [Isolation::ReadCommitted, Isolation::Serializable] {
+        let mut tx = db.begin();
+        tx.set_isolation(isolation);
+        assert_eq!(tx.get(&t, b"k").unwrap(), Some(b"old".to_vec()));
+        tx.insert(&t, b"k", b"new").unwrap();
+        let r = db.commit(tx);
+        assert!(matches!(r, Err(Error::KeyExists)), "{isolation:?}: {r:?}");
+        assert_eq!(t.get(b"k").unwrap(), Some(b"old".to_vec()));
+    }
+    // Read absent, then inserted: commits.
+    let mut tx = db.begin();
+    assert_eq!(tx.get(&t, b"n").unwrap(), None);
+    tx.insert(&t, b"n", b"v").unwrap();
+    db.commit(tx).unwrap();
+    assert_eq!(t.get(b"n").unwrap(), Some(b"v".to_vec()));
+}
