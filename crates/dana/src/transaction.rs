@@ -234,7 +234,10 @@ impl Transaction {
             forward,
             own: self.own_writes_in(tree.root(), lower, upper, forward),
             limit,
-            keep: self.isolation == Isolation::Serializable,
+            // Kept at both levels: read committed validates the keys it
+            // writes that a scan read (their values as seen), as it does
+            // keys read with `get`.
+            keep: true,
         })
     }
 
@@ -491,6 +494,30 @@ impl Transaction {
             for (id, (v, _)) in &self.reads {
                 if self.writes.contains_key(id) {
                     checks.push((id.0, id.1.clone(), Expect::Value(v.clone())));
+                }
+            }
+            // Keys written that a scan read, present or absent, must still
+            // be as the scan saw them (the first version validated only
+            // keys read with `get`: a read-modify-write over a scan lost
+            // updates).
+            for id in self.writes.keys() {
+                let scanned = self.ranges.iter().rev().find(|r| {
+                    r.tree == id.0
+                        && std::ops::RangeBounds::contains(
+                            &(
+                                r.lower.as_ref().map(Vec::as_slice),
+                                r.upper.as_ref().map(Vec::as_slice),
+                            ),
+                            &id.1.as_slice(),
+                        )
+                });
+                if let Some(r) = scanned {
+                    let seen = r
+                        .seen
+                        .binary_search_by(|(k, _)| k.as_slice().cmp(&id.1))
+                        .ok()
+                        .map(|i| r.seen[i].1.clone());
+                    checks.push((id.0, id.1.clone(), Expect::Value(seen)));
                 }
             }
         }

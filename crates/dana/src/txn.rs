@@ -24,10 +24,10 @@
 //!
 //! Isolation, chosen per transaction ([`crate::Isolation`]):
 //! - read committed (the default): reads see committed data and the
-//!   transaction's own writes; every key a transaction read and then
-//!   wrote is validated in step 2 (no lost update). Reads of keys it does
-//!   not write and its scans are not validated: phantoms and write skew
-//!   are possible;
+//!   transaction's own writes; every key a transaction read (with `get`,
+//!   or within a range a scan read) and then wrote is validated in step 2
+//!   (no lost update). Reads of keys it does not write, and the rest of
+//!   its scans, are not validated: phantoms and write skew are possible;
 //! - serializable: after step 1 the commit registers its keys as in
 //!   flight, and step 2 also validates every key read and every range
 //!   scanned, against the trees and the other commits in flight
