@@ -1726,7 +1726,9 @@ fn mirrored_kills(args: &CrashArgs) -> CliResult<()> {
 /// (removed by the caller after a passing run).
 fn kill_dir(args: &CrashArgs) -> CliResult<PathBuf> {
     match &args.dir {
-        Some(d) => Ok(d.clone()),
+        // New, empty, or one a crashtest made: never a user's database
+        // (the mirrored cycles flip bytes in copy 1 and remove files).
+        Some(d) => crate::bench::fresh_bench_dir(d).map(|()| d.clone()),
         None => tempdir(),
     }
 }

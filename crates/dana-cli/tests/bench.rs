@@ -603,3 +603,40 @@ fn mirror_quick_compares_the_layouts_and_survives_a_failing_copy() {
     let states = failing["states_after"].to_string();
     assert!(states.contains("Failed"), "{states}");
 }
+
+/// A bench or crashtest pointed at a directory it did not make refuses it
+/// and deletes nothing: a directory of the user's files (`bench commit`,
+/// `bench tpcc`, `crashtest --dir`), a real database (`bench lookup`,
+/// which reloads into its `--path`). The first version removed whatever
+/// `--path` named.
+#[test]
+fn benches_never_clear_a_directory_they_did_not_make() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let user = dir.path().join("user");
+    std::fs::create_dir_all(&user).unwrap();
+    std::fs::write(user.join("notes.txt"), b"mine").unwrap();
+    let db = dir.path().join("db");
+    {
+        let d = dana::Db::open(&db, dana::Options::default().pool_bytes(8 << 20)).unwrap();
+        d.tree_or_create("t").unwrap().put(b"k", b"v").unwrap();
+        d.close().unwrap();
+    }
+    let refused = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dana"))
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{args:?} ran");
+        assert!(err.contains("refusing"), "{args:?}: {err}");
+    };
+    let u = user.to_str().unwrap();
+    refused(&["bench", "commit", "--path", u, "--seconds", "0.2"]);
+    refused(&["bench", "tpcc", "--path", u, "--seconds", "1"]);
+    refused(&["crashtest", "--dir", u, "--points", "0", "--kills", "1"]);
+    assert_eq!(std::fs::read(user.join("notes.txt")).unwrap(), b"mine");
+    refused(&["bench", "lookup", "--quick", "--path", db.to_str().unwrap()]);
+    let d = dana::Db::open(&db, dana::Options::default().pool_bytes(8 << 20)).unwrap();
+    assert_eq!(d.tree("t").unwrap().get(b"k").unwrap(), Some(b"v".to_vec()));
+    d.close().unwrap();
+}

@@ -259,8 +259,7 @@ fn sync_loop_rate(path: &std::path::Path, secs: f64, write_through: bool) -> Cli
 
 /// Runs `dana bench commit`.
 pub fn run(a: &CommitArgs) -> CliResult<()> {
-    let _ = std::fs::remove_dir_all(&a.path);
-    std::fs::create_dir_all(&a.path).context(format!("creating {}", a.path.display()))?;
+    super::fresh_bench_dir(&a.path)?;
     println!(
         "dana bench commit: {} workers, {} logs, pool {} MiB, {} s per point, 8-byte keys, 120-byte values, one write per commit",
         a.workers,

@@ -917,9 +917,73 @@ pub fn load_records(
     Ok(started.elapsed().as_secs_f64())
 }
 
+/// The file a bench leaves in a directory it made: only a directory that
+/// holds it (or is empty, or new) is ever cleared by a bench.
+pub const BENCH_MARKER: &str = ".dana-bench";
+
+/// Marks `dir` (which exists) as a bench's own.
+fn mark_bench_dir(dir: &Path) -> CliResult<()> {
+    std::fs::write(
+        dir.join(BENCH_MARKER),
+        b"made by a dana bench or crashtest: the next run clears this directory\n",
+    )
+    .map_err(|e| CliError(format!("marking {}: {e}", dir.display())))
+}
+
+/// True if `dir` may be cleared by a bench: missing, empty, or marked as
+/// a bench's own ([`BENCH_MARKER`]). A user's directory (a real database,
+/// a home directory given as `--path`) is never.
+fn is_bench_dir(dir: &Path) -> CliResult<bool> {
+    if !dir.exists() {
+        return Ok(true);
+    }
+    if !dir.is_dir() {
+        return Err(CliError(format!("{} is not a directory", dir.display())));
+    }
+    let mut entries =
+        std::fs::read_dir(dir).map_err(|e| CliError(format!("reading {}: {e}", dir.display())))?;
+    Ok(entries.next().is_none() || dir.join(BENCH_MARKER).exists())
+}
+
+/// Makes `dir` a new, empty directory of a bench, marked as its own.
+/// Refuses (changing nothing) a directory that holds files and no
+/// marker: the first version removed whatever `--path` named (`dana bench
+/// commit --path .` emptied the working directory).
+pub fn fresh_bench_dir(dir: &Path) -> CliResult<()> {
+    if !is_bench_dir(dir)? {
+        return Err(CliError(format!(
+            "refusing to clear {}: it holds files and was not made by dana (no {BENCH_MARKER} \
+             in it); give a new or empty directory",
+            dir.display()
+        )));
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)
+            .map_err(|e| CliError(format!("clearing {}: {e}", dir.display())))?;
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| CliError(format!("creating {}: {e}", dir.display())))?;
+    mark_bench_dir(dir)
+}
+
 /// Removes dana's own files from a benchmark directory (never anything
-/// else), so a reload starts clean.
+/// else), so a reload starts clean. Refuses a directory that holds a
+/// database but is neither marked as a bench's nor a bench's loaded data
+/// (`LOADED`): `--path` naming a real database must not delete it.
 pub fn clear_dana_files(dir: &Path) -> CliResult<()> {
+    if dir.join("dana.0").exists()
+        && !dir.join(BENCH_MARKER).exists()
+        && !dir.join("LOADED").exists()
+    {
+        return Err(CliError(format!(
+            "refusing to reload {}: it holds a database that no dana bench loaded (no \
+             {BENCH_MARKER} or LOADED in it); give a new or empty directory",
+            dir.display()
+        )));
+    }
+    if dir.is_dir() {
+        mark_bench_dir(dir)?;
+    }
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Ok(());
     };

@@ -298,8 +298,7 @@ pub fn create_and_load(
     seed: u64,
     quiet: bool,
 ) -> CliResult<(Db, Arc<DanaTables>, u64, f64)> {
-    let _ = std::fs::remove_dir_all(path);
-    std::fs::create_dir_all(path).context(format!("creating {}", path.display()))?;
+    crate::bench::fresh_bench_dir(path)?;
     let db = Db::open(path, opts)?;
     let tables = DanaTables::open(&db)?;
     let started = Instant::now();
