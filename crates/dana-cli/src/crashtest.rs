@@ -1523,6 +1523,11 @@ fn final_mirror_check(dir: &Path) -> Result<(), String> {
 
 /// `dana crashtest`.
 pub fn run(args: &CrashArgs) -> CliResult<()> {
+    // Committers are tasks spawned from a worker into its own queue: past
+    // its bound the spawn would wait for good.
+    if args.tasks == 0 || args.tasks > 1024 {
+        return Err(CliError(format!("--tasks {}: from 1 to 1,024", args.tasks)));
+    }
     LOG_FLUSH_BLOCK.store(args.log_flush_block, std::sync::atomic::Ordering::Relaxed);
     MIRRORED.store(args.mirrored, std::sync::atomic::Ordering::Relaxed);
     OUT_OF_PLACE.store(args.out_of_place, std::sync::atomic::Ordering::Relaxed);

@@ -66,6 +66,24 @@ pub fn run(args: &RebuildArgs) -> CliResult<()> {
         )));
     }
     let opts = Options::default().pool_bytes(args.pool_bytes);
+    // Read-only first: a database that is not mirrored is left as it was
+    // (the first version opened it writable, formatting a log for a
+    // database without one, before finding nothing to rebuild). One that
+    // needs recovery is recovered by the writable open below.
+    match Db::open(&args.path, opts.clone().read_only()) {
+        Ok(db) => {
+            let mirrored = !db.mirror_status().is_empty();
+            db.close()?;
+            if !mirrored {
+                return Err(CliError(format!(
+                    "{} is not mirrored: nothing to rebuild",
+                    args.path.display()
+                )));
+            }
+        }
+        Err(dana::Error::NeedsRecovery(_)) => {}
+        Err(e) => return Err(e).context(format!("opening {}", args.path.display())),
+    }
     let db = Db::open(&args.path, opts).context(format!("opening {}", args.path.display()))?;
     let status = db.mirror_status();
     if status.is_empty() {

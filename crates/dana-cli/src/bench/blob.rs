@@ -52,7 +52,7 @@ pub struct BlobArgs {
     #[arg(long, value_delimiter = ',', default_value = "4KiB,64KiB,1MiB,64MiB", value_parser = parse_size)]
     pub sizes: Vec<u64>,
     /// Seconds of each timed phase (two writes, two reads per size).
-    #[arg(long, default_value_t = 4.0)]
+    #[arg(long, default_value_t = 4.0, value_parser = crate::bench::parse_seconds)]
     pub seconds: f64,
     /// Most bytes a timed write phase writes.
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]

@@ -41,7 +41,7 @@ pub struct CommitArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,16,256")]
     pub tasks: Vec<usize>,
     /// Seconds per measurement.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::bench::parse_seconds)]
     pub seconds: f64,
     /// Worker threads.
     #[arg(long, default_value_t = 2)]
@@ -259,6 +259,18 @@ fn sync_loop_rate(path: &std::path::Path, secs: f64, write_through: bool) -> Cli
 
 /// Runs `dana bench commit`.
 pub fn run(a: &CommitArgs) -> CliResult<()> {
+    // Every task live at once on the workers (`max_tasks_per_worker`
+    // 1,024 below): more would block their spawning for good.
+    if let Some(&t) = a
+        .tasks
+        .iter()
+        .find(|&&t| t == 0 || t > a.workers.max(1) * 1024)
+    {
+        return Err(CliError(format!(
+            "--tasks {t}: from 1 to 1,024 per worker ({} workers)",
+            a.workers
+        )));
+    }
     super::fresh_bench_dir(&a.path)?;
     println!(
         "dana bench commit: {} workers, {} logs, pool {} MiB, {} s per point, 8-byte keys, 120-byte values, one write per commit",

@@ -59,13 +59,13 @@ pub struct LookupArgs {
     #[arg(long, value_delimiter = ',', default_value = "0.1")]
     pub pool_fraction: Vec<f64>,
     /// Measured seconds per run.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value_t = 20.0, value_parser = crate::bench::parse_seconds)]
     pub seconds: f64,
     /// Warm-up seconds before each measured window.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::bench::parse_seconds)]
     pub warmup: f64,
     /// Seconds of the in-memory contrast run (0: skip it).
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::bench::parse_seconds)]
     pub memory_seconds: f64,
     /// Simulated devices in place of files.
     #[command(flatten)]
@@ -74,7 +74,7 @@ pub struct LookupArgs {
     #[arg(skip)]
     pub sim: Option<Arc<Vec<Arc<SimDisk>>>>,
     /// Seconds of the device-limit measurement.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::bench::parse_seconds)]
     pub limit_seconds: f64,
     /// Order of the load: `ascending` (fills leaves ~95%) or `random`
     /// (a permutation of the keys: the insert pattern of a real index).
@@ -313,6 +313,9 @@ fn options(a: &LookupArgs, pool_bytes: u64) -> Options {
 /// Runs `dana bench lookup`.
 pub fn run(args: &LookupArgs) -> CliResult<()> {
     let a = args.effective()?;
+    if a.records == 0 {
+        return Err(CliError("--records must be at least 1".into()));
+    }
     if a.pool_fraction.iter().any(|f| !f.is_finite() || *f <= 0.0) {
         return Err(CliError("--pool-fraction values must be > 0".into()));
     }
@@ -412,7 +415,7 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
     } else {
         print!("{}", render(&report));
     }
-    Ok(())
+    crate::bench::fail_on_errors(&report)
 }
 
 /// Loads (or reuses) the data set in a peer engine and measures lookups.

@@ -283,6 +283,53 @@ pub fn parse_eviction(s: &str) -> Result<dana::EvictionPolicy, String> {
     }
 }
 
+/// Fails once a report is printed if dana's operations failed in it (the
+/// sum of its `errors` fields, the peers' aside): a run whose lookups or
+/// updates failed printed ERRORS and still exited 0 before.
+pub fn fail_on_errors(report: &impl Serialize) -> CliResult<()> {
+    fn sum(v: &serde_json::Value) -> u64 {
+        match v {
+            serde_json::Value::Object(m) => m
+                .iter()
+                .filter(|(k, _)| k.as_str() != "peers")
+                .map(|(k, x)| match k.as_str() {
+                    "errors" => x.as_u64().unwrap_or(0),
+                    _ => sum(x),
+                })
+                .sum(),
+            serde_json::Value::Array(a) => a.iter().map(sum).sum(),
+            _ => 0,
+        }
+    }
+    let v =
+        serde_json::to_value(report).map_err(|e| CliError(format!("encoding the report: {e}")))?;
+    match sum(&v) {
+        0 => Ok(()),
+        n => Err(CliError(format!(
+            "{n} operations failed (the report's ERRORS lines name the first)"
+        ))),
+    }
+}
+
+/// Most seconds any duration option takes (about 11.6 days).
+pub const MAX_SECONDS: f64 = 1e6;
+
+/// Parses a duration option in seconds: a finite number from 0 to
+/// [`MAX_SECONDS`] (NaN, infinities and negatives made
+/// `Duration::from_secs_f64` panic deep inside a run).
+pub fn parse_seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !v.is_finite() || !(0.0..=MAX_SECONDS).contains(&v) {
+        return Err(format!(
+            "{s} seconds: give a finite number from 0 to {MAX_SECONDS}"
+        ));
+    }
+    Ok(v)
+}
+
 /// Parses `off`, `async` or `sync`.
 pub fn parse_durability(s: &str) -> Result<dana::Durability, String> {
     match s {

@@ -46,13 +46,13 @@ pub struct PagesArgs {
     #[arg(long, default_value_t = 10.0)]
     pub data_over_pool: f64,
     /// Measured seconds.
-    #[arg(long, default_value_t = 15.0)]
+    #[arg(long, default_value_t = 15.0, value_parser = crate::bench::parse_seconds)]
     pub seconds: f64,
     /// Warm-up seconds.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 3.0, value_parser = crate::bench::parse_seconds)]
     pub warmup: f64,
     /// Seconds of the raw io_uring measurement.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::bench::parse_seconds)]
     pub limit_seconds: f64,
     /// Small and short (for tests).
     #[arg(long)]
@@ -247,7 +247,7 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
     } else {
         print!("{}", render(&report));
     }
-    Ok(())
+    crate::bench::fail_on_errors(&report)
 }
 
 /// Creates `pages` raw pages holding their own id (once), returns the

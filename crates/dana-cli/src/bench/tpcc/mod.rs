@@ -77,7 +77,7 @@ pub struct TpccArgs {
     #[arg(long, default_value = "auto", value_parser = super::parse_device_budget)]
     pub device_budget: super::DeviceBudgetArg,
     /// Seconds of the measured run.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = crate::bench::parse_seconds)]
     pub seconds: f64,
     /// Worker threads.
     #[arg(long, default_value_t = 2)]

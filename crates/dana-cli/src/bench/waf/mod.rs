@@ -225,7 +225,7 @@ pub struct WafArgs {
     pub measure_devices: f64,
     /// Most seconds for each phase (warm-up, window); a phase cut short
     /// is reported as such.
-    #[arg(long, default_value_t = 120.0)]
+    #[arg(long, default_value_t = 120.0, value_parser = crate::bench::parse_seconds)]
     pub max_seconds: f64,
     /// Concurrent tasks (spread over the workers).
     #[arg(long, default_value_t = 64)]
@@ -376,6 +376,14 @@ pub struct WafReport {
 
 /// Runs the benchmark.
 pub fn run(a: &WafArgs) -> CliResult<()> {
+    // Every task live at once on the workers (1,024 each): more would
+    // block their spawning for good.
+    if a.tasks == 0 || a.tasks > a.workers.max(1) * 1024 {
+        return Err(CliError(format!(
+            "--tasks {}: from 1 to 1,024 per worker ({} workers)",
+            a.tasks, a.workers
+        )));
+    }
     let mut a = a.clone();
     if a.quick {
         a.blocks = 256;

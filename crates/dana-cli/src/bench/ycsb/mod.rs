@@ -127,10 +127,10 @@ pub struct YcsbArgs {
     #[arg(long, default_value_t = 0.1)]
     pub pool_fraction: f64,
     /// Measured seconds per workload.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value_t = 20.0, value_parser = crate::bench::parse_seconds)]
     pub seconds: f64,
     /// Warm-up seconds before each measured window.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::bench::parse_seconds)]
     pub warmup: f64,
     /// Small and short: at most 200k records, 2 s per workload (for tests).
     #[arg(long)]
@@ -341,7 +341,7 @@ pub fn run(args: &YcsbArgs) -> CliResult<()> {
     } else {
         print!("{}", render(&report));
     }
-    Ok(())
+    crate::bench::fail_on_errors(&report)
 }
 
 /// Each peer engine on each workload that dana ran, at each of

@@ -1,0 +1,76 @@
+//! Odd arguments are refused with an error, never a panic or a hang, and
+//! commands that find nothing to do change nothing.
+
+use std::process::Command;
+
+fn dana(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_dana"))
+        .args(args)
+        .output()
+        .expect("run dana");
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.success(), text)
+}
+
+/// Durations that made `Duration::from_secs_f64` panic deep in a run
+/// (NaN, infinities, negatives, too large) and task counts that hung
+/// spawning or overflowed: refused at once, with a message, no panic.
+#[test]
+fn odd_durations_and_task_counts_are_refused() {
+    for args in [
+        &["bench", "lookup", "--quick", "--seconds=-1"][..],
+        &[
+            "bench",
+            "lookup",
+            "--records",
+            "1000",
+            "--limit-seconds",
+            "nan",
+        ],
+        &["bench", "commit", "--seconds", "inf"],
+        &["bench", "waf", "--quick", "--max-seconds", "nan"],
+        &["bench", "pages", "--quick", "--warmup", "1e300"],
+        &["iostudy", "--seconds", "1e20"],
+        &["bench", "commit", "--tasks", "20000"],
+        &["bench", "waf", "--tasks", "0"],
+        &["crashtest", "--tasks", "18446744073709551615"],
+        &["bench", "lookup", "--quick", "--records", "0"],
+    ] {
+        let (ok, err) = dana(args);
+        assert!(!ok, "{args:?} ran");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(
+            err.contains("seconds") || err.contains("tasks") || err.contains("records"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// `dana rebuild` on a database that is not mirrored says so and leaves
+/// it as it was: no log formatted, no file added.
+#[test]
+fn rebuild_of_a_database_that_is_not_mirrored_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = dana::Db::open(
+            dir.path(),
+            dana::Options::default()
+                .pool_bytes(8 << 20)
+                .durability(dana::Durability::Off),
+        )
+        .unwrap();
+        db.tree_or_create("t").unwrap().put(b"k", b"v").unwrap();
+        db.close().unwrap();
+    }
+    let before: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let (ok, err) = dana(&["rebuild", "--path", dir.path().to_str().unwrap()]);
+    assert!(!ok && err.contains("not mirrored"), "{err}");
+    let after: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(before, after);
+}
