@@ -565,8 +565,7 @@ where
 fn run_size(a: &BlobArgs, size: u64, disk: Option<&Disk>) -> CliResult<SizeReport> {
     let clients = a.clients_for(size);
     let dir = a.path.join(format!("{size}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).context(format!("creating {}", dir.display()))?;
+    super::fresh_bench_dir(&dir)?;
     let raw_write = raw_write(&dir, size, clients, a, disk)?;
 
     let db_dir = dir.join("db");
