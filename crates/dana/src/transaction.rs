@@ -234,10 +234,6 @@ impl Transaction {
             forward,
             own: self.own_writes_in(tree.root(), lower, upper, forward),
             limit,
-            // Kept at both levels: read committed validates the keys it
-            // writes that a scan read (their values as seen), as it does
-            // keys read with `get`.
-            keep: true,
         })
     }
 
@@ -569,8 +565,6 @@ struct Scan {
     /// The transaction's writes in the range, in the scan's order.
     own: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     limit: usize,
-    /// Keep what the tree held (a serializable transaction validates it).
-    keep: bool,
 }
 
 /// What a scan returned and read.
@@ -579,7 +573,7 @@ struct Scanned {
     /// The most GSN of the leaves read.
     gsn: u64,
     /// The range as far as the scan got, with the tree's entries there
-    /// (only when kept).
+    /// (None: a scan of no entries, `limit` 0).
     read: Option<RangeRead>,
 }
 
@@ -630,7 +624,9 @@ impl Scan {
             }
             entries.extend(emitted);
         }
-        let read = self.keep.then(|| {
+        // What the tree held, kept at both levels: serializable validates
+        // the range, read committed the keys it writes within it.
+        let read = Some({
             // The range the result depends on: as far as the cursor went.
             let (mut lo, mut hi) = (self.lower, self.upper);
             if let (false, Some((k, _))) = (ended, seen.last()) {
@@ -657,13 +653,10 @@ impl Scan {
         })
     }
 
-    /// The cursor's next entry, also kept in `seen` if the scan keeps
-    /// what it read.
+    /// The cursor's next entry, also kept in `seen`.
     async fn pull(&mut self, seen: &mut Entries) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
         let next = self.cursor.next().await?;
-        if self.keep {
-            seen.extend(next.clone());
-        }
+        seen.extend(next.clone());
         Ok(next)
     }
 }

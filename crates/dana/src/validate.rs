@@ -190,12 +190,12 @@ impl InFlight {
         self.on.load(Ordering::SeqCst)
     }
 
-    /// Turns registration on. Returns true if it was off: the caller must
-    /// then wait for the commits that may have skipped it (those holding
-    /// key stripes now: `KeyLocks::barrier`) before validating, and must
-    /// hold no stripe itself meanwhile.
-    pub(crate) fn start(&self) -> bool {
-        !self.on.swap(true, Ordering::SeqCst)
+    /// Turns registration on. Until a barrier begun after it has ended
+    /// ([`InFlight::set_ready`]), a validating commit must wait for the
+    /// commits that may have skipped registering (those holding key
+    /// stripes now: `KeyLocks::barrier`), holding no stripe itself.
+    pub(crate) fn start(&self) {
+        self.on.store(true, Ordering::SeqCst);
     }
 
     /// True once a barrier begun after registration was on has ended
@@ -352,8 +352,9 @@ mod tests {
     #[test]
     fn the_registry_sees_others_not_the_caller() {
         let f = InFlight::new();
-        assert!(f.start());
-        assert!(!f.start());
+        assert!(!f.is_on());
+        f.start();
+        assert!(f.is_on() && !f.is_ready());
         let w = [
             Write::new(7, b"b".to_vec(), Some(b"1".to_vec())),
             Write::new(7, b"d".to_vec(), None),

@@ -796,13 +796,25 @@ impl BufferPool {
         Some(g)
     }
 
-    /// Waits for the read of `pid` in flight if it is being read, whatever
-    /// the read's outcome; else yields once (a latch holder lets go).
+    /// Waits for the read of `pid` in flight and returns its outcome; with
+    /// no entry (the read's completion is publishing the page) yields once.
+    async fn wait_for_read(&self, pid: u64) -> Result<()> {
+        match self.inflight.get(pid) {
+            Some(w) => w.wait().await.0,
+            None => {
+                sched::yield_now().await;
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits for the read of `pid` if it is being read, whatever the
+    /// read's outcome; else yields once (a latch holder lets go).
     async fn read_settled(&self, pid: u64) {
-        let loading = lock_of(self.table.state(pid).load(Ordering::Acquire)) == LOADING;
-        match self.inflight.get(pid).filter(|_| loading) {
-            Some(w) => drop(w.wait().await),
-            None => sched::yield_now().await,
+        if lock_of(self.table.state(pid).load(Ordering::Acquire)) == LOADING {
+            let _ = self.wait_for_read(pid).await;
+        } else {
+            sched::yield_now().await;
         }
     }
 
@@ -874,10 +886,7 @@ impl BufferPool {
                 }
                 LOADING => {
                     missed = true;
-                    match self.inflight.get(pid) {
-                        Some(w) => w.wait().await.0?,
-                        None => sched::yield_now().await,
-                    }
+                    self.wait_for_read(pid).await?;
                 }
                 _ => sched::yield_now().await,
             }

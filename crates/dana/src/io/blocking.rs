@@ -67,12 +67,7 @@ impl BlockingQueue {
         } else {
             res
         };
-        // See `Device::sync_failed`.
-        let res = if req.op != OpKind::Read && self.device.sync_failed() {
-            -(libc::EIO as i64)
-        } else {
-            res
-        };
+        let res = self.device.vetted(req.op, res);
         Completion {
             tag: req.tag,
             op: req.op,

@@ -13,7 +13,7 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::{placement, Alignment};
@@ -50,8 +50,8 @@ pub struct Device {
     /// failed. The kernel reports a failed write-back once per open file,
     /// to whichever sync asks first, so a later fdatasync of the queues
     /// may return 0 over lost writes: every write and flush of this
-    /// device fails from now on ([`Device::sync_failed`]).
-    sync_failed: std::sync::atomic::AtomicBool,
+    /// device fails from now on ([`Device::vetted`]).
+    sync_failed: AtomicBool,
 }
 
 /// How to open a device.
@@ -165,14 +165,19 @@ impl Device {
             direct: opts.direct,
             write_streams,
             atomic_write,
-            sync_failed: std::sync::atomic::AtomicBool::new(false),
+            sync_failed: AtomicBool::new(false),
         })
     }
 
-    /// True once a sync outside the queues failed (see the field): the
-    /// queues then fail every write and flush of this device with `EIO`.
-    pub fn sync_failed(&self) -> bool {
-        self.sync_failed.load(Ordering::Acquire)
+    /// The kernel's result `res` of a request of kind `op` on this
+    /// device, as the queues report it: `-EIO` for a write or a flush once
+    /// a sync outside the queues failed (see the field), else `res`.
+    pub(crate) fn vetted(&self, op: crate::OpKind, res: i64) -> i64 {
+        if op != crate::OpKind::Read && self.sync_failed.load(Ordering::Acquire) {
+            -(libc::EIO as i64)
+        } else {
+            res
+        }
     }
 
     /// True if a direct write of `len` bytes (a power of two), aligned to

@@ -467,6 +467,13 @@ struct Inner {
     atomic_write_max: u64,
 }
 
+/// True if a write of `len` bytes at `offset` can be untorn on a device
+/// whose largest untorn write is `max` bytes: a power of two up to it,
+/// aligned to its length (what the kernel asks of `RWF_ATOMIC`).
+fn untorn_fits(max: u64, offset: u64, len: u64) -> bool {
+    len.is_power_of_two() && len <= max && offset % len == 0
+}
+
 /// Mixes `v` into the trace hash `h` (FNV-1a over its bytes).
 fn trace_mix(h: u64, v: u64) -> u64 {
     v.to_le_bytes()
@@ -477,8 +484,7 @@ fn trace_mix(h: u64, v: u64) -> u64 {
 impl Inner {
     /// True if a write of `len` bytes at `offset` can be untorn here.
     fn untorn_ok(&self, offset: u64, len: usize) -> bool {
-        let n = len as u64;
-        n.is_power_of_two() && n <= self.atomic_write_max && offset % n == 0
+        untorn_fits(self.atomic_write_max, offset, len as u64)
     }
 
     fn alive(&self, generation: u64) -> bool {
@@ -1042,7 +1048,7 @@ impl SimDisk {
     /// True if a write of `len` bytes (a power of two), aligned to its
     /// length, can be issued untorn ([`SimConfig::atomic_write_max`]).
     pub fn untorn_writes(&self, len: u64) -> bool {
-        len.is_power_of_two() && len <= self.config.atomic_write_max
+        untorn_fits(self.config.atomic_write_max, 0, len)
     }
 
     /// False between a power cut and the next power on.
@@ -1975,17 +1981,8 @@ mod tests {
         run_ok(&mut q, vec![Request::flush(0)]);
         // Refused as the kernel refuses RWF_ATOMIC: too long, misaligned
         // to its length, not a power of two.
-        let big = vec![7u8; 4 * PAGE];
-        let odd = vec![7u8; 3 * PAGE];
-        for (off, data) in [(0, &big[..]), (PAGE as u64, &new[0][..]), (0, &odd[..])] {
-            let r = if data.len() == PAGE {
-                // 4 KiB at 4 KiB is fine; make it misaligned to 8 KiB.
-                let mut b = AlignedBuf::new(2 * PAGE, PAGE).unwrap();
-                b[..PAGE].copy_from_slice(data);
-                Request::write(0, off, IoBuf::owned(b)).untorn(true)
-            } else {
-                write(0, off, data).untorn(true)
-            };
+        for (off, pages) in [(0, 4), (PAGE, 2), (0, 3)] {
+            let r = write(0, off as u64, &vec![7u8; pages * PAGE]).untorn(true);
             let c = run(&mut q, vec![r]);
             assert!(
                 matches!(&c[0].result, Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EINVAL)),

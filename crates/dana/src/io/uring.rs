@@ -310,12 +310,7 @@ impl IoQueue for UringQueue {
             };
             self.free.push(slot_index as u32);
             let len = slot.buf.as_ref().map_or(0, IoBuf::len);
-            let res = match slot.op {
-                // A write-back error another sync took (see
-                // `Device::sync_failed`): no write or flush is trusted.
-                OpKind::Write | OpKind::Flush if self.device.sync_failed() => -libc::EIO as i64,
-                _ => cqe.result() as i64,
-            };
+            let res = self.device.vetted(slot.op, cqe.result() as i64);
             out.push(Completion {
                 tag: slot.tag,
                 op: slot.op,

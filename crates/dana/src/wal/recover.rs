@@ -254,7 +254,9 @@ fn read_stream(log: &Target, ctl: &Control) -> Result<Vec<u8>> {
     } else {
         (0, true)
     };
-    let len = (have - from) as usize;
+    // The whole capacity when the log wraps (a file shorter than the redo
+    // LSN reads as zeros past its end), reserved fallibly either way.
+    let len = if wraps { cap } else { have - from } as usize;
     let mut area = Vec::new();
     area.try_reserve_exact(len).map_err(|_| {
         Error::Log(format!(
@@ -269,16 +271,7 @@ fn read_stream(log: &Target, ctl: &Control) -> Result<Vec<u8>> {
         at += n;
     }
     if wraps {
-        // The whole capacity (a file shorter than the redo LSN reads as
-        // zeros past its end): reserved fallibly, as above.
-        area.try_reserve_exact(cap as usize - area.len())
-            .map_err(|_| {
-                Error::Log(format!(
-                    "recovery reads the log's stream into memory and could not allocate its \
-                     {cap} bytes (Options::log_bytes sets its size)"
-                ))
-            })?;
-        area.resize(cap as usize, 0);
+        area.resize(len, 0);
         area.rotate_left((ctl.redo % cap) as usize);
     }
     Ok(area)
