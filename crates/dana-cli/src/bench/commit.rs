@@ -95,7 +95,7 @@ fn options_sharded(a: &CommitArgs, d: Durability, shards: usize) -> Options {
         .log_write_through_max(a.log_write_through_max)
         .log_flush_block(a.log_flush_block)
         .log_flushes_in_flight(a.log_flushes_in_flight)
-        .max_tasks_per_worker(1024)
+        .max_tasks_per_worker(super::MAX_TASKS_PER_WORKER)
         .durability(d)
 }
 
@@ -259,17 +259,8 @@ fn sync_loop_rate(path: &std::path::Path, secs: f64, write_through: bool) -> Cli
 
 /// Runs `dana bench commit`.
 pub fn run(a: &CommitArgs) -> CliResult<()> {
-    // Every task live at once on the workers (`max_tasks_per_worker`
-    // 1,024 below): more would block their spawning for good.
-    if let Some(&t) = a
-        .tasks
-        .iter()
-        .find(|&&t| t == 0 || t > a.workers.max(1) * 1024)
-    {
-        return Err(CliError(format!(
-            "--tasks {t}: from 1 to 1,024 per worker ({} workers)",
-            a.workers
-        )));
+    for &t in &a.tasks {
+        super::check_tasks(t, a.workers)?;
     }
     super::fresh_bench_dir(&a.path)?;
     println!(

@@ -311,6 +311,21 @@ pub fn fail_on_errors(report: &impl Serialize) -> CliResult<()> {
     }
 }
 
+/// Most tasks per worker a bench spawns: every task live at once on the
+/// workers (`Options::max_tasks_per_worker`'s default); more would block
+/// their spawning for good.
+pub const MAX_TASKS_PER_WORKER: usize = 1024;
+
+/// Checks a `--tasks` count against the workers that run them.
+pub fn check_tasks(tasks: usize, workers: usize) -> CliResult<()> {
+    if tasks == 0 || tasks > workers.max(1) * MAX_TASKS_PER_WORKER {
+        return Err(CliError(format!(
+            "--tasks {tasks}: from 1 to {MAX_TASKS_PER_WORKER} per worker ({workers} workers)"
+        )));
+    }
+    Ok(())
+}
+
 /// Most seconds any duration option takes (about 11.6 days).
 pub const MAX_SECONDS: f64 = 1e6;
 

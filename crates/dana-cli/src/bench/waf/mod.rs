@@ -376,14 +376,7 @@ pub struct WafReport {
 
 /// Runs the benchmark.
 pub fn run(a: &WafArgs) -> CliResult<()> {
-    // Every task live at once on the workers (1,024 each): more would
-    // block their spawning for good.
-    if a.tasks == 0 || a.tasks > a.workers.max(1) * 1024 {
-        return Err(CliError(format!(
-            "--tasks {}: from 1 to 1,024 per worker ({} workers)",
-            a.tasks, a.workers
-        )));
-    }
+    super::check_tasks(a.tasks, a.workers)?;
     let mut a = a.clone();
     if a.quick {
         a.blocks = 256;
