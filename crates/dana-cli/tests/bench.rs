@@ -215,27 +215,19 @@ fn blob_quick_writes_and_reads_values_next_to_the_raw_device() {
     assert!(std::fs::read_dir(&path).unwrap().next().is_none());
 }
 
-/// `dana bench waf` on a small modelled device: every figure is there, the
-/// fill reached is near the one asked, flash writes are at least the host
-/// writes, a fuller device amplifies more (the collector finds fewer
-/// invalid pages per victim), and each fill runs with one stream and with
-/// a handle per write class, at the same fill, with page write-backs
-/// sorted into hot and cold.
-#[test]
-fn waf_runs_and_a_fuller_device_amplifies_more() {
-    let args = [
+/// `dana bench waf --json` of YCSB-A on a small device (224 blocks, a
+/// 4 MiB log, one device of warm-up and one measured, 16 tasks), with
+/// `extra` arguments.
+fn small_waf(extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
         "bench",
         "waf",
         "--json",
         "--quiet",
         "--workloads",
         "ycsb-a",
-        "--write-mode",
-        "in-place",
         "--blocks",
         "224",
-        "--fills",
-        "50,90",
         "--log-bytes",
         "4194304",
         "--warmup-devices",
@@ -245,7 +237,19 @@ fn waf_runs_and_a_fuller_device_amplifies_more() {
         "--tasks",
         "16",
     ];
-    let v = run(&args);
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+/// `dana bench waf` on a small modelled device: every figure is there, the
+/// fill reached is near the one asked, flash writes are at least the host
+/// writes, a fuller device amplifies more (the collector finds fewer
+/// invalid pages per victim), and each fill runs with one stream and with
+/// a handle per write class, at the same fill, with page write-backs
+/// sorted into hot and cold.
+#[test]
+fn waf_runs_and_a_fuller_device_amplifies_more() {
+    let v = small_waf(&["--write-mode", "in-place", "--fills", "50,90"]);
     let runs = v["runs"].as_array().expect("runs");
     assert_eq!(runs.len(), 4);
     for (r, (fill, placement)) in
@@ -306,33 +310,17 @@ fn waf_runs_and_a_fuller_device_amplifies_more() {
 fn waf_untorn_writes_log_no_torn_page_images() {
     let log_per_op = |untorn: bool| {
         let mut args = vec![
-            "bench",
-            "waf",
-            "--json",
-            "--quiet",
-            "--workloads",
-            "ycsb-a",
             "--placement",
             "classes",
             "--write-mode",
             "in-place",
-            "--blocks",
-            "224",
             "--fills",
             "60",
-            "--log-bytes",
-            "4194304",
-            "--warmup-devices",
-            "1",
-            "--measure-devices",
-            "1",
-            "--tasks",
-            "16",
         ];
         if untorn {
             args.push("--untorn-writes");
         }
-        let v = run(&args);
+        let v = small_waf(&args);
         assert_eq!(v["untorn_writes"].as_bool(), Some(untorn));
         v["runs"][0]["log"]["host_bytes_per_op"].as_f64().unwrap()
     };
@@ -349,31 +337,14 @@ fn waf_untorn_writes_log_no_torn_page_images() {
 /// summaries are written, and every figure is there.
 #[test]
 fn waf_out_of_place_runs_beside_in_place() {
-    let args = [
-        "bench",
-        "waf",
-        "--json",
-        "--quiet",
-        "--workloads",
-        "ycsb-a",
+    let v = small_waf(&[
         "--placement",
         "classes",
         "--write-mode",
         "in-place,out-of-place",
-        "--blocks",
-        "224",
         "--fills",
         "60",
-        "--log-bytes",
-        "4194304",
-        "--warmup-devices",
-        "1",
-        "--measure-devices",
-        "1",
-        "--tasks",
-        "16",
-    ];
-    let v = run(&args);
+    ]);
     let runs = v["runs"].as_array().expect("runs");
     assert_eq!(runs.len(), 2);
     assert_eq!(runs[0]["write_mode"], "in-place");

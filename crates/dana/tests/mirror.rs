@@ -154,6 +154,28 @@ fn assert_acked(db: &Db, acked: &[AtomicU64], what: &str) {
     }
 }
 
+/// Asserts that tree "t" holds task `task`'s first `n` values.
+fn assert_values(db: &Db, task: u64, n: u64) {
+    let t = db.tree("t").unwrap();
+    for k in 0..n {
+        assert_eq!(
+            t.get(&key(task, k)).unwrap().as_deref(),
+            Some(&value(task, k)[..]),
+            "key {k}"
+        );
+    }
+}
+
+/// Rebuilds the failed copies, checkpoints, and asserts `check` finds
+/// nothing (the copies compared), then closes.
+fn rebuild_and_check(db: Db) {
+    db.rebuild().unwrap();
+    db.checkpoint().unwrap();
+    let report = db.check().unwrap();
+    assert!(report.is_ok(), "{:?}", report.findings);
+    db.close().unwrap();
+}
+
 #[test]
 fn power_cuts_lose_nothing_and_leave_the_copies_identical() {
     let mut degraded = 0;
@@ -456,13 +478,7 @@ fn a_missing_copy_file_opens_degraded_and_dana_rebuild_recreates_it() {
         .mirror_status()
         .iter()
         .all(|g| g.copies.iter().all(|c| c.state == CopyState::Healthy)));
-    let t = db.tree("t").unwrap();
-    for n in 0..2500u64 {
-        assert_eq!(
-            t.get(&key(1, n)).unwrap().as_deref(),
-            Some(&value(1, n)[..])
-        );
-    }
+    assert_values(&db, 1, 2500);
     db.close().unwrap();
 }
 
@@ -493,18 +509,8 @@ fn a_truncated_copy_0_opens_degraded_from_copy_1() {
             CopyState::Failed,
             "truncated to {len}"
         );
-        let t = db.tree("t").unwrap();
-        for n in 0..2000u64 {
-            assert_eq!(
-                t.get(&key(1, n)).unwrap().as_deref(),
-                Some(&value(1, n)[..])
-            );
-        }
-        db.rebuild().unwrap();
-        db.checkpoint().unwrap();
-        let report = db.check().unwrap();
-        assert!(report.is_ok(), "{:?}", report.findings);
-        db.close().unwrap();
+        assert_values(&db, 1, 2000);
+        rebuild_and_check(db);
     }
 }
 
@@ -535,18 +541,8 @@ fn open_devices_takes_each_devices_copies_in_turn() {
     let status = db.mirror_status();
     assert_eq!(status[1].copies[1].state, CopyState::Failed);
     assert_eq!(status[0].copies[1].state, CopyState::Healthy);
-    let t = db.tree("t").unwrap();
-    for n in 0..3000u64 {
-        assert_eq!(
-            t.get(&key(2, n)).unwrap().as_deref(),
-            Some(&value(2, n)[..])
-        );
-    }
-    db.rebuild().unwrap();
-    db.checkpoint().unwrap();
-    let report = db.check().unwrap();
-    assert!(report.is_ok(), "{:?}", report.findings);
-    db.close().unwrap();
+    assert_values(&db, 2, 3000);
+    rebuild_and_check(db);
     // Paths that do not make whole groups are refused.
     let Err(err) = Db::open_devices(&paths[..3], opts, false) else {
         panic!("three paths for two copies opened");

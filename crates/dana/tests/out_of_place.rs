@@ -16,6 +16,9 @@ use dana::io::{Array, Target};
 use dana::wal::CONTROL_BYTES;
 use dana::{Db, Options};
 
+mod page_writes;
+use page_writes::{key, value};
+
 const LOG: u64 = 4 << 20;
 
 struct Rig {
@@ -59,16 +62,6 @@ impl Rig {
         )?;
         Ok((db, remap))
     }
-}
-
-fn key(i: u64) -> Vec<u8> {
-    format!("key{i:06}").into_bytes()
-}
-
-fn value(i: u64, round: u64) -> Vec<u8> {
-    let mut v = format!("value of {i} in round {round}:").into_bytes();
-    v.resize(150 + (i % 50) as usize, b'a' + (round % 26) as u8);
-    v
 }
 
 #[test]
@@ -140,7 +133,6 @@ fn updates_move_pages_and_every_value_reads_back_after_reopening() {
 /// Log bytes and full images of rounds of same-size updates (no split,
 /// no allocation) under a checkpoint per round, after a load.
 fn update_rounds_log(out_of_place: bool) -> (u64, u64) {
-    const KEYS: u64 = 3_000;
     let rig = Rig::new(7, 6 << 20);
     let (db, remap) = if out_of_place {
         let (db, remap) = rig.open(true).unwrap();
@@ -153,31 +145,9 @@ fn update_rounds_log(out_of_place: bool) -> (u64, u64) {
             None,
         )
     };
-    let t = db.create_tree("t").unwrap();
-    let update = |round: u64| {
-        for chunk in (0..KEYS).collect::<Vec<_>>().chunks(100) {
-            db.transaction(|tx| {
-                for &i in chunk {
-                    tx.put(&t, &key(i), &value(i, round))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-        }
-        db.checkpoint().unwrap();
-    };
-    update(0);
-    let before = db.wal_stats().unwrap();
-    for round in 1..6 {
-        update(round);
-    }
-    let after = db.wal_stats().unwrap();
-    for i in 0..KEYS {
-        assert_eq!(t.get(&key(i)).unwrap(), Some(value(i, 5)), "key {i}");
-    }
-    db.close().unwrap();
+    let logged = page_writes::update_rounds_log(db);
     drop(remap);
-    (after.bytes - before.bytes, after.images - before.images)
+    logged
 }
 
 /// Out of place no write-back can tear a page, so the log holds no full
@@ -201,21 +171,11 @@ fn out_of_place_logs_no_full_images() {
 
 #[test]
 fn acknowledged_commits_survive_power_cuts() {
-    const KEYS: u64 = 3_000;
     for round in 0..16u64 {
         let rig = Rig::new(100 + round, 6 << 20);
         let (db, _remap) = rig.open(true).unwrap();
         let t = db.create_tree("t").unwrap();
-        for chunk in (0..KEYS).collect::<Vec<_>>().chunks(100) {
-            db.transaction(|tx| {
-                for &i in chunk {
-                    tx.put(&t, &key(i), &value(i, 0))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-        }
-        db.checkpoint().unwrap();
+        page_writes::update_round(&db, &t, 0);
         let policy = match round % 2 {
             0 => PowerCutPolicy::DropAll,
             _ => PowerCutPolicy::Random {
@@ -227,31 +187,7 @@ fn acknowledged_commits_survive_power_cuts() {
         let switch = PowerSwitch::new(50 + round * 90, policy, round);
         switch.attach(&rig.data);
         switch.attach(&rig.log);
-        // Commits of 20 updates each, a checkpoint now and then: each
-        // acknowledged one must be there.
-        let mut acked: Vec<u64> = vec![0; KEYS as usize];
-        let mut n = 0u64;
-        'run: for r in 1..200u64 {
-            for c in 0..10u64 {
-                n += 1;
-                let keys: Vec<u64> = (0..20).map(|j| (n * 131 + j * 977) % KEYS).collect();
-                let ok = db.transaction(|tx| {
-                    for &i in &keys {
-                        tx.put(&t, &key(i), &value(i, r * 10 + c))?;
-                    }
-                    Ok(())
-                });
-                if ok.is_err() {
-                    break 'run;
-                }
-                for &i in &keys {
-                    acked[i as usize] = r * 10 + c;
-                }
-            }
-            if db.checkpoint().is_err() {
-                break;
-            }
-        }
+        let acked = page_writes::update_until_cut(&db, &t);
         assert!(
             switch.fired(),
             "round {round}: the run ended before the cut"
@@ -260,18 +196,7 @@ fn acknowledged_commits_survive_power_cuts() {
         rig.data.power_on();
         rig.log.power_on();
         let (db, _remap) = rig.open(false).unwrap();
-        let t = db.tree("t").unwrap();
-        for i in 0..KEYS {
-            let got = t.get(&key(i)).unwrap().expect("every key was loaded");
-            let want = value(i, acked[i as usize]);
-            // The commit in flight at the cut may or may not be there.
-            let newer = (acked[i as usize] + 1..acked[i as usize] + 12).any(|r| got == value(i, r));
-            assert!(
-                got == want || newer,
-                "round {round}, key {i}: an acknowledged commit lost"
-            );
-        }
-        assert!(db.check().unwrap().is_ok(), "round {round}");
+        page_writes::assert_acked(&db, &acked, round);
         db.close().unwrap();
     }
 }

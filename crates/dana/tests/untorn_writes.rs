@@ -20,6 +20,8 @@ use dana::io::{Array, Target};
 use dana::wal::CONTROL_BYTES;
 use dana::{Db, Options};
 
+mod page_writes;
+
 const LOG: u64 = 4 << 20;
 
 struct Rig {
@@ -49,46 +51,11 @@ fn opts() -> Options {
     Options::default().pool_bytes(1 << 20).log_bytes(LOG)
 }
 
-fn key(i: u64) -> Vec<u8> {
-    format!("key{i:06}").into_bytes()
-}
-
-fn value(i: u64, round: u64) -> Vec<u8> {
-    let mut v = format!("value of {i} in round {round}:").into_bytes();
-    v.resize(150 + (i % 50) as usize, b'a' + (round % 26) as u8);
-    v
-}
-
 /// Log bytes and full images of five rounds of updates, each followed by
 /// a checkpoint.
 fn update_rounds_log(untorn_device: bool, opts: Options) -> (u64, u64) {
-    const KEYS: u64 = 3_000;
     let rig = Rig::new(7, untorn_device);
-    let db = rig.open(true, opts).unwrap();
-    let t = db.create_tree("t").unwrap();
-    let update = |round: u64| {
-        for chunk in (0..KEYS).collect::<Vec<_>>().chunks(100) {
-            db.transaction(|tx| {
-                for &i in chunk {
-                    tx.put(&t, &key(i), &value(i, round))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-        }
-        db.checkpoint().unwrap();
-    };
-    update(0);
-    let before = db.wal_stats().unwrap();
-    for round in 1..6 {
-        update(round);
-    }
-    let after = db.wal_stats().unwrap();
-    for i in 0..KEYS {
-        assert_eq!(t.get(&key(i)).unwrap(), Some(value(i, 5)), "key {i}");
-    }
-    db.close().unwrap();
-    (after.bytes - before.bytes, after.images - before.images)
+    page_writes::update_rounds_log(rig.open(true, opts).unwrap())
 }
 
 #[test]
@@ -110,21 +77,11 @@ fn untorn_devices_log_no_full_images() {
 
 #[test]
 fn acknowledged_commits_survive_power_cuts_that_tear_other_writes() {
-    const KEYS: u64 = 3_000;
     for round in 0..24u64 {
         let rig = Rig::new(300 + round, true);
         let db = rig.open(true, opts()).unwrap();
         let t = db.create_tree("t").unwrap();
-        for chunk in (0..KEYS).collect::<Vec<_>>().chunks(100) {
-            db.transaction(|tx| {
-                for &i in chunk {
-                    tx.put(&t, &key(i), &value(i, 0))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-        }
-        db.checkpoint().unwrap();
+        page_writes::update_round(&db, &t, 0);
         let policy = PowerCutPolicy::Random {
             keep: 1.0,
             drop: 1.0,
@@ -133,29 +90,7 @@ fn acknowledged_commits_survive_power_cuts_that_tear_other_writes() {
         let switch = PowerSwitch::new(40 + round * 70, policy, round);
         switch.attach(&rig.data);
         switch.attach(&rig.log);
-        let mut acked: Vec<u64> = vec![0; KEYS as usize];
-        let mut n = 0u64;
-        'run: for r in 1..200u64 {
-            for c in 0..10u64 {
-                n += 1;
-                let keys: Vec<u64> = (0..20).map(|j| (n * 131 + j * 977) % KEYS).collect();
-                let ok = db.transaction(|tx| {
-                    for &i in &keys {
-                        tx.put(&t, &key(i), &value(i, r * 10 + c))?;
-                    }
-                    Ok(())
-                });
-                if ok.is_err() {
-                    break 'run;
-                }
-                for &i in &keys {
-                    acked[i as usize] = r * 10 + c;
-                }
-            }
-            if db.checkpoint().is_err() {
-                break;
-            }
-        }
+        let acked = page_writes::update_until_cut(&db, &t);
         assert!(
             switch.fired(),
             "round {round}: the run ended before the cut"
@@ -179,21 +114,7 @@ fn acknowledged_commits_survive_power_cuts_that_tear_other_writes() {
             rig.log.power_on();
         }
         let db = rig.open(false, opts()).unwrap();
-        let t = db.tree("t").unwrap();
-        for i in 0..KEYS {
-            let got = t
-                .get(&key(i))
-                .unwrap_or_else(|e| panic!("round {round}, key {i}: {e}"))
-                .expect("every key was loaded");
-            let want = value(i, acked[i as usize]);
-            // The commit in flight at the cut may or may not be there.
-            let newer = (acked[i as usize] + 1..acked[i as usize] + 12).any(|r| got == value(i, r));
-            assert!(
-                got == want || newer,
-                "round {round}, key {i}: an acknowledged commit lost"
-            );
-        }
-        assert!(db.check().unwrap().is_ok(), "round {round}");
+        page_writes::assert_acked(&db, &acked, round);
         db.close().unwrap();
     }
 }
