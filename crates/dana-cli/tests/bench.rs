@@ -331,25 +331,35 @@ fn waf_untorn_writes_log_no_torn_page_images() {
     );
 }
 
-/// `dana bench waf --write-mode in-place,out-of-place`: YCSB-A on the same
-/// device and load, pages in place and in dana's segments: out of place,
-/// with a handle per class, the FTL below copies (almost) nothing, dana's
-/// summaries are written, and every figure is there.
+/// `dana bench waf --write-mode in-place,out-of-place,out-of-place-lz4`:
+/// YCSB-A on the same device and load, pages in place, in dana's segments
+/// and compressed in them: out of place, with a handle per class, the FTL
+/// below copies (almost) nothing, dana's summaries are written, pages
+/// compress, and every figure is there.
 #[test]
 fn waf_out_of_place_runs_beside_in_place() {
     let v = small_waf(&[
         "--placement",
         "classes",
         "--write-mode",
-        "in-place,out-of-place",
+        "in-place,out-of-place,out-of-place-lz4",
         "--fills",
         "60",
     ]);
     let runs = v["runs"].as_array().expect("runs");
-    assert_eq!(runs.len(), 2);
+    assert_eq!(runs.len(), 3);
     assert_eq!(runs[0]["write_mode"], "in-place");
     assert_eq!(runs[1]["write_mode"], "out-of-place");
+    assert_eq!(runs[2]["write_mode"], "out-of-place-lz4");
     assert_eq!(runs[0]["records"], runs[1]["records"], "same load");
+    assert_eq!(runs[0]["records"], runs[2]["records"], "same load");
+    // Values half random, half repeated: pages compress, and the
+    // compressed run writes fewer flash bytes per operation.
+    let ratio = runs[2]["compression"].as_f64().unwrap();
+    assert!(ratio > 1.3, "compression {ratio}");
+    assert_eq!(runs[1]["compression"].as_f64().unwrap(), 1.0);
+    let flash = |i: usize| runs[i]["data"]["flash_bytes_per_op"].as_f64().unwrap();
+    assert!(flash(2) < flash(1), "{} vs {}", flash(2), flash(1));
     let oop = &runs[1];
     assert!(oop["ops"].as_u64().unwrap() > 0, "{oop}");
     assert!(

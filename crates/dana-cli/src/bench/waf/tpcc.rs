@@ -182,7 +182,8 @@ pub(super) struct Image {
     data: Arc<SimDisk>,
     log: Arc<SimDisk>,
     /// The same load written out of place (data, log), when asked for.
-    out_of_place: Option<(Arc<SimDisk>, Arc<SimDisk>)>,
+    /// Per out-of-place write mode: its data and log devices.
+    out_of_place: Vec<(WriteMode, Arc<SimDisk>, Arc<SimDisk>)>,
     rows: u64,
     used: u64,
 }
@@ -203,17 +204,17 @@ impl Image {
         let opts = options(a, device_pages * PAGE + (64 << 20));
         let (rows, used) = load_into(a, Target::Sim(data.clone()), &log, opts.clone())?;
         // Out of place, the same rows land elsewhere: an image of their own.
-        let out_of_place = if a.write_mode.contains(&WriteMode::OutOfPlace) {
-            let cfg = ftl_config_for(a, blocks, PlacementMode::None, WriteMode::OutOfPlace);
+        let mut out_of_place = Vec::new();
+        for &mode in a.write_mode.iter().filter(|m| m.out_of_place()) {
+            let cfg = ftl_config_for(a, blocks, PlacementMode::None, mode);
             let oop_pages = u64::from(Ftl::new(cfg)?.logical_pages());
             let oop = SimDisk::new(0, oop_pages * PAGE, SimConfig::default());
             let oop_log = SimDisk::new(1, CONTROL_BYTES + a.log_bytes, SimConfig::default());
-            let remap = Remap::create(Target::Sim(oop.clone()), remap_config(a.pages_per_block))?;
-            load_into(a, Target::Remap(remap), &oop_log, opts)?;
-            Some((oop, oop_log))
-        } else {
-            None
-        };
+            let config = remap_config(a.pages_per_block, mode);
+            let remap = Remap::create(Target::Sim(oop.clone()), config)?;
+            load_into(a, Target::Remap(remap), &oop_log, opts.clone())?;
+            out_of_place.push((mode, oop, oop_log));
+        }
         Ok(Image {
             fill,
             sizing,
@@ -248,12 +249,14 @@ pub(super) fn run_fill(
     let cfg = ftl_config_for(a, image.blocks, placement, mode);
     let data_pages = u64::from(Ftl::new(cfg)?.logical_pages());
     let devices = Devices::new(a, placement, cfg, data_pages * PAGE)?.with_mode(mode);
-    let (data, log) = match (mode, &image.out_of_place) {
-        (WriteMode::InPlace, _) => (&image.data, &image.log),
-        (WriteMode::OutOfPlace, Some((d, l))) => (d, l),
-        (WriteMode::OutOfPlace, None) => {
-            return Err(CliError("no out-of-place image was loaded".into()))
-        }
+    let (data, log) = match mode {
+        WriteMode::InPlace => (&image.data, &image.log),
+        _ => image
+            .out_of_place
+            .iter()
+            .find(|(m, _, _)| *m == mode)
+            .map(|(_, d, l)| (d, l))
+            .ok_or_else(|| CliError(format!("no {} image was loaded", mode.name())))?,
     };
     devices.data.copy_durable_from(data)?;
     devices.log.copy_durable_from(log)?;

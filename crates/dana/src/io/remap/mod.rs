@@ -1,56 +1,76 @@
 //! Out-of-place page writes: a device whose pages keep their logical
-//! address while every write lands in a fresh slot of an append-only
-//! segment (ZLeanStore, NoFTL's regions; #14 item 2).
+//! address while every write lands in a fresh extent of an append-only
+//! segment (ZLeanStore, NoFTL's regions; #14 items 2 and 3).
 //!
-//! Owns: the page-to-slot map of one device, its segments (written whole,
-//! in order, then collected by valid fraction), the segment summaries
-//! that make the map crash safe, the barrier that makes completed writes
-//! and their map entries durable together, and the collection of
-//! segments (greedy: fewest live slots first). dana's engine above sees a
-//! plain device of [`Remap::size`] bytes (fewer than the device holds: the
-//! summaries, a label and the spare the collection works in).
+//! Owns: the page-to-extent map of one device, its segments (written in
+//! order, then collected by live fraction), the segment summaries that
+//! make the map crash safe, the barrier that makes completed writes and
+//! their map entries durable together, the collection of segments
+//! (greedy: fewest live units first), and, on a compressed device, the
+//! packing of compressed pages at [`PACK_UNIT`] granularity. dana's engine
+//! above sees a plain device of [`Remap::size`] bytes (fewer than the
+//! device holds: the summaries, a label and the spare the collection
+//! works in).
 //!
-//! Never: overwrites the slot that holds a page's last durable version
+//! Never: overwrites the extent that holds a page's last durable version
 //! (so a torn write cannot destroy a good page), reuses a segment while
-//! the durable summaries may still name one of its slots as a page's
-//! newest version, or while a read of one of its slots is in flight, or
-//! names a slot in a summary before the slot's data is durable.
+//! the durable summaries may still name one of its extents as a page's
+//! newest version, or while a read of one of its extents is in flight, or
+//! names an extent in a summary before its data is durable.
 //!
 //! # Layout (see docs/FORMAT.md, "Out-of-place devices")
 //! The device is cut into segments of `segment_pages` pages. Segment 0
-//! holds the label (page 0) and nothing else. In every other segment,
-//! pages 0 and 1 are its two summary slots and the rest are data slots,
-//! written in order. A summary lists, for each data slot written and
-//! completed, the logical page it holds and the *stamp* of its map update
-//! (a counter of the device, increasing in the order the writes
-//! completed); summaries alternate between the two summary slots and carry
-//! a version (from the same counter), so a torn summary leaves the one
-//! before it readable.
+//! holds the label (page 0) and nothing else. Every other segment starts
+//! with its two summary copies (one page each, or a few on a compressed
+//! device) and the rest is its data area, cut in *units*: a page on a
+//! plain device, 512 bytes on a compressed one. Each write takes an
+//! *extent* of whole units, in order: one page, or a compressed page
+//! padded to its unit (a page that does not shrink by a unit is stored
+//! whole). A summary lists, for each extent handed out, its first unit,
+//! its units, the logical page it holds once its write completed, and the
+//! *stamp* of its map update (a counter of the device, increasing in the
+//! order the writes completed); summaries alternate between the two copies
+//! and carry a version (from the same counter), so a torn summary leaves
+//! the one before it readable.
+//!
+//! # Packing (compressed devices)
+//! A worker's queue reserves a *chunk* of its stream's open segment (8
+//! flash pages, 4 KiB each, aligned to them), packs the pages it is asked
+//! to write into it, and writes it whole when the engine submits (or when
+//! it is full), so the flash below only ever sees whole 4 KiB pages; an
+//! unused tail goes back to the segment when nothing was reserved after
+//! it. The collection packs the extents it copies the same way, without
+//! recompressing them. A compressed extent is a 4-byte length and an LZ4
+//! block (`remap/pack.rs`).
 //!
 //! # Crash safety
 //! A barrier (each flush the engine asks for, and each durable write)
 //! flushes the device (every completed data write is durable), writes
 //! the summaries of the segments that changed, and flushes again. Opening
 //! reads every segment's newer valid summary and maps each logical page to
-//! the slot with its highest stamp. A segment is freed only after a
-//! barrier that followed the death of its last live slot: the durable
-//! summaries then name a newer slot for every page it held, so its old
+//! the extent with its highest stamp. A segment is freed only after a
+//! barrier that followed the death of its last live extent: the durable
+//! summaries then name a newer extent for every page it held, so its old
 //! summary, still on the device until the segment's next summary
 //! overwrites it, only names versions that lose. A write that completed
 //! after the last barrier may be lost at a crash (the page reads as its
 //! version before), as an unflushed in-place write may; it is never torn.
 //!
 //! # Costs
-//! DRAM: 8 bytes per logical page (the map) and ~16 bytes per data slot
-//! of the segments (their summaries' entries), 24 bytes per page in all:
-//! 0.6% of a 4 KiB-page device. Device: 1 label segment, 2 summary pages
-//! per segment (1.6% at 128 pages) and the spare. Each barrier: 2 flushes
-//! and one page per segment written since the last. Collection, barriers
-//! and opening run on a queue of the device's own, blocking the worker or
-//! thread that calls them (a barrier runs where the engine flushes: its
-//! checkpoints); the engine's reads and writes never block on it unless
-//! the free segments run out.
+//! DRAM: 8 bytes per logical page (the map) and 24 bytes per extent of
+//! the segments (their summaries' entries): 32 bytes per page on a plain
+//! device, 0.8% of a 4 KiB-page device (more extents per page of flash
+//! when compressed). Device: 1 label segment, 2 summary copies per
+//! segment (1.6% at 128 pages; 3.1% when compressed, which lists more
+//! extents) and the spare. Each barrier: 2 flushes and one summary per
+//! segment written since the last. Compression: one LZ4 pass per page
+//! written and one per compressed page read, on the calling worker, and a
+//! copy into the chunk. Collection, barriers and opening run on a queue
+//! of the device's own, blocking the worker or thread that calls them (a
+//! barrier runs where the engine flushes: its checkpoints); the engine's
+//! reads and writes never block on it unless the free segments run out.
 
+pub(crate) mod pack;
 mod queue;
 
 #[cfg(test)]
@@ -65,19 +85,35 @@ use crate::{Error, Result};
 
 pub use queue::RemapQueue;
 
-/// The label's magic: an out-of-place device, format 1.
-const LABEL_MAGIC: &[u8; 8] = b"DANAOOP1";
+/// The label's magic: an out-of-place device, format 2 (extents).
+const LABEL_MAGIC: &[u8; 8] = b"DANAOOP2";
+/// The label of format 1 (one page per slot), which this build does not
+/// read.
+const LABEL_MAGIC_V1: &[u8; 8] = b"DANAOOP1";
 /// A summary's magic.
-const SUMMARY_MAGIC: &[u8; 8] = b"DANASUM1";
-/// Bytes of a summary's header: magic, crc, segment, count, version.
+const SUMMARY_MAGIC: &[u8; 8] = b"DANASUM2";
+/// Bytes of a summary's header: magic, crc, segment, count, stream,
+/// version.
 const SUMMARY_HEADER: usize = 32;
-/// Bytes of one summary entry: logical page, stamp.
+/// Bytes of one summary entry: logical page (40 bits), stamp (56 bits),
+/// first unit (16 bits), units - 1 (8 bits), a zero byte.
 const ENTRY_BYTES: usize = 16;
-/// A slot that holds no page (written by a collection that lost its race,
-/// or never completed).
+/// An extent that holds no page (its write lost a race with a newer one,
+/// failed, or has not completed).
 const NO_PAGE: u64 = u64::MAX;
-/// Summary slots at the head of each data segment.
-const SUMMARY_SLOTS: u64 = 2;
+/// How an entry writes [`NO_PAGE`] in its 40 bits.
+const NO_PAGE_40: u64 = (1 << 40) - 1;
+/// Logical pages an out-of-place device offers at most (an entry's page
+/// has 40 bits, the all-ones value meaning none): 4 PiB of 4 KiB pages.
+const MAX_PAGES: u64 = NO_PAGE_40;
+/// Summary copies at the head of each data segment.
+const SUMMARY_COPIES: u64 = 2;
+/// The flash page: chunks start and end on its boundaries.
+const FLASH_PAGE: u64 = 4096;
+/// The unit compressed pages are packed in (and padded to).
+pub const PACK_UNIT: u32 = 512;
+/// Flash pages a queue's chunk reserves at a time.
+const CHUNK_FLASH_PAGES: u32 = 8;
 /// The open segments: one per placement class (the collection's copies
 /// are [`Placement::Collected`]).
 const OPEN_SEGMENTS: usize = super::placement::PLACEMENTS.len();
@@ -99,11 +135,16 @@ pub struct RemapConfig {
     pub page_size: u32,
     /// Pages per segment, summaries included: the device's erase unit (or
     /// FDP reclaim unit) in pages, so that a segment dies whole on the
-    /// flash. 8..=the pages one summary can list + 2.
+    /// flash. 8..=the pages one summary can list + 2 (plain), 16..=65536
+    /// units (compressed).
     pub segment_pages: u32,
-    /// Fraction of the data slots kept free beyond the open segments and
+    /// Fraction of the data area kept free beyond the open segments and
     /// the collection's reserve: the room the collection works in.
     pub spare: f64,
+    /// Compress each page written (LZ4) and pack it at [`PACK_UNIT`]
+    /// granularity (#14 item 3). Needs a device whose direct I/O works in
+    /// 512-byte sectors and pages of at most 128 KiB.
+    pub compress: bool,
 }
 
 impl Default for RemapConfig {
@@ -112,6 +153,7 @@ impl Default for RemapConfig {
             page_size: 4096,
             segment_pages: 128,
             spare: 0.05,
+            compress: false,
         }
     }
 }
@@ -119,15 +161,33 @@ impl Default for RemapConfig {
 impl RemapConfig {
     fn check(&self) -> Result<()> {
         let page = self.page_size as usize;
-        let most = (page - SUMMARY_HEADER) / ENTRY_BYTES + SUMMARY_SLOTS as usize;
         if !self.page_size.is_power_of_two() || page < 4096 {
             return Err(Error::InvalidArgument(format!(
                 "out-of-place page size {page}: a power of two >= 4096"
             )));
         }
-        if self.segment_pages < 8 || self.segment_pages as usize > most {
+        if self.compress && page / PACK_UNIT as usize > 256 {
             return Err(Error::InvalidArgument(format!(
-                "out-of-place segments of {} pages: 8 to {most} with {page}-byte pages",
+                "compressed out-of-place pages of {page} bytes: at most 128 KiB"
+            )));
+        }
+        let g = Geometry::of(self);
+        let most = (page - SUMMARY_HEADER) / ENTRY_BYTES + SUMMARY_COPIES as usize;
+        let fits = if self.compress {
+            self.segment_pages as u64 >= 16
+                && g.data_units as u64 >= 8 * g.upp as u64
+                && g.data_units <= 1 << 16
+        } else {
+            self.segment_pages >= 8 && self.segment_pages as usize <= most
+        };
+        if !fits {
+            let range = if self.compress {
+                format!("16 to {}", (1u64 << 16) / g.upp as u64)
+            } else {
+                format!("8 to {most}")
+            };
+            return Err(Error::InvalidArgument(format!(
+                "out-of-place segments of {} pages: {range} with {page}-byte pages",
                 self.segment_pages
             )));
         }
@@ -141,6 +201,76 @@ impl RemapConfig {
     }
 }
 
+/// The shape of a segment, derived from a [`RemapConfig`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Geometry {
+    page: u64,
+    seg_pages: u64,
+    /// Bytes of a unit: a page (plain) or [`PACK_UNIT`] (compressed).
+    unit: u64,
+    /// Units per page.
+    upp: u32,
+    /// Pages of one summary copy.
+    summary_pages: u64,
+    /// Units of a segment's data area.
+    data_units: u32,
+    /// Extents a segment may hold: what one summary copy lists.
+    entry_cap: u32,
+    /// Units per flash page (a chunk's alignment).
+    align_units: u32,
+}
+
+impl Geometry {
+    fn of(c: &RemapConfig) -> Geometry {
+        let page = c.page_size as u64;
+        let seg = c.segment_pages as u64;
+        let unit = if c.compress { PACK_UNIT as u64 } else { page };
+        let upp = (page / unit) as u32;
+        let cap_of = |sp: u64| ((sp * page) as usize - SUMMARY_HEADER) as u64 / ENTRY_BYTES as u64;
+        let data_of = |sp: u64| seg.saturating_sub(SUMMARY_COPIES * sp) * upp as u64;
+        let mut sp = 1;
+        // Compressed: a summary lists extents of a third of a page on
+        // average (a page compressed 2.7 times) before it runs out of
+        // room; a segment that runs out closes with units left over.
+        // Bounded by the segment's pages.
+        while c.compress && cap_of(sp) * 3 < data_of(sp) && SUMMARY_COPIES * (sp + 1) < seg {
+            sp += 1;
+        }
+        let data_units = data_of(sp).min(u32::MAX as u64) as u32;
+        Geometry {
+            page,
+            seg_pages: seg,
+            unit,
+            upp,
+            summary_pages: sp,
+            data_units,
+            entry_cap: (cap_of(sp).min(data_units as u64)) as u32,
+            align_units: (FLASH_PAGE / unit).max(1) as u32,
+        }
+    }
+
+    /// Bytes of one summary copy.
+    fn summary_bytes(&self) -> usize {
+        (self.summary_pages * self.page) as usize
+    }
+
+    /// Where summary copy `copy` of data segment `s` starts.
+    fn summary_at(&self, s: u32, copy: u8) -> u64 {
+        ((s as u64 + 1) * self.seg_pages + copy as u64 * self.summary_pages) * self.page
+    }
+
+    /// Where unit `start` of data segment `s`'s data area starts.
+    fn extent_at(&self, s: u32, start: u32) -> u64 {
+        ((s as u64 + 1) * self.seg_pages + SUMMARY_COPIES * self.summary_pages) * self.page
+            + start as u64 * self.unit
+    }
+
+    /// `units` rounded up to whole flash pages.
+    fn align_up(&self, units: u32) -> u32 {
+        units.div_ceil(self.align_units) * self.align_units
+    }
+}
+
 /// Where a segment is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Life {
@@ -148,43 +278,58 @@ enum Life {
     Free,
     /// Taking writes (of one class, or of the collection).
     Open,
-    /// Full, with live slots.
+    /// Full (of units or extents), with live extents or writes pending.
     Closed,
-    /// No live slot left: free after the next barrier that starts later.
+    /// No live extent left: free after the next barrier that starts later.
     Dying { barrier: u64 },
+}
+
+/// One extent of a segment, as its summary lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    /// The logical page, once its write completed (else [`NO_PAGE`]).
+    page: u64,
+    /// The stamp of its map update.
+    stamp: u64,
+    /// First unit in the segment's data area.
+    start: u32,
+    /// Units.
+    units: u32,
 }
 
 /// One segment's state in memory.
 #[derive(Debug, Clone)]
 struct Segment {
     life: Life,
-    /// Data slots whose page the map points at.
+    /// Extents whose page the map points at, and their units.
     live: u32,
-    /// The next data slot to hand out (0-based among the data slots).
+    live_units: u32,
+    /// The next unit of the data area to hand out.
     next: u32,
-    /// Writes handed a slot here and not completed yet.
+    /// Writes (and chunks) handed out here and not ended yet.
     pending: u32,
-    /// Reads of its slots in flight.
+    /// Reads of its extents in flight.
     readers: u32,
-    /// Per data slot: (logical page, stamp) once the write completed.
-    entries: Vec<(u64, u64)>,
+    /// The extents handed out, in order.
+    entries: Vec<Entry>,
     /// Changed since its last summary.
     dirty: bool,
-    /// The summary slot its next summary goes to (0 or 1).
+    /// The summary copy its next summary goes to (0 or 1).
     summary_slot: u8,
     /// The open-segment stream it was opened for.
     stream: u8,
 }
 
 impl Segment {
-    fn new(slots: usize) -> Segment {
+    fn new() -> Segment {
         Segment {
             life: Life::Free,
             live: 0,
+            live_units: 0,
             next: 0,
             pending: 0,
             readers: 0,
-            entries: vec![(NO_PAGE, 0); slots],
+            entries: Vec::new(),
             dirty: false,
             summary_slot: 0,
             stream: 0,
@@ -195,15 +340,18 @@ impl Segment {
 /// Counters of an out-of-place device.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RemapStats {
-    /// Pages written by the engine (each to a new slot).
+    /// Pages written by the engine (each to a new extent).
     pub page_writes: u64,
-    /// Pages copied by the collection.
+    /// Bytes those pages took on the device (compressed and padded to the
+    /// unit; a page each on a plain device).
+    pub stored_bytes: u64,
+    /// Extents copied by the collection.
     pub gc_copies: u64,
     /// Segments freed.
     pub segments_freed: u64,
     /// Freed segments the device was told to trim.
     pub segments_trimmed: u64,
-    /// Summary pages written.
+    /// Summary copies written.
     pub summary_writes: u64,
     /// Barriers run.
     pub barriers: u64,
@@ -216,6 +364,7 @@ impl RemapStats {
     pub fn since(&self, earlier: &RemapStats) -> RemapStats {
         RemapStats {
             page_writes: self.page_writes - earlier.page_writes,
+            stored_bytes: self.stored_bytes - earlier.stored_bytes,
             gc_copies: self.gc_copies - earlier.gc_copies,
             segments_freed: self.segments_freed - earlier.segments_freed,
             segments_trimmed: self.segments_trimmed - earlier.segments_trimmed,
@@ -226,14 +375,70 @@ impl RemapStats {
     }
 }
 
+/// Where a logical page's newest version lies (a read pins its segment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Extent {
+    /// Its name in the map (segment and entry).
+    pub loc: u64,
+    /// Byte offset on the device underneath.
+    pub at: u64,
+    /// Bytes (whole units).
+    pub len: usize,
+    /// A compressed page (else the page's own bytes).
+    pub packed: bool,
+}
+
+/// A page placed in a [`Chunk`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Placed {
+    /// The logical page.
+    pub page: u64,
+    /// Its new extent.
+    pub loc: u64,
+    /// The placer's own note (a queue: which request and page; the
+    /// collection: the extent it copies from).
+    pub owner: u64,
+}
+
+/// A run of a segment's units that one writer packs extents into and
+/// writes whole.
+#[derive(Debug)]
+pub(crate) struct Chunk {
+    seg: u32,
+    start: u32,
+    units: u32,
+    used: u32,
+    stream: usize,
+    /// Its bytes until it is written.
+    buf: Option<AlignedBuf>,
+    pub placed: Vec<Placed>,
+}
+
+impl Chunk {
+    /// The placement class its write goes out with.
+    pub fn placement(&self) -> Placement {
+        super::placement::PLACEMENTS[self.stream]
+    }
+}
+
+/// A segment and entry as the map names them.
+fn loc(s: u32, k: u32) -> u64 {
+    (s as u64) << 32 | k as u64
+}
+
+/// The segment and entry of a map value.
+fn unloc(l: u64) -> (u32, u32) {
+    ((l >> 32) as u32, l as u32)
+}
+
 /// The shared state of an out-of-place device, behind one lock.
 #[derive(Debug)]
 struct State {
-    /// Logical page -> physical page (NO_PAGE: never written).
+    /// Logical page -> extent ([`loc`]; NO_PAGE: never written).
     map: Vec<u64>,
     segments: Vec<Segment>,
     free: VecDeque<u32>,
-    /// Segments with no live slot, waiting for a barrier (`Life::Dying`).
+    /// Segments with no live extent, waiting for a barrier (`Life::Dying`).
     dying: Vec<u32>,
     /// The open segment of each stream.
     open: [Option<u32>; OPEN_SEGMENTS],
@@ -248,6 +453,7 @@ struct State {
 pub struct Remap {
     inner: Target,
     config: RemapConfig,
+    geo: Geometry,
     /// Data segments (segment 0, the label's, is not one).
     segments: u64,
     /// Logical pages offered to the engine.
@@ -281,15 +487,16 @@ impl Remap {
         encode_label(&mut label, &config, remap.pages);
         write_all(&mut **q, std::iter::once((0, label)))?;
         // Old summaries of whatever the device held before must not be
-        // taken for this device's: every summary slot gets zeros, a batch
-        // of fresh (zeroed) pages at a time.
-        let slots: Vec<u64> = (1..=remap.segments)
-            .flat_map(|s| (0..SUMMARY_SLOTS).map(move |k| s * config.segment_pages as u64 + k))
+        // taken for this device's: every summary copy gets zeros, a batch
+        // of fresh (zeroed) buffers at a time.
+        let copies: Vec<u64> = (0..remap.segments as u32)
+            .flat_map(|s| (0..SUMMARY_COPIES as u8).map(move |k| (s, k)))
+            .map(|(s, k)| remap.geo.summary_at(s, k))
             .collect();
-        for batch in slots.chunks(128) {
+        for batch in copies.chunks(128) {
             let zeros = batch
                 .iter()
-                .map(|&page| Ok((page * config.page_size as u64, remap.page_buf()?)))
+                .map(|&at| Ok((at, remap.summary_buf()?)))
                 .collect::<Result<Vec<_>>>()?;
             write_all(&mut **q, zeros.into_iter())?;
         }
@@ -315,7 +522,8 @@ impl Remap {
         Ok(Arc::new(remap))
     }
 
-    /// True if `inner` holds an out-of-place device's label.
+    /// True if `inner` holds an out-of-place device's label (of any
+    /// format: opening one this build does not read fails clearly).
     pub fn is_formatted(inner: &Target) -> Result<bool> {
         let align = inner.alignment();
         if inner.size() < 4096 {
@@ -325,17 +533,22 @@ impl Remap {
         let len = (align.io.max(align.mem) as usize).max(4096);
         let buf = IoBuf::owned(AlignedBuf::new(len, align.mem as usize)?);
         let buf = read_at(&mut *q, 0, buf)?;
-        Ok(buf.as_owned().is_some_and(|b| &b[..8] == LABEL_MAGIC))
+        Ok(buf
+            .as_owned()
+            .is_some_and(|b| &b[..8] == LABEL_MAGIC || &b[..8] == LABEL_MAGIC_V1))
     }
 
     fn new(inner: Target, config: RemapConfig, pages: Option<u64>) -> Result<Remap> {
         config.check()?;
-        let page = config.page_size as u64;
-        let seg = config.segment_pages as u64;
+        let geo = Geometry::of(&config);
+        let page = geo.page;
+        let seg = geo.seg_pages;
         let align = inner.alignment();
-        if page % align.io != 0 || page % align.mem != 0 {
+        if page % align.io != 0 || page % align.mem != 0 || geo.unit % align.io != 0 {
             return Err(Error::InvalidArgument(format!(
-                "out-of-place page size {page} is not a multiple of the device's alignment {}",
+                "out-of-place {} of {} bytes is not a multiple of the device's alignment {}",
+                if config.compress { "unit" } else { "page" },
+                geo.unit,
                 align.io.max(align.mem)
             )));
         }
@@ -350,10 +563,12 @@ impl Remap {
                 segments + 1
             )));
         }
-        let slots = seg - SUMMARY_SLOTS;
+        // Logical pages: as many as the data areas hold uncompressed, so
+        // that any data fits; compression leaves the collection more room.
+        let slots = geo.data_units as u64 / geo.upp as u64;
         let offered_by = |segments: u64| {
             let usable = (segments - (OPEN_SEGMENTS + GC_RESERVE) as u64) * slots;
-            ((usable as f64) * (1.0 - config.spare)) as u64
+            (((usable as f64) * (1.0 - config.spare)) as u64).min(MAX_PAGES)
         };
         let offered = offered_by(segments);
         // An existing device: only the segments it was created with hold
@@ -391,12 +606,9 @@ impl Remap {
             None => offered,
         };
         let own = open_queue(&inner, &Backend::Blocking, 256)?;
-        let segs = (0..segments)
-            .map(|_| Segment::new(slots as usize))
-            .collect();
         let state = State {
             map: vec![NO_PAGE; pages as usize],
-            segments: segs,
+            segments: (0..segments).map(|_| Segment::new()).collect(),
             free: (0..segments as u32).collect(),
             dying: Vec::new(),
             open: [None; OPEN_SEGMENTS],
@@ -407,6 +619,7 @@ impl Remap {
         Ok(Remap {
             inner,
             config,
+            geo,
             segments,
             pages,
             state: Mutex::new(state),
@@ -447,6 +660,17 @@ impl Remap {
         self.lock().map.iter().filter(|&&s| s != NO_PAGE).count() as u64
     }
 
+    /// Bytes the live versions take on the device (compressed, padded to
+    /// the unit): with [`Remap::mapped_pages`], the compression ratio of
+    /// the data it holds.
+    pub fn live_bytes(&self) -> u64 {
+        let st = self.lock();
+        st.segments
+            .iter()
+            .map(|g| g.live_units as u64 * self.geo.unit)
+            .sum()
+    }
+
     /// Free segments now.
     pub fn free_segments(&self) -> usize {
         self.lock().free.len()
@@ -471,112 +695,303 @@ impl Remap {
     }
 
     fn page_buf(&self) -> Result<AlignedBuf> {
-        let a = self.inner.alignment();
-        AlignedBuf::new(self.config.page_size as usize, a.mem as usize)
+        self.buf(self.config.page_size as usize)
     }
 
-    fn seg_pages(&self) -> u64 {
-        self.config.segment_pages as u64
+    fn summary_buf(&self) -> Result<AlignedBuf> {
+        self.buf(self.geo.summary_bytes())
     }
 
-    fn data_slots(&self) -> usize {
-        (self.seg_pages() - SUMMARY_SLOTS) as usize
+    /// A zeroed buffer of `len` bytes aligned for the device.
+    pub(crate) fn buf(&self, len: usize) -> Result<AlignedBuf> {
+        AlignedBuf::new(len, self.inner.alignment().mem as usize)
     }
 
-    /// Physical page of data slot `k` of data segment `s`.
-    fn slot_page(&self, s: u32, k: u32) -> u64 {
-        (s as u64 + 1) * self.seg_pages() + SUMMARY_SLOTS + k as u64
+    /// Pages are compressed and packed.
+    pub(crate) fn compressed(&self) -> bool {
+        self.config.compress
     }
 
-    /// (data segment, data slot) of a physical page.
-    fn slot_of(&self, page: u64) -> (u32, u32) {
-        let seg = self.seg_pages();
-        ((page / seg - 1) as u32, (page % seg - SUMMARY_SLOTS) as u32)
+    /// Bytes of a unit.
+    pub(crate) fn unit(&self) -> usize {
+        self.geo.unit as usize
+    }
+
+    /// Where the extent the map names `l` lies.
+    fn extent(&self, st: &State, l: u64) -> Extent {
+        let (s, k) = unloc(l);
+        let e = st.segments[s as usize].entries[k as usize];
+        Extent {
+            loc: l,
+            at: self.geo.extent_at(s, e.start),
+            len: (e.units as u64 * self.geo.unit) as usize,
+            packed: e.units < self.geo.upp,
+        }
     }
 
     /// Where logical page `page` lives now, pinning its segment against
     /// reuse until [`Remap::read_done`] (None: never written, reads as
     /// zeros).
-    pub(crate) fn read_slot(&self, page: u64) -> Option<u64> {
+    pub(crate) fn read_extent(&self, page: u64) -> Option<Extent> {
         let mut st = self.lock();
-        let slot = *st.map.get(page as usize)?;
-        if slot == NO_PAGE {
+        let l = *st.map.get(page as usize)?;
+        if l == NO_PAGE {
             return None;
         }
-        let (s, _) = self.slot_of(slot);
-        st.segments[s as usize].readers += 1;
-        Some(slot)
+        let extent = self.extent(&st, l);
+        st.segments[unloc(l).0 as usize].readers += 1;
+        Some(extent)
     }
 
-    /// A read of physical page `slot` ended.
-    pub(crate) fn read_done(&self, slot: u64) {
-        let (s, _) = self.slot_of(slot);
+    /// A read of the extent `l` ended.
+    pub(crate) fn read_done(&self, l: u64) {
         let mut st = self.lock();
-        let seg = &mut st.segments[s as usize];
-        seg.readers -= 1;
+        st.segments[unloc(l).0 as usize].readers -= 1;
     }
 
-    /// Hands out a fresh slot for a write of class `placement`, or None
-    /// when only the collection's reserve of free segments is left: the
-    /// caller then lets its own reads in flight end (they pin their
-    /// segments) and runs [`Remap::collect`].
-    pub(crate) fn write_slot(&self, placement: Placement) -> Option<u64> {
+    /// Hands out a fresh page-sized extent for a write of class
+    /// `placement` on a plain device, or None when only the collection's
+    /// reserve of free segments is left: the caller then lets its own
+    /// reads in flight end (they pin their segments) and runs
+    /// [`Remap::collect`].
+    pub(crate) fn write_slot(&self, placement: Placement) -> Option<Extent> {
+        debug_assert!(!self.config.compress);
         let stream = placement_stream(placement);
+        let upp = self.geo.upp;
         let mut st = self.lock();
-        match self.take_slot(&mut st, stream, GC_RESERVE) {
-            Some(slot) => {
-                st.stats.page_writes += 1;
-                Some(slot)
-            }
-            None => {
+        // Bounded: a segment whose summary is full closes, and the next
+        // one has room (a plain segment's summary lists all its pages).
+        for _ in 0..2 {
+            let Some((s, start, units)) = self.take_chunk(&mut st, stream, upp, upp, GC_RESERVE)
+            else {
                 st.stats.write_stalls += 1;
-                None
+                return None;
+            };
+            let k = self.add_entry(&mut st, s, start, upp);
+            self.release_chunk(&mut st, s, start, upp, units);
+            if let Some(k) = k {
+                st.stats.page_writes += 1;
+                st.stats.stored_bytes += self.geo.page;
+                return Some(self.extent(&st, loc(s, k)));
             }
         }
+        None
     }
 
-    /// A slot of stream `stream`'s open segment, opening a free one (if
-    /// more than `reserve` are free) when it is full.
-    fn take_slot(&self, st: &mut State, stream: usize, reserve: usize) -> Option<u64> {
-        let slots = self.data_slots() as u32;
-        if let Some(s) = st.open[stream] {
-            let seg = &mut st.segments[s as usize];
-            if seg.next < slots {
-                let k = seg.next;
-                seg.next += 1;
-                seg.pending += 1;
-                if seg.next == slots {
-                    // Its last slot is pending: it dies, if ever, when a
-                    // write ends (`write_done`).
-                    seg.life = Life::Closed;
-                    st.open[stream] = None;
+    /// Reserves `want` units (whole flash pages, at least `need`) of
+    /// stream `stream`'s open segment, opening a free one (if more than
+    /// `reserve` are free) when it lacks room: (segment, first unit,
+    /// units). The segment counts the chunk as pending until
+    /// [`Remap::release_chunk`].
+    fn take_chunk(
+        &self,
+        st: &mut State,
+        stream: usize,
+        want: u32,
+        need: u32,
+        reserve: usize,
+    ) -> Option<(u32, u32, u32)> {
+        let g = &self.geo;
+        let barrier = st.barriers_started;
+        // Bounded: the open segment gives a chunk or is closed, and a
+        // fresh one has room for any extent.
+        for _ in 0..2 {
+            if let Some(s) = st.open[stream] {
+                let seg = &mut st.segments[s as usize];
+                let left = g.data_units - seg.next;
+                if left >= need && (seg.entries.len() as u32) < g.entry_cap {
+                    let units = g.align_up(want.max(need)).min(left);
+                    let start = seg.next;
+                    seg.next += units;
+                    seg.pending += 1;
+                    if seg.next == g.data_units {
+                        // Its last units are pending: it dies, if ever,
+                        // when they end.
+                        seg.life = Life::Closed;
+                        st.open[stream] = None;
+                    }
+                    return Some((s, start, units));
                 }
-                return Some(self.slot_page(s, k));
+                seg.life = Life::Closed;
+                st.open[stream] = None;
+                die_if_dead(st, s, barrier);
             }
+            if st.free.len() <= reserve {
+                return None;
+            }
+            let s = st.free.pop_front()?;
+            let seg = &mut st.segments[s as usize];
+            debug_assert_eq!(seg.life, Life::Free);
+            debug_assert_eq!(seg.live, 0);
+            seg.life = Life::Open;
+            seg.next = 0;
+            seg.pending = 0;
+            seg.entries.clear();
+            seg.dirty = true;
+            seg.stream = stream as u8;
+            st.open[stream] = Some(s);
         }
-        if st.free.len() <= reserve {
+        None
+    }
+
+    /// A new extent of `units` units at unit `start` of segment `s`
+    /// (inside a chunk reserved there), pending until its write ends
+    /// ([`Remap::write_done`]); None when the segment's summary lists no
+    /// more (the segment is then closed to new chunks).
+    fn add_entry(&self, st: &mut State, s: u32, start: u32, units: u32) -> Option<u32> {
+        let cap = self.geo.entry_cap as usize;
+        let seg = &mut st.segments[s as usize];
+        debug_assert!(start + units <= self.geo.data_units);
+        let k = seg.entries.len();
+        if k < cap {
+            seg.entries.push(Entry {
+                page: NO_PAGE,
+                stamp: 0,
+                start,
+                units,
+            });
+            seg.pending += 1;
+        }
+        if seg.entries.len() >= cap && st.open[seg.stream as usize] == Some(s) {
+            seg.life = Life::Closed;
+            st.open[seg.stream as usize] = None;
+        }
+        (k < cap).then_some(k as u32)
+    }
+
+    /// The chunk of `units` units at `start` of segment `s` is done with,
+    /// its first `used` units taken: its unused flash pages go back to the
+    /// segment if nothing was reserved after it.
+    fn release_chunk(&self, st: &mut State, s: u32, start: u32, used: u32, units: u32) {
+        let barrier = st.barriers_started;
+        let used_end = start + self.geo.align_up(used);
+        let seg = &mut st.segments[s as usize];
+        seg.pending -= 1;
+        if seg.life == Life::Open && seg.next == start + units && used_end < seg.next {
+            seg.next = used_end;
+        }
+        die_if_dead(st, s, barrier);
+    }
+
+    /// Places `bytes` (an extent of `units` units of logical page `page`)
+    /// in the chunk `open` of stream `stream`, taking a fresh chunk when it
+    /// lacks room; the chunks it closes on the way go to `closed` for the
+    /// caller to write (then [`Remap::chunk_written`]). Ok(false): no free
+    /// segment beyond `reserve` (the caller collects and tries again).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn pack(
+        &self,
+        open: &mut Option<Chunk>,
+        closed: &mut Vec<Chunk>,
+        stream: usize,
+        page: u64,
+        bytes: &[u8],
+        owner: u64,
+        reserve: usize,
+    ) -> Result<bool> {
+        let unit = self.geo.unit as usize;
+        let units = bytes.len().div_ceil(unit) as u32;
+        debug_assert!(units >= 1 && units <= self.geo.upp);
+        // Bounded: a chunk with no room or whose segment is full is closed
+        // and a fresh one (from a fresh segment at worst) takes the extent.
+        for _ in 0..4 {
+            if let Some(c) = open.as_mut() {
+                if c.used + units <= c.units {
+                    let mut st = self.lock();
+                    if let Some(k) = self.add_entry(&mut st, c.seg, c.start + c.used, units) {
+                        if stream == GC_STREAM {
+                            st.stats.gc_copies += 1;
+                        } else {
+                            st.stats.page_writes += 1;
+                            st.stats.stored_bytes += units as u64 * self.geo.unit;
+                        }
+                        drop(st);
+                        let at = c.used as usize * unit;
+                        let buf = c.buf.as_mut().expect("an open chunk's buffer");
+                        buf[at..at + bytes.len()].copy_from_slice(bytes);
+                        c.used += units;
+                        c.placed.push(Placed {
+                            page,
+                            loc: loc(c.seg, k),
+                            owner,
+                        });
+                        return Ok(true);
+                    }
+                }
+                closed.extend(open.take());
+                continue;
+            }
+            let want = CHUNK_FLASH_PAGES * self.geo.align_units;
+            let taken = self.take_chunk(&mut self.lock(), stream, want, units, reserve);
+            let Some((seg, start, n)) = taken else {
+                if stream != GC_STREAM {
+                    self.lock().stats.write_stalls += 1;
+                }
+                return Ok(false);
+            };
+            let buf = match self.buf(n as usize * unit) {
+                Ok(b) => b,
+                Err(e) => {
+                    self.release_chunk(&mut self.lock(), seg, start, 0, n);
+                    return Err(e);
+                }
+            };
+            *open = Some(Chunk {
+                seg,
+                start,
+                units: n,
+                used: 0,
+                stream,
+                buf: Some(buf),
+                placed: Vec::new(),
+            });
+        }
+        Err(Error::InvalidArgument(format!(
+            "an extent of {units} units found no room in a fresh chunk"
+        )))
+    }
+
+    /// The write a closed chunk needs: its offset and buffer (its used
+    /// units, rounded up to whole flash pages), or None when it holds no
+    /// extent (then only [`Remap::chunk_written`]).
+    pub(crate) fn chunk_write(&self, c: &mut Chunk) -> Option<(u64, IoBuf)> {
+        if c.used == 0 {
             return None;
         }
-        let s = st.free.pop_front()?;
-        let seg = &mut st.segments[s as usize];
-        debug_assert_eq!(seg.life, Life::Free);
-        debug_assert_eq!(seg.live, 0);
-        seg.life = Life::Open;
-        seg.next = 0;
-        seg.pending = 0;
-        seg.entries.fill((NO_PAGE, 0));
-        seg.dirty = true;
-        seg.stream = stream as u8;
-        st.open[stream] = Some(s);
-        self.take_slot(st, stream, reserve)
+        let mut buf = c.buf.take()?;
+        let len = (self.geo.align_up(c.used) as u64 * self.geo.unit) as usize;
+        if len < buf.len() {
+            buf = match self.buf(len) {
+                Ok(mut b) => {
+                    b.copy_from_slice(&buf[..len]);
+                    b
+                }
+                Err(_) => buf,
+            };
+        }
+        let at = self.geo.extent_at(c.seg, c.start);
+        Some((at, IoBuf::owned(buf)))
     }
 
-    /// The write of logical page `page` to physical page `slot` ended
-    /// (`ok`: it completed): the map points at it, and the page's former
-    /// slot dies. With `only_from`, the map moves only if it still points
+    /// A closed chunk's write ended (`ok`: completed; a chunk that held no
+    /// extent counts as written): each page placed in it is mapped there
+    /// (the collection's copies only if the map still names the extent
+    /// they copied, their `owner`), and the chunk's reservation ends.
+    pub(crate) fn chunk_written(&self, c: &Chunk, ok: bool) {
+        let copies = c.stream == GC_STREAM;
+        for p in &c.placed {
+            let from = copies.then_some(p.owner);
+            self.write_done(p.page, p.loc, ok, from);
+        }
+        self.release_chunk(&mut self.lock(), c.seg, c.start, c.used, c.units);
+    }
+
+    /// The write of logical page `page` to extent `l` ended (`ok`: it
+    /// completed): the map points at it, and the page's former extent
+    /// dies. With `only_from`, the map moves only if it still points
     /// there (a collection's copy loses to a newer write of the engine).
-    fn write_done(&self, page: u64, slot: u64, ok: bool, only_from: Option<u64>) {
-        let (s, k) = self.slot_of(slot);
+    pub(crate) fn write_done(&self, page: u64, l: u64, ok: bool, only_from: Option<u64>) {
+        let (s, k) = unloc(l);
         let mut st = self.lock();
         let barrier = st.barriers_started;
         st.segments[s as usize].pending -= 1;
@@ -584,14 +999,19 @@ impl Remap {
         if moves {
             let stamp = st.clock;
             st.clock += 1;
-            let old = std::mem::replace(&mut st.map[page as usize], slot);
+            let old = std::mem::replace(&mut st.map[page as usize], l);
             let seg = &mut st.segments[s as usize];
-            seg.entries[k as usize] = (page, stamp);
+            let e = &mut seg.entries[k as usize];
+            e.page = page;
+            e.stamp = stamp;
             seg.live += 1;
+            seg.live_units += e.units;
             seg.dirty = true;
             if old != NO_PAGE {
-                let (os, _) = self.slot_of(old);
-                st.segments[os as usize].live -= 1;
+                let (os, ok_) = unloc(old);
+                let oseg = &mut st.segments[os as usize];
+                oseg.live -= 1;
+                oseg.live_units -= oseg.entries[ok_ as usize].units;
                 die_if_dead(&mut st, os, barrier);
             }
         }
@@ -625,16 +1045,14 @@ impl Remap {
                 seg.dirty = false;
                 let slot = seg.summary_slot;
                 seg.summary_slot ^= 1;
-                let mut buf = self.page_buf()?;
+                let mut buf = self.summary_buf()?;
                 let head = SummaryHead {
                     segment: s as u32,
                     stream: seg.stream,
                     version,
                 };
-                encode_summary(&mut buf, head, &seg.entries[..seg.next as usize]);
-                let at = ((s as u64 + 1) * self.seg_pages() + slot as u64)
-                    * self.config.page_size as u64;
-                out.push((s, at, buf));
+                encode_summary(&mut buf, head, &seg.entries);
+                out.push((s, self.geo.summary_at(s as u32, slot), buf));
             }
             (started, out)
         };
@@ -647,8 +1065,8 @@ impl Remap {
         st.stats.barriers += 1;
         st.stats.summary_writes += written;
         if let Err(e) = result {
-            // The slot written to may be torn: the next summary goes there
-            // again, so the other slot keeps the last good one.
+            // The copy written to may be torn: the next summary goes there
+            // again, so the other copy keeps the last good one.
             for s in dirty {
                 let seg = &mut st.segments[s];
                 seg.dirty = true;
@@ -677,7 +1095,7 @@ impl Remap {
         // Trimmed whole, summaries too (an old summary that reads as zeros
         // is no summary): the device's collection never copies a dead
         // segment. Advice: a failed trim frees the segment all the same.
-        let seg_bytes = self.seg_pages() * self.config.page_size as u64;
+        let seg_bytes = self.geo.seg_pages * self.geo.page;
         let mut trimmed = 0;
         for &s in &freed {
             if self
@@ -696,7 +1114,7 @@ impl Remap {
     }
 
     /// Frees at least `want` segments (a few more when it can) by copying
-    /// the live slots of the closed segments with the fewest out, then a
+    /// the live extents of the closed segments with the fewest out, then a
     /// barrier. Blocking.
     pub fn collect(&self, want: usize) -> Result<()> {
         let mut q = self.own_queue();
@@ -759,53 +1177,46 @@ impl Remap {
         self.lock().dying.len()
     }
 
-    /// The closed segment with the fewest live slots, if any has a dead
-    /// one.
+    /// The closed segment with the fewest live units, if any has room to
+    /// win back.
     fn pick_victim(&self) -> Option<u32> {
         let st = self.lock();
-        let full = self.data_slots() as u32;
+        let full = self.geo.data_units;
         st.segments
             .iter()
             .enumerate()
-            .filter(|(_, g)| g.life == Life::Closed && g.pending == 0 && g.live < full)
-            .min_by_key(|(_, g)| g.live)
+            .filter(|(_, g)| g.life == Life::Closed && g.pending == 0 && g.live_units < full)
+            .min_by_key(|(_, g)| g.live_units)
             .map(|(s, _)| s as u32)
     }
 
-    /// Copies the live slots of segment `victim` to the collection's open
-    /// segment.
+    /// Copies the live extents of segment `victim` to the collection's
+    /// open segment (compressed ones as they are).
     fn copy_out(&self, q: &mut dyn IoQueue, victim: u32) -> Result<()> {
-        let moves: Vec<(u64, u64, u64)> = {
+        // (logical page, extent copied from, where it lies).
+        let live: Vec<(u64, Extent)> = {
             let mut st = self.lock();
-            let live: Vec<(u64, u64)> = st.segments[victim as usize]
+            let seg = &st.segments[victim as usize];
+            let live = seg
                 .entries
                 .iter()
                 .enumerate()
-                .filter(|(k, (page, _))| {
-                    *page != NO_PAGE && st.map[*page as usize] == self.slot_page(victim, *k as u32)
+                .filter(|(k, e)| {
+                    e.page != NO_PAGE && st.map[e.page as usize] == loc(victim, *k as u32)
                 })
-                .map(|(k, (page, _))| (*page, self.slot_page(victim, k as u32)))
+                .map(|(k, e)| (e.page, self.extent(&st, loc(victim, k as u32))))
                 .collect();
-            let mut out = Vec::with_capacity(live.len());
-            for (page, from) in live {
-                let Some(to) = self.take_slot(&mut st, GC_STREAM, 0) else {
-                    break;
-                };
-                st.stats.gc_copies += 1;
-                out.push((page, from, to));
-            }
             st.segments[victim as usize].readers += 1;
-            out
+            live
         };
-        let page = self.config.page_size as usize;
-        let mut bufs = Vec::with_capacity(moves.len());
+        let mut bufs = Vec::with_capacity(live.len());
         let mut result = Ok(());
-        for chunk in moves.chunks(64) {
-            let mut reads = Vec::with_capacity(chunk.len());
-            for &(_, from, _) in chunk {
-                reads.push((from * page as u64, IoBuf::owned(self.page_buf()?)));
-            }
-            match read_all(q, reads) {
+        for chunk in live.chunks(64) {
+            let reads = chunk
+                .iter()
+                .map(|(_, e)| Ok((e.at, IoBuf::owned(self.buf(e.len)?))))
+                .collect::<Result<Vec<_>>>();
+            match reads.and_then(|reads| read_all(q, reads)) {
                 Ok(r) => bufs.extend(r),
                 Err(e) => {
                     result = Err(e);
@@ -814,41 +1225,63 @@ impl Remap {
             }
         }
         self.lock().segments[victim as usize].readers -= 1;
-        let writes = moves
-            .iter()
-            .zip(bufs)
-            .map(|(&(_, _, to), b)| (to * page as u64, b));
-        if result.is_ok() {
-            result = write_all_bufs(q, writes.collect(), Placement::Collected);
+        result?;
+        let mut open = None;
+        let mut closed = Vec::new();
+        let mut packed = Ok(());
+        for ((page, from), buf) in live.iter().zip(&bufs) {
+            let bytes = buf.as_owned().expect("an owned buffer");
+            match self.pack(
+                &mut open,
+                &mut closed,
+                GC_STREAM,
+                *page,
+                &bytes[..],
+                from.loc,
+                0,
+            ) {
+                Ok(true) => {}
+                // Out of room: what was copied so far still counts.
+                Ok(false) => break,
+                Err(e) => {
+                    packed = Err(e);
+                    break;
+                }
+            }
         }
-        for &(p, from, to) in &moves {
-            self.write_done(p, to, result.is_ok(), Some(from));
+        closed.extend(open.take());
+        let writes: Vec<(u64, IoBuf)> = closed
+            .iter_mut()
+            .filter_map(|c| self.chunk_write(c))
+            .collect();
+        let written = packed.and_then(|_| write_all_bufs(q, writes, Placement::Collected));
+        for c in &closed {
+            self.chunk_written(c, written.is_ok());
         }
-        result
+        written
     }
 
     /// Rebuilds the map from every segment's newer valid summary.
     fn recover(&self) -> Result<()> {
         let mut q = self.own_queue();
-        let page = self.config.page_size as u64;
-        // Per segment: its newest valid summary and the slot it is in.
+        let g = self.geo;
+        // Per segment: its newest valid summary and the copy it is in.
         let mut best: Vec<Option<(Summary, u8)>> = vec![None; self.segments as usize];
         let mut clock = 1;
-        let segs: Vec<u64> = (0..self.segments).collect();
+        let segs: Vec<u32> = (0..self.segments as u32).collect();
         for chunk in segs.chunks(32) {
             let mut reads = Vec::with_capacity(chunk.len() * 2);
             for &s in chunk {
-                for k in 0..SUMMARY_SLOTS {
-                    let at = ((s + 1) * self.seg_pages() + k) * page;
-                    reads.push((at, IoBuf::owned(self.page_buf()?)));
+                for k in 0..SUMMARY_COPIES as u8 {
+                    reads.push((g.summary_at(s, k), IoBuf::owned(self.summary_buf()?)));
                 }
             }
             let bufs = read_all(&mut **q, reads)?;
             for (i, b) in bufs.iter().enumerate() {
                 let s = chunk[i / 2];
                 let b = b.as_owned().expect("an owned buffer");
-                if let Some(summary) = decode_summary(b, self.data_slots()) {
-                    if summary.segment as u64 != s {
+                if let Some(summary) = decode_summary(b, &g) {
+                    if summary.segment != s {
                         continue;
                     }
                     clock = clock.max(summary.version + 1);
@@ -865,29 +1298,40 @@ impl Remap {
         let mut stamps = vec![0u64; self.pages as usize];
         for (s, b) in best.iter().enumerate() {
             let Some((summary, _)) = b else { continue };
-            for (k, &(p, stamp)) in summary.entries.iter().enumerate() {
-                if p == NO_PAGE || p >= self.pages {
+            for (k, e) in summary.entries.iter().enumerate() {
+                if e.page == NO_PAGE || e.page >= self.pages {
                     continue;
                 }
-                clock = clock.max(stamp + 1);
-                if stamp > stamps[p as usize] {
-                    stamps[p as usize] = stamp;
-                    st.map[p as usize] = self.slot_page(s as u32, k as u32);
+                clock = clock.max(e.stamp + 1);
+                if e.stamp > stamps[e.page as usize] {
+                    stamps[e.page as usize] = e.stamp;
+                    st.map[e.page as usize] = loc(s as u32, k as u32);
                 }
             }
         }
         st.clock = clock;
         st.free.clear();
         st.dying.clear();
-        let slots = self.data_slots();
+        // Where each segment's next chunk would start: after the last
+        // extent its summary lists, on a flash page boundary.
+        let next_of = |summary: &Summary| {
+            let end = summary
+                .entries
+                .iter()
+                .map(|e| e.start + e.units)
+                .max()
+                .unwrap_or(0);
+            g.align_up(end)
+        };
         // Per stream, the newest segment it had not filled: it goes on
-        // taking that stream's writes after the slots its summary lists
+        // taking that stream's writes after the extents its summary lists
         // (the device's erase blocks stay aligned with the segments).
         let mut resume: [Option<(u64, usize)>; OPEN_SEGMENTS] = [None; OPEN_SEGMENTS];
         for (s, b) in best.iter().enumerate() {
             if let Some((summary, _)) = b {
                 let stream = summary.stream as usize;
-                if summary.entries.len() < slots
+                if next_of(summary) < g.data_units
+                    && (summary.entries.len() as u32) < g.entry_cap
                     && stream < OPEN_SEGMENTS
                     && resume[stream].is_none_or(|(v, _)| summary.version > v)
                 {
@@ -895,29 +1339,30 @@ impl Remap {
                 }
             }
         }
-        let mut next = vec![slots as u32; st.segments.len()];
+        let mut next = vec![g.data_units; st.segments.len()];
         for (s, b) in best.into_iter().enumerate() {
             let seg = &mut st.segments[s];
             match b {
                 Some((summary, slot)) => {
-                    next[s] = summary.entries.len() as u32;
+                    next[s] = next_of(&summary);
                     seg.stream = summary.stream;
                     seg.entries = summary.entries;
-                    seg.entries.resize(slots, (NO_PAGE, 0));
                     seg.summary_slot = slot ^ 1;
                 }
-                None => seg.entries.fill((NO_PAGE, 0)),
+                None => seg.entries.clear(),
             }
         }
         let map = std::mem::take(&mut st.map);
-        for &slot in map.iter().filter(|&&s| s != NO_PAGE) {
-            let (s, _) = self.slot_of(slot);
-            st.segments[s as usize].live += 1;
+        for &l in map.iter().filter(|&&l| l != NO_PAGE) {
+            let (s, k) = unloc(l);
+            let seg = &mut st.segments[s as usize];
+            seg.live += 1;
+            seg.live_units += seg.entries[k as usize].units;
         }
         st.map = map;
         for s in 0..st.segments.len() {
             let seg = &mut st.segments[s];
-            seg.next = slots as u32;
+            seg.next = g.data_units;
             if seg.live == 0 {
                 seg.life = Life::Free;
                 st.free.push_back(s as u32);
@@ -939,7 +1384,7 @@ impl Remap {
 }
 
 /// Segment `s` dies (waits for a barrier to be freed) once it is closed
-/// with no live slot and no write pending.
+/// with no live extent and no write pending.
 fn die_if_dead(st: &mut State, s: u32, barrier: u64) {
     let seg = &mut st.segments[s as usize];
     if seg.live == 0 && seg.pending == 0 && seg.life == Life::Closed {
@@ -949,18 +1394,22 @@ fn die_if_dead(st: &mut State, s: u32, barrier: u64) {
 }
 
 /// The open-segment stream of a placement class.
-fn placement_stream(p: Placement) -> usize {
+pub(crate) fn placement_stream(p: Placement) -> usize {
     super::placement::PLACEMENTS
         .iter()
         .position(|&c| c == p)
         .unwrap_or(0)
 }
 
+/// Label layout: magic (8), crc32c of bytes 12..4096 (4), page size (4),
+/// segment pages (4), compressed (4: 0 or 1), logical pages (8), spare
+/// (8, an f64).
 fn encode_label(b: &mut [u8], c: &RemapConfig, pages: u64) {
     b.fill(0);
     b[..8].copy_from_slice(LABEL_MAGIC);
     b[12..16].copy_from_slice(&c.page_size.to_le_bytes());
     b[16..20].copy_from_slice(&c.segment_pages.to_le_bytes());
+    b[20..24].copy_from_slice(&u32::from(c.compress).to_le_bytes());
     b[24..32].copy_from_slice(&pages.to_le_bytes());
     b[32..40].copy_from_slice(&c.spare.to_le_bytes());
     let crc = crc32c::crc32c(&b[12..4096]);
@@ -972,6 +1421,13 @@ fn decode_label(b: &[u8]) -> Result<(RemapConfig, u64)> {
         page: 0,
         what: format!("out-of-place label: {what}"),
     };
+    if &b[..8] == LABEL_MAGIC_V1 {
+        return Err(Error::Unsupported(
+            "an out-of-place device of format 1 (one page per slot); this build reads \
+             format 2 (extents): copy its data out with the build that wrote it"
+                .into(),
+        ));
+    }
     if &b[..8] != LABEL_MAGIC {
         return Err(bad("no label (not an out-of-place device)"));
     }
@@ -979,10 +1435,16 @@ fn decode_label(b: &[u8]) -> Result<(RemapConfig, u64)> {
     if u32_at(8) != crc32c::crc32c(&b[12..4096]) {
         return Err(bad("checksum mismatch"));
     }
+    let compress = match u32_at(20) {
+        0 => false,
+        1 => true,
+        other => return Err(bad(&format!("compression flag {other}"))),
+    };
     let config = RemapConfig {
         page_size: u32_at(12),
         segment_pages: u32_at(16),
         spare: f64::from_le_bytes(b[32..40].try_into().expect("8 bytes")),
+        compress,
     };
     config.check().map_err(|e| bad(&e.to_string()))?;
     let pages = u64::from_le_bytes(b[24..32].try_into().expect("8 bytes"));
@@ -998,19 +1460,29 @@ struct SummaryHead {
 }
 
 /// Summary layout: magic (8), crc32c of bytes 12.. (4), segment (4),
-/// count (4), stream (4), version (8), then `count` entries (logical
-/// page, stamp): the slots handed out so far.
-fn encode_summary(b: &mut [u8], head: SummaryHead, entries: &[(u64, u64)]) {
+/// count (4), stream (4), version (8), then `count` entries of 16 bytes:
+/// logical page (5 bytes, all ones: none), stamp (7), first unit (2),
+/// units - 1 (1), zero (1). Little-endian throughout.
+fn encode_summary(b: &mut [u8], head: SummaryHead, entries: &[Entry]) {
     b.fill(0);
     b[..8].copy_from_slice(SUMMARY_MAGIC);
     b[12..16].copy_from_slice(&head.segment.to_le_bytes());
     b[16..20].copy_from_slice(&(entries.len() as u32).to_le_bytes());
     b[20..24].copy_from_slice(&u32::from(head.stream).to_le_bytes());
     b[24..32].copy_from_slice(&head.version.to_le_bytes());
-    for (i, &(p, s)) in entries.iter().enumerate() {
+    for (i, e) in entries.iter().enumerate() {
         let o = SUMMARY_HEADER + i * ENTRY_BYTES;
-        b[o..o + 8].copy_from_slice(&p.to_le_bytes());
-        b[o + 8..o + 16].copy_from_slice(&s.to_le_bytes());
+        let page = if e.page == NO_PAGE {
+            NO_PAGE_40
+        } else {
+            e.page
+        };
+        debug_assert!(page <= NO_PAGE_40 && e.stamp < 1 << 56);
+        debug_assert!(e.start < 1 << 16 && (1..=256).contains(&e.units));
+        b[o..o + 5].copy_from_slice(&page.to_le_bytes()[..5]);
+        b[o + 5..o + 12].copy_from_slice(&e.stamp.to_le_bytes()[..7]);
+        b[o + 12..o + 14].copy_from_slice(&(e.start as u16).to_le_bytes());
+        b[o + 14] = (e.units - 1) as u8;
     }
     let crc = crc32c::crc32c(&b[12..]);
     b[8..12].copy_from_slice(&crc.to_le_bytes());
@@ -1022,16 +1494,17 @@ struct Summary {
     segment: u32,
     stream: u8,
     version: u64,
-    /// Per data slot: (logical page or NO_PAGE, stamp).
-    entries: Vec<(u64, u64)>,
+    /// The extents handed out, in order.
+    entries: Vec<Entry>,
 }
 
-/// The summary in `b`, if it is a valid one.
-fn decode_summary(b: &[u8], slots: usize) -> Option<Summary> {
+/// The summary in `b`, if it is a valid one for a segment of shape `g`:
+/// its checksum holds and every extent lies inside the data area (the
+/// extents of several chunks interleave, so their order is not checked).
+fn decode_summary(b: &[u8], g: &Geometry) -> Option<Summary> {
     if &b[..8] != SUMMARY_MAGIC {
         return None;
     }
-    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
     let crc = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
     if crc != crc32c::crc32c(&b[12..]) {
         return None;
@@ -1040,16 +1513,33 @@ fn decode_summary(b: &[u8], slots: usize) -> Option<Summary> {
     let segment = u32_at(12);
     let count = u32_at(16) as usize;
     let stream = u8::try_from(u32_at(20)).ok()?;
-    if count > slots || SUMMARY_HEADER + count * ENTRY_BYTES > b.len() {
+    if count > g.entry_cap as usize || SUMMARY_HEADER + count * ENTRY_BYTES > b.len() {
         return None;
     }
-    let version = u64_at(24);
-    let entries = (0..count)
-        .map(|i| {
-            let o = SUMMARY_HEADER + i * ENTRY_BYTES;
-            (u64_at(o), u64_at(o + 8))
-        })
-        .collect();
+    let version = u64::from_le_bytes(b[24..32].try_into().expect("8 bytes"));
+    let mut entries = Vec::with_capacity(count);
+    for i in 0..count {
+        let o = SUMMARY_HEADER + i * ENTRY_BYTES;
+        let mut w = [0u8; 8];
+        w[..5].copy_from_slice(&b[o..o + 5]);
+        let page = u64::from_le_bytes(w);
+        let mut w = [0u8; 8];
+        w[..7].copy_from_slice(&b[o + 5..o + 12]);
+        let stamp = u64::from_le_bytes(w);
+        let start = u16::from_le_bytes([b[o + 12], b[o + 13]]) as u32;
+        let units = b[o + 14] as u32 + 1;
+        // A checksummed summary this build did not write (or a bug):
+        // taken as no summary rather than trusted.
+        if units > g.upp || start + units > g.data_units || b[o + 15] != 0 {
+            return None;
+        }
+        entries.push(Entry {
+            page: if page == NO_PAGE_40 { NO_PAGE } else { page },
+            stamp,
+            start,
+            units,
+        });
+    }
     Some(Summary {
         segment,
         stream,

@@ -1,26 +1,34 @@
 //! One worker's queue to an out-of-place device: each request of the
-//! engine becomes one sub-request per page, to the slot the map names (a
-//! read) or to a fresh slot (a write).
+//! engine becomes sub-requests to the extents the map names (a read) or
+//! to fresh ones (a write).
 //!
 //! Owns: the requests of one worker (*parents*), their sub-requests to the
-//! device's queue and the ones that did not fit in it yet. A sub-request's
-//! tag is `parent << 24 | page index`. Reads of pages never written are
+//! device's queue and the ones that did not fit in it yet, and on a
+//! compressed device the chunk each stream packs its pages into until the
+//! next submit. A sub-request's tag is its index in `subs`. On a plain
+//! device a page is read into and written from the caller's buffer; on a
+//! compressed one a page is compressed into a chunk, and a compressed
+//! extent is read into a buffer of its own and decompressed into the
+//! caller's page when it completes. Reads of pages never written are
 //! answered with zeros without I/O.
 //!
 //! Never: hands out a write's completion before the map points at every
 //! page it wrote (a later read would find the old version), or a flush's
-//! or durable write's before the device's barrier made them durable.
+//! or durable write's before the device's barrier made them durable; or
+//! keeps a packed page waiting past the submit that follows its request.
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Remap, NO_PAGE};
-use crate::io::{AlignedBuf, Completion, IoBuf, IoQueue, Placement, Rejected, Request};
+use super::pack::{compress_page, decompress_page};
+use super::{placement_stream, Chunk, Remap, GC_RESERVE, OPEN_SEGMENTS};
+use crate::io::{AlignedBuf, Completion, IoBuf, IoQueue, Rejected, Request};
 use crate::{Error, OpKind, Result};
 
-/// Bits of a sub-request's tag that hold its page index.
+/// Bits of a packed page's owner note that hold its page index (the rest
+/// is its parent).
 const INDEX_BITS: u32 = 24;
 
 /// A request of the caller's.
@@ -31,13 +39,12 @@ struct Parent {
     len: usize,
     durable: bool,
     /// A write's class.
-    placement: Placement,
+    placement: crate::io::Placement,
     /// The caller's buffer while no sub-request holds it.
     buf: Option<IoBuf>,
     /// The caller's buffer as a region the sub-requests share.
     region: Option<(Arc<AlignedBuf>, usize, bool)>,
-    /// Per page: the slot read or written (NO_PAGE: zeros, no I/O).
-    slots: Vec<u64>,
+    /// Pages not done yet (and, while it is dispatched, one more).
     pending: usize,
     error: Option<Error>,
 }
@@ -54,18 +61,41 @@ impl Parent {
     }
 }
 
+/// A request to the device's queue, and what its completion means.
+enum Sub {
+    /// Page `i` of parent `p`, read into or written from the caller's
+    /// buffer, at extent `loc`.
+    Page { p: usize, i: usize, loc: u64 },
+    /// Page `i` of parent `p`, compressed at extent `loc`: read into a
+    /// buffer of its own, then decompressed into `page`.
+    Packed {
+        p: usize,
+        i: usize,
+        loc: u64,
+        page: IoBuf,
+    },
+    /// A chunk of packed pages (their owners: parent and page index).
+    Chunk(Chunk),
+}
+
 /// A worker's queue to one out-of-place device.
 pub struct RemapQueue {
     remap: Arc<Remap>,
     inner: Box<dyn IoQueue>,
     parents: Vec<Option<Parent>>,
     free: Vec<usize>,
+    subs: Vec<Option<Sub>>,
+    free_subs: Vec<usize>,
     /// Sub-requests the device's queue had no room for yet.
     backlog: VecDeque<Request>,
     ready: VecDeque<Completion>,
     outstanding: usize,
     queued: usize,
     reaped: Vec<Completion>,
+    /// Per stream, the chunk being packed (compressed devices).
+    chunks: [Option<Chunk>; OPEN_SEGMENTS],
+    /// A compressed page, before it goes into its chunk.
+    scratch: Vec<u8>,
 }
 
 impl RemapQueue {
@@ -75,11 +105,15 @@ impl RemapQueue {
             inner,
             parents: Vec::new(),
             free: Vec::new(),
+            subs: Vec::new(),
+            free_subs: Vec::new(),
             backlog: VecDeque::new(),
             ready: VecDeque::new(),
             outstanding: 0,
             queued: 0,
             reaped: Vec::new(),
+            chunks: Default::default(),
+            scratch: Vec::new(),
         })
     }
 
@@ -87,10 +121,14 @@ impl RemapQueue {
         self.remap.config.page_size as usize
     }
 
+    fn parent(&mut self, p: usize) -> &mut Parent {
+        self.parents[p].as_mut().expect("a live parent")
+    }
+
     /// The buffer of page `i` of parent `p`, for its sub-request.
     fn sub_buf(&mut self, p: usize, i: usize, pages: usize) -> Result<IoBuf> {
         let page = self.page();
-        let parent = self.parents[p].as_mut().expect("a live parent");
+        let parent = self.parent(p);
         if pages == 1 {
             return parent
                 .buf
@@ -112,6 +150,17 @@ impl RemapQueue {
         unsafe { IoBuf::shared(region.clone(), off + i * page, page) }
     }
 
+    /// Gives page `i`'s buffer back to parent `p` once no request holds
+    /// it (a one-page parent keeps it whole; a page of a shared region is
+    /// released before the region goes back whole).
+    fn page_back(&mut self, p: usize, buf: Option<IoBuf>) {
+        let page = self.page();
+        let pr = self.parent(p);
+        if pr.len == page {
+            pr.buf = buf;
+        }
+    }
+
     /// Fills page `i` of parent `p` with zeros (a read of a page never
     /// written).
     fn zero_page(&mut self, p: usize, i: usize, pages: usize) -> Result<()> {
@@ -119,17 +168,29 @@ impl RemapQueue {
         // SAFETY: this queue holds the caller's buffer for a read until its
         // completion; no request holds this page of it.
         unsafe { buf.bytes_mut().fill(0) };
-        if pages == 1 {
-            self.parents[p].as_mut().expect("a live parent").buf = Some(buf);
-        }
+        self.page_back(p, Some(buf));
         Ok(())
+    }
+
+    /// Sends `req` for `sub` (its tag set here).
+    fn send(&mut self, sub: Sub, mut req: Request) {
+        let t = match self.free_subs.pop() {
+            Some(t) => t,
+            None => {
+                self.subs.push(None);
+                self.subs.len() - 1
+            }
+        };
+        self.subs[t] = Some(sub);
+        req.tag = t as u64;
+        self.backlog.push_back(req);
     }
 
     fn dispatch(&mut self, p: usize) -> Result<()> {
         let page = self.page();
-        let (op, offset, len, placement) = {
-            let pr = self.parents[p].as_ref().expect("a live parent");
-            (pr.op, pr.offset, pr.len, pr.placement)
+        let (op, offset, len) = {
+            let pr = self.parent(p);
+            (pr.op, pr.offset, pr.len)
         };
         if len % page != 0 || offset % page as u64 != 0 {
             return Err(Error::Misaligned {
@@ -146,42 +207,183 @@ impl RemapQueue {
                 (1u64 << INDEX_BITS) - 1
             )));
         }
-        let first = offset / page as u64;
+        match op {
+            OpKind::Read => self.dispatch_read(p, pages),
+            _ if self.remap.compressed() => self.dispatch_packed_write(p, pages),
+            _ => self.dispatch_write(p, pages),
+        }
+    }
+
+    fn dispatch_read(&mut self, p: usize, pages: usize) -> Result<()> {
+        let first = self.parent(p).offset / self.page() as u64;
         for i in 0..pages {
-            let logical = first + i as u64;
-            let slot = match op {
-                OpKind::Read => self.remap.read_slot(logical),
-                _ => Some(self.fresh_slot(placement)?),
-            };
-            let pr = self.parents[p].as_mut().expect("a live parent");
-            pr.slots.push(slot.unwrap_or(NO_PAGE));
-            let Some(slot) = slot else {
+            let Some(e) = self.remap.read_extent(first + i as u64) else {
                 self.zero_page(p, i, pages)?;
                 continue;
             };
-            let buf = self.sub_buf(p, i, pages)?;
-            let tag = (p as u64) << INDEX_BITS | i as u64;
-            let at = slot * page as u64;
-            let req = match op {
-                OpKind::Read => Request::read(tag, at, buf),
-                _ => Request::write(tag, at, buf).placed(placement),
+            let bufs = self.sub_buf(p, i, pages).and_then(|page| {
+                let bounce = match e.packed {
+                    true => Some(IoBuf::owned(self.remap.buf(e.len)?)),
+                    false => None,
+                };
+                Ok((page, bounce))
+            });
+            let (page, bounce) = match bufs {
+                Ok(b) => b,
+                Err(err) => {
+                    self.remap.read_done(e.loc);
+                    return Err(err);
+                }
             };
-            self.parents[p].as_mut().expect("a live parent").pending += 1;
-            self.backlog.push_back(req);
+            self.parent(p).pending += 1;
+            match bounce {
+                Some(b) => self.send(
+                    Sub::Packed {
+                        p,
+                        i,
+                        loc: e.loc,
+                        page,
+                    },
+                    Request::read(0, e.at, b),
+                ),
+                None => self.send(Sub::Page { p, i, loc: e.loc }, Request::read(0, e.at, page)),
+            }
         }
         Ok(())
     }
 
-    /// A fresh slot for a write; when the free segments run low, lets
-    /// this queue's requests in flight end (its reads pin their segments,
-    /// and nobody else reaps them while this worker collects), then runs
-    /// the collection.
-    fn fresh_slot(&mut self, placement: Placement) -> Result<u64> {
-        // Bounded: each round hands a slot out or the collection frees a
-        // segment (it fails when it cannot).
+    /// A plain device: each page goes from the caller's buffer to a fresh
+    /// page-sized extent.
+    fn dispatch_write(&mut self, p: usize, pages: usize) -> Result<()> {
+        let page = self.page() as u64;
+        let (first, placement) = {
+            let pr = self.parent(p);
+            (pr.offset / page, pr.placement)
+        };
+        for i in 0..pages {
+            let e = self.fresh_slot(placement)?;
+            let buf = match self.sub_buf(p, i, pages) {
+                Ok(b) => b,
+                Err(err) => {
+                    self.remap.write_done(first + i as u64, e.loc, false, None);
+                    return Err(err);
+                }
+            };
+            self.parent(p).pending += 1;
+            let req = Request::write(0, e.at, buf).placed(placement);
+            self.send(Sub::Page { p, i, loc: e.loc }, req);
+        }
+        Ok(())
+    }
+
+    /// A compressed device: each page is compressed into its stream's
+    /// chunk; the chunks are written at the next submit (or once full).
+    fn dispatch_packed_write(&mut self, p: usize, pages: usize) -> Result<()> {
+        let page = self.page();
+        let unit = self.remap.unit();
+        let (first, stream) = {
+            let pr = self.parent(p);
+            (pr.offset / page as u64, placement_stream(pr.placement))
+        };
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut closed = Vec::new();
+        let mut result = Ok(());
+        for i in 0..pages {
+            {
+                let pr = self.parents[p].as_ref().expect("a live parent");
+                let Some(buf) = pr.buf.as_ref() else {
+                    result = Err(Error::InvalidArgument("a request without a buffer".into()));
+                    break;
+                };
+                // SAFETY: the caller handed this buffer to the queue until
+                // the parent's completion and writes none of it meanwhile;
+                // no request holds it (a packed write reads it here only).
+                let bytes = unsafe { &buf.bytes()[i * page..(i + 1) * page] };
+                compress_page(bytes, unit, &mut scratch);
+            }
+            let owner = (p as u64) << INDEX_BITS | i as u64;
+            let logical = first + i as u64;
+            // Bounded: each round packs the page or the collection frees a
+            // segment (it fails when it cannot).
+            let mut placed = false;
+            for _ in 0..=self.remap.segments() {
+                let open = &mut self.chunks[stream];
+                match self.remap.pack(
+                    open,
+                    &mut closed,
+                    stream,
+                    logical,
+                    &scratch,
+                    owner,
+                    GC_RESERVE,
+                ) {
+                    Ok(true) => {
+                        placed = true;
+                        break;
+                    }
+                    Ok(false) => {
+                        self.emit(&mut closed);
+                        let collected = self.settle().and_then(|_| self.remap.collect(1));
+                        if let Err(e) = collected {
+                            result = Err(e);
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+            if result.is_err() {
+                break;
+            }
+            if !placed {
+                result = Err(Error::NoSpace(
+                    "out-of-place device: the collection frees no segment".into(),
+                ));
+                break;
+            }
+            self.parent(p).pending += 1;
+        }
+        scratch.clear();
+        self.scratch = scratch;
+        self.emit(&mut closed);
+        result
+    }
+
+    /// Sends the write of each chunk in `closed` (a chunk that holds no
+    /// page just ends).
+    fn emit(&mut self, closed: &mut Vec<Chunk>) {
+        for mut c in closed.drain(..) {
+            match self.remap.chunk_write(&mut c) {
+                Some((at, buf)) => {
+                    let req = Request::write(0, at, buf).placed(c.placement());
+                    self.send(Sub::Chunk(c), req);
+                }
+                None => self.remap.chunk_written(&c, true),
+            }
+        }
+    }
+
+    /// Closes every stream's chunk and sends its write.
+    fn close_chunks(&mut self) {
+        let mut closed: Vec<Chunk> = self.chunks.iter_mut().filter_map(Option::take).collect();
+        if !closed.is_empty() {
+            self.emit(&mut closed);
+        }
+    }
+
+    /// A fresh extent for a write on a plain device; when the free
+    /// segments run low, lets this queue's requests in flight end (its
+    /// reads pin their segments, and nobody else reaps them while this
+    /// worker collects), then runs the collection.
+    fn fresh_slot(&mut self, placement: crate::io::Placement) -> Result<super::Extent> {
+        // Bounded: each round hands an extent out or the collection frees
+        // a segment (it fails when it cannot).
         for _ in 0..=self.remap.segments() {
-            if let Some(slot) = self.remap.write_slot(placement) {
-                return Ok(slot);
+            if let Some(e) = self.remap.write_slot(placement) {
+                return Ok(e);
             }
             self.settle()?;
             self.remap.collect(1)?;
@@ -191,9 +393,10 @@ impl RemapQueue {
         ))
     }
 
-    /// Waits until every sub-request this queue sent has completed, and
-    /// takes the completions in.
+    /// Sends the open chunks, waits until every sub-request this queue
+    /// sent has completed, and takes the completions in.
     fn settle(&mut self) -> Result<()> {
+        self.close_chunks();
         self.feed();
         // Bounded: each pass waits for at least one completion.
         while self.inner.in_flight() + self.inner.queued() > 0 || !self.backlog.is_empty() {
@@ -214,6 +417,19 @@ impl RemapQueue {
         }
     }
 
+    /// Page `i` of parent `p` ended (with `error`, if it failed); the
+    /// parent finishes when it was its last.
+    fn page_done(&mut self, p: usize, error: Option<Error>) {
+        let pr = self.parent(p);
+        if let Some(e) = error {
+            pr.error.get_or_insert(e);
+        }
+        pr.pending -= 1;
+        if pr.pending == 0 {
+            self.finish(p);
+        }
+    }
+
     /// Reaps the device's completions into the parents, and finishes the
     /// parents that are done.
     fn pump(&mut self) {
@@ -221,33 +437,63 @@ impl RemapQueue {
         let mut reaped = std::mem::take(&mut self.reaped);
         self.inner.reap(&mut reaped);
         for c in reaped.drain(..) {
-            let p = (c.tag >> INDEX_BITS) as usize;
-            let i = (c.tag & ((1 << INDEX_BITS) - 1)) as usize;
-            let page = self.page() as u64;
-            let pr = self.parents[p]
-                .as_mut()
-                .expect("a completion of a live parent");
-            let slot = pr.slots[i];
-            let ok = c.result.is_ok();
-            match pr.op {
-                OpKind::Read => self.remap.read_done(slot),
-                _ => self
-                    .remap
-                    .write_done(pr.offset / page + i as u64, slot, ok, None),
-            }
-            if let Err(e) = c.result {
-                pr.error.get_or_insert(e);
-            }
-            if pr.len as u64 == page {
-                pr.buf = c.buf;
-            } else {
-                // A page of the shared region: released before the region
-                // goes back whole.
-                drop(c.buf);
-            }
-            pr.pending -= 1;
-            if pr.pending == 0 {
-                self.finish(p);
+            let t = c.tag as usize;
+            let sub = self.subs[t]
+                .take()
+                .expect("a completion of a live sub-request");
+            self.free_subs.push(t);
+            match sub {
+                Sub::Page { p, i, loc } => {
+                    let page = self.page() as u64;
+                    let (op, offset) = {
+                        let pr = self.parent(p);
+                        (pr.op, pr.offset)
+                    };
+                    match op {
+                        OpKind::Read => self.remap.read_done(loc),
+                        _ => {
+                            let logical = offset / page + i as u64;
+                            self.remap.write_done(logical, loc, c.result.is_ok(), None);
+                        }
+                    }
+                    self.page_back(p, c.buf);
+                    self.page_done(p, c.result.err());
+                }
+                Sub::Packed { p, i, loc, page } => {
+                    self.remap.read_done(loc);
+                    let logical = self.parent(p).offset / self.page() as u64 + i as u64;
+                    let unpacked = c.result.and_then(|_| {
+                        let bounce = c.buf.as_ref().and_then(IoBuf::as_owned).ok_or_else(|| {
+                            Error::InvalidArgument("a read handed back no buffer".into())
+                        })?;
+                        // SAFETY: this queue holds the caller's buffer for
+                        // a read until its completion; no request holds
+                        // this page of it (its read went to `bounce`).
+                        let out = unsafe { page.bytes_mut() };
+                        decompress_page(bounce, out).map_err(|what| Error::Corrupt {
+                            page: logical,
+                            what: format!("out-of-place extent at byte {}: {what}", c.offset),
+                        })
+                    });
+                    self.page_back(p, Some(page));
+                    self.page_done(p, unpacked.err());
+                }
+                Sub::Chunk(chunk) => {
+                    let ok = c.result.is_ok();
+                    // Every page is mapped before any parent finishes (a
+                    // durable parent's barrier must cover them all).
+                    self.remap.chunk_written(&chunk, ok);
+                    let len = c.buf.as_ref().map_or(0, IoBuf::len);
+                    for placed in &chunk.placed {
+                        let p = (placed.owner >> INDEX_BITS) as usize;
+                        let error = c
+                            .result
+                            .as_ref()
+                            .err()
+                            .map(|e| share_error(e, self.inner.device(), c.offset, len));
+                        self.page_done(p, error);
+                    }
+                }
             }
         }
         self.reaped = reaped;
@@ -281,6 +527,37 @@ impl RemapQueue {
             buf,
             result,
         });
+    }
+}
+
+/// The failure of a chunk's write, told to each request that had a page
+/// in it (errors are not `Clone`: the errno, or the message, carries
+/// over).
+fn share_error(e: &Error, device: usize, offset: u64, len: usize) -> Error {
+    let source = match e {
+        Error::NoSpace(m) => return Error::NoSpace(m.clone()),
+        Error::Io { source, .. } => match source.raw_os_error() {
+            Some(code) => std::io::Error::from_raw_os_error(code),
+            None => std::io::Error::new(source.kind(), source.to_string()),
+        },
+        other => std::io::Error::other(other.to_string()),
+    };
+    Error::Io {
+        op: OpKind::Write,
+        device,
+        offset,
+        len,
+        source,
+    }
+}
+
+impl Drop for RemapQueue {
+    fn drop(&mut self) {
+        // Chunks never sent: their pages were never written, and their
+        // segments must not stay pending.
+        for c in self.chunks.iter_mut().filter_map(Option::take) {
+            self.remap.chunk_written(&c, false);
+        }
     }
 }
 
@@ -332,27 +609,26 @@ impl IoQueue for RemapQueue {
             placement: req.placement,
             buf: req.buf,
             region: None,
-            slots: Vec::new(),
-            pending: 0,
+            // Held while its pages are dispatched: a collection on the way
+            // reaps this queue's completions, and must not finish the
+            // parent before all its pages went out.
+            pending: 1,
             error: None,
         });
-        // Held while its pages are dispatched: a collection on the way
-        // reaps this queue's completions, and must not finish the parent
-        // before all its pages went out.
-        self.parents[p].as_mut().expect("a live parent").pending = 1;
         let dispatched = self.dispatch(p);
-        let pr = self.parents[p].as_mut().expect("a live parent");
         if let Err(e) = dispatched {
-            pr.error.get_or_insert(e);
+            self.parent(p).error.get_or_insert(e);
         }
-        pr.pending -= 1;
-        if pr.pending == 0 {
-            self.finish(p);
+        if self.parent(p).durable {
+            // Its pages must not wait for a later submit in a chunk.
+            self.close_chunks();
         }
+        self.page_done(p, None);
         Ok(())
     }
 
     fn submit(&mut self) -> Result<usize> {
+        self.close_chunks();
         self.feed();
         self.inner.submit()?;
         Ok(std::mem::take(&mut self.queued))
@@ -404,7 +680,8 @@ impl IoQueue for RemapQueue {
     }
 
     fn ready_in(&self) -> Option<Duration> {
-        if !self.ready.is_empty() || !self.backlog.is_empty() {
+        let packing = self.chunks.iter().any(Option::is_some);
+        if !self.ready.is_empty() || !self.backlog.is_empty() || packing {
             return Some(Duration::ZERO);
         }
         self.inner.ready_in()

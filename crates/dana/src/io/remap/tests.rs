@@ -10,6 +10,7 @@ fn config() -> RemapConfig {
         page_size: PAGE as u32,
         segment_pages: 16,
         spare: 0.1,
+        compress: false,
     }
 }
 
@@ -18,15 +19,32 @@ fn disk(segments: u64) -> Arc<SimDisk> {
     SimDisk::new(0, segments * 16 * PAGE as u64, SimConfig::deterministic(7))
 }
 
+/// Both kinds of device: plain, and compressed.
+fn configs() -> [RemapConfig; 2] {
+    [
+        config(),
+        RemapConfig {
+            compress: true,
+            ..config()
+        },
+    ]
+}
+
 /// The bytes of version `v` of logical page `p`: no two alike, none zero.
+/// A third of the pages are random; the others repeat their first
+/// `64 << (p % 5)` random bytes (they compress 2 to 64 times).
 fn content(p: u64, v: u64) -> AlignedBuf {
     let mut b = AlignedBuf::new(PAGE, PAGE).unwrap();
     let mut x = p.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ v.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1;
-    for chunk in b.chunks_mut(8) {
+    let random = if p % 3 == 0 { PAGE } else { 64 << (p % 5) };
+    for chunk in b[..random].chunks_mut(8) {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         chunk.copy_from_slice(&x.to_le_bytes());
+    }
+    for at in (random..PAGE).step_by(random) {
+        b.copy_within(0..random, at);
     }
     b[..8].copy_from_slice(&p.to_le_bytes());
     b[8..16].copy_from_slice(&v.to_le_bytes());
@@ -78,8 +96,14 @@ fn flush_q(q: &mut dyn IoQueue) {
 
 #[test]
 fn overwrites_move_pages_and_the_collection_frees_segments() {
+    for config in configs() {
+        overwrites_move_pages(config);
+    }
+}
+
+fn overwrites_move_pages(config: RemapConfig) {
     let d = disk(40);
-    let r = Remap::create(Target::Sim(d.clone()), config()).unwrap();
+    let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
     let pages = r.size() / PAGE as u64;
     assert!(pages > 300, "{pages}");
     let mut q = r.queue(&Backend::Blocking, 32).unwrap();
@@ -142,12 +166,18 @@ fn overwrites_move_pages_and_the_collection_frees_segments() {
 
 #[test]
 fn power_cuts_keep_every_page_at_its_last_barrier_or_later() {
+    for config in configs() {
+        power_cuts_keep_pages(config);
+    }
+}
+
+fn power_cuts_keep_pages(config: RemapConfig) {
     // Each run cuts the power at a different request: inside writes,
     // barriers (between their flushes and summaries) and collections.
     let mut cut_in_barrier = 0;
     for seed in 0..60u64 {
         let d = disk(24);
-        let r = Remap::create(Target::Sim(d.clone()), config()).unwrap();
+        let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
         let pages = r.size() / PAGE as u64;
         let switch = PowerSwitch::new(
             200 + seed * 97,
@@ -214,8 +244,14 @@ fn power_cuts_keep_every_page_at_its_last_barrier_or_later() {
 
 #[test]
 fn a_durable_write_survives_a_cut_without_a_flush() {
+    for config in configs() {
+        a_durable_write_survives(config);
+    }
+}
+
+fn a_durable_write_survives(config: RemapConfig) {
     let d = disk(16);
-    let r = Remap::create(Target::Sim(d.clone()), config()).unwrap();
+    let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
     let mut q = r.queue(&Backend::Blocking, 4).unwrap();
     write(&mut q, 5, 1).unwrap();
     let req = Request::write_durable(9, 6 * PAGE as u64, IoBuf::owned(content(6, 2)));
@@ -236,8 +272,14 @@ fn a_durable_write_survives_a_cut_without_a_flush() {
 
 #[test]
 fn a_torn_summary_leaves_the_one_before() {
+    for config in configs() {
+        a_torn_summary(config);
+    }
+}
+
+fn a_torn_summary(config: RemapConfig) {
     let d = disk(16);
-    let r = Remap::create(Target::Sim(d.clone()), config()).unwrap();
+    let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
     let mut q = r.queue(&Backend::Blocking, 4).unwrap();
     write(&mut q, 1, 1).unwrap();
     flush_q(&mut q);
@@ -295,8 +337,22 @@ fn requests_past_the_offered_size_are_refused() {
 
 #[test]
 fn summaries_round_trip_and_reject_damage() {
-    let mut b = vec![0u8; PAGE];
-    let entries = vec![(3, 10), (NO_PAGE, 0), (7, 12)];
+    let g = Geometry::of(&RemapConfig {
+        compress: true,
+        ..config()
+    });
+    let mut b = vec![0u8; g.summary_bytes()];
+    let e = |page, stamp, start, units| Entry {
+        page,
+        stamp,
+        start,
+        units,
+    };
+    let entries = vec![
+        e(3, 10, 0, 8),
+        e(NO_PAGE, 0, 8, 2),
+        e((1 << 40) - 2, (1 << 56) - 1, 10, 1),
+    ];
     let head = SummaryHead {
         segment: 5,
         stream: 2,
@@ -307,15 +363,129 @@ fn summaries_round_trip_and_reject_damage() {
         segment: 5,
         stream: 2,
         version: 99,
-        entries,
+        entries: entries.clone(),
     };
-    assert_eq!(decode_summary(&b, 14), Some(want));
-    assert_eq!(decode_summary(&b, 2), None, "more entries than slots");
+    assert_eq!(decode_summary(&b, &g), Some(want));
+    let plain = Geometry::of(&config());
+    assert_eq!(decode_summary(&b, &plain), None, "extents of 8 units");
+    let mut past = entries.clone();
+    past[1].start = g.data_units - 1;
+    encode_summary(&mut b, head, &past);
+    assert_eq!(decode_summary(&b, &g), None, "an extent past the data area");
+    encode_summary(&mut b, head, &entries);
     b[40] ^= 1;
-    assert_eq!(decode_summary(&b, 14), None);
-    let mut l = vec![0u8; PAGE];
-    encode_label(&mut l, &config(), 321);
-    assert_eq!(decode_label(&l).unwrap(), (config(), 321));
-    l[30] ^= 1;
-    assert!(decode_label(&l).is_err());
+    assert_eq!(decode_summary(&b, &g), None);
+    for c in configs() {
+        let mut l = vec![0u8; PAGE];
+        encode_label(&mut l, &c, 321);
+        assert_eq!(decode_label(&l).unwrap(), (c, 321));
+        l[30] ^= 1;
+        assert!(decode_label(&l).is_err());
+    }
+    let mut old = vec![0u8; PAGE];
+    old[..8].copy_from_slice(LABEL_MAGIC_V1);
+    let err = decode_label(&old).unwrap_err();
+    assert!(err.to_string().contains("format 1"), "{err}");
+}
+
+#[test]
+fn compressed_pages_take_less_room_and_the_collection_copies_them_packed() {
+    let d = disk(40);
+    let c = RemapConfig {
+        compress: true,
+        ..config()
+    };
+    let r = Remap::create(Target::Sim(d.clone()), c).unwrap();
+    let pages = r.size() / PAGE as u64;
+    let mut q = r.queue(&Backend::Blocking, 32).unwrap();
+    // Many writes in one submit share chunks; then the device is
+    // overwritten many times over so the collection copies extents.
+    let mut model: HashMap<u64, u64> = HashMap::new();
+    let mut x = 99u64;
+    for round in 1..=8u64 {
+        for n in 0..pages {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Every page once, then at random: the segments' live
+            // extents scatter, so the collection must copy.
+            let p = if round == 1 { n } else { x % pages };
+            {
+                let v = round * pages + n;
+                let req = Request::write(p, p * PAGE as u64, IoBuf::owned(content(p, v)))
+                    .placed(Placement::Hot);
+                q.push(req).map_err(|r| r.error).unwrap();
+                model.insert(p, v);
+                if n % 16 == 15 {
+                    q.wait(16, None).unwrap();
+                    let mut out = Vec::new();
+                    q.reap(&mut out);
+                    assert!(out.iter().all(|c| c.result.is_ok()));
+                }
+            }
+        }
+        q.wait(usize::MAX, None).unwrap();
+        let mut out = Vec::new();
+        q.reap(&mut out);
+        assert!(out.iter().all(|c| c.result.is_ok()));
+        flush_q(&mut q);
+    }
+    let stats = r.stats();
+    assert!(stats.gc_copies > 0, "{stats:?}");
+    assert!(
+        stats.stored_bytes * 2 < stats.page_writes * PAGE as u64,
+        "{stats:?}"
+    );
+    assert!(r.live_bytes() * 2 < r.mapped_pages() * PAGE as u64);
+    let check = |q: &mut dyn IoQueue| {
+        for p in 0..pages {
+            assert_eq!(
+                version_of(p, &read(q, p, 1)),
+                model.get(&p).copied(),
+                "page {p}"
+            );
+        }
+        let run = read(q, 3, 5);
+        for i in 0..5 {
+            let got = version_of(3 + i, &run[i as usize * PAGE..(i as usize + 1) * PAGE]);
+            assert_eq!(got, model.get(&(3 + i)).copied());
+        }
+    };
+    check(&mut q);
+    drop(q);
+    drop(r);
+    let r = Remap::open(Target::Sim(d.clone())).unwrap();
+    assert!(r.config().compress);
+    let mut q = r.queue(&Backend::Blocking, 32).unwrap();
+    check(&mut q);
+}
+
+#[test]
+fn a_flipped_byte_in_a_compressed_extent_is_an_error_not_a_page() {
+    let d = disk(16);
+    let c = RemapConfig {
+        compress: true,
+        ..config()
+    };
+    let r = Remap::create(Target::Sim(d.clone()), c).unwrap();
+    let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+    write(&mut q, 1, 1).unwrap();
+    flush_q(&mut q);
+    let e = r.read_extent(1).unwrap();
+    r.read_done(e.loc);
+    assert!(e.packed && e.len < PAGE, "{e:?}");
+    // The length field says more than the extent holds.
+    d.overwrite_durable(e.at + 2, &[0x7F]);
+    drop(q);
+    drop(r);
+    let r = Remap::open(Target::Sim(d)).unwrap();
+    let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+    let b = AlignedBuf::new(PAGE, PAGE).unwrap();
+    let c = sync_io(&mut q, Request::read(3, PAGE as u64, IoBuf::owned(b))).unwrap();
+    let err = c.result.unwrap_err();
+    assert!(
+        err.to_string().contains("does not decompress")
+            || err.to_string().contains("says it holds"),
+        "{err}"
+    );
 }
