@@ -114,6 +114,10 @@ pub struct CrashArgs {
     /// `crates/dana/tests/out_of_place.rs`).
     #[arg(long)]
     pub out_of_place: bool,
+    /// With `--out-of-place`: compress every page (LZ4) and pack it at
+    /// 512 bytes (`Options::compress_pages`).
+    #[arg(long, requires = "out_of_place")]
+    pub compress_pages: bool,
     /// The simulated power cuts' data disk writes 4 KiB untorn
     /// (`RWF_ATOMIC`, as an NVMe drive with a 4 KiB atomic write unit): a
     /// cut keeps or drops each page write whole, and the log holds no
@@ -488,6 +492,13 @@ static OUT_OF_PLACE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBo
 
 fn out_of_place() -> bool {
     OUT_OF_PLACE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// `--compress-pages`.
+static COMPRESS_PAGES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn compress_pages() -> bool {
+    COMPRESS_PAGES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The most flushes in flight every log of the run takes.
@@ -1167,7 +1178,8 @@ fn kill_options(durability: Durability, log_sync: bool) -> Options {
     // engine, 23 segments) that the children's page writes wrap it many
     // times: the collection runs under the kills.
     let (o, capacity) = if out_of_place() {
-        (o.write_mode(dana::WriteMode::OutOfPlace), 12 << 20)
+        let o = o.write_mode(dana::WriteMode::OutOfPlace);
+        (o.compress_pages(compress_pages()), 12 << 20)
     } else {
         (o, 64 << 20)
     };
@@ -1335,6 +1347,9 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
         }
         if out_of_place() {
             cmd.arg("--out-of-place");
+        }
+        if compress_pages() {
+            cmd.arg("--compress-pages");
         }
         let (mut child, rx, reader) = spawn_child(cmd.arg("--dir").arg(dir)).map_err(fail)?;
         let early = c % 3 == 2;
@@ -1531,6 +1546,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
     LOG_FLUSH_BLOCK.store(args.log_flush_block, std::sync::atomic::Ordering::Relaxed);
     MIRRORED.store(args.mirrored, std::sync::atomic::Ordering::Relaxed);
     OUT_OF_PLACE.store(args.out_of_place, std::sync::atomic::Ordering::Relaxed);
+    COMPRESS_PAGES.store(args.compress_pages, std::sync::atomic::Ordering::Relaxed);
     LOG_FLUSHES_IN_FLIGHT.store(
         args.log_flushes_in_flight,
         std::sync::atomic::Ordering::Relaxed,
@@ -1560,7 +1576,12 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         let dir = kill_dir(args)?;
         let started = Instant::now();
         let k = kill_cycles(&dir, args.seed, args.kills, args.tasks).map_err(CliError)?;
-        print_kills("kill -9, out of place", &k, args.tasks, started);
+        let line = if args.compress_pages {
+            "kill -9, out of place, compressed"
+        } else {
+            "kill -9, out of place"
+        };
+        print_kills(line, &k, args.tasks, started);
         if args.dir.is_none() {
             let _ = std::fs::remove_dir_all(&dir);
         }

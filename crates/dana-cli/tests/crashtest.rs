@@ -300,17 +300,35 @@ fn mirrored_files_under_kill_9_lose_nothing() {
 /// every open, nothing acknowledged lost.
 #[test]
 fn out_of_place_files_under_kill_9_lose_nothing() {
+    out_of_place_kills(false);
+}
+
+/// The same with every page compressed and packed (`--compress-pages`).
+#[test]
+fn compressed_out_of_place_files_under_kill_9_lose_nothing() {
+    out_of_place_kills(true);
+}
+
+fn out_of_place_kills(compress: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let (out, text) = dana(&[
+    let mut args = vec![
         "crashtest",
         "--out-of-place",
         "--kills",
         "12",
         "--dir",
         dir.path().to_str().unwrap(),
-    ]);
+    ];
+    if compress {
+        args.push("--compress-pages");
+    }
+    let (out, text) = dana(&args);
     assert!(out.status.success(), "{text}");
-    let line = "kill -9, out of place";
+    let line = if compress {
+        "kill -9, out of place, compressed"
+    } else {
+        "kill -9, out of place"
+    };
     let required = number_before(&text, line, "commits required");
     assert!(required > 0, "{text}");
     assert_eq!(number_before(&text, line, "found,"), required, "{text}");

@@ -178,7 +178,9 @@ impl RemapConfig {
                 && g.data_units as u64 >= 8 * g.upp as u64
                 && g.data_units <= 1 << 16
         } else {
-            self.segment_pages >= 8 && self.segment_pages as usize <= most
+            self.segment_pages >= 8
+                && self.segment_pages as usize <= most
+                && g.data_units <= 1 << 16
         };
         if !fits {
             let range = if self.compress {
@@ -409,6 +411,9 @@ pub(crate) struct Chunk {
     units: u32,
     used: u32,
     stream: usize,
+    /// The collection's copies (each placed page's `owner` is the extent
+    /// it was copied from), not the engine's writes.
+    copies: bool,
     /// Its bytes until it is written.
     buf: Option<AlignedBuf>,
     pub placed: Vec<Placed>,
@@ -876,7 +881,8 @@ impl Remap {
     /// Places `bytes` (an extent of `units` units of logical page `page`)
     /// in the chunk `open` of stream `stream`, taking a fresh chunk when it
     /// lacks room; the chunks it closes on the way go to `closed` for the
-    /// caller to write (then [`Remap::chunk_written`]). Ok(false): no free
+    /// caller to write (then [`Remap::chunk_written`]). With `copies`, the
+    /// collection's: `owner` is the extent copied from. Ok(false): no free
     /// segment beyond `reserve` (the caller collects and tries again).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn pack(
@@ -884,6 +890,7 @@ impl Remap {
         open: &mut Option<Chunk>,
         closed: &mut Vec<Chunk>,
         stream: usize,
+        copies: bool,
         page: u64,
         bytes: &[u8],
         owner: u64,
@@ -893,13 +900,15 @@ impl Remap {
         let units = bytes.len().div_ceil(unit) as u32;
         debug_assert!(units >= 1 && units <= self.geo.upp);
         // Bounded: a chunk with no room or whose segment is full is closed
-        // and a fresh one (from a fresh segment at worst) takes the extent.
-        for _ in 0..4 {
+        // and a fresh one (from a fresh segment at worst) takes the extent;
+        // other writers filling that segment's summary can close it again
+        // a few times.
+        for _ in 0..8 {
             if let Some(c) = open.as_mut() {
                 if c.used + units <= c.units {
                     let mut st = self.lock();
                     if let Some(k) = self.add_entry(&mut st, c.seg, c.start + c.used, units) {
-                        if stream == GC_STREAM {
+                        if copies {
                             st.stats.gc_copies += 1;
                         } else {
                             st.stats.page_writes += 1;
@@ -924,7 +933,7 @@ impl Remap {
             let want = CHUNK_FLASH_PAGES * self.geo.align_units;
             let taken = self.take_chunk(&mut self.lock(), stream, want, units, reserve);
             let Some((seg, start, n)) = taken else {
-                if stream != GC_STREAM {
+                if !copies {
                     self.lock().stats.write_stalls += 1;
                 }
                 return Ok(false);
@@ -942,6 +951,7 @@ impl Remap {
                 units: n,
                 used: 0,
                 stream,
+                copies,
                 buf: Some(buf),
                 placed: Vec::new(),
             });
@@ -978,9 +988,8 @@ impl Remap {
     /// (the collection's copies only if the map still names the extent
     /// they copied, their `owner`), and the chunk's reservation ends.
     pub(crate) fn chunk_written(&self, c: &Chunk, ok: bool) {
-        let copies = c.stream == GC_STREAM;
         for p in &c.placed {
-            let from = copies.then_some(p.owner);
+            let from = c.copies.then_some(p.owner);
             self.write_done(p.page, p.loc, ok, from);
         }
         self.release_chunk(&mut self.lock(), c.seg, c.start, c.used, c.units);
@@ -1032,6 +1041,12 @@ impl Remap {
         // is written.
         let (started, summaries) = {
             let mut st = self.lock();
+            // Every buffer first: a failed allocation must leave every
+            // segment dirty, its summary still to write.
+            let dirty = st.segments.iter().filter(|g| g.dirty).count();
+            let mut bufs = (0..dirty)
+                .map(|_| self.summary_buf())
+                .collect::<Result<Vec<_>>>()?;
             st.barriers_started += 1;
             let started = st.barriers_started;
             let mut out = Vec::new();
@@ -1045,7 +1060,7 @@ impl Remap {
                 seg.dirty = false;
                 let slot = seg.summary_slot;
                 seg.summary_slot ^= 1;
-                let mut buf = self.summary_buf()?;
+                let mut buf = bufs.pop().expect("a buffer per dirty segment");
                 let head = SummaryHead {
                     segment: s as u32,
                     stream: seg.stream,
@@ -1235,6 +1250,7 @@ impl Remap {
                 &mut open,
                 &mut closed,
                 GC_STREAM,
+                true,
                 *page,
                 &bytes[..],
                 from.loc,
@@ -1560,36 +1576,64 @@ fn read_at(q: &mut dyn IoQueue, at: u64, buf: IoBuf) -> Result<IoBuf> {
 }
 
 /// Runs `reqs` on `q` at once (as many in flight as it takes) and returns
-/// their completions in order; the first failure fails all.
+/// their completions in order; the first failure fails all. It returns
+/// only once every request it sent has completed (or the queue stopped
+/// answering), so no write of a failed run lands after its caller gave
+/// its room back; tags carry a number of the run, so a completion of an
+/// earlier run the queue stopped answering is never taken for this one's.
 fn run_all(q: &mut dyn IoQueue, reqs: Vec<Request>) -> Result<Vec<IoBuf>> {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) << 32;
     let n = reqs.len();
     let mut bufs: Vec<Option<IoBuf>> = (0..n).map(|_| None).collect();
     let mut pending = reqs.into_iter().enumerate().collect::<VecDeque<_>>();
     let mut out = Vec::new();
-    let mut done = 0;
+    let (mut sent, mut done) = (0, 0);
     let mut first_err = None;
-    // Bounded: each pass submits what fits and reaps at least one.
-    while done < n {
-        while let Some((i, mut r)) = pending.pop_front() {
-            r.tag = i as u64;
+    // Bounded: each pass submits what fits and reaps at least one, or
+    // ends the run (a refused request with nothing in flight, a queue
+    // that fails).
+    while done < sent || (first_err.is_none() && !pending.is_empty()) {
+        while first_err.is_none() {
+            let Some((i, mut r)) = pending.pop_front() else {
+                break;
+            };
+            r.tag = run | i as u64;
             match q.push(r) {
-                Ok(()) => {}
+                Ok(()) => sent += 1,
+                Err(rej) if done == sent && q.in_flight() + q.queued() == 0 => {
+                    // Refused with the queue empty: it never fits.
+                    first_err = Some(rej.error);
+                }
                 Err(rej) => {
                     pending.push_front((i, rej.request));
                     break;
                 }
             }
         }
-        q.submit()?;
-        q.wait(1, None)?;
+        if done == sent {
+            break;
+        }
         out.clear();
-        q.reap(&mut out);
+        if let Err(e) = q.submit().and_then(|_| q.wait(1, None)) {
+            // The queue failed: what it still holds is given up on.
+            first_err.get_or_insert(e);
+            q.reap(&mut out);
+            if out.is_empty() {
+                break;
+            }
+        } else {
+            q.reap(&mut out);
+        }
         for c in out.drain(..) {
+            if c.tag < run || c.tag - run >= n as u64 {
+                continue;
+            }
             done += 1;
             if let Err(e) = c.result {
                 first_err.get_or_insert(e);
             }
-            bufs[c.tag as usize] = c.buf;
+            bufs[(c.tag - run) as usize] = c.buf;
         }
     }
     if let Some(e) = first_err {

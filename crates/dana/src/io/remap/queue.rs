@@ -312,6 +312,7 @@ impl RemapQueue {
                     open,
                     &mut closed,
                     stream,
+                    false,
                     logical,
                     &scratch,
                     owner,
@@ -551,12 +552,60 @@ fn share_error(e: &Error, device: usize, offset: u64, len: usize) -> Error {
     }
 }
 
+impl RemapQueue {
+    /// Ends `sub` as failed, without I/O: its extent's write or read is
+    /// given up on, its chunk released.
+    fn abandon(&mut self, sub: Sub) {
+        match sub {
+            Sub::Page { p, i, loc } => {
+                let page = self.page() as u64;
+                match self.parents[p].as_ref().map(|pr| (pr.op, pr.offset)) {
+                    Some((OpKind::Read, _)) | None => self.remap.read_done(loc),
+                    Some((_, offset)) => {
+                        self.remap
+                            .write_done(offset / page + i as u64, loc, false, None)
+                    }
+                }
+            }
+            Sub::Packed { loc, .. } => self.remap.read_done(loc),
+            Sub::Chunk(c) => self.remap.chunk_written(&c, false),
+        }
+    }
+}
+
 impl Drop for RemapQueue {
     fn drop(&mut self) {
-        // Chunks never sent: their pages were never written, and their
-        // segments must not stay pending.
+        // Chunks and requests never sent: their pages were never written
+        // (or read), and their segments must not stay pending or pinned.
         for c in self.chunks.iter_mut().filter_map(Option::take) {
             self.remap.chunk_written(&c, false);
+        }
+        let unsent: Vec<Request> = self.backlog.drain(..).collect();
+        for req in unsent {
+            if let Some(sub) = self.subs.get_mut(req.tag as usize).and_then(Option::take) {
+                self.free_subs.push(req.tag as usize);
+                self.abandon(sub);
+            }
+        }
+        // Requests in flight end as they complete (no write of a segment
+        // lands after its room was given back), for as long as the device
+        // answers; what it never answers is given up on.
+        for _ in 0..100 {
+            if self.inner.in_flight() + self.inner.queued() == 0 {
+                break;
+            }
+            let waited = self
+                .inner
+                .submit()
+                .and_then(|_| self.inner.wait(1, Some(Duration::from_millis(100))));
+            if waited.is_err() {
+                break;
+            }
+            self.pump();
+        }
+        let left: Vec<Sub> = self.subs.iter_mut().filter_map(Option::take).collect();
+        for sub in left {
+            self.abandon(sub);
         }
     }
 }

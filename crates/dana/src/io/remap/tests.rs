@@ -489,3 +489,46 @@ fn a_flipped_byte_in_a_compressed_extent_is_an_error_not_a_page() {
         "{err}"
     );
 }
+
+/// A write of class `Collected` from the engine (the class the device's
+/// own collection writes as) is mapped like any: on a compressed device
+/// its chunk shares the collection's stream but not its rule (a copy maps
+/// only if the page did not move since). The first version lost it.
+#[test]
+fn an_engine_write_of_the_collections_class_is_mapped() {
+    for config in configs() {
+        let d = disk(16);
+        let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
+        let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+        for p in 0..4u64 {
+            let req = Request::write(1, p * PAGE as u64, IoBuf::owned(content(p, 7)))
+                .placed(Placement::Collected);
+            sync_io(&mut q, req).unwrap().result.unwrap();
+        }
+        for p in 0..4u64 {
+            assert_eq!(version_of(p, &read(&mut q, p, 1)), Some(7), "{config:?}");
+        }
+    }
+}
+
+/// Every extent's first unit fits the summary's 16 bits: a plain device
+/// of pages so large that its segments hold more units is refused.
+#[test]
+fn configs_whose_extents_a_summary_cannot_name_are_refused() {
+    let huge = RemapConfig {
+        page_size: 4 << 20,
+        segment_pages: 70_000,
+        spare: 0.1,
+        compress: false,
+    };
+    assert!(huge.check().is_err());
+    let too_big_to_pack = RemapConfig {
+        page_size: 256 << 10,
+        compress: true,
+        ..config()
+    };
+    assert!(too_big_to_pack.check().is_err());
+    for c in configs() {
+        c.check().unwrap();
+    }
+}
