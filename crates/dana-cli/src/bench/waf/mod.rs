@@ -172,6 +172,10 @@ pub struct WafArgs {
     /// How the FTL picks its collection victims.
     #[arg(long, value_enum, default_value_t = Gc::Greedy)]
     pub gc: Gc,
+    /// How dana's out-of-place collection picks its victims
+    /// (`Remap::set_gc_policy`).
+    #[arg(long, value_enum, default_value_t = Gc::Greedy)]
+    pub oop_gc: Gc,
     /// Placements to run at each fill, in this order: `none` (one stream)
     /// and `classes` (a placement handle per write class).
     #[arg(
@@ -372,6 +376,8 @@ pub struct WafReport {
     pub over_provisioning: f64,
     /// Collection policy.
     pub gc: String,
+    /// How dana's out-of-place collection picks its victims.
+    pub oop_gc: String,
     /// The data device's logical bytes.
     pub device_bytes: u64,
     /// Value bytes.
@@ -480,6 +486,7 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
         pages_per_block: a.pages_per_block,
         over_provisioning: a.over_provisioning,
         gc: format!("{:?}", a.gc),
+        oop_gc: format!("{:?}", a.oop_gc),
         device_bytes,
         value_size: a.value_size,
         theta: a.theta,
@@ -522,10 +529,7 @@ fn ftl_config_for(
         PlacementMode::None => 1,
         PlacementMode::Classes => dana::io::placement::PLACEMENTS.len() as u32,
     };
-    c.gc = match a.gc {
-        Gc::Greedy => GcPolicy::Greedy,
-        Gc::CostBenefit => GcPolicy::CostBenefit,
-    };
+    c.gc = gc_policy(a.gc);
     c
 }
 
@@ -542,11 +546,21 @@ fn remap_config(pages_per_block: u32, mode: WriteMode) -> RemapConfig {
     }
 }
 
+/// The policy `gc` names.
+fn gc_policy(gc: Gc) -> GcPolicy {
+    match gc {
+        Gc::Greedy => GcPolicy::Greedy,
+        Gc::CostBenefit => GcPolicy::CostBenefit,
+    }
+}
+
 /// The two simulated devices of one run, each behind its FTL.
 struct Devices {
     data: Arc<SimDisk>,
     log: Arc<SimDisk>,
     mode: WriteMode,
+    /// Out of place: how dana's collection picks its victims.
+    oop_gc: GcPolicy,
     /// Out of place: the device dana writes through, once opened.
     remap: std::sync::Mutex<Option<Arc<Remap>>>,
     pages_per_block: u32,
@@ -581,6 +595,7 @@ impl Devices {
             data,
             log,
             mode: WriteMode::InPlace,
+            oop_gc: gc_policy(a.oop_gc),
             remap: std::sync::Mutex::new(None),
             pages_per_block: a.pages_per_block,
         })
@@ -602,6 +617,7 @@ impl Devices {
                 } else {
                     Remap::open(data)?
                 };
+                remap.set_gc_policy(self.oop_gc);
                 *self.remap.lock().unwrap_or_else(|e| e.into_inner()) = Some(remap.clone());
                 Target::Remap(remap)
             }
@@ -944,11 +960,12 @@ impl Window {
 pub fn render(r: &WafReport) -> String {
     let mut s = format!(
         "dana bench waf: page writes on simulated devices behind an FTL model: {} \
-         pages per block, {:.0}% over-provisioning, {} collection; log flushes padded to {} \
-         bytes (ops/s are engine-bound, not a disk figure)\n",
+         pages per block, {:.0}% over-provisioning, {} collection (dana's out of place: {}); \
+         log flushes padded to {} bytes (ops/s are engine-bound, not a disk figure)\n",
         r.pages_per_block,
         r.over_provisioning * 100.0,
         r.gc.to_lowercase(),
+        r.oop_gc.to_lowercase(),
         r.log_flush_block,
     );
     if r.untorn_writes {

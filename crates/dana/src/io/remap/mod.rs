@@ -80,6 +80,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::array::{open_queue, Backend, Target};
+pub use super::ftl::GcPolicy;
 use super::{sync_io, AlignedBuf, Alignment, IoBuf, IoQueue, Placement, Request};
 use crate::{Error, Result};
 
@@ -320,6 +321,9 @@ struct Segment {
     summary_slot: u8,
     /// The open-segment stream it was opened for.
     stream: u8,
+    /// The stamp of its newest extent's write (its data's youngest age,
+    /// for the cost-benefit collection).
+    written: u64,
 }
 
 impl Segment {
@@ -335,6 +339,7 @@ impl Segment {
             dirty: false,
             summary_slot: 0,
             stream: 0,
+            written: 0,
         }
     }
 }
@@ -451,6 +456,8 @@ struct State {
     clock: u64,
     /// Barriers started so far.
     barriers_started: u64,
+    /// How the collection picks its victims.
+    gc: GcPolicy,
     stats: RemapStats,
 }
 
@@ -619,6 +626,7 @@ impl Remap {
             open: [None; OPEN_SEGMENTS],
             clock: 1,
             barriers_started: 0,
+            gc: GcPolicy::Greedy,
             stats: RemapStats::default(),
         };
         Ok(Remap {
@@ -1013,6 +1021,7 @@ impl Remap {
             let e = &mut seg.entries[k as usize];
             e.page = page;
             e.stamp = stamp;
+            seg.written = stamp;
             seg.live += 1;
             seg.live_units += e.units;
             seg.dirty = true;
@@ -1192,17 +1201,37 @@ impl Remap {
         self.lock().dying.len()
     }
 
-    /// The closed segment with the fewest live units, if any has room to
-    /// win back.
+    /// How the collection picks its victims from now on (default
+    /// [`GcPolicy::Greedy`]; not kept on the device).
+    pub fn set_gc_policy(&self, gc: GcPolicy) {
+        self.lock().gc = gc;
+    }
+
+    /// The closed segment the collection copies out next, if any has
+    /// room to win back: greedy, the fewest live units; cost-benefit
+    /// (LFS), the highest `(1 - u) * age / (1 + u)` with `u` its live
+    /// fraction and `age` the writes since its newest extent's.
     fn pick_victim(&self) -> Option<u32> {
         let st = self.lock();
         let full = self.geo.data_units;
-        st.segments
+        let candidates = st
+            .segments
             .iter()
             .enumerate()
-            .filter(|(_, g)| g.life == Life::Closed && g.pending == 0 && g.live_units < full)
-            .min_by_key(|(_, g)| g.live_units)
-            .map(|(s, _)| s as u32)
+            .filter(|(_, g)| g.life == Life::Closed && g.pending == 0 && g.live_units < full);
+        match st.gc {
+            GcPolicy::Greedy => candidates
+                .min_by_key(|(_, g)| g.live_units)
+                .map(|(s, _)| s as u32),
+            GcPolicy::CostBenefit => candidates
+                .map(|(s, g)| {
+                    let u = g.live_units as f64 / full as f64;
+                    let age = st.clock.saturating_sub(g.written) as f64 + 1.0;
+                    (s, (1.0 - u) * age / (1.0 + u))
+                })
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .map(|(s, _)| s as u32),
+        }
     }
 
     /// Copies the live extents of segment `victim` to the collection's
@@ -1361,6 +1390,7 @@ impl Remap {
             match b {
                 Some((summary, slot)) => {
                     next[s] = next_of(&summary);
+                    seg.written = summary.entries.iter().map(|e| e.stamp).max().unwrap_or(0);
                     seg.stream = summary.stream;
                     seg.entries = summary.entries;
                     seg.summary_slot = slot ^ 1;

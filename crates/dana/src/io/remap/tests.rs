@@ -97,13 +97,16 @@ fn flush_q(q: &mut dyn IoQueue) {
 #[test]
 fn overwrites_move_pages_and_the_collection_frees_segments() {
     for config in configs() {
-        overwrites_move_pages(config);
+        for gc in [GcPolicy::Greedy, GcPolicy::CostBenefit] {
+            overwrites_move_pages(config, gc);
+        }
     }
 }
 
-fn overwrites_move_pages(config: RemapConfig) {
+fn overwrites_move_pages(config: RemapConfig, gc: GcPolicy) {
     let d = disk(40);
     let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
+    r.set_gc_policy(gc);
     let pages = r.size() / PAGE as u64;
     assert!(pages > 300, "{pages}");
     let mut q = r.queue(&Backend::Blocking, 32).unwrap();
