@@ -20,7 +20,7 @@
 //!
 //! # Layout (see docs/FORMAT.md, "Out-of-place devices")
 //! The device is cut into segments of `segment_pages` pages. Segment 0
-//! holds the label (page 0) and nothing else. Every other segment starts
+//! holds the label (page 0) and the two copies of the barriers' intent. Every other segment starts
 //! with its two summary copies (one page each, or a few on a compressed
 //! device) and the rest is its data area, cut in *units*: a page on a
 //! plain device, 512 bytes on a compressed one. Each write takes an
@@ -45,10 +45,16 @@
 //!
 //! # Crash safety
 //! A barrier (each flush the engine asks for, and each durable write)
-//! flushes the device (every completed data write is durable), writes
-//! the summaries of the segments that changed, and flushes again. Opening
-//! reads every segment's newer valid summary and maps each logical page to
-//! the extent with its highest stamp. A segment is freed only after a
+//! writes an *intent* naming the segments that changed, flushes the
+//! device (every completed data write, and the intent, are durable),
+//! writes those segments' summaries, and flushes again. Opening reads
+//! every segment's newer valid summary and maps each logical page to the
+//! extent with its highest stamp. A summary copy that does not read back
+//! is one a crash cut only if the newest intent names its segment;
+//! otherwise it is damage and the open fails (`Corrupt`), since the pages
+//! a damaged newest summary named would silently read as older versions.
+//! [`Remap::close`] writes an intent naming nothing, so that after a clean
+//! close every damaged summary is caught. A segment is freed only after a
 //! barrier that followed the death of its last live extent: the durable
 //! summaries then name a newer extent for every page it held, so its old
 //! summary, still on the device until the segment's next summary
@@ -86,11 +92,16 @@ use crate::{Error, Result};
 
 pub use queue::RemapQueue;
 
-/// The label's magic: an out-of-place device, format 2 (extents).
-const LABEL_MAGIC: &[u8; 8] = b"DANAOOP2";
-/// The label of format 1 (one page per slot), which this build does not
-/// read.
-const LABEL_MAGIC_V1: &[u8; 8] = b"DANAOOP1";
+/// The label's magic: an out-of-place device, format 3 (extents, and
+/// the intents of barriers).
+const LABEL_MAGIC: &[u8; 8] = b"DANAOOP3";
+/// Labels of earlier formats (1: one page per slot; 2: extents without
+/// intents), which this build does not read.
+const OLD_LABEL_MAGICS: [&[u8; 8]; 2] = [b"DANAOOP1", b"DANAOOP2"];
+/// An intent's magic.
+const INTENT_MAGIC: &[u8; 8] = b"DANAINT1";
+/// Bytes of an intent's header: magic, crc, count, number.
+const INTENT_HEADER: usize = 24;
 /// A summary's magic.
 const SUMMARY_MAGIC: &[u8; 8] = b"DANASUM2";
 /// Bytes of a summary's header: magic, crc, segment, count, stream,
@@ -221,6 +232,10 @@ struct Geometry {
     entry_cap: u32,
     /// Units per flash page (a chunk's alignment).
     align_units: u32,
+    /// Pages of one intent copy (two copies after the label, in segment 0).
+    intent_pages: u64,
+    /// Segments one intent names at most.
+    intent_cap: u32,
 }
 
 impl Geometry {
@@ -249,7 +264,14 @@ impl Geometry {
             data_units,
             entry_cap: (cap_of(sp).min(data_units as u64)) as u32,
             align_units: (FLASH_PAGE / unit).max(1) as u32,
+            intent_pages: (seg - 1) / 2,
+            intent_cap: (((seg - 1) / 2 * page) as usize - INTENT_HEADER) as u32 / 4,
         }
+    }
+
+    /// Where intent copy `copy` starts.
+    fn intent_at(&self, copy: u8) -> u64 {
+        (1 + copy as u64 * self.intent_pages) * self.page
     }
 
     /// Bytes of one summary copy.
@@ -456,6 +478,8 @@ struct State {
     clock: u64,
     /// Barriers started so far.
     barriers_started: u64,
+    /// The intent copy the next intent goes to (0 or 1).
+    intent_slot: u8,
     /// How the collection picks its victims.
     gc: GcPolicy,
     stats: RemapStats,
@@ -505,6 +529,11 @@ impl Remap {
             .flat_map(|s| (0..SUMMARY_COPIES as u8).map(move |k| (s, k)))
             .map(|(s, k)| remap.geo.summary_at(s, k))
             .collect();
+        // And so must old intents.
+        let intents = (0..2u8)
+            .map(|k| Ok((remap.geo.intent_at(k), remap.intent_buf()?)))
+            .collect::<Result<Vec<_>>>()?;
+        write_all(&mut **q, intents.into_iter())?;
         for batch in copies.chunks(128) {
             let zeros = batch
                 .iter()
@@ -545,9 +574,9 @@ impl Remap {
         let len = (align.io.max(align.mem) as usize).max(4096);
         let buf = IoBuf::owned(AlignedBuf::new(len, align.mem as usize)?);
         let buf = read_at(&mut *q, 0, buf)?;
-        Ok(buf
-            .as_owned()
-            .is_some_and(|b| &b[..8] == LABEL_MAGIC || &b[..8] == LABEL_MAGIC_V1))
+        Ok(buf.as_owned().is_some_and(|b| {
+            &b[..8] == LABEL_MAGIC || OLD_LABEL_MAGICS.iter().any(|m| &b[..8] == *m)
+        }))
     }
 
     fn new(inner: Target, config: RemapConfig, pages: Option<u64>) -> Result<Remap> {
@@ -626,6 +655,7 @@ impl Remap {
             open: [None; OPEN_SEGMENTS],
             clock: 1,
             barriers_started: 0,
+            intent_slot: 0,
             gc: GcPolicy::Greedy,
             stats: RemapStats::default(),
         };
@@ -713,6 +743,10 @@ impl Remap {
 
     fn summary_buf(&self) -> Result<AlignedBuf> {
         self.buf(self.geo.summary_bytes())
+    }
+
+    fn intent_buf(&self) -> Result<AlignedBuf> {
+        self.buf((self.geo.intent_pages * self.geo.page) as usize)
     }
 
     /// A zeroed buffer of `len` bytes aligned for the device.
@@ -1045,59 +1079,20 @@ impl Remap {
     }
 
     fn barrier_on(&self, q: &mut dyn IoQueue) -> Result<()> {
-        // The summaries name only writes that completed before this point,
-        // and the first flush makes their data durable before any summary
-        // is written.
-        let (started, summaries) = {
+        let started = {
             let mut st = self.lock();
-            // Every buffer first: a failed allocation must leave every
-            // segment dirty, its summary still to write.
-            let dirty = st.segments.iter().filter(|g| g.dirty).count();
-            let mut bufs = (0..dirty)
-                .map(|_| self.summary_buf())
-                .collect::<Result<Vec<_>>>()?;
             st.barriers_started += 1;
-            let started = st.barriers_started;
-            let mut out = Vec::new();
-            for s in 0..st.segments.len() {
-                if !st.segments[s].dirty {
-                    continue;
-                }
-                let version = st.clock;
-                st.clock += 1;
-                let seg = &mut st.segments[s];
-                seg.dirty = false;
-                let slot = seg.summary_slot;
-                seg.summary_slot ^= 1;
-                let mut buf = bufs.pop().expect("a buffer per dirty segment");
-                let head = SummaryHead {
-                    segment: s as u32,
-                    stream: seg.stream,
-                    version,
-                };
-                encode_summary(&mut buf, head, &seg.entries);
-                out.push((s, self.geo.summary_at(s as u32, slot), buf));
-            }
-            (started, out)
+            st.barriers_started
         };
-        let written = summaries.len() as u64;
-        let dirty: Vec<usize> = summaries.iter().map(|(s, _, _)| *s).collect();
-        let result = flush(q)
-            .and_then(|_| write_all(q, summaries.into_iter().map(|(_, at, b)| (at, b))))
-            .and_then(|_| flush(q));
-        let mut st = self.lock();
-        st.stats.barriers += 1;
-        st.stats.summary_writes += written;
-        if let Err(e) = result {
-            // The copy written to may be torn: the next summary goes there
-            // again, so the other copy keeps the last good one.
-            for s in dirty {
-                let seg = &mut st.segments[s];
-                seg.dirty = true;
-                seg.summary_slot ^= 1;
+        // Bounded: each round writes the summaries of up to an intent's
+        // worth of segments (all of them, nearly always, in one round).
+        let rounds = self.segments / self.geo.intent_cap as u64 + 2;
+        for _ in 0..rounds {
+            if !self.barrier_round(q)? {
+                break;
             }
-            return Err(e);
         }
+        let mut st = self.lock();
         // Free (not yet in the free list, so nobody opens them before
         // their trim).
         let mut freed = Vec::new();
@@ -1135,6 +1130,119 @@ impl Remap {
         st.stats.segments_trimmed += trimmed;
         st.free.extend(freed);
         Ok(())
+    }
+
+    /// One round of a barrier: the intent naming the segments whose
+    /// summaries it writes (up to an intent's worth of the dirty ones),
+    /// a flush (the data of every completed write and the intent durable),
+    /// their summaries, a flush. With no dirty segment, one flush. True if
+    /// dirty segments are left for another round.
+    fn barrier_round(&self, q: &mut dyn IoQueue) -> Result<bool> {
+        // The summaries name only writes that completed before this point,
+        // and the first flush makes their data durable before any summary
+        // is written.
+        let cap = self.geo.intent_cap as usize;
+        let (intent, summaries, more) = {
+            let mut st = self.lock();
+            let dirty: Vec<usize> = (0..st.segments.len())
+                .filter(|&s| st.segments[s].dirty)
+                .take(cap + 1)
+                .collect();
+            let more = dirty.len() > cap;
+            let dirty = &dirty[..dirty.len().min(cap)];
+            if dirty.is_empty() {
+                drop(st);
+                flush(q)?;
+                self.lock().stats.barriers += 1;
+                return Ok(false);
+            }
+            // Every buffer first: a failed allocation must leave every
+            // segment dirty, its summary still to write.
+            let mut bufs = (0..dirty.len())
+                .map(|_| self.summary_buf())
+                .collect::<Result<Vec<_>>>()?;
+            let mut intent_buf = self.intent_buf()?;
+            let number = st.clock;
+            st.clock += 1;
+            let intent_slot = st.intent_slot;
+            st.intent_slot ^= 1;
+            encode_intent(&mut intent_buf, number, dirty.iter().map(|&s| s as u32));
+            let mut out = Vec::with_capacity(dirty.len());
+            for &s in dirty {
+                let version = st.clock;
+                st.clock += 1;
+                let seg = &mut st.segments[s];
+                seg.dirty = false;
+                let slot = seg.summary_slot;
+                seg.summary_slot ^= 1;
+                let mut buf = bufs.pop().expect("a buffer per dirty segment");
+                let head = SummaryHead {
+                    segment: s as u32,
+                    stream: seg.stream,
+                    version,
+                };
+                encode_summary(&mut buf, head, &seg.entries);
+                out.push((s, self.geo.summary_at(s as u32, slot), buf));
+            }
+            ((intent_slot, intent_buf), out, more)
+        };
+        let written = summaries.len() as u64;
+        let dirty: Vec<usize> = summaries.iter().map(|(s, _, _)| *s).collect();
+        let (intent_slot, intent_buf) = intent;
+        let result = write_all(
+            q,
+            std::iter::once((self.geo.intent_at(intent_slot), intent_buf)),
+        )
+        .and_then(|_| flush(q))
+        .and_then(|_| write_all(q, summaries.into_iter().map(|(_, at, b)| (at, b))))
+        .and_then(|_| flush(q));
+        let mut st = self.lock();
+        st.stats.barriers += 1;
+        st.stats.summary_writes += written;
+        if let Err(e) = result {
+            // The copies written to may be torn: the next summary (and
+            // intent) go there again, so the other copies keep the last
+            // good ones.
+            for s in dirty {
+                let seg = &mut st.segments[s];
+                seg.dirty = true;
+                seg.summary_slot ^= 1;
+            }
+            st.intent_slot ^= 1;
+            return Err(e);
+        }
+        Ok(more)
+    }
+
+    /// Marks a clean close: when no summary is left to write (the last
+    /// barrier wrote them all), writes an intent that names no segment and
+    /// flushes, so that at the next open a summary that does not read back
+    /// is damage, not a write cut by a crash ([`Remap::open`]). Call it
+    /// once nothing more is written (`Db::close` does, before it releases
+    /// the database's lock); without it the last barrier's segments are
+    /// taken as possibly cut. Ok(false): summaries were left to write,
+    /// nothing was done.
+    pub fn close(&self) -> Result<bool> {
+        if self.lock().segments.iter().any(|g| g.dirty) {
+            return Ok(false);
+        }
+        self.close_intents().map(|_| true)
+    }
+
+    fn close_intents(&self) -> Result<()> {
+        let mut q = self.own_queue();
+        let (slot, buf) = {
+            let mut st = self.lock();
+            let mut buf = self.intent_buf()?;
+            let number = st.clock;
+            st.clock += 1;
+            encode_intent(&mut buf, number, std::iter::empty());
+            let slot = st.intent_slot;
+            st.intent_slot ^= 1;
+            (slot, buf)
+        };
+        write_all(&mut **q, std::iter::once((self.geo.intent_at(slot), buf)))
+            .and_then(|_| flush(&mut **q))
     }
 
     /// Frees at least `want` segments (a few more when it can) by copying
@@ -1306,13 +1414,35 @@ impl Remap {
         written
     }
 
-    /// Rebuilds the map from every segment's newer valid summary.
+    /// Rebuilds the map from every segment's newer valid summary. A
+    /// summary copy that is neither valid nor zeros is one the last barrier
+    /// round before a crash was writing (its intent names the segment: the
+    /// copy is written again by the next barrier) or damage, which fails
+    /// the open: the pages a damaged newest summary named would silently
+    /// read as older versions.
     fn recover(&self) -> Result<()> {
         let mut q = self.own_queue();
         let g = self.geo;
+        // The newest valid intent: the segments whose summaries may be torn.
+        let reads = (0..2u8)
+            .map(|k| Ok((g.intent_at(k), IoBuf::owned(self.intent_buf()?))))
+            .collect::<Result<Vec<_>>>()?;
+        let intents = read_all(&mut **q, reads)?;
+        let newest = intents
+            .iter()
+            .enumerate()
+            .filter_map(|(k, b)| Some((k as u8, decode_intent(b.as_owned()?)?)))
+            .max_by_key(|(_, (number, _))| *number);
+        let mut clock = newest.as_ref().map_or(1, |(_, (n, _))| n + 1);
+        let mut in_flight: Vec<u32> = newest
+            .as_ref()
+            .map(|(_, (_, segs))| segs.clone())
+            .unwrap_or_default();
+        in_flight.sort_unstable();
         // Per segment: its newest valid summary and the copy it is in.
         let mut best: Vec<Option<(Summary, u8)>> = vec![None; self.segments as usize];
-        let mut clock = 1;
+        // Copies neither valid nor zeros: (segment, copy).
+        let mut unreadable: Vec<(u32, u8)> = Vec::new();
         let segs: Vec<u32> = (0..self.segments as u32).collect();
         for chunk in segs.chunks(32) {
             let mut reads = Vec::with_capacity(chunk.len() * 2);
@@ -1325,10 +1455,11 @@ impl Remap {
             for (i, b) in bufs.iter().enumerate() {
                 let s = chunk[i / 2];
                 let b = b.as_owned().expect("an owned buffer");
-                if let Some(summary) = decode_summary(b, &g) {
-                    if summary.segment != s {
-                        continue;
-                    }
+                let valid = decode_summary(b, &g).filter(|v| v.segment == s);
+                if valid.is_none() && b.iter().any(|&x| x != 0) {
+                    unreadable.push((s, (i % 2) as u8));
+                }
+                if let Some(summary) = valid {
                     clock = clock.max(summary.version + 1);
                     let newer = best[s as usize]
                         .as_ref()
@@ -1339,7 +1470,26 @@ impl Remap {
                 }
             }
         }
+        // Each segment the last intent names may have one copy cut by the
+        // crash; any other unreadable copy is damage.
+        let mut rewrite = Vec::new();
+        for (i, &(s, k)) in unreadable.iter().enumerate() {
+            let torn = in_flight.binary_search(&s).is_ok()
+                && !unreadable[..i].iter().any(|&(t, _)| t == s);
+            if !torn {
+                return Err(Error::Corrupt {
+                    page: g.summary_at(s, k) / g.page,
+                    what: format!(
+                        "out-of-place device: summary copy {k} of segment {s} is damaged, and no \
+                         barrier cut by a crash was writing it (the pages its newest summary \
+                         names could read as older versions)"
+                    ),
+                });
+            }
+            rewrite.push((s, k));
+        }
         let mut st = self.lock();
+        st.intent_slot = newest.as_ref().map_or(0, |(k, _)| k ^ 1);
         let mut stamps = vec![0u64; self.pages as usize];
         for (s, b) in best.iter().enumerate() {
             let Some((summary, _)) = b else { continue };
@@ -1425,6 +1575,13 @@ impl Remap {
                 st.open[stream] = Some(s as u32);
             }
         }
+        // A copy cut by the crash is written again (with what the other
+        // copy says) by the next barrier, whose intent names it until then.
+        for (s, k) in rewrite {
+            let seg = &mut st.segments[s as usize];
+            seg.dirty = true;
+            seg.summary_slot = k;
+        }
         Ok(())
     }
 }
@@ -1467,12 +1624,12 @@ fn decode_label(b: &[u8]) -> Result<(RemapConfig, u64)> {
         page: 0,
         what: format!("out-of-place label: {what}"),
     };
-    if &b[..8] == LABEL_MAGIC_V1 {
-        return Err(Error::Unsupported(
-            "an out-of-place device of format 1 (one page per slot); this build reads \
-             format 2 (extents): copy its data out with the build that wrote it"
-                .into(),
-        ));
+    if let Some(v) = OLD_LABEL_MAGICS.iter().position(|m| &b[..8] == *m) {
+        return Err(Error::Unsupported(format!(
+            "an out-of-place device of format {}; this build reads format 3 (extents and \
+             barrier intents): copy its data out with the build that wrote it",
+            v + 1
+        )));
     }
     if &b[..8] != LABEL_MAGIC {
         return Err(bad("no label (not an out-of-place device)"));
@@ -1495,6 +1652,49 @@ fn decode_label(b: &[u8]) -> Result<(RemapConfig, u64)> {
     config.check().map_err(|e| bad(&e.to_string()))?;
     let pages = u64::from_le_bytes(b[24..32].try_into().expect("8 bytes"));
     Ok((config, pages))
+}
+
+/// Intent layout (`intent_pages` pages, two copies after the label):
+/// magic (8), crc32c of bytes 12.. (4), count (4), number (8: from the
+/// device's counter, higher is newer), then `count` data segment numbers
+/// (4 bytes each): the segments whose summaries the barrier round that
+/// wrote it writes next.
+fn encode_intent(b: &mut [u8], number: u64, segments: impl Iterator<Item = u32>) {
+    b.fill(0);
+    b[..8].copy_from_slice(INTENT_MAGIC);
+    b[16..24].copy_from_slice(&number.to_le_bytes());
+    let mut count = 0usize;
+    for (i, s) in segments.enumerate() {
+        let o = INTENT_HEADER + 4 * i;
+        b[o..o + 4].copy_from_slice(&s.to_le_bytes());
+        count += 1;
+    }
+    b[12..16].copy_from_slice(&(count as u32).to_le_bytes());
+    let crc = crc32c::crc32c(&b[12..]);
+    b[8..12].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// The intent in `b` (its number and segments), if it is a valid one.
+fn decode_intent(b: &[u8]) -> Option<(u64, Vec<u32>)> {
+    if b.len() < INTENT_HEADER || &b[..8] != INTENT_MAGIC {
+        return None;
+    }
+    let crc = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+    if crc != crc32c::crc32c(&b[12..]) {
+        return None;
+    }
+    let count = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")) as usize;
+    if count > (b.len() - INTENT_HEADER) / 4 {
+        return None;
+    }
+    let number = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes"));
+    let segments = (0..count)
+        .map(|i| {
+            let o = INTENT_HEADER + 4 * i;
+            u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
+        })
+        .collect();
+    Some((number, segments))
 }
 
 /// What a summary says besides its entries.
