@@ -100,6 +100,18 @@ impl Target {
         }
     }
 
+    /// True if a discarded range reads back as zeros: a regular file's
+    /// punched hole, the simulator. Not a block device: after a
+    /// `BLKDISCARD` reads may return zeros, ones, the old data or anything
+    /// (unless the drive promises zeros, which dana does not ask).
+    pub fn discard_reads_zeros(&self) -> bool {
+        match self {
+            Target::File(d) => !d.is_block_device(),
+            Target::Sim(_) => true,
+            Target::Mirror(_) | Target::Remap(_) => false,
+        }
+    }
+
     /// True if a write of `len` bytes (a power of two), aligned to its
     /// length, can be issued untorn ([`super::Request::atomic`]): a file or block
     /// device whose kernel offers `RWF_ATOMIC` for that length, or a

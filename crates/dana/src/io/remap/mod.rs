@@ -346,6 +346,10 @@ struct Segment {
     /// The stamp of its newest extent's write (its data's youngest age,
     /// for the cost-benefit collection).
     written: u64,
+    /// A copy of its summary may be cut (by a crash before this open, or
+    /// a failed barrier round): every intent names it until a round writes
+    /// its summary whole.
+    suspect: bool,
 }
 
 impl Segment {
@@ -362,6 +366,7 @@ impl Segment {
             summary_slot: 0,
             stream: 0,
             written: 0,
+            suspect: false,
         }
     }
 }
@@ -519,9 +524,6 @@ impl Remap {
         config.check()?;
         let remap = Remap::new(inner, config, None)?;
         let mut q = remap.own_queue();
-        let mut label = remap.page_buf()?;
-        encode_label(&mut label, &config, remap.pages);
-        write_all(&mut **q, std::iter::once((0, label)))?;
         // Old summaries of whatever the device held before must not be
         // taken for this device's: every summary copy gets zeros, a batch
         // of fresh (zeroed) buffers at a time.
@@ -531,7 +533,7 @@ impl Remap {
             .collect();
         // And so must old intents.
         let intents = (0..2u8)
-            .map(|k| Ok((remap.geo.intent_at(k), remap.intent_buf()?)))
+            .map(|k| Ok((remap.geo.intent_at(k), remap.intent_copy_buf()?)))
             .collect::<Result<Vec<_>>>()?;
         write_all(&mut **q, intents.into_iter())?;
         for batch in copies.chunks(128) {
@@ -541,6 +543,13 @@ impl Remap {
                 .collect::<Result<Vec<_>>>()?;
             write_all(&mut **q, zeros.into_iter())?;
         }
+        // The label last, once the zeros are durable: a crash before it
+        // leaves no device (a labelled device over old summaries would
+        // adopt them).
+        flush(&mut **q)?;
+        let mut label = remap.page_buf()?;
+        encode_label(&mut label, &config, remap.pages);
+        write_all(&mut **q, std::iter::once((0, label)))?;
         flush(&mut **q)?;
         drop(q);
         Ok(Arc::new(remap))
@@ -745,7 +754,15 @@ impl Remap {
         self.buf(self.geo.summary_bytes())
     }
 
-    fn intent_buf(&self) -> Result<AlignedBuf> {
+    /// A buffer for an intent naming `segments` segments: the pages it
+    /// takes (one at least), not the whole copy.
+    fn intent_buf(&self, segments: usize) -> Result<AlignedBuf> {
+        let bytes = (INTENT_HEADER + 4 * segments) as u64;
+        self.buf((bytes.div_ceil(self.geo.page).max(1) * self.geo.page) as usize)
+    }
+
+    /// A buffer for a whole intent copy.
+    fn intent_copy_buf(&self) -> Result<AlignedBuf> {
         self.buf((self.geo.intent_pages * self.geo.page) as usize)
     }
 
@@ -1114,14 +1131,21 @@ impl Remap {
         // Trimmed whole, summaries too (an old summary that reads as zeros
         // is no summary): the device's collection never copies a dead
         // segment. Advice: a failed trim frees the segment all the same.
+        // Where a trimmed range may read back as anything (a block
+        // device), the summaries stay: an open would take garbage there
+        // for damage. They are valid summaries whose every entry loses.
         let seg_bytes = self.geo.seg_pages * self.geo.page;
+        let whole = self.inner.discard_reads_zeros();
         let mut trimmed = 0;
         for &s in &freed {
-            if self
-                .inner
-                .discard((s as u64 + 1) * seg_bytes, seg_bytes)
-                .is_ok()
-            {
+            let start = (s as u64 + 1) * seg_bytes;
+            let (at, len) = if whole {
+                (start, seg_bytes)
+            } else {
+                let data = self.geo.extent_at(s, 0);
+                (data, start + seg_bytes - data)
+            };
+            if self.inner.discard(at, len).is_ok() {
                 trimmed += 1;
             }
         }
@@ -1144,12 +1168,20 @@ impl Remap {
         let cap = self.geo.intent_cap as usize;
         let (intent, summaries, more) = {
             let mut st = self.lock();
-            let dirty: Vec<usize> = (0..st.segments.len())
-                .filter(|&s| st.segments[s].dirty)
-                .take(cap + 1)
+            // Suspect segments first: every intent names them until their
+            // summary is written whole (an intent that left one out could
+            // become the newest while its cut copy is still there).
+            let n = st.segments.len();
+            let mut dirty: Vec<usize> = (0..n)
+                .filter(|&s| st.segments[s].dirty && st.segments[s].suspect)
                 .collect();
+            dirty.extend(
+                (0..n)
+                    .filter(|&s| st.segments[s].dirty && !st.segments[s].suspect)
+                    .take(cap + 1),
+            );
             let more = dirty.len() > cap;
-            let dirty = &dirty[..dirty.len().min(cap)];
+            dirty.truncate(cap);
             if dirty.is_empty() {
                 drop(st);
                 flush(q)?;
@@ -1161,14 +1193,14 @@ impl Remap {
             let mut bufs = (0..dirty.len())
                 .map(|_| self.summary_buf())
                 .collect::<Result<Vec<_>>>()?;
-            let mut intent_buf = self.intent_buf()?;
+            let mut intent_buf = self.intent_buf(dirty.len())?;
             let number = st.clock;
             st.clock += 1;
             let intent_slot = st.intent_slot;
             st.intent_slot ^= 1;
             encode_intent(&mut intent_buf, number, dirty.iter().map(|&s| s as u32));
             let mut out = Vec::with_capacity(dirty.len());
-            for &s in dirty {
+            for &s in &dirty {
                 let version = st.clock;
                 st.clock += 1;
                 let seg = &mut st.segments[s];
@@ -1189,27 +1221,40 @@ impl Remap {
         let written = summaries.len() as u64;
         let dirty: Vec<usize> = summaries.iter().map(|(s, _, _)| *s).collect();
         let (intent_slot, intent_buf) = intent;
-        let result = write_all(
-            q,
-            std::iter::once((self.geo.intent_at(intent_slot), intent_buf)),
-        )
-        .and_then(|_| flush(q))
-        .and_then(|_| write_all(q, summaries.into_iter().map(|(_, at, b)| (at, b))))
-        .and_then(|_| flush(q));
+        let intent_at = self.geo.intent_at(intent_slot);
+        let mut intent_durable = false;
+        let result = match write_all(q, std::iter::once((intent_at, intent_buf)))
+            .and_then(|_| flush(q))
+        {
+            Err(e) => Err(e),
+            Ok(()) => {
+                intent_durable = true;
+                write_all(q, summaries.into_iter().map(|(_, at, b)| (at, b))).and_then(|_| flush(q))
+            }
+        };
         let mut st = self.lock();
         st.stats.barriers += 1;
         st.stats.summary_writes += written;
         if let Err(e) = result {
-            // The copies written to may be torn: the next summary (and
-            // intent) go there again, so the other copies keep the last
-            // good ones.
+            // The summary copies written to may be cut: the next summary
+            // of each goes there again, so the other copy keeps the last
+            // good one. Once this intent is durable it is the one that
+            // names them: the next intent must not go over it (and names
+            // them too, as suspects); before that, nothing was cut and the
+            // next intent takes its copy again.
             for s in dirty {
                 let seg = &mut st.segments[s];
                 seg.dirty = true;
                 seg.summary_slot ^= 1;
+                seg.suspect |= intent_durable;
             }
-            st.intent_slot ^= 1;
+            if !intent_durable {
+                st.intent_slot ^= 1;
+            }
             return Err(e);
+        }
+        for s in dirty {
+            st.segments[s].suspect = false;
         }
         Ok(more)
     }
@@ -1223,17 +1268,14 @@ impl Remap {
     /// taken as possibly cut. Ok(false): summaries were left to write,
     /// nothing was done.
     pub fn close(&self) -> Result<bool> {
-        if self.lock().segments.iter().any(|g| g.dirty) {
-            return Ok(false);
-        }
-        self.close_intents().map(|_| true)
-    }
-
-    fn close_intents(&self) -> Result<()> {
+        // Under the device's own queue: no barrier round runs meanwhile.
         let mut q = self.own_queue();
         let (slot, buf) = {
             let mut st = self.lock();
-            let mut buf = self.intent_buf()?;
+            if st.segments.iter().any(|g| g.dirty || g.suspect) {
+                return Ok(false);
+            }
+            let mut buf = self.intent_buf(0)?;
             let number = st.clock;
             st.clock += 1;
             encode_intent(&mut buf, number, std::iter::empty());
@@ -1243,6 +1285,7 @@ impl Remap {
         };
         write_all(&mut **q, std::iter::once((self.geo.intent_at(slot), buf)))
             .and_then(|_| flush(&mut **q))
+            .map(|_| true)
     }
 
     /// Frees at least `want` segments (a few more when it can) by copying
@@ -1425,7 +1468,7 @@ impl Remap {
         let g = self.geo;
         // The newest valid intent: the segments whose summaries may be torn.
         let reads = (0..2u8)
-            .map(|k| Ok((g.intent_at(k), IoBuf::owned(self.intent_buf()?))))
+            .map(|k| Ok((g.intent_at(k), IoBuf::owned(self.intent_copy_buf()?))))
             .collect::<Result<Vec<_>>>()?;
         let intents = read_all(&mut **q, reads)?;
         let newest = intents
@@ -1456,7 +1499,9 @@ impl Remap {
                 let s = chunk[i / 2];
                 let b = b.as_owned().expect("an owned buffer");
                 let valid = decode_summary(b, &g).filter(|v| v.segment == s);
-                if valid.is_none() && b.iter().any(|&x| x != 0) {
+                // Bytes all alike: never written, or trimmed (zeros; some
+                // devices give ones).
+                if valid.is_none() && b.iter().any(|&x| x != b[0]) {
                     unreadable.push((s, (i % 2) as u8));
                 }
                 if let Some(summary) = valid {
@@ -1580,6 +1625,7 @@ impl Remap {
         for (s, k) in rewrite {
             let seg = &mut st.segments[s as usize];
             seg.dirty = true;
+            seg.suspect = true;
             seg.summary_slot = k;
         }
         Ok(())
@@ -1654,11 +1700,12 @@ fn decode_label(b: &[u8]) -> Result<(RemapConfig, u64)> {
     Ok((config, pages))
 }
 
-/// Intent layout (`intent_pages` pages, two copies after the label):
-/// magic (8), crc32c of bytes 12.. (4), count (4), number (8: from the
-/// device's counter, higher is newer), then `count` data segment numbers
-/// (4 bytes each): the segments whose summaries the barrier round that
-/// wrote it writes next.
+/// Intent layout (up to `intent_pages` pages, two copies after the
+/// label; only the pages it fills are written): magic (8), crc32c of
+/// bytes 12..24 + 4 * count (4), count (4), number (8: from the device's
+/// counter, higher is newer), then `count` data segment numbers (4 bytes
+/// each): the segments whose summaries the barrier round that wrote it
+/// writes next.
 fn encode_intent(b: &mut [u8], number: u64, segments: impl Iterator<Item = u32>) {
     b.fill(0);
     b[..8].copy_from_slice(INTENT_MAGIC);
@@ -1670,7 +1717,7 @@ fn encode_intent(b: &mut [u8], number: u64, segments: impl Iterator<Item = u32>)
         count += 1;
     }
     b[12..16].copy_from_slice(&(count as u32).to_le_bytes());
-    let crc = crc32c::crc32c(&b[12..]);
+    let crc = crc32c::crc32c(&b[12..INTENT_HEADER + 4 * count]);
     b[8..12].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -1679,12 +1726,12 @@ fn decode_intent(b: &[u8]) -> Option<(u64, Vec<u32>)> {
     if b.len() < INTENT_HEADER || &b[..8] != INTENT_MAGIC {
         return None;
     }
-    let crc = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
-    if crc != crc32c::crc32c(&b[12..]) {
-        return None;
-    }
     let count = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")) as usize;
     if count > (b.len() - INTENT_HEADER) / 4 {
+        return None;
+    }
+    let crc = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+    if crc != crc32c::crc32c(&b[12..INTENT_HEADER + 4 * count]) {
         return None;
     }
     let number = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes"));

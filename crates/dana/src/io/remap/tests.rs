@@ -19,15 +19,17 @@ fn disk(segments: u64) -> Arc<SimDisk> {
     SimDisk::new(0, segments * 16 * PAGE as u64, SimConfig::deterministic(7))
 }
 
+/// The test's config, compressed.
+fn compressed() -> RemapConfig {
+    RemapConfig {
+        compress: true,
+        ..config()
+    }
+}
+
 /// Both kinds of device: plain, and compressed.
 fn configs() -> [RemapConfig; 2] {
-    [
-        config(),
-        RemapConfig {
-            compress: true,
-            ..config()
-        },
-    ]
+    [config(), compressed()]
 }
 
 /// The bytes of version `v` of logical page `p`: no two alike, none zero.
@@ -417,10 +419,7 @@ fn requests_past_the_offered_size_are_refused() {
 
 #[test]
 fn summaries_round_trip_and_reject_damage() {
-    let g = Geometry::of(&RemapConfig {
-        compress: true,
-        ..config()
-    });
+    let g = Geometry::of(&compressed());
     let mut b = vec![0u8; g.summary_bytes()];
     let e = |page, stamp, start, units| Entry {
         page,
@@ -481,10 +480,7 @@ fn summaries_round_trip_and_reject_damage() {
 #[test]
 fn compressed_pages_take_less_room_and_the_collection_copies_them_packed() {
     let d = disk(40);
-    let c = RemapConfig {
-        compress: true,
-        ..config()
-    };
+    let c = compressed();
     let r = Remap::create(Target::Sim(d.clone()), c).unwrap();
     let pages = r.size() / PAGE as u64;
     let mut q = r.queue(&Backend::Blocking, 32).unwrap();
@@ -553,10 +549,7 @@ fn compressed_pages_take_less_room_and_the_collection_copies_them_packed() {
 #[test]
 fn a_flipped_byte_in_a_compressed_extent_is_an_error_not_a_page() {
     let d = disk(16);
-    let c = RemapConfig {
-        compress: true,
-        ..config()
-    };
+    let c = compressed();
     let r = Remap::create(Target::Sim(d.clone()), c).unwrap();
     let mut q = r.queue(&Backend::Blocking, 4).unwrap();
     write(&mut q, 1, 1).unwrap();
@@ -620,5 +613,56 @@ fn configs_whose_extents_a_summary_cannot_name_are_refused() {
     assert!(too_big_to_pack.check().is_err());
     for c in configs() {
         c.check().unwrap();
+    }
+}
+
+/// A barrier round that fails after its intent was flushed leaves that
+/// intent as the one naming the summaries it may have cut: the rounds
+/// after it must not write over it until one writes those summaries
+/// whole. Here a round's second flush fails (its summary of segment B may
+/// be cut), the next round's first flush fails too, and the power goes:
+/// the open must take B's cut copy for one (the first version put the
+/// second intent over the first and failed the open with `Corrupt`).
+#[test]
+fn a_failed_round_keeps_the_intent_naming_what_it_cut() {
+    use crate::io::sim::Fault;
+    use crate::OpKind;
+    for config in configs() {
+        let d = disk(16);
+        let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
+        let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+        // Segment A (hot), its summary written whole.
+        write(&mut q, 1, 1).unwrap();
+        flush_q(&mut q);
+        // Segment B (cold): the round's second flush fails.
+        let cold = |p: u64, v: u64| {
+            Request::write(1, p * PAGE as u64, IoBuf::owned(content(p, v))).placed(Placement::Cold)
+        };
+        sync_io(&mut q, cold(2, 2)).unwrap().result.unwrap();
+        d.inject(Fault::nth(Some(OpKind::Flush), 1));
+        assert!(sync_io(&mut q, Request::flush(4)).unwrap().result.is_err());
+        // The next round's first flush fails.
+        sync_io(&mut q, cold(3, 3)).unwrap().result.unwrap();
+        d.inject(Fault::nth(Some(OpKind::Flush), 0));
+        assert!(sync_io(&mut q, Request::flush(4)).unwrap().result.is_err());
+        // Every write not flushed is cut, and comes out as garbage (as a
+        // torn write may): B's summary and the second round's intent.
+        let report = d.power_cut(PowerCutPolicy::DropAll, 1);
+        drop(q);
+        drop(r);
+        d.power_on();
+        let garbage: Vec<u8> = (0..PAGE).map(|i| (i * 7 + 3) as u8).collect();
+        let intents = PAGE as u64..16 * PAGE as u64;
+        let mut cut = 0;
+        for w in &report.writes {
+            if intents.contains(&w.offset) || w.offset == summary_copy(1, 0) {
+                d.overwrite_durable(w.offset, &garbage);
+                cut += 1;
+            }
+        }
+        assert!(cut >= 2, "{:?}", report.writes);
+        let r = Remap::open(Target::Sim(d)).unwrap();
+        let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+        assert_eq!(version_of(1, &read(&mut q, 1, 1)), Some(1));
     }
 }
