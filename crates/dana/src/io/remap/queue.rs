@@ -16,6 +16,11 @@
 //! page it wrote (a later read would find the old version), or a flush's
 //! or durable write's before the device's barrier made them durable; or
 //! keeps a packed page waiting past the submit that follows its request.
+//!
+//! Callers' contract, as on any device: two writes of one page in flight
+//! at once land in either order (the map follows their completions, which
+//! the device below may reorder). The engine never issues them: a page's
+//! write-back waits for the one before.
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
