@@ -929,10 +929,27 @@ impl Remap {
     fn release_chunk(&self, st: &mut State, s: u32, start: u32, used: u32, units: u32) {
         let barrier = st.barriers_started;
         let used_end = start + self.geo.align_up(used);
+        let cap = self.geo.entry_cap as usize;
+        let stream = st.segments[s as usize].stream as usize;
+        let stream_open = st.open[stream].is_some();
         let seg = &mut st.segments[s as usize];
         seg.pending -= 1;
-        if seg.life == Life::Open && seg.next == start + units && used_end < seg.next {
-            seg.next = used_end;
+        if seg.next == start + units && used_end < seg.next {
+            match seg.life {
+                Life::Open => seg.next = used_end,
+                // Closed when this chunk took its last units: it takes its
+                // stream's writes again (the stream has no open segment
+                // now), or the tail would stay unused until the segment is
+                // collected (up to 7 of 64 units each time a collection
+                // round ends at a segment's end, where a victim at 95%
+                // live gives back 3).
+                Life::Closed if !stream_open && seg.entries.len() < cap => {
+                    seg.next = used_end;
+                    seg.life = Life::Open;
+                    st.open[stream] = Some(s);
+                }
+                _ => {}
+            }
         }
         die_if_dead(st, s, barrier);
     }
