@@ -303,7 +303,9 @@ enum Life {
     Free,
     /// Taking writes (of one class, or of the collection).
     Open,
-    /// Full (of units or extents), with live extents or writes pending.
+    /// Full (of units or extents), with live extents or writes pending;
+    /// open again if the chunk at its end gives back a tail while its
+    /// stream has no open segment ([`Remap::release_chunk`]).
     Closed,
     /// No live extent left: free after the next barrier that starts later.
     Dying { barrier: u64 },
@@ -870,7 +872,8 @@ impl Remap {
                     seg.pending += 1;
                     if seg.next == g.data_units {
                         // Its last units are pending: it dies, if ever,
-                        // when they end.
+                        // when they end (or opens again if this chunk
+                        // gives back a tail).
                         seg.life = Life::Closed;
                         st.open[stream] = None;
                     }
@@ -937,10 +940,10 @@ impl Remap {
         if seg.next == start + units && used_end < seg.next {
             match seg.life {
                 Life::Open => seg.next = used_end,
-                // Closed when this chunk took its last units: it takes its
-                // stream's writes again (the stream has no open segment
-                // now), or the tail would stay unused until the segment is
-                // collected (up to 7 of 64 units each time a collection
+                // Closed when this chunk took its last units (or found too
+                // few left): it takes its stream's writes again (the
+                // stream has no open segment now), or the tail would stay
+                // unused until the segment is collected (up to 7 of 64 units each time a collection
                 // round ends at a segment's end, where a victim at 95%
                 // live gives back 3).
                 Life::Closed if !stream_open && seg.entries.len() < cap => {
@@ -1052,7 +1055,13 @@ impl Remap {
                     b.copy_from_slice(&buf[..len]);
                     b
                 }
-                Err(_) => buf,
+                // The whole chunk is written: none of it may be given
+                // back (a tail handed out again could be overwritten by
+                // this write if it landed late).
+                Err(_) => {
+                    c.used = c.units;
+                    buf
+                }
             };
         }
         let at = self.geo.extent_at(c.seg, c.start);

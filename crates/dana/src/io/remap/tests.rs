@@ -671,3 +671,28 @@ fn a_failed_round_keeps_the_intent_naming_what_it_cut() {
         assert_eq!(version_of(1, &read(&mut q, 1, 1)), Some(1));
     }
 }
+
+/// A chunk that took a segment's last units and gives back a tail opens
+/// the segment again for its stream (it has no open segment then): the
+/// next chunk of the stream lands in the tail, not in a fresh segment.
+#[test]
+fn a_tail_given_back_reopens_the_segment_its_chunk_closed() {
+    let d = disk(16);
+    let r = Remap::create(Target::Sim(d), compressed()).unwrap();
+    let du = r.geo.data_units;
+    let stream = placement_stream(Placement::Hot);
+    let mut st = r.lock();
+    let (s, a, n) = r.take_chunk(&mut st, stream, du - 16, 1, 0).unwrap();
+    assert_eq!((a, n), (0, du - 16));
+    let (s2, b, m) = r.take_chunk(&mut st, stream, 16, 1, 0).unwrap();
+    assert_eq!((s2, b, m), (s, du - 16, 16));
+    assert_eq!(st.segments[s as usize].life, Life::Closed);
+    assert_eq!(st.open[stream], None);
+    // One unit used: a flash page (8 units) taken, 8 given back.
+    r.release_chunk(&mut st, s, b, 1, m);
+    assert_eq!(st.segments[s as usize].life, Life::Open);
+    assert_eq!(st.open[stream], Some(s));
+    r.release_chunk(&mut st, s, a, n, n);
+    let next = r.take_chunk(&mut st, stream, 8, 1, 0).unwrap();
+    assert_eq!(next, (s, du - 8, 8));
+}
