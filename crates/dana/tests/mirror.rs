@@ -166,6 +166,19 @@ fn assert_values(db: &Db, task: u64, n: u64) {
     }
 }
 
+/// A mirrored database in `dir` (2 MiB pool) holding task `task`'s keys
+/// `0..n`, closed; the options that open it.
+fn closed_mirrored(dir: &std::path::Path, task: u64, n: u64) -> Options {
+    let opts = Options::default().pool_bytes(2 << 20).mirrored();
+    let db = Db::open(dir, opts.clone()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for k in 0..n {
+        t.put(&key(task, k), &value(task, k)).unwrap();
+    }
+    db.close().unwrap();
+    opts
+}
+
 /// Rebuilds the failed copies, checkpoints, and asserts `check` finds
 /// nothing (the copies compared), then closes.
 fn rebuild_and_check(db: Db) {
@@ -376,13 +389,7 @@ fn a_power_cut_during_a_rebuild_resumes_it_at_the_next_open() {
 #[test]
 fn bytes_flipped_on_one_copy_of_the_files_are_read_from_the_other_and_repaired() {
     let dir = tempfile::tempdir().unwrap();
-    let opts = Options::default().pool_bytes(2 << 20).mirrored();
-    let db = Db::open(dir.path(), opts.clone()).unwrap();
-    let t = db.create_tree("t").unwrap();
-    for n in 0..4000u64 {
-        t.put(&key(0, n), &value(0, n)).unwrap();
-    }
-    db.close().unwrap();
+    let opts = closed_mirrored(dir.path(), 0, 4000);
     // A byte flipped in every page of copy 0 past the meta page, and in
     // the log's control blocks of copy 1.
     let flip = |name: &str, from: u64, step: u64| {
@@ -490,13 +497,7 @@ fn a_missing_copy_file_opens_degraded_and_dana_rebuild_recreates_it() {
 fn a_truncated_copy_0_opens_degraded_from_copy_1() {
     for len in [0u64, 4096] {
         let dir = tempfile::tempdir().unwrap();
-        let opts = Options::default().pool_bytes(2 << 20).mirrored();
-        let db = Db::open(dir.path(), opts.clone()).unwrap();
-        let t = db.create_tree("t").unwrap();
-        for n in 0..2000u64 {
-            t.put(&key(1, n), &value(1, n)).unwrap();
-        }
-        db.close().unwrap();
+        let opts = closed_mirrored(dir.path(), 1, 2000);
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(dir.path().join("dana.0"))

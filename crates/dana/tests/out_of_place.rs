@@ -301,6 +301,24 @@ fn out_of_place_files_refuse_what_they_cannot_do() {
     db.close().unwrap();
 }
 
+/// A 16 MiB out-of-place database in `dir` (pages compressed if
+/// `compress`), keys `0..keys` put with their round-1 values, closed; the
+/// options that open it.
+fn closed_file(dir: &std::path::Path, compress: bool, keys: u64) -> Options {
+    let opts = Options::default()
+        .pool_bytes(4 << 20)
+        .write_mode(dana::WriteMode::OutOfPlace)
+        .compress_pages(compress)
+        .capacity_bytes(16 << 20);
+    let db = Db::open(dir, opts.clone()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for i in 0..keys {
+        t.put(&key(i), &value(i, 1)).unwrap();
+    }
+    db.close().unwrap();
+    opts
+}
+
 /// An out-of-place data file extended after its creation (a sparse
 /// `truncate -s 16T`): the open keeps the segments the device was created
 /// with (its label's pages), every value reads back, and `check` passes.
@@ -308,18 +326,8 @@ fn out_of_place_files_refuse_what_they_cannot_do() {
 /// allocating their table (about 64 GiB).
 #[test]
 fn an_out_of_place_file_extended_since_opens_with_its_own_segments() {
-    use dana::WriteMode;
     let dir = tempfile::tempdir().unwrap();
-    let opts = Options::default()
-        .pool_bytes(4 << 20)
-        .write_mode(WriteMode::OutOfPlace)
-        .capacity_bytes(16 << 20);
-    let db = Db::open(dir.path(), opts.clone()).unwrap();
-    let t = db.create_tree("t").unwrap();
-    for i in 0..2_000 {
-        t.put(&key(i), &value(i, 1)).unwrap();
-    }
-    db.close().unwrap();
+    let opts = closed_file(dir.path(), false, 2_000);
     let f = std::fs::OpenOptions::new()
         .write(true)
         .open(dir.path().join("dana.0"))
@@ -353,21 +361,11 @@ fn an_out_of_place_file_extended_since_opens_with_its_own_segments() {
 /// cut, and went on).
 #[test]
 fn a_flipped_summary_in_a_closed_file_fails_the_open() {
-    use dana::{Error, WriteMode};
+    use dana::Error;
     use std::io::{Read, Seek, SeekFrom, Write};
     for compress in [false, true] {
         let dir = tempfile::tempdir().unwrap();
-        let opts = Options::default()
-            .pool_bytes(4 << 20)
-            .write_mode(WriteMode::OutOfPlace)
-            .compress_pages(compress)
-            .capacity_bytes(16 << 20);
-        let db = Db::open(dir.path(), opts.clone()).unwrap();
-        let t = db.create_tree("t").unwrap();
-        for i in 0..3_000 {
-            t.put(&key(i), &value(i, 1)).unwrap();
-        }
-        db.close().unwrap();
+        let opts = closed_file(dir.path(), compress, 3_000);
         // Segments of 128 pages; summaries at the head of each data
         // segment (segment 1 on); the first one found gets a flipped byte.
         let mut f = std::fs::OpenOptions::new()

@@ -87,7 +87,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::array::{open_queue, Backend, Target};
 pub use super::ftl::GcPolicy;
-use super::{sync_io, AlignedBuf, Alignment, IoBuf, IoQueue, Placement, Request};
+use super::{sync_io, AlignedBuf, Alignment, IoBuf, IoQueue, Placement, Request, ReusableBuf};
 use crate::{Error, Result};
 
 pub use queue::RemapQueue;
@@ -328,8 +328,8 @@ struct Entry {
 #[derive(Debug, Clone)]
 struct Segment {
     life: Life,
-    /// Extents whose page the map points at, and their units.
-    live: u32,
+    /// Units of the extents whose page the map points at (none: no live
+    /// extent).
     live_units: u32,
     /// The next unit of the data area to hand out.
     next: u32,
@@ -358,7 +358,6 @@ impl Segment {
     fn new() -> Segment {
         Segment {
             life: Life::Free,
-            live: 0,
             live_units: 0,
             next: 0,
             pending: 0,
@@ -438,7 +437,6 @@ pub(crate) struct Placed {
 
 /// A run of a segment's units that one writer packs extents into and
 /// writes whole.
-#[derive(Debug)]
 pub(crate) struct Chunk {
     seg: u32,
     start: u32,
@@ -448,8 +446,9 @@ pub(crate) struct Chunk {
     /// The collection's copies (each placed page's `owner` is the extent
     /// it was copied from), not the engine's writes.
     copies: bool,
-    /// Its bytes until it is written.
-    buf: Option<AlignedBuf>,
+    /// Its bytes: filled while it is open, then lent to its write (a
+    /// prefix: the flash pages it used).
+    buf: ReusableBuf,
     pub placed: Vec<Placed>,
 }
 
@@ -889,7 +888,7 @@ impl Remap {
             let s = st.free.pop_front()?;
             let seg = &mut st.segments[s as usize];
             debug_assert_eq!(seg.life, Life::Free);
-            debug_assert_eq!(seg.live, 0);
+            debug_assert_eq!(seg.live_units, 0);
             seg.life = Life::Open;
             seg.next = 0;
             seg.pending = 0;
@@ -995,7 +994,7 @@ impl Remap {
                         }
                         drop(st);
                         let at = c.used as usize * unit;
-                        let buf = c.buf.as_mut().expect("an open chunk's buffer");
+                        let buf = c.buf.get_mut().expect("no write holds an open chunk");
                         buf[at..at + bytes.len()].copy_from_slice(bytes);
                         c.used += units;
                         c.placed.push(Placed {
@@ -1017,7 +1016,8 @@ impl Remap {
                 }
                 return Ok(false);
             };
-            let buf = match self.buf(n as usize * unit) {
+            let align = self.inner.alignment().mem as usize;
+            let buf = match ReusableBuf::new(n as usize * unit, align) {
                 Ok(b) => b,
                 Err(e) => {
                     self.release_chunk(&mut self.lock(), seg, start, 0, n);
@@ -1031,7 +1031,7 @@ impl Remap {
                 used: 0,
                 stream,
                 copies,
-                buf: Some(buf),
+                buf,
                 placed: Vec::new(),
             });
         }
@@ -1043,29 +1043,18 @@ impl Remap {
     /// The write a closed chunk needs: its offset and buffer (its used
     /// units, rounded up to whole flash pages), or None when it holds no
     /// extent (then only [`Remap::chunk_written`]).
-    pub(crate) fn chunk_write(&self, c: &mut Chunk) -> Option<(u64, IoBuf)> {
+    pub(crate) fn chunk_write(&self, c: &Chunk) -> Option<(u64, IoBuf)> {
         if c.used == 0 {
             return None;
         }
-        let mut buf = c.buf.take()?;
+        // Within the chunk: `used` never passes `units`, nor its flash
+        // pages the chunk's (whole flash pages, or the segment's end).
         let len = (self.geo.align_up(c.used) as u64 * self.geo.unit) as usize;
-        if len < buf.len() {
-            buf = match self.buf(len) {
-                Ok(mut b) => {
-                    b.copy_from_slice(&buf[..len]);
-                    b
-                }
-                // The whole chunk is written: none of it may be given
-                // back (a tail handed out again could be overwritten by
-                // this write if it landed late).
-                Err(_) => {
-                    c.used = c.units;
-                    buf
-                }
-            };
-        }
-        let at = self.geo.extent_at(c.seg, c.start);
-        Some((at, IoBuf::owned(buf)))
+        let buf = c
+            .buf
+            .lend(0, len)
+            .expect("a chunk's used flash pages lie within it");
+        Some((self.geo.extent_at(c.seg, c.start), buf))
     }
 
     /// A closed chunk's write ended (`ok`: completed; a chunk that held no
@@ -1099,13 +1088,11 @@ impl Remap {
             e.page = page;
             e.stamp = stamp;
             seg.written = stamp;
-            seg.live += 1;
             seg.live_units += e.units;
             seg.dirty = true;
             if old != NO_PAGE {
                 let (os, ok_) = unloc(old);
                 let oseg = &mut st.segments[os as usize];
-                oseg.live -= 1;
                 oseg.live_units -= oseg.entries[ok_ as usize].units;
                 die_if_dead(&mut st, os, barrier);
             }
@@ -1147,7 +1134,7 @@ impl Remap {
             let free = matches!(seg.life, Life::Dying { barrier } if barrier < started)
                 && seg.readers == 0;
             if free {
-                debug_assert!(seg.live == 0 && seg.pending == 0);
+                debug_assert!(seg.live_units == 0 && seg.pending == 0);
                 seg.life = Life::Free;
                 freed.push(s);
             }
@@ -1472,10 +1459,7 @@ impl Remap {
             }
         }
         closed.extend(open.take());
-        let writes: Vec<(u64, IoBuf)> = closed
-            .iter_mut()
-            .filter_map(|c| self.chunk_write(c))
-            .collect();
+        let writes: Vec<(u64, IoBuf)> = closed.iter().filter_map(|c| self.chunk_write(c)).collect();
         let written = packed.and_then(|_| write_all_bufs(q, writes, Placement::Collected));
         for c in &closed {
             self.chunk_written(c, written.is_ok());
@@ -1623,14 +1607,13 @@ impl Remap {
         for &l in map.iter().filter(|&&l| l != NO_PAGE) {
             let (s, k) = unloc(l);
             let seg = &mut st.segments[s as usize];
-            seg.live += 1;
             seg.live_units += seg.entries[k as usize].units;
         }
         st.map = map;
         for s in 0..st.segments.len() {
             let seg = &mut st.segments[s];
             seg.next = g.data_units;
-            if seg.live == 0 {
+            if seg.live_units == 0 {
                 seg.life = Life::Free;
                 st.free.push_back(s as u32);
             } else {
@@ -1662,7 +1645,7 @@ impl Remap {
 /// with no live extent and no write pending.
 fn die_if_dead(st: &mut State, s: u32, barrier: u64) {
     let seg = &mut st.segments[s as usize];
-    if seg.live == 0 && seg.pending == 0 && seg.life == Life::Closed {
+    if seg.live_units == 0 && seg.pending == 0 && seg.life == Life::Closed {
         seg.life = Life::Dying { barrier };
         st.dying.push(s);
     }

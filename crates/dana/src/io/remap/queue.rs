@@ -361,8 +361,8 @@ impl RemapQueue {
     /// Sends the write of each chunk in `closed` (a chunk that holds no
     /// page just ends).
     fn emit(&mut self, closed: &mut Vec<Chunk>) {
-        for mut c in closed.drain(..) {
-            match self.remap.chunk_write(&mut c) {
+        for c in closed.drain(..) {
+            match self.remap.chunk_write(&c) {
                 Some((at, buf)) => {
                     let req = Request::write(0, at, buf).placed(c.placement());
                     self.send(Sub::Chunk(c), req);

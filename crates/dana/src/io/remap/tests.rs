@@ -54,9 +54,21 @@ fn content(p: u64, v: u64) -> AlignedBuf {
 }
 
 fn write(q: &mut dyn IoQueue, p: u64, v: u64) -> Result<()> {
-    let req =
-        Request::write(1, p * PAGE as u64, IoBuf::owned(content(p, v))).placed(Placement::Hot);
+    write_as(q, p, v, Placement::Hot)
+}
+
+/// [`write`] of class `class` (another class: another open segment).
+fn write_as(q: &mut dyn IoQueue, p: u64, v: u64, class: Placement) -> Result<()> {
+    let req = Request::write(1, p * PAGE as u64, IoBuf::owned(content(p, v))).placed(class);
     sync_io(q, req)?.result.map(|_| ())
+}
+
+/// A new device of `segments` segments cut by `config`, and a queue to it.
+fn fresh(segments: u64, config: RemapConfig) -> (Arc<SimDisk>, Arc<Remap>, RemapQueue) {
+    let d = disk(segments);
+    let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
+    let q = r.queue(&Backend::Blocking, 4).unwrap();
+    (d, r, q)
 }
 
 /// Writes `pages` consecutive pages from `p` in one request, version `v`.
@@ -255,9 +267,7 @@ fn a_durable_write_survives_a_cut_without_a_flush() {
 }
 
 fn a_durable_write_survives(config: RemapConfig) {
-    let d = disk(16);
-    let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
-    let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+    let (d, r, mut q) = fresh(16, config);
     write(&mut q, 5, 1).unwrap();
     let req = Request::write_durable(9, 6 * PAGE as u64, IoBuf::owned(content(6, 2)));
     sync_io(&mut q, req).unwrap().result.unwrap();
@@ -301,9 +311,7 @@ fn newer_copy(d: &SimDisk, s: u64) -> u64 {
 }
 
 fn a_torn_summary(config: RemapConfig) {
-    let d = disk(16);
-    let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
-    let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+    let (d, r, mut q) = fresh(16, config);
     write(&mut q, 1, 1).unwrap();
     flush_q(&mut q);
     write(&mut q, 2, 2).unwrap();
@@ -345,9 +353,7 @@ fn a_torn_summary(config: RemapConfig) {
 fn a_damaged_summary_no_crash_explains_fails_the_open() {
     for config in configs() {
         // A clean close, then the newest summary flipped.
-        let d = disk(16);
-        let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
-        let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+        let (d, r, mut q) = fresh(16, config);
         write(&mut q, 1, 1).unwrap();
         flush_q(&mut q);
         write(&mut q, 2, 2).unwrap();
@@ -362,21 +368,15 @@ fn a_damaged_summary_no_crash_explains_fails_the_open() {
             "{err}"
         );
         // Summaries left to write: no clean close is marked.
-        let d = disk(16);
-        let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
-        let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+        let (_d, r, mut q) = fresh(16, config);
         write(&mut q, 1, 1).unwrap();
         assert!(!r.close().unwrap());
         // A crash after a barrier that wrote another segment's summary
         // (a cold page's: another stream's segment).
-        let d = disk(16);
-        let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
-        let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+        let (d, r, mut q) = fresh(16, config);
         write(&mut q, 1, 1).unwrap();
         flush_q(&mut q);
-        let cold =
-            Request::write(1, 2 * PAGE as u64, IoBuf::owned(content(2, 2))).placed(Placement::Cold);
-        sync_io(&mut q, cold).unwrap().result.unwrap();
+        write_as(&mut q, 2, 2, Placement::Cold).unwrap();
         flush_q(&mut q);
         d.power_cut(PowerCutPolicy::DropAll, 1);
         drop(q);
@@ -585,13 +585,9 @@ fn a_flipped_byte_in_a_compressed_extent_is_an_error_not_a_page() {
 #[test]
 fn an_engine_write_of_the_collections_class_is_mapped() {
     for config in configs() {
-        let d = disk(16);
-        let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
-        let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+        let (_d, _r, mut q) = fresh(16, config);
         for p in 0..4u64 {
-            let req = Request::write(1, p * PAGE as u64, IoBuf::owned(content(p, 7)))
-                .placed(Placement::Collected);
-            sync_io(&mut q, req).unwrap().result.unwrap();
+            write_as(&mut q, p, 7, Placement::Collected).unwrap();
         }
         for p in 0..4u64 {
             assert_eq!(version_of(p, &read(&mut q, p, 1)), Some(7), "{config:?}");
@@ -633,21 +629,16 @@ fn a_failed_round_keeps_the_intent_naming_what_it_cut() {
     use crate::io::sim::Fault;
     use crate::OpKind;
     for config in configs() {
-        let d = disk(16);
-        let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
-        let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+        let (d, r, mut q) = fresh(16, config);
         // Segment A (hot), its summary written whole.
         write(&mut q, 1, 1).unwrap();
         flush_q(&mut q);
         // Segment B (cold): the round's second flush fails.
-        let cold = |p: u64, v: u64| {
-            Request::write(1, p * PAGE as u64, IoBuf::owned(content(p, v))).placed(Placement::Cold)
-        };
-        sync_io(&mut q, cold(2, 2)).unwrap().result.unwrap();
+        write_as(&mut q, 2, 2, Placement::Cold).unwrap();
         d.inject(Fault::nth(Some(OpKind::Flush), 1));
         assert!(sync_io(&mut q, Request::flush(4)).unwrap().result.is_err());
         // The next round's first flush fails.
-        sync_io(&mut q, cold(3, 3)).unwrap().result.unwrap();
+        write_as(&mut q, 3, 3, Placement::Cold).unwrap();
         d.inject(Fault::nth(Some(OpKind::Flush), 0));
         assert!(sync_io(&mut q, Request::flush(4)).unwrap().result.is_err());
         // Every write not flushed is cut, and comes out as garbage (as a
