@@ -490,14 +490,15 @@ impl<'a> Room<'a> {
         Ok(Some(Room { pages: space, log }))
     }
 
-    /// The room, waiting for it (the caller holds no stripe).
+    /// The room, waiting for it (the caller holds no stripe and no room:
+    /// it may wait for other commits' promises of pages to end).
     async fn wait(
         pool: &'a BufferPool,
         log: Option<&'a Wal>,
         pages: u64,
         log_bytes: u64,
     ) -> Result<Room<'a>> {
-        let space = pool.reserve(pages).await?;
+        let space = pool.reserve_after_promises(pages).await?;
         let log = match log.filter(|_| log_bytes > 0) {
             Some(w) => Some(w.admit(log_bytes).await?),
             None => None,

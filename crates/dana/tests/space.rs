@@ -147,3 +147,70 @@ fn a_full_file_system_stops_the_data_files_first_and_deletes_still_commit() {
     assert!(db.check().unwrap().is_ok());
     db.close().unwrap();
 }
+
+/// Commits promise the most pages their apply could take (a whole path
+/// per key), far more than an update of existing keys takes. When the
+/// database cannot grow and the free pages are promised to other commits
+/// in flight, a commit waits for those promises to end instead of failing
+/// with `NoSpace` (the build before failed here with most pages free, as
+/// `bench waf`'s TPC-C load did).
+#[test]
+fn commits_wait_for_other_commits_promises_instead_of_failing() {
+    const TASKS: u64 = 16;
+    const COMMITS: u64 = 20;
+    const KEYS: u64 = 400;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default()
+        .pool_bytes(1 << 20)
+        .capacity_bytes(160 * 4096)
+        .log_bytes(8 << 20);
+    let db = Db::open(dir.path(), opts).unwrap();
+    let t = db.tree_or_create("t").unwrap();
+    for i in 0..KEYS {
+        t.insert(&key(0, i), &[0; 300]).unwrap();
+    }
+    let pool = db.pool().clone();
+    let space = db
+        .block_on(async move { pool.space().await })
+        .unwrap()
+        .unwrap();
+    let free = space.total_pages - space.next_unused + space.free_pages;
+    // Each commit updates 12 keys of a tree of height 2 (~31 leaves): it
+    // promises 12 paths of 2 + 2 pages, more than a third of the free
+    // pages, so a few commits at once promise them all.
+    let promise = 12 * (2 + 2);
+    assert!(
+        promise <= free && 3 * promise > free,
+        "{promise} pages promised per commit, {free} free"
+    );
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    for task in 0..TASKS {
+        let (d, t, errors, tx) = (db.clone(), t.clone(), errors.clone(), tx.clone());
+        db.spawn(async move {
+            for c in 0..COMMITS {
+                let mut txn = d.begin();
+                for j in 0..12 {
+                    let k = key(0, (task * 31 + c * 12 + j) % KEYS);
+                    txn.put(&t, &k, &[task as u8; 300]).unwrap();
+                }
+                if let Err(e) = txn.commit_async().await {
+                    errors.lock().unwrap().push(e.to_string());
+                }
+            }
+            let _ = tx.send(());
+        })
+        .unwrap();
+    }
+    drop(tx);
+    for _ in rx {}
+    let errors = errors.lock().unwrap().clone();
+    assert!(
+        errors.is_empty(),
+        "{} commits failed: {:?}",
+        errors.len(),
+        &errors[..1]
+    );
+    let report = db.check().unwrap();
+    assert!(report.is_ok(), "{:?}", report.findings);
+}

@@ -52,6 +52,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::task::Poll;
 
 use super::page::{self, PageType, PAGE_HEADER_SIZE};
 use super::page_table::{EVICTED, EXCLUSIVE};
@@ -88,6 +89,10 @@ pub(crate) struct AllocState {
     pub(crate) available: AtomicU64,
     /// Pages promised to commits in flight ([`BufferPool::reserve`]).
     pub(crate) reserved: AtomicU64,
+    /// Tasks waiting for promises to end
+    /// ([`BufferPool::reserve_after_promises`]), woken by each
+    /// [`Reservation`] dropped.
+    promise_waiters: crate::sched::WakerList,
     /// Growth of the array on demand.
     pub(crate) growth: super::grow::Growth,
     /// The free-space map in memory (changed under the meta page latch,
@@ -127,10 +132,13 @@ impl Reservation<'_> {
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        self.pool
-            .alloc
-            .reserved
-            .fetch_sub(self.pages, Ordering::AcqRel);
+        let a = &self.pool.alloc;
+        // SeqCst with the waiter's register-then-load: either it sees this
+        // release or this sees it parked.
+        a.reserved.fetch_sub(self.pages, Ordering::SeqCst);
+        if a.promise_waiters.has_waiters() {
+            a.promise_waiters.wake_all();
+        }
     }
 }
 
@@ -658,6 +666,45 @@ impl BufferPool {
                 )),
                 other => other,
             })?;
+        }
+    }
+
+    /// [`BufferPool::reserve`], but where the array cannot grow and the
+    /// pages are free yet promised to other commits in flight, waits for
+    /// those commits to end (each gives back what its apply did not take)
+    /// and tries again; fails with [`Error::NoSpace`] only when the free
+    /// pages themselves fall short, or no promise is left to wait for.
+    /// Concurrent commits each promise the most their apply can take (a
+    /// whole path per key), far more than they take, so without the wait a
+    /// nearly full database refused commits with half its pages free.
+    ///
+    /// Only for a caller that holds no key stripe and no reservation: the
+    /// commits it waits for may need its stripes to end, and two waiters
+    /// holding promises would wait for each other.
+    pub(crate) async fn reserve_after_promises(&self, pages: u64) -> Result<Reservation<'_>> {
+        // Bounded by the commits in flight: each round ends when a promise
+        // does (or the space runs out for good).
+        loop {
+            let err = match self.reserve(pages).await {
+                Err(Error::NoSpace(why)) => why,
+                other => return other,
+            };
+            let a = &self.alloc;
+            let promised = a.reserved.load(Ordering::SeqCst);
+            if promised == 0 || a.available.load(Ordering::Acquire) < pages {
+                return Err(Error::NoSpace(err));
+            }
+            std::future::poll_fn(|cx| {
+                if a.reserved.load(Ordering::SeqCst) != promised {
+                    return Poll::Ready(());
+                }
+                a.promise_waiters.register(cx.waker());
+                if a.reserved.load(Ordering::SeqCst) != promised {
+                    return Poll::Ready(());
+                }
+                Poll::Pending
+            })
+            .await;
         }
     }
 
