@@ -342,9 +342,10 @@ impl BufferPool {
     }
 
     /// Drops the frame of page `pid`, if resident, without writing it:
-    /// the page now belongs to a large value written around the pool.
-    /// Waits for a write-back in flight (it would land after the value).
-    async fn discard(&self, pid: u64) -> Result<()> {
+    /// the page now belongs to a large value written around the pool, or
+    /// is free and being trimmed (`trim.rs`). Waits for a write-back in
+    /// flight (it would land after the value, or the trim).
+    pub(super) async fn discard(&self, pid: u64) -> Result<()> {
         // Bounded: a freed page is latched only briefly (a write-back, a
         // stale optimistic reader).
         for _ in 0..1_000_000 {

@@ -78,13 +78,14 @@ impl Target {
 
     /// Tells the device that `len` bytes at `offset` will not be read
     /// again (TRIM; see [`Device::discard`], [`SimDisk::discard`]).
-    /// Advice: a mirrored group or an out-of-place device takes it as
-    /// nothing. Blocking.
+    /// An out-of-place device unmaps the pages ([`Remap::discard`]).
+    /// Advice: a mirrored group takes it as nothing. Blocking.
     pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
         match self {
             Target::File(d) => d.discard(offset, len),
             Target::Sim(d) => d.discard(offset, len),
-            Target::Mirror(_) | Target::Remap(_) => Ok(()),
+            Target::Remap(r) => r.discard(offset, len),
+            Target::Mirror(_) => Ok(()),
         }
     }
 
@@ -96,7 +97,10 @@ impl Target {
         match self {
             Target::File(d) => d.is_block_device(),
             Target::Sim(_) => true,
-            Target::Mirror(_) | Target::Remap(_) => false,
+            // A discard unmaps the pages: their extents die, and the
+            // collection copies them no more.
+            Target::Remap(_) => true,
+            Target::Mirror(_) => false,
         }
     }
 

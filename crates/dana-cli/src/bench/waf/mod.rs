@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use dana::io::ftl::{FtlConfig, FtlStats, GcPolicy};
-use dana::io::remap::{Remap, RemapConfig, RemapStats};
+use dana::io::remap::{Grouping, Remap, RemapConfig, RemapStats};
 use dana::io::sim::{SimConfig, SimDisk};
 use dana::io::{Array, Target};
 use dana::wal::CONTROL_BYTES;
@@ -70,6 +70,17 @@ pub enum Gc {
     Greedy,
     /// LFS cost-benefit: `(1 - u) / 2u × age`.
     CostBenefit,
+}
+
+/// How dana's out-of-place devices group their writes into segments
+/// (`Remap::set_grouping`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OopGrouping {
+    /// By expected death time: engine writes by their page's last life,
+    /// the collection's copies by their age (SepBIT, ZLeanStore).
+    DeathTime,
+    /// By the buffer pool's write class; every copy in one group.
+    Classes,
 }
 
 /// Whether writes tell the device their class.
@@ -176,6 +187,10 @@ pub struct WafArgs {
     /// (`Remap::set_gc_policy`).
     #[arg(long, value_enum, default_value_t = Gc::Greedy)]
     pub oop_gc: Gc,
+    /// How dana's out-of-place devices sort writes into segments
+    /// (`Remap::set_grouping`).
+    #[arg(long, value_enum, default_value_t = OopGrouping::DeathTime)]
+    pub oop_grouping: OopGrouping,
     /// Placements to run at each fill, in this order: `none` (one stream)
     /// and `classes` (a placement handle per write class).
     #[arg(
@@ -378,6 +393,8 @@ pub struct WafReport {
     pub gc: String,
     /// How dana's out-of-place collection picks its victims.
     pub oop_gc: String,
+    /// How dana's out-of-place devices group their writes.
+    pub oop_grouping: String,
     /// The data device's logical bytes.
     pub device_bytes: u64,
     /// Value bytes.
@@ -487,6 +504,7 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
         over_provisioning: a.over_provisioning,
         gc: format!("{:?}", a.gc),
         oop_gc: format!("{:?}", a.oop_gc),
+        oop_grouping: format!("{:?}", a.oop_grouping),
         device_bytes,
         value_size: a.value_size,
         theta: a.theta,
@@ -561,6 +579,8 @@ struct Devices {
     mode: WriteMode,
     /// Out of place: how dana's collection picks its victims.
     oop_gc: GcPolicy,
+    /// Out of place: how writes are grouped into segments.
+    oop_grouping: Grouping,
     /// Out of place: the device dana writes through, once opened.
     remap: std::sync::Mutex<Option<Arc<Remap>>>,
     pages_per_block: u32,
@@ -596,6 +616,10 @@ impl Devices {
             log,
             mode: WriteMode::InPlace,
             oop_gc: gc_policy(a.oop_gc),
+            oop_grouping: match a.oop_grouping {
+                OopGrouping::DeathTime => Grouping::DeathTime,
+                OopGrouping::Classes => Grouping::Classes,
+            },
             remap: std::sync::Mutex::new(None),
             pages_per_block: a.pages_per_block,
         })
@@ -618,6 +642,7 @@ impl Devices {
                     Remap::open(data)?
                 };
                 remap.set_gc_policy(self.oop_gc);
+                remap.set_grouping(self.oop_grouping);
                 *self.remap.lock().unwrap_or_else(|e| e.into_inner()) = Some(remap.clone());
                 Target::Remap(remap)
             }
@@ -960,12 +985,17 @@ impl Window {
 pub fn render(r: &WafReport) -> String {
     let mut s = format!(
         "dana bench waf: page writes on simulated devices behind an FTL model: {} \
-         pages per block, {:.0}% over-provisioning, {} collection (dana's out of place: {}); \
-         log flushes padded to {} bytes (ops/s are engine-bound, not a disk figure)\n",
+         pages per block, {:.0}% over-provisioning, {} collection (dana's out of place: {}, \
+         grouped by {}); log flushes padded to {} bytes (ops/s are engine-bound, not a disk \
+         figure)\n",
         r.pages_per_block,
         r.over_provisioning * 100.0,
         r.gc.to_lowercase(),
         r.oop_gc.to_lowercase(),
+        match r.oop_grouping.as_str() {
+            "DeathTime" => "death time",
+            _ => "class",
+        },
         r.log_flush_block,
     );
     if r.untorn_writes {

@@ -6,7 +6,9 @@
 //! order, then collected by live fraction), the segment summaries that
 //! make the map crash safe, the barrier that makes completed writes and
 //! their map entries durable together, the collection of segments
-//! (greedy: fewest live units first), and, on a compressed device, the
+//! (greedy: fewest live units first), the grouping of writes into open
+//! segments (by expected death time, `remap/group.rs`), the unmapping of
+//! pages the engine trims ([`Remap::discard`]), and, on a compressed device, the
 //! packing of compressed pages at [`PACK_UNIT`] granularity. dana's engine
 //! above sees a plain device of [`Remap::size`] bytes (fewer than the
 //! device holds: the summaries, a label and the spare the collection
@@ -63,9 +65,9 @@
 //! version before), as an unflushed in-place write may; it is never torn.
 //!
 //! # Costs
-//! DRAM: 8 bytes per logical page (the map) and 24 bytes per extent of
-//! the segments (their summaries' entries): 32 bytes per page on a plain
-//! device, 0.8% of a 4 KiB-page device (more extents per page of flash
+//! DRAM: 8 bytes per logical page (the map) and 32 bytes per extent of
+//! the segments (their summaries' entries, and each extent's birth for
+//! the grouping): 40 bytes per page on a plain device, 1% of a 4 KiB-page device (more extents per page of flash
 //! when compressed). Device: 1 label segment, 2 summary copies per
 //! segment (1.6% at 128 pages; 3.1% when compressed, which lists more
 //! extents) and the spare. Each barrier: 2 flushes and one summary per
@@ -76,6 +78,7 @@
 //! barrier runs where the engine flushes: its checkpoints); the engine's
 //! reads and writes never block on it unless the free segments run out.
 
+mod group;
 pub(crate) mod pack;
 mod queue;
 
@@ -90,6 +93,8 @@ pub use super::ftl::GcPolicy;
 use super::{sync_io, AlignedBuf, Alignment, IoBuf, IoQueue, Placement, Request, ReusableBuf};
 use crate::{Error, Result};
 
+pub use group::Grouping;
+use group::Groups;
 pub use queue::RemapQueue;
 
 /// The label's magic: an out-of-place device, format 3 (extents, and
@@ -126,11 +131,9 @@ const FLASH_PAGE: u64 = 4096;
 pub const PACK_UNIT: u32 = 512;
 /// Flash pages a queue's chunk reserves at a time.
 const CHUNK_FLASH_PAGES: u32 = 8;
-/// The open segments: one per placement class (the collection's copies
-/// are [`Placement::Collected`]).
-const OPEN_SEGMENTS: usize = super::placement::PLACEMENTS.len();
-/// The collection's open segment.
-const GC_STREAM: usize = Placement::Collected.index() as usize;
+/// The open segments: one per stream of the device's grouping
+/// (`remap/group.rs`).
+const OPEN_SEGMENTS: usize = group::STREAMS;
 /// Free segments kept for the collection: writes of the engine wait when
 /// only these are left.
 const GC_RESERVE: usize = 2;
@@ -318,6 +321,10 @@ struct Entry {
     page: u64,
     /// The stamp of its map update.
     stamp: u64,
+    /// The stamp its page's bytes were written with by the engine (kept
+    /// through the collection's copies; in memory only: the stamp, after
+    /// a reopen), for death-time grouping.
+    born: u64,
     /// First unit in the segment's data area.
     start: u32,
     /// Units.
@@ -392,6 +399,9 @@ pub struct RemapStats {
     pub barriers: u64,
     /// Times a write found no free segment and ran the collection itself.
     pub write_stalls: u64,
+    /// Pages unmapped by discards ([`Remap::discard`]: the engine's trims
+    /// of freed pages).
+    pub pages_unmapped: u64,
 }
 
 impl RemapStats {
@@ -406,6 +416,7 @@ impl RemapStats {
             summary_writes: self.summary_writes - earlier.summary_writes,
             barriers: self.barriers - earlier.barriers,
             write_stalls: self.write_stalls - earlier.write_stalls,
+            pages_unmapped: self.pages_unmapped - earlier.pages_unmapped,
         }
     }
 }
@@ -488,6 +499,8 @@ struct State {
     intent_slot: u8,
     /// How the collection picks its victims.
     gc: GcPolicy,
+    /// How writes are sorted into open segments.
+    groups: Groups,
     stats: RemapStats,
 }
 
@@ -667,6 +680,7 @@ impl Remap {
             barriers_started: 0,
             intent_slot: 0,
             gc: GcPolicy::Greedy,
+            groups: Groups::default(),
             stats: RemapStats::default(),
         };
         Ok(Remap {
@@ -808,22 +822,56 @@ impl Remap {
         Some(extent)
     }
 
+    /// Unmaps every logical page that lies whole in the `len` bytes at
+    /// `offset` (a trim of pages the engine freed): each reads as zeros
+    /// until written again, and its extent is dead, so the collection
+    /// never copies it. Not made durable: after a crash a page unmapped
+    /// since the last barrier may read as a version from before (the engine
+    /// trims only pages whose free is durable, so such a page is free and
+    /// its bytes never read). A write in flight still maps the page when it
+    /// completes; a read in flight keeps its segment pinned. Pages partly
+    /// covered, or past the offered size, are left as they are (advice).
+    pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        let page = self.config.page_size as u64;
+        let first = offset.div_ceil(page);
+        let end = (offset.saturating_add(len) / page).min(self.pages);
+        let mut st = self.lock();
+        let barrier = st.barriers_started;
+        for p in first..end {
+            let l = std::mem::replace(&mut st.map[p as usize], NO_PAGE);
+            if l == NO_PAGE {
+                continue;
+            }
+            let (s, k) = unloc(l);
+            let seg = &mut st.segments[s as usize];
+            seg.live_units -= seg.entries[k as usize].units;
+            st.stats.pages_unmapped += 1;
+            die_if_dead(&mut st, s, barrier);
+        }
+        Ok(())
+    }
+
     /// A read of the extent `l` ended.
     pub(crate) fn read_done(&self, l: u64) {
         let mut st = self.lock();
         st.segments[unloc(l).0 as usize].readers -= 1;
     }
 
-    /// Hands out a fresh page-sized extent for a write of class
-    /// `placement` on a plain device, or None when only the collection's
+    /// Hands out a fresh page-sized extent for a write of logical page
+    /// `page`, of class `placement`, on a plain device, with the placement
+    /// handle of its stream (the write goes out with it), or None when only the collection's
     /// reserve of free segments is left: the caller then lets its own
     /// reads in flight end (they pin their segments) and runs
     /// [`Remap::collect`].
-    pub(crate) fn write_slot(&self, placement: Placement) -> Option<Extent> {
+    pub(crate) fn write_slot(
+        &self,
+        page: u64,
+        placement: Placement,
+    ) -> Option<(Extent, Placement)> {
         debug_assert!(!self.config.compress);
-        let stream = placement_stream(placement);
         let upp = self.geo.upp;
         let mut st = self.lock();
+        let stream = self.stream_of_write(&st, page, placement);
         // Bounded: a segment whose summary is full closes, and the next
         // one has room (a plain segment's summary lists all its pages).
         for _ in 0..2 {
@@ -837,10 +885,28 @@ impl Remap {
             if let Some(k) = k {
                 st.stats.page_writes += 1;
                 st.stats.stored_bytes += self.geo.page;
-                return Some(self.extent(&st, loc(s, k)));
+                let handle = super::placement::PLACEMENTS[stream];
+                return Some((self.extent(&st, loc(s, k)), handle));
             }
         }
         None
+    }
+
+    /// The stream an engine write of logical page `page`, of class
+    /// `placement`, goes to.
+    pub(crate) fn write_stream(&self, page: u64, placement: Placement) -> usize {
+        self.stream_of_write(&self.lock(), page, placement)
+    }
+
+    fn stream_of_write(&self, st: &State, page: u64, placement: Placement) -> usize {
+        let born = match st.map.get(page as usize) {
+            Some(&l) if l != NO_PAGE => {
+                let (s, k) = unloc(l);
+                Some(st.segments[s as usize].entries[k as usize].born)
+            }
+            _ => None,
+        };
+        st.groups.of_write(placement, born, st.clock)
     }
 
     /// Reserves `want` units (whole flash pages, at least `need`) of
@@ -913,6 +979,7 @@ impl Remap {
             seg.entries.push(Entry {
                 page: NO_PAGE,
                 stamp: 0,
+                born: 0,
                 start,
                 units,
             });
@@ -1083,10 +1150,27 @@ impl Remap {
             let stamp = st.clock;
             st.clock += 1;
             let old = std::mem::replace(&mut st.map[page as usize], l);
+            // A copy keeps its version's birth; an engine write starts a
+            // version, and the one it replaces ends its life.
+            let old_born = (old != NO_PAGE).then(|| {
+                let (os, ok_) = unloc(old);
+                st.segments[os as usize].entries[ok_ as usize].born
+            });
+            let born = match (only_from, old_born) {
+                (Some(_), Some(b)) => b,
+                (Some(_), None) => stamp,
+                (None, b) => {
+                    if let Some(b) = b {
+                        st.groups.replaced(stamp.saturating_sub(b));
+                    }
+                    stamp
+                }
+            };
             let seg = &mut st.segments[s as usize];
             let e = &mut seg.entries[k as usize];
             e.page = page;
             e.stamp = stamp;
+            e.born = born;
             seg.written = stamp;
             seg.live_units += e.units;
             seg.dirty = true;
@@ -1371,6 +1455,18 @@ impl Remap {
         self.lock().gc = gc;
     }
 
+    /// How writes are sorted into open segments from now on (default
+    /// [`Grouping::DeathTime`]; not kept on the device).
+    pub fn set_grouping(&self, grouping: Grouping) {
+        self.lock().groups.grouping = grouping;
+    }
+
+    /// The mean life, in device writes, of the page versions the engine's
+    /// writes replaced lately (0 before any): death-time grouping's yardstick.
+    pub fn mean_life(&self) -> f64 {
+        self.lock().groups.mean_life()
+    }
+
     /// The closed segment the collection copies out next, if any has
     /// room to win back: greedy, the fewest live units; cost-benefit
     /// (LFS), the highest `(1 - u) * age / (1 + u)` with `u` its live
@@ -1401,8 +1497,8 @@ impl Remap {
     /// Copies the live extents of segment `victim` to the collection's
     /// open segment (compressed ones as they are).
     fn copy_out(&self, q: &mut dyn IoQueue, victim: u32) -> Result<()> {
-        // (logical page, extent copied from, where it lies).
-        let live: Vec<(u64, Extent)> = {
+        // (logical page, extent copied from, where it lies, stream).
+        let live: Vec<(u64, Extent, usize)> = {
             let mut st = self.lock();
             let seg = &st.segments[victim as usize];
             let live = seg
@@ -1412,7 +1508,10 @@ impl Remap {
                 .filter(|(k, e)| {
                     e.page != NO_PAGE && st.map[e.page as usize] == loc(victim, *k as u32)
                 })
-                .map(|(k, e)| (e.page, self.extent(&st, loc(victim, k as u32))))
+                .map(|(k, e)| {
+                    let stream = st.groups.of_copy(e.born, st.clock);
+                    (e.page, self.extent(&st, loc(victim, k as u32)), stream)
+                })
                 .collect();
             st.segments[victim as usize].readers += 1;
             live
@@ -1422,7 +1521,7 @@ impl Remap {
         for chunk in live.chunks(64) {
             let reads = chunk
                 .iter()
-                .map(|(_, e)| Ok((e.at, IoBuf::owned(self.buf(e.len)?))))
+                .map(|(_, e, _)| Ok((e.at, IoBuf::owned(self.buf(e.len)?))))
                 .collect::<Result<Vec<_>>>();
             match reads.and_then(|reads| read_all(q, reads)) {
                 Ok(r) => bufs.extend(r),
@@ -1434,15 +1533,15 @@ impl Remap {
         }
         self.lock().segments[victim as usize].readers -= 1;
         result?;
-        let mut open = None;
+        let mut open: [Option<Chunk>; OPEN_SEGMENTS] = std::array::from_fn(|_| None);
         let mut closed = Vec::new();
         let mut packed = Ok(());
-        for ((page, from), buf) in live.iter().zip(&bufs) {
+        for ((page, from, stream), buf) in live.iter().zip(&bufs) {
             let bytes = buf.as_owned().expect("an owned buffer");
             match self.pack(
-                &mut open,
+                &mut open[*stream],
                 &mut closed,
-                GC_STREAM,
+                *stream,
                 true,
                 *page,
                 &bytes[..],
@@ -1458,9 +1557,15 @@ impl Remap {
                 }
             }
         }
-        closed.extend(open.take());
-        let writes: Vec<(u64, IoBuf)> = closed.iter().filter_map(|c| self.chunk_write(c)).collect();
-        let written = packed.and_then(|_| write_all_bufs(q, writes, Placement::Collected));
+        closed.extend(open.iter_mut().filter_map(Option::take));
+        let writes: Vec<Request> = closed
+            .iter()
+            .filter_map(|c| {
+                let (at, buf) = self.chunk_write(c)?;
+                Some(Request::write(0, at, buf).placed(c.placement()))
+            })
+            .collect();
+        let written = packed.and_then(|_| run_all(q, writes).map(|_| ()));
         for c in &closed {
             self.chunk_written(c, written.is_ok());
         }
@@ -1651,14 +1756,6 @@ fn die_if_dead(st: &mut State, s: u32, barrier: u64) {
     }
 }
 
-/// The open-segment stream of a placement class.
-pub(crate) fn placement_stream(p: Placement) -> usize {
-    super::placement::PLACEMENTS
-        .iter()
-        .position(|&c| c == p)
-        .unwrap_or(0)
-}
-
 /// Label layout: magic (8), crc32c of bytes 12..4096 (4), page size (4),
 /// segment pages (4), compressed (4: 0 or 1), logical pages (8), spare
 /// (8, an f64).
@@ -1838,6 +1935,7 @@ fn decode_summary(b: &[u8], g: &Geometry) -> Option<Summary> {
         entries.push(Entry {
             page: if page == NO_PAGE_40 { NO_PAGE } else { page },
             stamp,
+            born: stamp,
             start,
             units,
         });

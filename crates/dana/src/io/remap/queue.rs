@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::pack::{compress_page, decompress_page};
-use super::{placement_stream, Chunk, Remap, GC_RESERVE, OPEN_SEGMENTS};
+use super::{Chunk, Remap, GC_RESERVE, OPEN_SEGMENTS};
 use crate::io::{AlignedBuf, Completion, IoBuf, IoQueue, Rejected, Request};
 use crate::{Error, OpKind, Result};
 
@@ -266,7 +266,7 @@ impl RemapQueue {
             (pr.offset / page, pr.placement)
         };
         for i in 0..pages {
-            let e = self.fresh_slot(placement)?;
+            let (e, handle) = self.fresh_slot(first + i as u64, placement)?;
             let buf = match self.sub_buf(p, i, pages) {
                 Ok(b) => b,
                 Err(err) => {
@@ -275,7 +275,7 @@ impl RemapQueue {
                 }
             };
             self.parent(p).pending += 1;
-            let req = Request::write(0, e.at, buf).placed(placement);
+            let req = Request::write(0, e.at, buf).placed(handle);
             self.send(Sub::Page { p, i, loc: e.loc }, req);
         }
         Ok(())
@@ -286,9 +286,9 @@ impl RemapQueue {
     fn dispatch_packed_write(&mut self, p: usize, pages: usize) -> Result<()> {
         let page = self.page();
         let unit = self.remap.unit();
-        let (first, stream) = {
+        let (first, placement) = {
             let pr = self.parent(p);
-            (pr.offset / page as u64, placement_stream(pr.placement))
+            (pr.offset / page as u64, pr.placement)
         };
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut closed = Vec::new();
@@ -308,6 +308,7 @@ impl RemapQueue {
             }
             let owner = (p as u64) << INDEX_BITS | i as u64;
             let logical = first + i as u64;
+            let stream = self.remap.write_stream(logical, placement);
             // Bounded: each round packs the page or the collection frees a
             // segment (it fails when it cannot).
             let mut placed = false;
@@ -384,11 +385,15 @@ impl RemapQueue {
     /// segments run low, lets this queue's requests in flight end (its
     /// reads pin their segments, and nobody else reaps them while this
     /// worker collects), then runs the collection.
-    fn fresh_slot(&mut self, placement: crate::io::Placement) -> Result<super::Extent> {
+    fn fresh_slot(
+        &mut self,
+        page: u64,
+        placement: crate::io::Placement,
+    ) -> Result<(super::Extent, crate::io::Placement)> {
         // Bounded: each round hands an extent out or the collection frees
         // a segment (it fails when it cannot).
         for _ in 0..=self.remap.segments() {
-            if let Some(e) = self.remap.write_slot(placement) {
+            if let Some(e) = self.remap.write_slot(page, placement) {
                 return Ok(e);
             }
             self.settle()?;
@@ -504,6 +509,15 @@ impl RemapQueue {
         }
         self.reaped = reaped;
         self.feed();
+        // Sub-requests fed from the backlog go out now: the worker submits
+        // only when this queue counts parents not yet sent, and these
+        // belong to parents sent already (a request of more pages than the
+        // device's queue holds hung for good without this: the worker slept
+        // with them queued and nothing in flight). A failed submit leaves
+        // them queued; `ready_in` then brings the worker back.
+        if self.inner.queued() > 0 {
+            let _ = self.inner.submit();
+        }
     }
 
     /// Parent `p` is done: its completion goes out.
@@ -735,7 +749,8 @@ impl IoQueue for RemapQueue {
 
     fn ready_in(&self) -> Option<Duration> {
         let packing = self.chunks.iter().any(Option::is_some);
-        if !self.ready.is_empty() || !self.backlog.is_empty() || packing {
+        let unsent = !self.backlog.is_empty() || self.inner.queued() > 0;
+        if !self.ready.is_empty() || unsent || packing {
             return Some(Duration::ZERO);
         }
         self.inner.ready_in()

@@ -374,6 +374,8 @@ fn a_damaged_summary_no_crash_explains_fails_the_open() {
         // A crash after a barrier that wrote another segment's summary
         // (a cold page's: another stream's segment).
         let (d, r, mut q) = fresh(16, config);
+        // By class: the cold page goes to a segment of its own.
+        r.set_grouping(Grouping::Classes);
         write(&mut q, 1, 1).unwrap();
         flush_q(&mut q);
         write_as(&mut q, 2, 2, Placement::Cold).unwrap();
@@ -424,6 +426,7 @@ fn summaries_round_trip_and_reject_damage() {
     let e = |page, stamp, start, units| Entry {
         page,
         stamp,
+        born: stamp,
         start,
         units,
     };
@@ -630,6 +633,7 @@ fn a_failed_round_keeps_the_intent_naming_what_it_cut() {
     use crate::OpKind;
     for config in configs() {
         let (d, r, mut q) = fresh(16, config);
+        r.set_grouping(Grouping::Classes);
         // Segment A (hot), its summary written whole.
         write(&mut q, 1, 1).unwrap();
         flush_q(&mut q);
@@ -671,7 +675,7 @@ fn a_tail_given_back_reopens_the_segment_its_chunk_closed() {
     let d = disk(16);
     let r = Remap::create(Target::Sim(d), compressed()).unwrap();
     let du = r.geo.data_units;
-    let stream = placement_stream(Placement::Hot);
+    let stream = group::class_stream(Placement::Hot);
     let mut st = r.lock();
     let (s, a, n) = r.take_chunk(&mut st, stream, du - 16, 1, 0).unwrap();
     assert_eq!((a, n), (0, du - 16));
@@ -686,4 +690,78 @@ fn a_tail_given_back_reopens_the_segment_its_chunk_closed() {
     r.release_chunk(&mut st, s, a, n, n);
     let next = r.take_chunk(&mut st, stream, 8, 1, 0).unwrap();
     assert_eq!(next, (s, du - 8, 8));
+}
+
+/// Death-time grouping (the default): a page rewritten soon after its last
+/// write goes to another segment than one rewritten after a long life,
+/// and the collection's copies go by their age to streams of their own,
+/// never to an engine write's. By class, both rewrites share a segment.
+#[test]
+fn death_time_grouping_parts_short_and_long_lives() {
+    let stream_of = |r: &Remap, page: u64| {
+        let st = r.lock();
+        let (s, _) = unloc(st.map[page as usize]);
+        st.segments[s as usize].stream
+    };
+    for grouping in [Grouping::DeathTime, Grouping::Classes] {
+        let (_d, r, mut q) = fresh(40, config());
+        r.set_grouping(grouping);
+        // Two rounds over 40 pages: each replaced version lived ~40 writes.
+        for v in 1..=2 {
+            for p in 0..40 {
+                write(&mut q, p, v).unwrap();
+            }
+        }
+        assert!(r.mean_life() > 30.0 || grouping == Grouping::Classes);
+        // Page 0 again at once (a life of 1), page 20 after ~60 writes.
+        write(&mut q, 0, 3).unwrap();
+        write(&mut q, 0, 4).unwrap();
+        for p in 1..20 {
+            write(&mut q, p, 3).unwrap();
+        }
+        write(&mut q, 20, 3).unwrap();
+        let (short, long) = (stream_of(&r, 0), stream_of(&r, 20));
+        match grouping {
+            Grouping::DeathTime => assert_ne!(short, long),
+            Grouping::Classes => assert_eq!(short, long),
+        }
+        // The collection copies the live pages out: none lands in an
+        // engine write's stream under death time.
+        flush_q(&mut q);
+        let before = r.stats().gc_copies;
+        let victims: Vec<u32> = {
+            let st = r.lock();
+            (0..st.segments.len() as u32)
+                .filter(|&s| {
+                    let g = &st.segments[s as usize];
+                    g.life == Life::Closed && g.pending == 0 && g.live_units > 0
+                })
+                .collect()
+        };
+        for v in victims {
+            r.copy_out(&mut **r.own_queue(), v).unwrap();
+        }
+        assert!(r.stats().gc_copies > before);
+        if grouping == Grouping::DeathTime {
+            let st = r.lock();
+            for (s, seg) in st.segments.iter().enumerate() {
+                let copies = seg.entries.iter().enumerate().any(|(k, e)| {
+                    e.page != NO_PAGE
+                        && st.map[e.page as usize] == loc(s as u32, k as u32)
+                        && e.stamp > e.born
+                });
+                if copies && seg.life != Life::Free {
+                    assert!(seg.stream as usize >= 3, "copies in stream {}", seg.stream);
+                }
+            }
+        }
+        for p in 0..40 {
+            let v = match p {
+                0 => 4,
+                1..=20 => 3,
+                _ => 2,
+            };
+            assert_eq!(version_of(p, &read(&mut q, p, 1)), Some(v), "page {p}");
+        }
+    }
 }
