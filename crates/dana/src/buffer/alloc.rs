@@ -682,15 +682,24 @@ impl BufferPool {
     /// commits it waits for may need its stripes to end, and two waiters
     /// holding promises would wait for each other.
     pub(crate) async fn reserve_after_promises(&self, pages: u64) -> Result<Reservation<'_>> {
-        // Bounded by the commits in flight: each round ends when a promise
-        // does (or the space runs out for good).
+        // Each round ends when a promise does (or the space runs out for
+        // good). Not bounded in time: the waiter has no place in line, so
+        // under a steady stream of new promises a large commit can wait
+        // long.
+        let a = &self.alloc;
         loop {
+            let before = a.reserved.load(Ordering::SeqCst);
             let err = match self.reserve(pages).await {
                 Err(Error::NoSpace(why)) => why,
                 other => return other,
             };
-            let a = &self.alloc;
             let promised = a.reserved.load(Ordering::SeqCst);
+            if promised != before {
+                // A promise ended (or began) while it failed: try again,
+                // after the other tasks of this worker had their turn.
+                crate::sched::yield_now().await;
+                continue;
+            }
             if promised == 0 || a.available.load(Ordering::Acquire) < pages {
                 return Err(Error::NoSpace(err));
             }

@@ -98,8 +98,8 @@ impl Target {
             Target::File(d) => d.is_block_device(),
             Target::Sim(_) => true,
             // A discard unmaps the pages: their extents die, and the
-            // collection copies them no more.
-            Target::Remap(_) => true,
+            // collection copies them no more (where it can: `Remap::unmaps`).
+            Target::Remap(r) => r.unmaps(),
             Target::Mirror(_) => false,
         }
     }

@@ -831,7 +831,18 @@ impl Remap {
     /// its bytes never read). A write in flight still maps the page when it
     /// completes; a read in flight keeps its segment pinned. Pages partly
     /// covered, or past the offered size, are left as they are (advice).
+    ///
+    /// Only where a freed segment's summaries read as zeros afterwards
+    /// (the device underneath reads trimmed ranges as zeros: a file, the
+    /// simulator): elsewhere (a block device) a freed segment keeps its
+    /// old summaries, which after a crash could name an unmapped page's
+    /// last extent while another page's bytes lie there, so a discard
+    /// there does nothing (durable unmaps, tombstones in the summaries,
+    /// are not built).
     pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        if !self.unmaps() {
+            return Ok(());
+        }
         let page = self.config.page_size as u64;
         let first = offset.div_ceil(page);
         let end = (offset.saturating_add(len) / page).min(self.pages);
@@ -849,6 +860,11 @@ impl Remap {
             die_if_dead(&mut st, s, barrier);
         }
         Ok(())
+    }
+
+    /// True if [`Remap::discard`] unmaps pages here.
+    pub fn unmaps(&self) -> bool {
+        self.inner.discard_reads_zeros()
     }
 
     /// A read of the extent `l` ended.
@@ -1230,10 +1246,16 @@ impl Remap {
         // segment. Advice: a failed trim frees the segment all the same.
         // Where a trimmed range may read back as anything (a block
         // device), the summaries stay: an open would take garbage there
-        // for damage. They are valid summaries whose every entry loses.
+        // for damage. They are valid summaries whose every entry loses
+        // (no page is unmapped there: `Remap::unmaps`).
+        // Where pages are unmapped, a freed segment must name nothing
+        // (an unmapped page has no newer extent for its old entries to
+        // lose to): a whole trim that failed is made up for with zeros
+        // over its summaries, durable before the segment is reused.
         let seg_bytes = self.geo.seg_pages * self.geo.page;
         let whole = self.inner.discard_reads_zeros();
         let mut trimmed = 0;
+        let mut untrimmed = Vec::new();
         for &s in &freed {
             let start = (s as u64 + 1) * seg_bytes;
             let (at, len) = if whole {
@@ -1244,6 +1266,28 @@ impl Remap {
             };
             if self.inner.discard(at, len).is_ok() {
                 trimmed += 1;
+            } else if whole {
+                untrimmed.push(s);
+            }
+        }
+        if !untrimmed.is_empty() {
+            let zeros = untrimmed
+                .iter()
+                .flat_map(|&s| (0..SUMMARY_COPIES as u8).map(move |k| (s, k)))
+                .map(|(s, k)| Ok((self.geo.summary_at(s, k), self.summary_buf()?)))
+                .collect::<Result<Vec<_>>>();
+            let zeroed = zeros
+                .and_then(|z| write_all(q, z.into_iter()))
+                .and_then(|_| flush(q));
+            if zeroed.is_err() {
+                // Not freed: they stay dying, and a later barrier tries again.
+                let mut st = self.lock();
+                let barrier = st.barriers_started;
+                for &s in &untrimmed {
+                    st.segments[s as usize].life = Life::Dying { barrier };
+                    st.dying.push(s);
+                }
+                freed.retain(|s| !untrimmed.contains(s));
             }
         }
         let mut st = self.lock();
@@ -1549,8 +1593,9 @@ impl Remap {
                 0,
             ) {
                 Ok(true) => {}
-                // Out of room: what was copied so far still counts.
-                Ok(false) => break,
+                // Out of room in this extent's stream: what was copied so
+                // far still counts, and the other streams may have room.
+                Ok(false) => continue,
                 Err(e) => {
                     packed = Err(e);
                     break;
