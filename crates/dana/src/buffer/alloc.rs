@@ -52,7 +52,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::task::Poll;
 
 use super::page::{self, PageType, PAGE_HEADER_SIZE};
 use super::page_table::{EVICTED, EXCLUSIVE};
@@ -703,17 +702,7 @@ impl BufferPool {
             if promised == 0 || a.available.load(Ordering::Acquire) < pages {
                 return Err(Error::NoSpace(err));
             }
-            std::future::poll_fn(|cx| {
-                if a.reserved.load(Ordering::SeqCst) != promised {
-                    return Poll::Ready(());
-                }
-                a.promise_waiters.register(cx.waker());
-                if a.reserved.load(Ordering::SeqCst) != promised {
-                    return Poll::Ready(());
-                }
-                Poll::Pending
-            })
-            .await;
+            a.promise_waiters.until_changed(&a.reserved, promised).await;
         }
     }
 

@@ -21,7 +21,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use super::alloc::AllocState;
@@ -164,17 +163,7 @@ impl BufferPool {
             let growth = &self.alloc.growth;
             let round = growth.rounds.load(Ordering::Acquire);
             self.start_growth(pages - free)?;
-            std::future::poll_fn(|cx| {
-                if growth.rounds.load(Ordering::Acquire) != round {
-                    return Poll::Ready(());
-                }
-                growth.waiters.register(cx.waker());
-                if growth.rounds.load(Ordering::Acquire) != round {
-                    return Poll::Ready(());
-                }
-                Poll::Pending
-            })
-            .await;
+            growth.waiters.until_changed(&growth.rounds, round).await;
             // A growth finished. If it failed, the next round's
             // start_growth reports it.
         }

@@ -9,7 +9,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
@@ -98,6 +98,23 @@ impl WakerList {
     /// True if some task is parked (a hint: it may be woken meanwhile).
     pub fn has_waiters(&self) -> bool {
         self.any.load(Ordering::SeqCst)
+    }
+
+    /// Parks the calling task until `value` no longer holds `seen` (the
+    /// protocol above, with the value as the condition; whoever changes
+    /// it calls [`WakerList::wake_all`] after the change).
+    pub async fn until_changed(&self, value: &AtomicU64, seen: u64) {
+        std::future::poll_fn(|cx| {
+            if value.load(Ordering::SeqCst) != seen {
+                return Poll::Ready(());
+            }
+            self.register(cx.waker());
+            if value.load(Ordering::SeqCst) != seen {
+                return Poll::Ready(());
+            }
+            Poll::Pending
+        })
+        .await
     }
 
     /// Wakes every parked task (cheap when none is).

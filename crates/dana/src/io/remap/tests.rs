@@ -310,20 +310,28 @@ fn newer_copy(d: &SimDisk, s: u64) -> u64 {
     }
 }
 
-fn a_torn_summary(config: RemapConfig) {
+/// Page 1, a barrier, page 2 of class `class` (grouped by class), a
+/// barrier, a power cut, and a byte flipped in segment 0's newer summary.
+fn flipped_after_two_barriers(config: RemapConfig, class: Placement) -> Arc<SimDisk> {
     let (d, r, mut q) = fresh(16, config);
+    r.set_grouping(Grouping::Classes);
     write(&mut q, 1, 1).unwrap();
     flush_q(&mut q);
-    write(&mut q, 2, 2).unwrap();
+    write_as(&mut q, 2, 2, class).unwrap();
     flush_q(&mut q);
-    // A crash after the barrier: the newer summary of the segment both
-    // pages went to is taken as cut by it (that barrier's intent names
-    // the segment), as a flipped byte in it shows.
     d.power_cut(PowerCutPolicy::DropAll, 1);
     drop(q);
     drop(r);
     d.power_on();
     d.overwrite_durable(summary_copy(0, newer_copy(&d, 0)) + 100, &[0xA5]);
+    d
+}
+
+fn a_torn_summary(config: RemapConfig) {
+    // A crash after the barrier: the newer summary of the segment both
+    // pages went to is taken as cut by it (that barrier's intent names
+    // the segment), as a flipped byte in it shows.
+    let d = flipped_after_two_barriers(config, Placement::Hot);
     let r = Remap::open(Target::Sim(d.clone())).unwrap();
     let mut q = r.queue(&Backend::Blocking, 4).unwrap();
     assert_eq!(version_of(1, &read(&mut q, 1, 1)), Some(1));
@@ -372,19 +380,8 @@ fn a_damaged_summary_no_crash_explains_fails_the_open() {
         write(&mut q, 1, 1).unwrap();
         assert!(!r.close().unwrap());
         // A crash after a barrier that wrote another segment's summary
-        // (a cold page's: another stream's segment).
-        let (d, r, mut q) = fresh(16, config);
-        // By class: the cold page goes to a segment of its own.
-        r.set_grouping(Grouping::Classes);
-        write(&mut q, 1, 1).unwrap();
-        flush_q(&mut q);
-        write_as(&mut q, 2, 2, Placement::Cold).unwrap();
-        flush_q(&mut q);
-        d.power_cut(PowerCutPolicy::DropAll, 1);
-        drop(q);
-        drop(r);
-        d.power_on();
-        d.overwrite_durable(summary_copy(0, newer_copy(&d, 0)) + 100, &[0xA5]);
+        // (a cold page's: grouped by class, another stream's segment).
+        let d = flipped_after_two_barriers(config, Placement::Cold);
         let err = Remap::open(Target::Sim(d)).unwrap_err();
         assert!(err.to_string().contains("damaged"), "{err}");
     }
