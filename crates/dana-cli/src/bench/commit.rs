@@ -113,6 +113,9 @@ struct RunShape {
     cpu_seconds: f64,
     /// Task polls of the engine's workers over the window.
     polls: u64,
+    /// Pages the buffer pool wrote back over the window (eviction and
+    /// checkpoints).
+    page_writes: u64,
 }
 
 /// Task polls of every worker so far.
@@ -139,6 +142,7 @@ fn commit_rate(
     let (tx, rx) = std::sync::mpsc::channel();
     let before = db.wal_stats().unwrap_or_default();
     let (cpu_before, polls_before) = (process_cpu_seconds(), polls(db));
+    let writes_before = db.pool_stats().writebacks;
     let started = Instant::now();
     for t in 0..tasks {
         let (tree, stop, done, failed, tx) = (
@@ -192,6 +196,7 @@ fn commit_rate(
     let elapsed = started.elapsed().as_secs_f64();
     let after = db.wal_stats().unwrap_or_default();
     let (cpu_seconds, polls) = (process_cpu_seconds() - cpu_before, polls(db) - polls_before);
+    let page_writes = db.pool_stats().writebacks - writes_before;
     stop.store(true, Ordering::Relaxed);
     let mut latency = latency_histogram();
     for h in rx {
@@ -212,6 +217,7 @@ fn commit_rate(
         in_use_mean: in_use_sum as f64 / samples.max(1) as f64,
         cpu_seconds,
         polls,
+        page_writes,
     };
     Ok((n as f64 / elapsed, n, after.since(&before), shape))
 }
@@ -282,19 +288,20 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
          {base:.0} commits/s"
     );
     println!(
-        "{:>6} {:>12} {:>10} {:>14} {:>10}",
-        "tasks", "commits/s", "x raw", "commits/flush", "log B/c"
+        "{:>6} {:>12} {:>10} {:>14} {:>10} {:>10}",
+        "tasks", "commits/s", "x raw", "commits/flush", "log B/c", "pages/c"
     );
     {
         let db = Db::open(a.path.join("db"), options(a, Durability::Sync))?;
         for &t in &a.tasks {
-            let (rate, n, u, _) = commit_rate(&db, t, a.seconds, t as u64)?;
+            let (rate, n, u, shape) = commit_rate(&db, t, a.seconds, t as u64)?;
             let commits = n.max(1) as f64;
             println!(
-                "{t:>6} {rate:>12.0} {:>10.2} {:>14.1} {:>10.0}",
+                "{t:>6} {rate:>12.0} {:>10.2} {:>14.1} {:>10.0} {:>10.3}",
                 rate / base,
                 commits / u.flushes.max(1) as f64,
-                u.bytes as f64 / commits
+                u.bytes as f64 / commits,
+                shape.page_writes as f64 / commits
             );
         }
         db.close()?;
@@ -341,11 +348,13 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
             u.admit_waits
         );
         println!(
-            "      CPU µs/insert {:.2} (whole process), task polls/insert {:.2}; latency µs p50 {} \
+            "      CPU µs/insert {:.2} (whole process), task polls/insert {:.2}, page writes/insert \
+             {:.3}; latency µs p50 {} \
              p99 {} p99.9 {} max {}; slowest 100 ms {:.2} of the mean; log in use (recovery's \
              read) mean {:.1} MiB, most {:.1} MiB",
             shape.cpu_seconds * 1e6 / n,
             shape.polls as f64 / n,
+            shape.page_writes as f64 / n,
             q(0.5),
             q(0.99),
             q(0.999),

@@ -1332,6 +1332,15 @@ impl Wal {
             // recovery appends them again before a checkpoint can move the
             // redo LSN past them (`recovery::reapply`), and that must fit.
             if used + commits + cur + bytes > limit {
+                // A commit short of space asks for a checkpoint itself.
+                // Not only past half the log: the limit counts the commit
+                // records twice and the promises, so it can refuse while
+                // the log in use is under the flush step's own trigger;
+                // with nothing appended meanwhile no one else would ask,
+                // and every committer would wait for good (a trial that
+                // raised the flush step's trigger to half the log hung
+                // `dana bench commit` so).
+                self.request_checkpoint();
                 return None;
             }
             if self
@@ -1994,6 +2003,10 @@ mod tests {
         assert!(f.as_mut().poll(&mut cx).is_pending());
         assert_eq!(counter.0.load(Ordering::Relaxed), 0);
         assert_eq!(w.stats().admit_waits, 1, "one commit waited");
+        assert!(
+            w.checkpoint_due(),
+            "a commit short of space asks for a checkpoint, though the log in use is empty"
+        );
         drop(held);
         assert!(counter.0.load(Ordering::Relaxed) >= 1, "woken");
         let admitted = matches!(f.as_mut().poll(&mut cx), std::task::Poll::Ready(Ok(_)));
