@@ -36,6 +36,10 @@ fn ycsb(workload: &str, path: &str) -> Value {
 }
 
 fn ycsb_with(workload: &str, path: &str, durability: &str) -> Value {
+    ycsb_in_mode(workload, path, durability, "in-place")
+}
+
+fn ycsb_in_mode(workload: &str, path: &str, durability: &str, mode: &str) -> Value {
     run(&[
         "bench",
         "ycsb",
@@ -55,6 +59,8 @@ fn ycsb_with(workload: &str, path: &str, durability: &str) -> Value {
         "16",
         "--path",
         path,
+        "--write-mode",
+        mode,
     ])
 }
 
@@ -134,4 +140,26 @@ fn ycsb_loads_without_a_log_and_log_off_runs_stay_off() {
     assert!(!path.join("dana.wal").exists());
     let v = ycsb_with("a", p, "off");
     assert_eq!(v["runs"][0]["load"]["loaded_now"], false, "reused");
+}
+
+/// `--write-mode`: the data loaded out of place (compressed), a synced
+/// run on it, the mode in the report; a run asking in place reloads.
+#[test]
+fn ycsb_runs_out_of_place_and_a_change_of_mode_reloads() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("db");
+    let p = path.to_str().unwrap();
+    let v = ycsb_in_mode("a", p, "sync", "out-of-place-lz4");
+    assert_eq!(v["write_mode"], "oop-lz4", "{v}");
+    let r = &v["runs"][0];
+    check_run(r, &["read", "update"]);
+    assert_eq!(r["load"]["loaded_now"], true, "{r}");
+    let again = ycsb_in_mode("a", p, "sync", "out-of-place-lz4");
+    assert_eq!(again["runs"][0]["load"]["loaded_now"], false, "reused");
+    let v = ycsb_in_mode("a", p, "sync", "in-place");
+    assert_eq!(v["write_mode"], "in-place", "{v}");
+    assert_eq!(
+        v["runs"][0]["load"]["loaded_now"], true,
+        "reloaded in place"
+    );
 }

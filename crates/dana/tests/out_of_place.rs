@@ -305,6 +305,58 @@ fn out_of_place_files_refuse_what_they_cannot_do() {
     db.close().unwrap();
 }
 
+/// An out-of-place file keeps the blocks of the segments its collection
+/// frees: their summaries are zeroed, no hole is punched (a hole makes
+/// every later write there allocate blocks again, a blocking write the
+/// kernel takes the file's lock for: `bench ycsb --write-mode
+/// out-of-place` ran at ~0.74x of in place on this disk). Rounds of
+/// updates that write the 16 MiB file over several times, so segments must
+/// be freed and reused; then the file has the blocks it was created with,
+/// every value is there after reopening, `check` passes. On the build that
+/// punched holes, 8,200 of its 32,776 blocks were left.
+#[test]
+fn an_out_of_place_file_reuses_freed_segments_without_holes() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default()
+        .pool_bytes(1 << 20)
+        .write_mode(dana::WriteMode::OutOfPlace)
+        .capacity_bytes(16 << 20);
+    let db = Db::open(dir.path(), opts.clone()).unwrap();
+    let path = dir.path().join("dana.0");
+    let blocks = || std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&path).unwrap());
+    let created = blocks();
+    let t = db.create_tree("t").unwrap();
+    const KEYS: u64 = 6_000;
+    for round in 0..12u64 {
+        for chunk in (0..KEYS).collect::<Vec<_>>().chunks(100) {
+            db.transaction(|tx| {
+                for &i in chunk {
+                    tx.put(&t, &key(i), &value(i, round))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        }
+        db.checkpoint().unwrap();
+    }
+    db.close().unwrap();
+    // Every block allocated at creation stays (a punched segment gives
+    // its blocks back; `SEEK_HOLE` cannot tell: ext4 reports
+    // never-written preallocated blocks as holes too).
+    let now = blocks();
+    assert!(
+        now >= created,
+        "{now} blocks of 512 bytes, {created} at creation"
+    );
+    let db = Db::open(dir.path(), opts).unwrap();
+    let t = db.tree("t").unwrap();
+    for i in 0..KEYS {
+        assert_eq!(t.get(&key(i)).unwrap(), Some(value(i, 11)), "key {i}");
+    }
+    assert!(db.check().unwrap().is_ok());
+    db.close().unwrap();
+}
+
 /// A 16 MiB out-of-place database in `dir` (pages compressed if
 /// `compress`), keys `0..keys` put with their round-1 values, closed; the
 /// options that open it.

@@ -111,7 +111,8 @@ pub enum WriteMode {
 }
 
 impl WriteMode {
-    fn name(self) -> &'static str {
+    /// The mode's short name in reports.
+    pub(crate) fn name(self) -> &'static str {
         match self {
             WriteMode::InPlace => "in-place",
             WriteMode::OutOfPlace => "out-of-place",
@@ -122,6 +123,18 @@ impl WriteMode {
     /// Writes go through dana's out-of-place device.
     fn out_of_place(self) -> bool {
         self != WriteMode::InPlace
+    }
+
+    /// `opts` set to write this way (a new database; an existing one keeps
+    /// the mode its files say).
+    pub(crate) fn apply(self, opts: dana::Options) -> dana::Options {
+        match self {
+            WriteMode::InPlace => opts,
+            WriteMode::OutOfPlace => opts.write_mode(dana::WriteMode::OutOfPlace),
+            WriteMode::OutOfPlaceLz4 => opts
+                .write_mode(dana::WriteMode::OutOfPlace)
+                .compress_pages(true),
+        }
     }
 }
 

@@ -126,6 +126,13 @@ pub struct YcsbArgs {
     /// Buffer pool size as a fraction of the data.
     #[arg(long, default_value_t = 0.1)]
     pub pool_fraction: f64,
+    /// Where dana's page writes land (`Options::write_mode`; set when
+    /// the data is loaded, which a change of mode forces): `in-place`,
+    /// `out-of-place` (append-only segments in a file of fixed capacity,
+    /// twice the load's estimate) or `out-of-place-lz4` (the same, each
+    /// page compressed and packed at 512 bytes).
+    #[arg(long, value_enum, default_value = "in-place")]
+    pub write_mode: crate::bench::waf::WriteMode,
     /// Measured seconds per workload.
     #[arg(long, default_value_t = 20.0, value_parser = crate::bench::parse_seconds)]
     pub seconds: f64,
@@ -263,6 +270,8 @@ pub struct YcsbReport {
     pub device_budget: crate::bench::DeviceBudgetArg,
     /// The buffer pool's eviction policy.
     pub eviction: String,
+    /// Where page writes land (`--write-mode`).
+    pub write_mode: &'static str,
     /// Key size, bytes.
     pub key_bytes: usize,
     /// Value size, bytes.
@@ -326,6 +335,7 @@ pub fn run(args: &YcsbArgs) -> CliResult<()> {
         tasks_per_worker: a.engine.tasks_per_worker,
         device_budget: a.engine.device_budget,
         eviction: format!("{:?}", a.engine.eviction).to_lowercase(),
+        write_mode: a.write_mode.name(),
         key_bytes: KEY_BYTES,
         value_size: a.value_size,
         insert_order:
@@ -404,8 +414,10 @@ fn mark_best(runs: &mut [peer::PeerYcsbRun]) {
 
 fn marker_prefix(a: &YcsbArgs) -> String {
     format!(
-        "ycsb loaded={} value_size={} page_size={PAGE} order=keys records=",
-        a.records, a.value_size
+        "ycsb loaded={} value_size={} page_size={PAGE} order=keys mode={} records=",
+        a.records,
+        a.value_size,
+        a.write_mode.name()
     )
 }
 
@@ -463,9 +475,11 @@ fn ensure_loaded(a: &YcsbArgs, force: bool) -> CliResult<LoadInfo> {
     // measured run.
     let db = Db::open(
         &a.path,
-        options(a, pool)
-            .capacity_bytes(capacity)
-            .durability(dana::Durability::Off),
+        a.write_mode.apply(
+            options(a, pool)
+                .capacity_bytes(capacity)
+                .durability(dana::Durability::Off),
+        ),
     )?;
     let tree = db.create_tree(TREE)?.unlogged_btree().clone();
     let sorted = Arc::new(numbers_in_key_order(a.records));
@@ -733,8 +747,14 @@ fn write_outputs(a: &YcsbArgs, r: &YcsbReport) -> CliResult<()> {
 /// The human report.
 pub fn render(r: &YcsbReport) -> String {
     let mut s = format!(
-        "dana bench ycsb: {}-byte keys ({}), {}-byte values; {} workers x {} tasks; device budget {}\n",
-        r.key_bytes, r.insert_order, r.value_size, r.workers, r.tasks_per_worker, r.device_budget
+        "dana bench ycsb: {}-byte keys ({}), {}-byte values; {} workers x {} tasks; device budget {}; pages written {}\n",
+        r.key_bytes,
+        r.insert_order,
+        r.value_size,
+        r.workers,
+        r.tasks_per_worker,
+        r.device_budget,
+        r.write_mode
     );
     for run in &r.runs {
         let l = &run.load;
