@@ -90,9 +90,10 @@ impl Target {
     }
 
     /// True if a discard costs no more than the call and spares the
-    /// flash: a block device's TRIM, the simulator's FTL. A file's punched
-    /// hole is not: the next write there allocates blocks again (and a
-    /// synced one then writes file system metadata too).
+    /// flash: a block device's TRIM, the simulator's FTL. A file's zeroed
+    /// range (or punched hole) is not: the next write there converts or
+    /// allocates its blocks again (and a synced one then writes file
+    /// system metadata too).
     pub fn discards_cheaply(&self) -> bool {
         match self {
             Target::File(d) => d.is_block_device(),

@@ -1252,23 +1252,11 @@ impl Remap {
         // (an unmapped page has no newer extent for its old entries to
         // lose to): a whole trim that failed is made up for with zeros
         // over its summaries, durable before the segment is reused.
-        // A regular file gets those zeros in place of a trim: a punched
-        // hole would make every later write there allocate blocks again,
-        // each an O_DIRECT write the kernel takes the inode's lock for and
-        // hands to a blocking worker, and each sync commit the file
-        // system's journal (on this disk `bench ycsb --write-mode
-        // out-of-place` ran at ~0.74x of in place so; in place, a file is
-        // never trimmed either).
         let seg_bytes = self.geo.seg_pages * self.geo.page;
         let whole = self.inner.discard_reads_zeros();
-        let punch = self.inner.discards_cheaply();
         let mut trimmed = 0;
         let mut untrimmed = Vec::new();
         for &s in &freed {
-            if whole && !punch {
-                untrimmed.push(s);
-                continue;
-            }
             let start = (s as u64 + 1) * seg_bytes;
             let (at, len) = if whole {
                 (start, seg_bytes)
