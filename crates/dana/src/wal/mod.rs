@@ -1332,15 +1332,19 @@ impl Wal {
             // recovery appends them again before a checkpoint can move the
             // redo LSN past them (`recovery::reapply`), and that must fit.
             if used + commits + cur + bytes > limit {
-                // A commit short of space asks for a checkpoint itself.
-                // Not only past half the log: the limit counts the commit
-                // records twice and the promises, so it can refuse while
-                // the log in use is under the flush step's own trigger;
-                // with nothing appended meanwhile no one else would ask,
-                // and every committer would wait for good (a trial that
-                // raised the flush step's trigger to half the log hung
-                // `dana bench commit` so).
-                self.request_checkpoint();
+                // A commit the log itself is too full for asks for a
+                // checkpoint. Not only past half the log: the limit counts
+                // the commit records twice, so it can refuse while the
+                // log in use is under the flush step's own trigger; with
+                // nothing appended meanwhile no one else would ask, and
+                // every committer would wait for good (a trial that raised
+                // the flush step's trigger to half the log hung `dana
+                // bench commit` so). Not when other commits' promises make
+                // the difference: a checkpoint cannot free those, and
+                // their release wakes this commit to look again.
+                if used + commits + bytes > limit {
+                    self.request_checkpoint();
+                }
                 return None;
             }
             if self
@@ -2004,13 +2008,43 @@ mod tests {
         assert_eq!(counter.0.load(Ordering::Relaxed), 0);
         assert_eq!(w.stats().admit_waits, 1, "one commit waited");
         assert!(
-            w.checkpoint_due(),
-            "a commit short of space asks for a checkpoint, though the log in use is empty"
+            !w.checkpoint_due(),
+            "promises alone refused it: a checkpoint cannot free them"
         );
         drop(held);
         assert!(counter.0.load(Ordering::Relaxed) >= 1, "woken");
         let admitted = matches!(f.as_mut().poll(&mut cx), std::task::Poll::Ready(Ok(_)));
         assert!(admitted, "room after the drop");
+    }
+
+    /// A commit the log itself is too full for asks for a checkpoint, also
+    /// while the log in use is under half (where the admission asked
+    /// before) and under the flush step's trigger: commit records count
+    /// twice, so the log can refuse at ~3/8 in use. Without the request
+    /// nobody asks and every committer waits for good (a trial trigger at
+    /// half the log hung `dana bench commit` so).
+    #[test]
+    fn a_commit_the_log_is_too_full_for_asks_for_a_checkpoint() {
+        let set = logs(1);
+        let w = &set.logs()[0];
+        let cap = w.capacity();
+        let big = |n: usize| {
+            let wr = Write::new(1, b"k".to_vec(), Some(vec![7u8; n]));
+            record::commit(&[wr]).into_unsealed()
+        };
+        while w.used() < cap * 7 / 16 {
+            w.append_commit(big(4000), 0).unwrap();
+        }
+        assert!(w.used() <= cap / 2, "under half the log");
+        // Whatever the appends asked is forgotten: the refusal must ask.
+        w.checkpoint_wanted.store(false, Ordering::SeqCst);
+        let noop = std::task::Waker::noop();
+        let mut f = std::pin::pin!(w.admit(64));
+        assert!(f
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(noop))
+            .is_pending());
+        assert!(w.checkpoint_due(), "the refusal asked for a checkpoint");
     }
 
     /// A checkpoint whose redo LSN stays at a commit still being applied
