@@ -2028,12 +2028,12 @@ mod tests {
         let set = logs(1);
         let w = &set.logs()[0];
         let cap = w.capacity();
-        let big = |n: usize| {
-            let wr = Write::new(1, b"k".to_vec(), Some(vec![7u8; n]));
+        let big = || {
+            let wr = Write::new(1, b"k".to_vec(), Some(vec![7u8; 4000]));
             record::commit(&[wr]).into_unsealed()
         };
         while w.used() < cap * 7 / 16 {
-            w.append_commit(big(4000), 0).unwrap();
+            w.append_commit(big(), 0).unwrap();
         }
         assert!(w.used() <= cap / 2, "under half the log");
         // Whatever the appends asked is forgotten: the refusal must ask.
