@@ -717,6 +717,8 @@ pub struct SimDisk {
     align: Alignment,
     inner: Mutex<Inner>,
     switch: Mutex<Option<Arc<PowerSwitch>>>,
+    /// Every discard fails, trimming nothing ([`SimDisk::fail_discards`]).
+    discards_fail: std::sync::atomic::AtomicBool,
 }
 
 /// Cuts the power of several disks at once when their requests, counted
@@ -835,6 +837,7 @@ impl SimDisk {
                 ftl: None,
             }),
             switch: Mutex::new(None),
+            discards_fail: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -937,6 +940,18 @@ impl SimDisk {
                 self.size()
             )));
         }
+        if self
+            .discards_fail
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Err(Error::Io {
+                op: OpKind::Write,
+                device: self.index,
+                offset,
+                len: len as usize,
+                source: std::io::Error::from_raw_os_error(libc::EIO),
+            });
+        }
         let mut inner = self.lock();
         let first = offset.div_ceil(CHUNK as u64);
         let last = (offset + len) / CHUNK as u64;
@@ -958,6 +973,15 @@ impl SimDisk {
             }
         }
         Ok(())
+    }
+
+    /// Makes every later discard fail with `EIO` and trim nothing (`true`)
+    /// or work again (`false`): a device whose TRIM fails, so that the
+    /// callers' way around it (an out-of-place device's freed segments)
+    /// runs under power cuts.
+    pub fn fail_discards(&self, fail: bool) {
+        self.discards_fail
+            .store(fail, std::sync::atomic::Ordering::Release);
     }
 
     /// Makes this disk's durable image a copy of `other`'s (what survives

@@ -1250,8 +1250,13 @@ impl Remap {
         // (no page is unmapped there: `Remap::unmaps`).
         // Where pages are unmapped, a freed segment must name nothing
         // (an unmapped page has no newer extent for its old entries to
-        // lose to): a whole trim that failed is made up for with zeros
-        // over its summaries, durable before the segment is reused.
+        // lose to): a whole trim that failed is made up for with a summary
+        // naming nothing, newer than both copies, durable before the
+        // segment is reused. It is written as every summary is, by a
+        // barrier round whose intent names the segment: a crash cuts one
+        // copy at most, and the other keeps the last good one. (Zeros over
+        // both copies at once, the first way, could leave both cut, which
+        // the open takes for damage.)
         let seg_bytes = self.geo.seg_pages * self.geo.page;
         let whole = self.inner.discard_reads_zeros();
         let mut trimmed = 0;
@@ -1270,31 +1275,45 @@ impl Remap {
                 untrimmed.push(s);
             }
         }
+        let mut emptied = Ok(());
         if !untrimmed.is_empty() {
-            let zeros = untrimmed
-                .iter()
-                .flat_map(|&s| (0..SUMMARY_COPIES as u8).map(move |k| (s, k)))
-                .map(|(s, k)| Ok((self.geo.summary_at(s, k), self.summary_buf()?)))
-                .collect::<Result<Vec<_>>>();
-            let zeroed = zeros
-                .and_then(|z| write_all(q, z.into_iter()))
-                .and_then(|_| flush(q));
-            if zeroed.is_err() {
-                // Not freed: they stay dying, and a later barrier tries again.
+            {
                 let mut st = self.lock();
-                let barrier = st.barriers_started;
                 for &s in &untrimmed {
+                    let seg = &mut st.segments[s as usize];
+                    seg.entries.clear();
+                    seg.dirty = true;
+                }
+            }
+            for _ in 0..rounds {
+                match self.barrier_round(q) {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(e) => {
+                        emptied = Err(e);
+                        break;
+                    }
+                }
+            }
+            // One whose empty summary is not durable yet (a round failed,
+            // or writes from other queues kept the rounds busy) is not
+            // freed: it stays dying, and a later barrier writes its summary
+            // before it frees it.
+            let mut st = self.lock();
+            let barrier = st.barriers_started;
+            for &s in &untrimmed {
+                if emptied.is_err() || st.segments[s as usize].dirty {
                     st.segments[s as usize].life = Life::Dying { barrier };
                     st.dying.push(s);
+                    freed.retain(|&f| f != s);
                 }
-                freed.retain(|s| !untrimmed.contains(s));
             }
         }
         let mut st = self.lock();
         st.stats.segments_freed += freed.len() as u64;
         st.stats.segments_trimmed += trimmed;
         st.free.extend(freed);
-        Ok(())
+        emptied
     }
 
     /// One round of a barrier: the intent naming the segments whose
@@ -1731,6 +1750,7 @@ impl Remap {
             if let Some((summary, _)) = b {
                 let stream = summary.stream as usize;
                 if next_of(summary) < g.data_units
+                    && !summary.entries.is_empty()
                     && (summary.entries.len() as u32) < g.entry_cap
                     && stream < OPEN_SEGMENTS
                     && resume[stream].is_none_or(|(v, _)| summary.version > v)

@@ -184,16 +184,37 @@ fn overwrites_move_pages(config: RemapConfig, gc: GcPolicy) {
 #[test]
 fn power_cuts_keep_every_page_at_its_last_barrier_or_later() {
     for config in configs() {
-        power_cuts_keep_pages(config);
+        power_cuts_keep_pages(config, false);
     }
 }
 
-fn power_cuts_keep_pages(config: RemapConfig) {
+/// As above where every trim fails and pages are unmapped too: a freed
+/// segment's summaries, which still name its old extents, must then be
+/// made to name nothing without a crash ever leaving both copies cut (the
+/// first way, zeros over both copies at once, could: the open then failed
+/// with `Corrupt`), and an unmapped page reads as zeros or as one of its
+/// own versions, never another page's bytes.
+#[test]
+fn power_cuts_where_trims_fail_keep_pages_and_open() {
+    for config in configs() {
+        power_cuts_keep_pages(config, true);
+    }
+}
+
+/// What a page may read as after a power cut: (its version at the last
+/// barrier, the versions written since, the versions an unmap may bring
+/// back).
+type PageModel = (Option<u64>, Vec<u64>, Vec<u64>);
+
+fn power_cuts_keep_pages(config: RemapConfig, trims_fail: bool) {
     // Each run cuts the power at a different request: inside writes,
     // barriers (between their flushes and summaries) and collections.
     let mut cut_in_barrier = 0;
+    let mut unmapped = 0;
+    let mut freed_untrimmed = 0;
     for seed in 0..60u64 {
         let d = disk(24);
+        d.fail_discards(trims_fail);
         let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
         let pages = r.size() / PAGE as u64;
         let switch = PowerSwitch::new(
@@ -207,15 +228,31 @@ fn power_cuts_keep_pages(config: RemapConfig) {
         );
         switch.attach(&d);
         let mut q = r.queue(&Backend::Blocking, 16).unwrap();
-        // (version at the last barrier, versions written since).
-        let mut model: HashMap<u64, (Option<u64>, Vec<u64>)> = HashMap::new();
+        // (version at the last barrier, versions written since, versions
+        // an unmap since the last barrier that saw a newer one may bring
+        // back: unmaps are not durable, and an older summary that names
+        // the page can win again once the newer one's segment is freed).
+        let mut model: HashMap<u64, PageModel> = HashMap::new();
+        let mut history: HashMap<u64, Vec<u64>> = HashMap::new();
         let mut x = seed * 7919 + 17;
         for v in 1..=(20 * pages) {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             let p = x % (pages / 2 + seed);
-            model.entry(p).or_default().1.push(v);
+            let e = model.entry(p).or_default();
+            if trims_fail && x % 13 == 0 {
+                *e = (
+                    None,
+                    Vec::new(),
+                    history.get(&p).cloned().unwrap_or_default(),
+                );
+                r.discard(p * PAGE as u64, PAGE as u64).unwrap();
+                unmapped += 1;
+                continue;
+            }
+            e.1.push(v);
+            history.entry(p).or_default().push(v);
             if write(&mut q, p, v).is_err() {
                 break;
             }
@@ -227,23 +264,31 @@ fn power_cuts_keep_pages(config: RemapConfig) {
                 }
                 for e in model.values_mut() {
                     if let Some(&last) = e.1.last() {
-                        *e = (Some(last), Vec::new());
+                        *e = (Some(last), Vec::new(), Vec::new());
                     }
                 }
             }
         }
         assert!(switch.fired(), "seed {seed}: the run ended before the cut");
+        let stats = r.stats();
+        if trims_fail {
+            assert_eq!(stats.segments_trimmed, 0);
+            freed_untrimmed += stats.segments_freed;
+        }
         drop(q);
         drop(r);
         d.power_on();
-        let r = Remap::open(Target::Sim(d.clone())).unwrap();
+        let r = Remap::open(Target::Sim(d.clone()))
+            .unwrap_or_else(|e| panic!("seed {seed}: the open failed: {e}"));
         let mut q = r.queue(&Backend::Blocking, 16).unwrap();
-        for (&p, (durable, since)) in &model {
+        for (&p, (durable, since, ghosts)) in &model {
             let got = version_of(p, &read(&mut q, p, 1));
-            let fine = got == *durable || got.is_some_and(|g| since.contains(&g));
+            let fine =
+                got == *durable || got.is_some_and(|g| since.contains(&g) || ghosts.contains(&g));
             assert!(
                 fine,
-                "seed {seed} page {p}: {got:?}, durable {durable:?}, since {since:?}"
+                "seed {seed} page {p}: {got:?}, durable {durable:?}, since {since:?}, \
+                 unmapped {ghosts:?}"
             );
         }
         // Pages never written read as zeros.
@@ -256,6 +301,12 @@ fn power_cuts_keep_pages(config: RemapConfig) {
     assert!(
         cut_in_barrier >= 3,
         "{cut_in_barrier} cuts inside a barrier"
+    );
+    assert_eq!(unmapped > 0, trims_fail);
+    assert_eq!(
+        freed_untrimmed > 0,
+        trims_fail,
+        "{freed_untrimmed} segments freed"
     );
 }
 
