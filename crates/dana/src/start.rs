@@ -102,6 +102,10 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
                 opts.checkpoint_shards,
                 pages_whole,
             );
+            shared.compress_images.store(
+                opts.compress_log_images,
+                std::sync::atomic::Ordering::Relaxed,
+            );
             reserve_for_logs(&pool, &array, &logs, &start.resume);
             let mut set = Vec::with_capacity(log_count);
             for (i, (t, resume)) in logs.iter().zip(start.resume).enumerate() {

@@ -19,7 +19,20 @@ fn opts() -> Options {
 
 #[test]
 fn committed_writes_survive_without_close_and_a_torn_page_is_repaired() {
+    torn_page_repaired(false);
+}
+
+/// As above with the full images logged compressed
+/// (`Options::compress_log_images`): the leaf's image is an LZ4 block, and
+/// the repair decompresses it.
+#[test]
+fn a_torn_page_is_repaired_from_a_compressed_image() {
+    torn_page_repaired(true);
+}
+
+fn torn_page_repaired(compress: bool) {
     let dir = tempfile::tempdir().unwrap();
+    let opts = || opts().compress_log_images(compress);
     let leaf;
     {
         let db = Db::open(dir.path(), opts()).unwrap();
@@ -29,7 +42,11 @@ fn committed_writes_survive_without_close_and_a_torn_page_is_repaired() {
         }
         db.checkpoint().unwrap();
         // The first change after the checkpoint logs the leaf's full image.
+        let before = db.wal_stats().unwrap();
         t.put(&7u32.to_be_bytes(), b"after").unwrap();
+        let logged = db.wal_stats().unwrap().since(&before);
+        assert_eq!(logged.images, 1, "{logged:?}");
+        assert_eq!(logged.compressed_images, u64::from(compress), "{logged:?}");
         leaf = t.unlogged_btree().root();
         // The database is dropped without close: no checkpoint, the leaf
         // on disk is the old one.

@@ -123,6 +123,9 @@ pub struct EngineArgs {
     /// or clock (second chance, the baseline).
     #[arg(long, default_value = "watt", value_parser = parse_eviction)]
     pub eviction: dana::EvictionPolicy,
+    /// Log full page images compressed (`Options::compress_log_images`).
+    #[arg(long, default_value_t = dana::Options::default().compress_log_images_value(), action = clap::ArgAction::Set)]
+    pub compress_log_images: bool,
 }
 
 impl EngineArgs {
@@ -137,6 +140,7 @@ impl EngineArgs {
             .max_tasks_per_worker(self.tasks_per_worker.max(16) * 2)
             .durability(self.durability)
             .eviction(self.eviction)
+            .compress_log_images(self.compress_log_images)
     }
 }
 

@@ -41,7 +41,8 @@
 //! version 7 per-worker logs (the number of logs at bytes 88..92, the
 //! GSN in every record and in the page LSN field, control blocks naming
 //! their log's place and a GSN); version 8 the leaf-cut page entry (a
-//! split's left half logged as its cut key, `wal::record::CUT`).
+//! split's left half logged as its cut key, `wal::record::CUT`); version
+//! 9 the compressed full page image (`wal::record::LZ4`).
 //!
 //! When the pages run low the array grows (`grow.rs`); a reservation or an
 //! allocation short of pages waits for that growth, or fails with
@@ -61,7 +62,7 @@ use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"DANAMETA";
 /// The on-disk format this build reads and writes (see the module doc).
-pub const FORMAT_VERSION: u32 = 8;
+pub const FORMAT_VERSION: u32 = 9;
 const OFF_MAGIC: usize = 32;
 const OFF_VERSION: usize = 40;
 const OFF_PAGE_SIZE: usize = 44;

@@ -198,6 +198,7 @@ pub struct WalStats {
     commit_bytes: AtomicU64,
     page_bytes: AtomicU64,
     images: AtomicU64,
+    compressed_images: AtomicU64,
     admit_waits: AtomicU64,
     checkpoints: AtomicU64,
     trimmed_bytes: AtomicU64,
@@ -227,6 +228,9 @@ pub struct WalStatsSnapshot {
     /// checkpoint on in-place devices, structure changes of pages with
     /// covered changes).
     pub images: u64,
+    /// Of the full images, those logged compressed
+    /// (`Options::compress_log_images`).
+    pub compressed_images: u64,
     /// Commits that waited for log space (for a checkpoint to free some).
     pub admit_waits: u64,
     /// Checkpoints completed.
@@ -259,6 +263,7 @@ impl WalStatsSnapshot {
         self.commit_bytes += o.commit_bytes;
         self.page_bytes += o.page_bytes;
         self.images += o.images;
+        self.compressed_images += o.compressed_images;
         self.admit_waits += o.admit_waits;
         self.checkpoints += o.checkpoints;
         self.trimmed_bytes += o.trimmed_bytes;
@@ -279,6 +284,7 @@ impl WalStatsSnapshot {
             commit_bytes: self.commit_bytes - earlier.commit_bytes,
             page_bytes: self.page_bytes - earlier.page_bytes,
             images: self.images - earlier.images,
+            compressed_images: self.compressed_images - earlier.compressed_images,
             admit_waits: self.admit_waits - earlier.admit_waits,
             checkpoints: self.checkpoints - earlier.checkpoints,
             trimmed_bytes: self.trimmed_bytes - earlier.trimmed_bytes,
@@ -323,6 +329,9 @@ pub(crate) struct Shared {
     /// asks for none, and a page's changes build on its last record
     /// whenever a checkpoint began (FORMAT.md, "What is logged").
     pages_whole: bool,
+    /// Full page images are logged LZ4-compressed where that makes them
+    /// smaller (`Options::compress_log_images`; FORMAT.md, page entries).
+    pub(crate) compress_images: AtomicBool,
     /// A log failed: every log stops (records of the others may depend
     /// on its records, which will never be durable).
     poisoned: AtomicBool,
@@ -350,6 +359,7 @@ impl Shared {
                 .collect(),
             fpi_epoch: AtomicU64::new(0),
             pages_whole,
+            compress_images: AtomicBool::new(false),
             unflushed: (0..count).map(|_| AtomicU64::new(u64::MAX)).collect(),
             wanted: (0..count).map(|_| AtomicU64::new(0)).collect(),
             blocked: (0..count).map(|_| AtomicBool::new(false)).collect(),
@@ -464,6 +474,8 @@ struct PutPages {
     entries: u32,
     /// Of which full images.
     images: u64,
+    /// Of which compressed.
+    compressed: u64,
     /// The full-image bounds the entries were encoded against (None: all
     /// whole, right whatever the bounds).
     epoch: Option<u64>,
@@ -982,6 +994,7 @@ impl Wal {
             commit_bytes: l(&self.stats.commit_bytes),
             page_bytes: l(&self.stats.page_bytes),
             images: l(&self.stats.images),
+            compressed_images: l(&self.stats.compressed_images),
             admit_waits: l(&self.stats.admit_waits),
             checkpoints: l(&self.stats.checkpoints),
             trimmed_bytes: l(&self.stats.trimmed_bytes),
@@ -1009,6 +1022,7 @@ impl Wal {
         let mut put = PutPages {
             entries: 0,
             images: 0,
+            compressed: 0,
             epoch: (!all_full).then_some(epoch),
         };
         for c in changes {
@@ -1038,8 +1052,13 @@ impl Wal {
             if !full && segs.is_empty() {
                 continue;
             }
-            let flags = if full { record::FULL_IMAGE } else { 0 };
-            record::put_page_entry(b, c.pid, flags, c.after, &segs);
+            if full {
+                let compress = self.shared.compress_images.load(Ordering::Relaxed);
+                put.compressed +=
+                    u64::from(record::put_image_entry(b, c.pid, c.after, &segs, compress));
+            } else {
+                record::put_page_entry(b, c.pid, 0, c.after, &segs);
+            }
             put.entries += 1;
             put.images += u64::from(full);
         }
@@ -1116,6 +1135,9 @@ impl Wal {
             match self.append_checked(rec, queue, dep, put.epoch)? {
                 Ok(r) => {
                     self.stats.images.fetch_add(put.images, Ordering::Relaxed);
+                    self.stats
+                        .compressed_images
+                        .fetch_add(put.compressed, Ordering::Relaxed);
                     if queue == Queue::Other {
                         self.stats.page_bytes.fetch_add(len, Ordering::Relaxed);
                     }

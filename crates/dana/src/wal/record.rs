@@ -269,6 +269,13 @@ pub const FULL_IMAGE: u32 = 1;
 /// leaf as recovery finds it, never byte by byte.
 pub const CUT: u32 = 2;
 
+/// Flag of a full page image ([`FULL_IMAGE`] set too): one segment at
+/// offset 0 holding the whole page as an LZ4 block (`lz4_flex`), used where
+/// it is smaller than the image's segments. Redone by decompressing it to
+/// exactly a page (anything else is an error), the checksum field zeroed
+/// as in an image's.
+pub const LZ4: u32 = 4;
+
 /// Changed byte ranges between `before` and `after` (same length, a
 /// multiple of 8), skipping the page checksum and LSN fields, with runs
 /// closer than 16 bytes merged.
@@ -352,6 +359,40 @@ pub fn put_page_entry(
     }
 }
 
+/// Appends a full image of `page` (its non-zero ranges `segs`, from
+/// [`image`]) to `b`: with `compress`, as one LZ4 block ([`LZ4`]) when that
+/// takes fewer bytes than the segments, else as the segments. True if
+/// compressed. Compresses straight into the record's buffer (no
+/// allocation beyond the buffer's growth).
+pub fn put_image_entry(
+    b: &mut RecordBuilder,
+    pid: u64,
+    page: &[u8],
+    segs: &[(usize, usize)],
+    compress: bool,
+) -> bool {
+    if compress {
+        let plain: usize = segs.iter().map(|&(_, len)| 8 + len).sum();
+        let at = b.len();
+        b.u64(pid).u32(FULL_IMAGE | LZ4).u32(1).u32(0).u32(0);
+        let data = b.len();
+        b.buf.resize(
+            data + lz4_flex::block::get_maximum_output_size(page.len()),
+            0,
+        );
+        match lz4_flex::block::compress_into(page, &mut b.buf[data..]) {
+            Ok(n) if 8 + n < plain => {
+                b.buf.truncate(data + n);
+                b.set_u32_at(data - 4, n as u32);
+                return true;
+            }
+            _ => b.truncate(at),
+        }
+    }
+    put_page_entry(b, pid, FULL_IMAGE, page, segs);
+    false
+}
+
 /// Appends a leaf-cut entry ([`CUT`]): page `pid`, a leaf of the tree
 /// rooted at `tree`, keeps its keys `<= key`, which becomes its upper fence.
 pub fn put_cut_entry(b: &mut RecordBuilder, pid: u64, tree: u64, key: &[u8]) {
@@ -374,6 +415,11 @@ impl PageEntry<'_> {
     /// True for a full page image.
     pub fn is_full(&self) -> bool {
         self.flags & FULL_IMAGE != 0
+    }
+
+    /// True for a compressed full image ([`LZ4`]).
+    pub fn is_compressed(&self) -> bool {
+        self.flags & LZ4 != 0
     }
 
     /// True for a leaf cut ([`CUT`]): redone through [`PageEntry::cut`],
@@ -405,6 +451,26 @@ impl PageEntry<'_> {
     pub fn apply(&self, page: &mut [u8], lsn: u64, gsn: u64) -> Result<()> {
         if self.is_cut() {
             return Err(bad_log(lsn, "a leaf cut is not redone byte by byte"));
+        }
+        if self.is_compressed() {
+            let ok = self.is_full() && self.nsegs == 1;
+            let block = match (u32_at(self.segs, 0).filter(|_| ok), u32_at(self.segs, 4)) {
+                (Some(0), Some(len)) => self.segs.get(8..8 + len as usize),
+                _ => None,
+            }
+            .ok_or_else(|| bad_log(lsn, "a compressed page image is malformed"))?;
+            match lz4_flex::block::decompress_into(block, page) {
+                Ok(n) if n == page.len() => {}
+                _ => {
+                    return Err(bad_log(
+                        lsn,
+                        "a compressed page image does not decompress to a page",
+                    ))
+                }
+            }
+            page[SKIP_CRC].fill(0);
+            crate::buffer::page::set_page_lsn(page, gsn);
+            return Ok(());
         }
         if self.is_full() {
             page.fill(0);
@@ -682,6 +748,63 @@ mod tests {
         let mut torn = vec![0xAAu8; 4096];
         page_entries(&r).unwrap()[0].apply(&mut torn, 0, 0).unwrap();
         assert_eq!(torn, page);
+    }
+
+    #[test]
+    fn a_compressed_image_redoes_the_page_and_damage_is_an_error() {
+        let mut page = vec![0u8; 4096];
+        for (i, chunk) in page[64..2048].chunks_mut(16).enumerate() {
+            chunk.fill(i as u8 | 1);
+        }
+        page[0..4].fill(0xEE); // a stale checksum: redone as zeros
+        let segs = image(&page);
+        let mut b = RecordBuilder::new(Kind::Pages);
+        b.u32(1);
+        assert!(put_image_entry(&mut b, 3, &page, &segs, true));
+        let plain: usize = segs.iter().map(|&(_, l)| 8 + l).sum();
+        let rec = sealed(b, 0);
+        assert!(rec.len() < plain / 4, "{} bytes for {plain}", rec.len());
+        let Parsed::Record(r) = parse(&rec, 0) else {
+            panic!("record does not parse");
+        };
+        let e = page_entries(&r).unwrap();
+        assert!(e[0].is_full() && e[0].is_compressed());
+        let mut torn = vec![0xAAu8; 4096];
+        e[0].apply(&mut torn, 0, 4096).unwrap();
+        assert_eq!(torn[16..], page[16..]);
+        assert_eq!(torn[..4], [0; 4]);
+        assert_eq!(crate::buffer::page::page_lsn(&torn), 4096);
+        // The block cut short, or decompressing to less than a page: errors.
+        let short = PageEntry {
+            segs: &e[0].segs[..e[0].segs.len() - 1],
+            ..e[0]
+        };
+        assert!(short.apply(&mut torn, 0, 0).is_err());
+        let mut small = RecordBuilder::new(Kind::Pages);
+        small.u32(1);
+        assert!(put_image_entry(
+            &mut small,
+            3,
+            &page[..2048],
+            &segs[..1],
+            true
+        ));
+        let rec = sealed(small, 0);
+        let Parsed::Record(r) = parse(&rec, 0) else {
+            panic!("record does not parse");
+        };
+        assert!(page_entries(&r).unwrap()[0].apply(&mut torn, 0, 0).is_err());
+        // Random bytes do not shrink: the plain segments are kept.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for chunk in page.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            chunk.copy_from_slice(&x.to_le_bytes());
+        }
+        let mut b = RecordBuilder::new(Kind::Pages);
+        b.u32(1);
+        assert!(!put_image_entry(&mut b, 3, &page, &image(&page), true));
     }
 
     #[test]

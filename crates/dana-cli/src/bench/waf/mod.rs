@@ -239,6 +239,9 @@ pub struct WafArgs {
     /// (`Options::untorn_page_writes`).
     #[arg(long)]
     pub untorn_writes: bool,
+    /// Log full page images compressed (`Options::compress_log_images`).
+    #[arg(long, default_value_t = Options::default().compress_log_images_value(), action = clap::ArgAction::Set)]
+    pub compress_log_images: bool,
     /// Buffer pool as a share of the loaded data.
     #[arg(long, default_value_t = 0.1)]
     pub pool_fraction: f64,
@@ -422,6 +425,9 @@ pub struct WafReport {
     pub log_flush_block: u64,
     /// The data devices wrote 4 KiB untorn ([`WafArgs::untorn_writes`]).
     pub untorn_writes: bool,
+    /// Full page images were logged compressed
+    /// ([`WafArgs::compress_log_images`]).
+    pub compress_log_images: bool,
     /// One run per fill.
     pub runs: Vec<FillRun>,
 }
@@ -512,6 +518,7 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
     }
     let report = WafReport {
         untorn_writes: a.untorn_writes,
+        compress_log_images: a.compress_log_images,
         blocks: a.blocks,
         pages_per_block: a.pages_per_block,
         over_provisioning: a.over_provisioning,
@@ -693,6 +700,7 @@ fn options(a: &WafArgs, pool_bytes: u64) -> Options {
         .workers(a.workers)
         .log_bytes(a.log_bytes)
         .log_flush_block(a.log_flush_block)
+        .compress_log_images(a.compress_log_images)
         .durability(Durability::Sync)
 }
 
@@ -1017,6 +1025,11 @@ pub fn render(r: &WafReport) -> String {
              untorn and the log holds no torn-page images\n",
         );
     }
+    s.push_str(if r.compress_log_images {
+        "  full page images in the log compressed (LZ4) where smaller\n"
+    } else {
+        "  full page images in the log plain\n"
+    });
     let has = |w: WafWorkload| r.runs.iter().any(|f| f.workload == w);
     if has(WafWorkload::YcsbA) {
         s.push_str(&format!(
