@@ -1243,10 +1243,10 @@ impl Remap {
         drop(st);
         // Trimmed whole, summaries too (an old summary that reads as zeros
         // is no summary): the device's collection never copies a dead
-        // segment. Advice: a failed trim frees the segment all the same.
-        // Where a trimmed range may read back as anything (a block
-        // device), the summaries stay: an open would take garbage there
-        // for damage. They are valid summaries whose every entry loses
+        // segment. Where pages are not unmapped a failed trim frees the
+        // segment all the same (advice). Where a trimmed range may read
+        // back as anything (a block device), the summaries stay: an open
+        // would take garbage there for damage. They are valid summaries whose every entry loses
         // (no page is unmapped there: `Remap::unmaps`).
         // Where pages are unmapped, a freed segment must name nothing
         // (an unmapped page has no newer extent for its old entries to
@@ -1276,7 +1276,15 @@ impl Remap {
             }
         }
         let mut emptied = Ok(());
-        if !untrimmed.is_empty() {
+        // Segments a pass left with their summary unwritten.
+        let mut unfinished: Vec<u32> = Vec::new();
+        // Into both copies, one round after the other: a trim that failed
+        // may have zeroed part of the range, and a copy left half zeroed
+        // that no intent names is damage at the next open.
+        for _copy in 0..SUMMARY_COPIES {
+            if untrimmed.is_empty() || emptied.is_err() {
+                break;
+            }
             {
                 let mut st = self.lock();
                 for &s in &untrimmed {
@@ -1295,14 +1303,22 @@ impl Remap {
                     }
                 }
             }
-            // One whose empty summary is not durable yet (a round failed,
-            // or writes from other queues kept the rounds busy) is not
-            // freed: it stays dying, and a later barrier writes its summary
-            // before it frees it.
+            let st = self.lock();
+            for &s in &untrimmed {
+                if st.segments[s as usize].dirty && !unfinished.contains(&s) {
+                    unfinished.push(s);
+                }
+            }
+        }
+        if !untrimmed.is_empty() {
+            // One whose empty summary is not durable in both copies (a
+            // round failed, or writes from other queues kept the rounds
+            // busy) is not freed: it stays dying, and a later barrier
+            // trims it or writes both again before it frees it.
             let mut st = self.lock();
             let barrier = st.barriers_started;
             for &s in &untrimmed {
-                if emptied.is_err() || st.segments[s as usize].dirty {
+                if emptied.is_err() || unfinished.contains(&s) {
                     st.segments[s as usize].life = Life::Dying { barrier };
                     st.dying.push(s);
                     freed.retain(|&f| f != s);
@@ -1745,20 +1761,22 @@ impl Remap {
         // Per stream, the newest segment it had not filled: it goes on
         // taking that stream's writes after the extents its summary lists
         // (the device's erase blocks stay aligned with the segments).
-        let mut resume: [Option<(u64, usize)>; OPEN_SEGMENTS] = [None; OPEN_SEGMENTS];
-        for (s, b) in best.iter().enumerate() {
-            if let Some((summary, _)) = b {
+        // Candidates (stream, version, segment), chosen among once it is
+        // known which segments still hold a live extent (a dead one is not
+        // reopened, and must not keep its stream from a live one).
+        let candidates: Vec<(usize, u64, usize)> = best
+            .iter()
+            .enumerate()
+            .filter_map(|(s, b)| {
+                let (summary, _) = b.as_ref()?;
                 let stream = summary.stream as usize;
-                if next_of(summary) < g.data_units
+                let open = next_of(summary) < g.data_units
                     && !summary.entries.is_empty()
                     && (summary.entries.len() as u32) < g.entry_cap
-                    && stream < OPEN_SEGMENTS
-                    && resume[stream].is_none_or(|(v, _)| summary.version > v)
-                {
-                    resume[stream] = Some((summary.version, s));
-                }
-            }
-        }
+                    && stream < OPEN_SEGMENTS;
+                open.then_some((stream, summary.version, s))
+            })
+            .collect();
         let mut next = vec![g.data_units; st.segments.len()];
         for (s, b) in best.into_iter().enumerate() {
             let seg = &mut st.segments[s];
@@ -1780,14 +1798,34 @@ impl Remap {
             seg.live_units += seg.entries[k as usize].units;
         }
         st.map = map;
+        let unmaps = self.unmaps();
         for s in 0..st.segments.len() {
             let seg = &mut st.segments[s];
             seg.next = g.data_units;
-            if seg.live_units == 0 {
+            if seg.live_units > 0 {
+                seg.life = Life::Closed;
+            } else if unmaps && !seg.entries.is_empty() {
+                // Dead, but its newest summary still names extents (it died
+                // before the crash and was not trimmed yet, or the summary
+                // naming nothing that replaced them was cut): an unmapped
+                // page's last extent may be among them, with no newer one
+                // to lose to, and a reuse before its next summary could
+                // make that page name another's bytes. The first barrier
+                // trims it, or gives it a summary naming nothing, before
+                // it is free.
+                seg.life = Life::Dying { barrier: 0 };
+                st.dying.push(s as u32);
+            } else {
                 seg.life = Life::Free;
                 st.free.push_back(s as u32);
-            } else {
-                seg.life = Life::Closed;
+            }
+        }
+        let mut resume: [Option<(u64, usize)>; OPEN_SEGMENTS] = [None; OPEN_SEGMENTS];
+        for &(stream, version, s) in &candidates {
+            if st.segments[s].life == Life::Closed
+                && resume[stream].is_none_or(|(v, _)| version > v)
+            {
+                resume[stream] = Some((version, s));
             }
         }
         for (stream, r) in resume.iter().enumerate() {

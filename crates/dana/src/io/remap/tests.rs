@@ -208,26 +208,21 @@ type PageModel = (Option<u64>, Vec<u64>, Vec<u64>);
 
 fn power_cuts_keep_pages(config: RemapConfig, trims_fail: bool) {
     // Each run cuts the power at a different request: inside writes,
-    // barriers (between their flushes and summaries) and collections.
+    // barriers (between their flushes and summaries) and collections; a
+    // second run goes on from what the reopen found and is cut too.
     let mut cut_in_barrier = 0;
     let mut unmapped = 0;
     let mut freed_untrimmed = 0;
+    let policy = PowerCutPolicy::Random {
+        keep: 1.0,
+        drop: 1.0,
+        tear: 1.0,
+    };
     for seed in 0..60u64 {
         let d = disk(24);
         d.fail_discards(trims_fail);
-        let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
+        let mut r = Remap::create(Target::Sim(d.clone()), config).unwrap();
         let pages = r.size() / PAGE as u64;
-        let switch = PowerSwitch::new(
-            200 + seed * 97,
-            PowerCutPolicy::Random {
-                keep: 1.0,
-                drop: 1.0,
-                tear: 1.0,
-            },
-            seed,
-        );
-        switch.attach(&d);
-        let mut q = r.queue(&Backend::Blocking, 16).unwrap();
         // (version at the last barrier, versions written since, versions
         // an unmap since the last barrier that saw a newer one may bring
         // back: unmaps are not durable, and an older summary that names
@@ -235,66 +230,79 @@ fn power_cuts_keep_pages(config: RemapConfig, trims_fail: bool) {
         let mut model: HashMap<u64, PageModel> = HashMap::new();
         let mut history: HashMap<u64, Vec<u64>> = HashMap::new();
         let mut x = seed * 7919 + 17;
-        for v in 1..=(20 * pages) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let p = x % (pages / 2 + seed);
-            let e = model.entry(p).or_default();
-            if trims_fail && x % 13 == 0 {
-                *e = (
-                    None,
-                    Vec::new(),
-                    history.get(&p).cloned().unwrap_or_default(),
-                );
-                r.discard(p * PAGE as u64, PAGE as u64).unwrap();
-                unmapped += 1;
-                continue;
-            }
-            e.1.push(v);
-            history.entry(p).or_default().push(v);
-            if write(&mut q, p, v).is_err() {
-                break;
-            }
-            if x % 11 == 0 {
-                let before = switch.count();
-                if sync_io(&mut q, Request::flush(4)).unwrap().result.is_err() {
-                    cut_in_barrier += usize::from(switch.count() > before);
+        for run in 0..2u64 {
+            let switch = PowerSwitch::new(200 + seed * 97 + run * 311, policy, seed + run * 1000);
+            switch.attach(&d);
+            let mut q = r.queue(&Backend::Blocking, 16).unwrap();
+            for i in 1..=(20 * pages) {
+                let v = run * 1_000_000 + i;
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let p = x % (pages / 2 + seed);
+                let e = model.entry(p).or_default();
+                if trims_fail && x % 13 == 0 {
+                    *e = (
+                        None,
+                        Vec::new(),
+                        history.get(&p).cloned().unwrap_or_default(),
+                    );
+                    r.discard(p * PAGE as u64, PAGE as u64).unwrap();
+                    unmapped += 1;
+                    continue;
+                }
+                e.1.push(v);
+                history.entry(p).or_default().push(v);
+                if write(&mut q, p, v).is_err() {
                     break;
                 }
-                for e in model.values_mut() {
-                    if let Some(&last) = e.1.last() {
-                        *e = (Some(last), Vec::new(), Vec::new());
+                if x % 11 == 0 {
+                    let before = switch.count();
+                    if sync_io(&mut q, Request::flush(4)).unwrap().result.is_err() {
+                        cut_in_barrier += usize::from(switch.count() > before);
+                        break;
+                    }
+                    for e in model.values_mut() {
+                        if let Some(&last) = e.1.last() {
+                            *e = (Some(last), Vec::new(), Vec::new());
+                        }
                     }
                 }
             }
-        }
-        assert!(switch.fired(), "seed {seed}: the run ended before the cut");
-        let stats = r.stats();
-        if trims_fail {
-            assert_eq!(stats.segments_trimmed, 0);
-            freed_untrimmed += stats.segments_freed;
-        }
-        drop(q);
-        drop(r);
-        d.power_on();
-        let r = Remap::open(Target::Sim(d.clone()))
-            .unwrap_or_else(|e| panic!("seed {seed}: the open failed: {e}"));
-        let mut q = r.queue(&Backend::Blocking, 16).unwrap();
-        for (&p, (durable, since, ghosts)) in &model {
-            let got = version_of(p, &read(&mut q, p, 1));
-            let fine =
-                got == *durable || got.is_some_and(|g| since.contains(&g) || ghosts.contains(&g));
             assert!(
-                fine,
-                "seed {seed} page {p}: {got:?}, durable {durable:?}, since {since:?}, \
-                 unmapped {ghosts:?}"
+                switch.fired(),
+                "seed {seed} run {run}: it ended before the cut"
             );
-        }
-        // Pages never written read as zeros.
-        for p in 0..pages {
-            if !model.contains_key(&p) {
-                assert_eq!(version_of(p, &read(&mut q, p, 1)), None);
+            let stats = r.stats();
+            if trims_fail {
+                assert_eq!(stats.segments_trimmed, 0);
+                freed_untrimmed += stats.segments_freed;
+            }
+            drop(q);
+            drop(r);
+            d.power_on();
+            r = Remap::open(Target::Sim(d.clone()))
+                .unwrap_or_else(|e| panic!("seed {seed} run {run}: the open failed: {e}"));
+            let mut q = r.queue(&Backend::Blocking, 16).unwrap();
+            for (&p, e) in model.iter_mut() {
+                let (durable, since, ghosts) = &*e;
+                let got = version_of(p, &read(&mut q, p, 1));
+                let fine = got == *durable
+                    || got.is_some_and(|g| since.contains(&g) || ghosts.contains(&g));
+                assert!(
+                    fine,
+                    "seed {seed} run {run} page {p}: {got:?}, durable {durable:?}, \
+                     since {since:?}, unmapped {ghosts:?}"
+                );
+                // The next run starts from what was found (an unmapped
+                // page's older versions may still come back).
+                *e = (got, Vec::new(), ghosts.clone());
+            }
+            // Pages never written read as zeros.
+            for p in 0..pages {
+                if !model.contains_key(&p) {
+                    assert_eq!(version_of(p, &read(&mut q, p, 1)), None);
+                }
             }
         }
     }
@@ -308,6 +316,77 @@ fn power_cuts_keep_pages(config: RemapConfig, trims_fail: bool) {
         trims_fail,
         "{freed_untrimmed} segments freed"
     );
+}
+
+/// A segment dead at a crash whose summaries still name extents (its
+/// trim failed and the summary naming nothing that was to replace them
+/// was not written) is not reused before it names nothing: else pages
+/// unmapped after the reopen would fall back to its old extents while
+/// another page's bytes lie there. (The first version put every dead
+/// segment in the free list at the open: page 0 then read page 1's bytes.)
+#[test]
+fn a_segment_dead_at_a_crash_is_not_reused_before_it_names_nothing() {
+    let (d, r, mut q) = fresh(24, config());
+    d.fail_discards(true);
+    // Segment s: page 0 first, then others; then all of them again,
+    // elsewhere, and s dies.
+    for p in 0..40 {
+        write(&mut q, p, 1).unwrap();
+    }
+    flush_q(&mut q);
+    let (s, k) = unloc(r.lock().map[0]);
+    assert_eq!(k, 0, "page 0 is the first extent of its segment");
+    for p in 0..40 {
+        write(&mut q, p, 2).unwrap();
+    }
+    // The barrier makes the new summaries durable, then fails to write
+    // s's summary naming nothing (its trim failed too), and the power goes.
+    let g = r.geo;
+    let summaries = g.summary_at(s, 0).min(g.summary_at(s, 1));
+    let end = g.summary_at(s, 0).max(g.summary_at(s, 1)) + g.page;
+    d.inject(crate::io::sim::Fault::range(
+        Some(crate::OpKind::Write),
+        summaries..end,
+    ));
+    assert!(sync_io(&mut q, Request::flush(4)).unwrap().result.is_err());
+    d.power_cut(PowerCutPolicy::DropAll, 1);
+    drop(q);
+    drop(r);
+    d.power_on();
+    let r = Remap::open(Target::Sim(d.clone())).unwrap();
+    let mut q = r.queue(&Backend::Blocking, 16).unwrap();
+    for p in 0..40 {
+        assert_eq!(version_of(p, &read(&mut q, p, 1)), Some(2), "page {p}");
+    }
+    // Every page unmapped: their segments die, and a barrier frees them.
+    r.discard(0, 40 * PAGE as u64).unwrap();
+    flush_q(&mut q);
+    // Other pages fill the open segment and the next ones (the old code
+    // reopened s first); a barrier makes their data durable, then fails to
+    // write s's summary, and the power goes.
+    for p in 40..80 {
+        write(&mut q, p, 3).unwrap();
+    }
+    d.inject(crate::io::sim::Fault::range(
+        Some(crate::OpKind::Write),
+        summaries..end,
+    ));
+    let _ = sync_io(&mut q, Request::flush(4)).unwrap();
+    d.power_cut(PowerCutPolicy::DropAll, 2);
+    drop(q);
+    drop(r);
+    d.power_on();
+    let r = Remap::open(Target::Sim(d)).unwrap();
+    let mut q = r.queue(&Backend::Blocking, 16).unwrap();
+    for p in 0..40 {
+        // Zeros or one of its own versions; never another page's bytes.
+        let got = version_of(p, &read(&mut q, p, 1));
+        assert!(got.is_none_or(|v| v <= 3), "page {p}: {got:?}");
+    }
+    for p in 40..80 {
+        let got = version_of(p, &read(&mut q, p, 1));
+        assert!(got.is_none_or(|v| v == 3), "page {p}: {got:?}");
+    }
 }
 
 #[test]
