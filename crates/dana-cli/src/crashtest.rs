@@ -125,6 +125,11 @@ pub struct CrashArgs {
     /// everything else are still torn.
     #[arg(long)]
     pub untorn_writes: bool,
+    /// Log full page images compressed (`Options::compress_log_images`):
+    /// torn pages are rebuilt from LZ4 blocks, in the simulated power cuts
+    /// and the kill -9 cycles.
+    #[arg(long)]
+    pub compress_log_images: bool,
     /// Directory for the kill -9 runs (default: a temporary directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -501,6 +506,14 @@ fn compress_pages() -> bool {
     COMPRESS_PAGES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// `--compress-log-images`.
+static COMPRESS_LOG_IMAGES: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+fn compress_log_images() -> bool {
+    COMPRESS_LOG_IMAGES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The most flushes in flight every log of the run takes.
 fn log_flushes_in_flight() -> usize {
     match LOG_FLUSHES_IN_FLIGHT.load(std::sync::atomic::Ordering::Relaxed) {
@@ -513,6 +526,7 @@ fn sim_options(durability: Durability, log_sync: bool) -> Options {
     let o = Options::default()
         .log_flush_block(log_flush_block())
         .log_flushes_in_flight(log_flushes_in_flight())
+        .compress_log_images(compress_log_images())
         .log_identity(0x51_4d_5e_ed)
         .pool_bytes(48 * 4096)
         .workers(1)
@@ -1185,6 +1199,7 @@ fn kill_options(durability: Durability, log_sync: bool) -> Options {
     };
     o.log_flush_block(log_flush_block())
         .log_flushes_in_flight(log_flushes_in_flight())
+        .compress_log_images(compress_log_images())
         .log_write_through_max(if log_sync {
             0
         } else {
@@ -1350,6 +1365,9 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
         }
         if compress_pages() {
             cmd.arg("--compress-pages");
+        }
+        if compress_log_images() {
+            cmd.arg("--compress-log-images");
         }
         let (mut child, rx, reader) = spawn_child(cmd.arg("--dir").arg(dir)).map_err(fail)?;
         let early = c % 3 == 2;
@@ -1547,6 +1565,10 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
     MIRRORED.store(args.mirrored, std::sync::atomic::Ordering::Relaxed);
     OUT_OF_PLACE.store(args.out_of_place, std::sync::atomic::Ordering::Relaxed);
     COMPRESS_PAGES.store(args.compress_pages, std::sync::atomic::Ordering::Relaxed);
+    COMPRESS_LOG_IMAGES.store(
+        args.compress_log_images,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     LOG_FLUSHES_IN_FLIGHT.store(
         args.log_flushes_in_flight,
         std::sync::atomic::Ordering::Relaxed,
@@ -1621,6 +1643,8 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         "simulated power cuts{}: {} crash points ({} sync, {} async; {} with the log flushed by write + fdatasync), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied, {} missing before a later survivor; recoveries redid {} leaf cuts ({} keys left out for re-applied commits) and found {} later flushes kept past a torn one (log flushes in flight: at most {}) in {:.1} s",
         if args.untorn_writes {
             " (data disk writing 4 KiB untorn, no torn-page images logged)"
+        } else if args.compress_log_images {
+            " (full page images logged compressed)"
         } else {
             ""
         },

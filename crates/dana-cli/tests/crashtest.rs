@@ -141,6 +141,29 @@ fn untorn_page_writes_lose_nothing() {
     );
 }
 
+/// `--compress-log-images`: full page images logged as LZ4 blocks, torn
+/// pages rebuilt from them, in power cuts and kill -9 cycles.
+#[test]
+fn compressed_log_images_lose_nothing() {
+    let text = crashtest_losing_nothing(&[
+        "--compress-log-images",
+        "--points",
+        "80",
+        "--kills",
+        "2",
+        "--flips",
+        "2",
+    ]);
+    assert!(
+        text.contains("full page images logged compressed"),
+        "{text}"
+    );
+    assert_eq!(
+        number_before(&text, "simulated power cuts", "crash points"),
+        80
+    );
+}
+
 #[test]
 fn a_planted_loss_fails_the_run() {
     let (out, text) = dana(&[
