@@ -634,10 +634,12 @@ impl Options {
     /// are most of the log's bytes under inserts and updates. Compressing
     /// them saves log bytes (and the flash they wear) and costs CPU at the
     /// change and at recovery, as PostgreSQL's `wal_compression` does
-    /// (off there by default too). Measured (docs/PERF.md): a fifth to a
-    /// third fewer log bytes on YCSB-A with half-compressible values, about
-    /// 5% fewer operations per second where the CPU is the bound. Recovery
-    /// reads images either way, whatever this says.
+    /// (off there by default too). Measured (docs/PERF.md): a quarter to a
+    /// third fewer log bytes with half-compressible values, for 0.92-0.99x
+    /// the inserts per second and 0.98x YCSB-A; TPC-C, whose pages compress
+    /// little, saved 8% of its log bytes for 0.82x the transactions on
+    /// CPU-bound simulated devices. Recovery reads images either way,
+    /// whatever this says.
     ///
     /// ```
     /// assert!(!dana::Options::default().compress_log_images_value());

@@ -92,6 +92,25 @@ fn mutated_commit(writes: &[Write], flips: &[(usize, u8)]) -> Vec<u8> {
     r
 }
 
+/// A sealed Pages record holding a compressed full image of a leaf of
+/// `n` entries (`record::LZ4`), then `flips` applied, then sealed again.
+fn mutated_compressed_image(n: usize, flips: &[(usize, u8)]) -> Vec<u8> {
+    let entries: Vec<(Vec<u8>, Vec<u8>)> = (0..n)
+        .map(|i| (format!("key{i:04}").into_bytes(), vec![i as u8; i % 40]))
+        .collect();
+    let page = valid_leaf(&entries);
+    let mut b = record::RecordBuilder::new(Kind::Pages);
+    b.u32(1);
+    record::put_image_entry(&mut b, 3, &page, &record::image(&page), true);
+    let mut r = b.into_unsealed();
+    for &(at, x) in flips {
+        let i = record::HEADER + at % (r.len() - record::HEADER).max(1);
+        r[i] ^= x;
+    }
+    record::seal(&mut r, 4096, 0);
+    r
+}
+
 #[test]
 fn a_commit_record_claiming_four_billion_writes_is_an_error() {
     // Count u32::MAX with no bytes behind it: today's decoder reserved
@@ -146,6 +165,14 @@ proptest! {
             })
             .collect();
         decode_record(&mutated_commit(&writes, &flips));
+    }
+
+    #[test]
+    fn mutated_compressed_images_decode_or_fail_cleanly(
+        n in 1usize..60,
+        flips in proptest::collection::vec((any::<usize>(), 1u8..=255), 1..6),
+    ) {
+        decode_record(&mutated_compressed_image(n, &flips));
     }
 
     #[test]

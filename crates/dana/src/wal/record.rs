@@ -276,6 +276,9 @@ pub const CUT: u32 = 2;
 /// as in an image's.
 pub const LZ4: u32 = 4;
 
+/// Plain images of at most this many bytes are logged as they are.
+const MIN_COMPRESSED_IMAGE: usize = 512;
+
 /// Changed byte ranges between `before` and `after` (same length, a
 /// multiple of 8), skipping the page checksum and LSN fields, with runs
 /// closer than 16 bytes merged.
@@ -371,8 +374,9 @@ pub fn put_image_entry(
     segs: &[(usize, usize)],
     compress: bool,
 ) -> bool {
-    if compress {
-        let plain: usize = segs.iter().map(|&(_, len)| 8 + len).sum();
+    let plain: usize = segs.iter().map(|&(_, len)| 8 + len).sum();
+    // A small image is not worth a compressor's pass over the page.
+    if compress && plain > MIN_COMPRESSED_IMAGE {
         let at = b.len();
         b.u64(pid).u32(FULL_IMAGE | LZ4).u32(1).u32(0).u32(0);
         let data = b.len();
@@ -405,7 +409,7 @@ pub fn put_cut_entry(b: &mut RecordBuilder, pid: u64, tree: u64, key: &[u8]) {
 pub struct PageEntry<'a> {
     /// The page.
     pub pid: u64,
-    /// [`FULL_IMAGE`] or 0.
+    /// [`FULL_IMAGE`], [`CUT`], [`FULL_IMAGE`] with [`LZ4`], or 0.
     pub flags: u32,
     segs: &'a [u8],
     nsegs: u32,

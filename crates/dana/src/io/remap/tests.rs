@@ -358,6 +358,14 @@ fn a_segment_dead_at_a_crash_is_not_reused_before_it_names_nothing() {
     for p in 0..40 {
         assert_eq!(version_of(p, &read(&mut q, p, 1)), Some(2), "page {p}");
     }
+    {
+        let st = r.lock();
+        assert!(
+            st.dying.contains(&s) && !st.free.contains(&s),
+            "segment {s} is {:?}",
+            st.segments[s as usize].life
+        );
+    }
     // Every page unmapped: their segments die, and a barrier frees them.
     r.discard(0, 40 * PAGE as u64).unwrap();
     flush_q(&mut q);
