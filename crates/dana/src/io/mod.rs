@@ -42,8 +42,8 @@ pub use device::Device;
 pub use eventfd::EventFd;
 pub use placement::Placement;
 pub use sim::{
-    Clock, CutWrite, Fault, FaultEffect, Latency, PowerCutPolicy, PowerCutReport, SectorFate,
-    SimConfig, SimDisk, SimQueue, SimStats, Trigger, WriteFate,
+    Clock, CutWrite, DiscardFailure, Fault, FaultEffect, Latency, PowerCutPolicy, PowerCutReport,
+    SectorFate, SimConfig, SimDisk, SimQueue, SimStats, Trigger, WriteFate,
 };
 
 use crate::{Error, OpKind, Result};

@@ -701,6 +701,17 @@ impl Inner {
     }
 }
 
+/// How a [`SimDisk`]'s discards fail ([`SimDisk::fail_discards`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiscardFailure {
+    /// Nothing of the range changes.
+    Untouched,
+    /// Part way, at its worst: bytes 8 to 2,048 of every 4 KiB chunk of the
+    /// range read as zeros, the rest as before (no block left whole, none
+    /// all zeros: what a summary copy held reads as damage).
+    HalfZeroed,
+}
+
 /// A memory-backed device shared by the queues of several workers.
 ///
 /// Memory is proportional to the data written, not to the device's size:
@@ -717,8 +728,8 @@ pub struct SimDisk {
     align: Alignment,
     inner: Mutex<Inner>,
     switch: Mutex<Option<Arc<PowerSwitch>>>,
-    /// Every discard fails, trimming nothing ([`SimDisk::fail_discards`]).
-    discards_fail: std::sync::atomic::AtomicBool,
+    /// How every discard fails, if it does ([`SimDisk::fail_discards`]).
+    discards_fail: Mutex<Option<DiscardFailure>>,
 }
 
 /// Cuts the power of several disks at once when their requests, counted
@@ -837,7 +848,7 @@ impl SimDisk {
                 ftl: None,
             }),
             switch: Mutex::new(None),
-            discards_fail: std::sync::atomic::AtomicBool::new(false),
+            discards_fail: Mutex::new(None),
         })
     }
 
@@ -940,10 +951,21 @@ impl SimDisk {
                 self.size()
             )));
         }
-        if self
-            .discards_fail
-            .load(std::sync::atomic::Ordering::Acquire)
-        {
+        let failure = *self.discards_fail.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(how) = failure {
+            if how == DiscardFailure::HalfZeroed {
+                let mut inner = self.lock();
+                let first = offset.div_ceil(CHUNK as u64);
+                let last = (offset + len) / CHUNK as u64;
+                let Inner { durable, dirty, .. } = &mut *inner;
+                for i in first..last {
+                    if !dirty.contains_key(&i) {
+                        if let Some(c) = durable.get_mut(&i) {
+                            c[8..CHUNK / 2].fill(0);
+                        }
+                    }
+                }
+            }
             return Err(Error::Io {
                 op: OpKind::Write,
                 device: self.index,
@@ -975,13 +997,12 @@ impl SimDisk {
         Ok(())
     }
 
-    /// Makes every later discard fail with `EIO` and trim nothing (`true`)
-    /// or work again (`false`): a device whose TRIM fails, so that the
+    /// Makes every later discard fail with `EIO`, as `how` says (None:
+    /// discards work again): a device whose TRIM fails, so that the
     /// callers' way around it (an out-of-place device's freed segments)
     /// runs under power cuts.
-    pub fn fail_discards(&self, fail: bool) {
-        self.discards_fail
-            .store(fail, std::sync::atomic::Ordering::Release);
+    pub fn fail_discards(&self, how: Option<DiscardFailure>) {
+        *self.discards_fail.lock().unwrap_or_else(|e| e.into_inner()) = how;
     }
 
     /// Makes this disk's durable image a copy of `other`'s (what survives

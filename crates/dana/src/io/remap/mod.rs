@@ -142,6 +142,11 @@ const GC_RESERVE: usize = 2;
 const PIN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Segments a run of the collection frees beyond what it was asked for.
 const GC_BATCH: usize = 4;
+/// Marks a segment an intent names as one being trimmed (freed): a trim
+/// cut by a crash, or one that failed part way, may have zeroed part of
+/// a summary copy, so the open takes any copy of it that does not read
+/// back for none (the segment was dead), never for damage.
+const TRIM_BIT: u32 = 1 << 31;
 
 /// How an out-of-place device is cut.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -489,6 +494,14 @@ struct State {
     free: VecDeque<u32>,
     /// Segments with no live extent, waiting for a barrier (`Life::Dying`).
     dying: Vec<u32>,
+    /// Segments whose trim may have left a summary copy part zeroed, named
+    /// ([`TRIM_BIT`]) by every intent until that cannot be any more: true
+    /// once the trim returned (until a flush makes it durable), false while
+    /// it failed or has not run (until both copies hold a summary naming
+    /// nothing, or a trim returns). At most half an intent's worth.
+    trimming: Vec<(u32, bool)>,
+    /// The segments the newest durable intent names as being trimmed.
+    trims_named: Vec<u32>,
     /// The open segment of each stream.
     open: [Option<u32>; OPEN_SEGMENTS],
     /// The next stamp or summary version.
@@ -675,6 +688,8 @@ impl Remap {
             segments: (0..segments).map(|_| Segment::new()).collect(),
             free: (0..segments as u32).collect(),
             dying: Vec::new(),
+            trimming: Vec::new(),
+            trims_named: Vec::new(),
             open: [None; OPEN_SEGMENTS],
             clock: 1,
             barriers_started: 0,
@@ -1209,10 +1224,36 @@ impl Remap {
     }
 
     fn barrier_on(&self, q: &mut dyn IoQueue) -> Result<()> {
+        let whole = self.inner.discard_reads_zeros();
         let started = {
             let mut st = self.lock();
             st.barriers_started += 1;
-            st.barriers_started
+            let started = st.barriers_started;
+            if whole {
+                // The segments this barrier will free, named by its intents
+                // as being trimmed (durable before any trim runs: a crash
+                // in the middle of one may leave a summary copy part
+                // zeroed, which the open then takes for none), as many as
+                // the intents have room for; the others wait.
+                let suspects = st.segments.iter().filter(|g| g.suspect).count();
+                let room =
+                    (self.geo.intent_cap as usize / 2).saturating_sub(st.trimming.len() + suspects);
+                let State {
+                    dying,
+                    segments,
+                    trimming,
+                    ..
+                } = &mut *st;
+                let candidates = dying.iter().filter(|&&s| {
+                    let seg = &segments[s as usize];
+                    matches!(seg.life, Life::Dying { barrier } if barrier < started)
+                        && seg.readers == 0
+                        && !trimming.iter().any(|&(t, _)| t == s)
+                });
+                let named: Vec<u32> = candidates.take(room).copied().collect();
+                trimming.extend(named.into_iter().map(|s| (s, false)));
+            }
+            started
         };
         // Bounded: each round writes the summaries of up to an intent's
         // worth of segments (all of them, nearly always, in one round).
@@ -1227,12 +1268,18 @@ impl Remap {
         // their trim).
         let mut freed = Vec::new();
         let State {
-            dying, segments, ..
+            dying,
+            segments,
+            trimming,
+            ..
         } = &mut *st;
         dying.retain(|&s| {
             let seg = &mut segments[s as usize];
+            // Where a trim zeroes summaries, only those this barrier's
+            // intents named as being trimmed.
             let free = matches!(seg.life, Life::Dying { barrier } if barrier < started)
-                && seg.readers == 0;
+                && seg.readers == 0
+                && (!whole || trimming.iter().any(|&(t, _)| t == s));
             if free {
                 debug_assert!(seg.live_units == 0 && seg.pending == 0);
                 seg.life = Life::Free;
@@ -1246,8 +1293,9 @@ impl Remap {
         // segment. Where pages are not unmapped a failed trim frees the
         // segment all the same (advice). Where a trimmed range may read
         // back as anything (a block device), the summaries stay: an open
-        // would take garbage there for damage. They are valid summaries whose every entry loses
-        // (no page is unmapped there: `Remap::unmaps`).
+        // would take garbage there for damage. They are valid summaries
+        // whose every entry loses (no page is unmapped there:
+        // `Remap::unmaps`).
         // Where pages are unmapped, a freed segment must name nothing
         // (an unmapped page has no newer extent for its old entries to
         // lose to): a whole trim that failed is made up for with a summary
@@ -1258,7 +1306,6 @@ impl Remap {
         // both copies at once, the first way, could leave both cut, which
         // the open takes for damage.)
         let seg_bytes = self.geo.seg_pages * self.geo.page;
-        let whole = self.inner.discard_reads_zeros();
         let mut trimmed = 0;
         let mut untrimmed = Vec::new();
         for &s in &freed {
@@ -1271,6 +1318,12 @@ impl Remap {
             };
             if self.inner.discard(at, len).is_ok() {
                 trimmed += 1;
+                if whole {
+                    let mut st = self.lock();
+                    if let Some(t) = st.trimming.iter_mut().find(|(t, _)| *t == s) {
+                        t.1 = true;
+                    }
+                }
             } else if whole {
                 untrimmed.push(s);
             }
@@ -1322,6 +1375,10 @@ impl Remap {
                     st.segments[s as usize].life = Life::Dying { barrier };
                     st.dying.push(s);
                     freed.retain(|&f| f != s);
+                } else {
+                    // Both copies name nothing, durably: nothing is left
+                    // part zeroed.
+                    st.trimming.retain(|&(t, _)| t != s);
                 }
             }
         }
@@ -1335,13 +1392,20 @@ impl Remap {
     /// One round of a barrier: the intent naming the segments whose
     /// summaries it writes (up to an intent's worth of the dirty ones),
     /// a flush (the data of every completed write and the intent durable),
-    /// their summaries, a flush. With no dirty segment, one flush. True if
-    /// dirty segments are left for another round.
+    /// their summaries, a flush. Every intent also names the segments being
+    /// trimmed ([`TRIM_BIT`]); with no dirty segment, that intent and a
+    /// flush, or with none being trimmed either, one flush. True if dirty
+    /// segments are left for another round.
     fn barrier_round(&self, q: &mut dyn IoQueue) -> Result<bool> {
         // The summaries name only writes that completed before this point,
         // and the first flush makes their data durable before any summary
         // is written.
         let cap = self.geo.intent_cap as usize;
+        // Segments whose trim had returned when the intent was encoded:
+        // its flush makes those trims durable.
+        let trims_returned: Vec<u32>;
+        // The segments the intent names as being trimmed.
+        let trims_in_intent: Vec<u32>;
         let (intent, summaries, more) = {
             let mut st = self.lock();
             // Suspect segments first: every intent names them until their
@@ -1356,12 +1420,20 @@ impl Remap {
                     .filter(|&s| st.segments[s].dirty && !st.segments[s].suspect)
                     .take(cap + 1),
             );
+            // Room for the segments being trimmed, which every intent names.
+            let cap = cap.saturating_sub(st.trimming.len()).max(1);
             let more = dirty.len() > cap;
             dirty.truncate(cap);
-            if dirty.is_empty() {
+            // No summary to write, and the newest durable intent names
+            // every segment being trimmed: one flush, which makes the trims
+            // that returned durable.
+            let named = st.trimming.iter().all(|(t, _)| st.trims_named.contains(t));
+            if dirty.is_empty() && named {
                 drop(st);
                 flush(q)?;
-                self.lock().stats.barriers += 1;
+                let mut st = self.lock();
+                st.stats.barriers += 1;
+                st.trimming.retain(|&(_, returned)| !returned);
                 return Ok(false);
             }
             // Every buffer first: a failed allocation must leave every
@@ -1369,12 +1441,26 @@ impl Remap {
             let mut bufs = (0..dirty.len())
                 .map(|_| self.summary_buf())
                 .collect::<Result<Vec<_>>>()?;
-            let mut intent_buf = self.intent_buf(dirty.len())?;
+            let mut intent_buf = self.intent_buf(dirty.len() + st.trimming.len())?;
             let number = st.clock;
             st.clock += 1;
             let intent_slot = st.intent_slot;
             st.intent_slot ^= 1;
-            encode_intent(&mut intent_buf, number, dirty.iter().map(|&s| s as u32));
+            encode_intent(
+                &mut intent_buf,
+                number,
+                dirty
+                    .iter()
+                    .map(|&s| s as u32)
+                    .chain(st.trimming.iter().map(|&(t, _)| t | TRIM_BIT)),
+            );
+            trims_returned = st
+                .trimming
+                .iter()
+                .filter(|&&(_, returned)| returned)
+                .map(|&(t, _)| t)
+                .collect();
+            trims_in_intent = st.trimming.iter().map(|&(t, _)| t).collect();
             let mut out = Vec::with_capacity(dirty.len());
             for &s in &dirty {
                 let version = st.clock;
@@ -1399,18 +1485,27 @@ impl Remap {
         let (intent_slot, intent_buf) = intent;
         let intent_at = self.geo.intent_at(intent_slot);
         let mut intent_durable = false;
-        let result = match write_all(q, std::iter::once((intent_at, intent_buf)))
-            .and_then(|_| flush(q))
-        {
-            Err(e) => Err(e),
-            Ok(()) => {
-                intent_durable = true;
-                write_all(q, summaries.into_iter().map(|(_, at, b)| (at, b))).and_then(|_| flush(q))
-            }
-        };
+        let result =
+            match write_all(q, std::iter::once((intent_at, intent_buf))).and_then(|_| flush(q)) {
+                Err(e) => Err(e),
+                Ok(()) => {
+                    intent_durable = true;
+                    if summaries.is_empty() {
+                        // An intent naming only segments being trimmed.
+                        Ok(())
+                    } else {
+                        write_all(q, summaries.into_iter().map(|(_, at, b)| (at, b)))
+                            .and_then(|_| flush(q))
+                    }
+                }
+            };
         let mut st = self.lock();
         st.stats.barriers += 1;
         st.stats.summary_writes += written;
+        if intent_durable {
+            st.trimming.retain(|(t, _)| !trims_returned.contains(t));
+            st.trims_named = trims_in_intent;
+        }
         if let Err(e) = result {
             // The summary copies written to may be cut: the next summary
             // of each goes there again, so the other copy keeps the last
@@ -1446,9 +1541,15 @@ impl Remap {
     pub fn close(&self) -> Result<bool> {
         // Under the device's own queue: no barrier round runs meanwhile.
         let mut q = self.own_queue();
+        if self.lock().trimming.iter().any(|&(_, returned)| returned) {
+            // The trims that returned, durable before an intent stops
+            // naming them.
+            flush(&mut **q)?;
+            self.lock().trimming.retain(|&(_, returned)| !returned);
+        }
         let (slot, buf) = {
             let mut st = self.lock();
-            if st.segments.iter().any(|g| g.dirty || g.suspect) {
+            if st.segments.iter().any(|g| g.dirty || g.suspect) || !st.trimming.is_empty() {
                 return Ok(false);
             }
             let mut buf = self.intent_buf(0)?;
@@ -1672,10 +1773,19 @@ impl Remap {
             .filter_map(|(k, b)| Some((k as u8, decode_intent(b.as_owned()?)?)))
             .max_by_key(|(_, (number, _))| *number);
         let mut clock = newest.as_ref().map_or(1, |(_, (n, _))| n + 1);
-        let mut in_flight: Vec<u32> = newest
+        let named = newest
             .as_ref()
             .map(|(_, (_, segs))| segs.clone())
             .unwrap_or_default();
+        // Segments being trimmed (marked), and segments whose summary a
+        // round was writing.
+        let mut trim_named: Vec<u32> = named
+            .iter()
+            .filter(|&&s| s & TRIM_BIT != 0)
+            .map(|&s| s & !TRIM_BIT)
+            .collect();
+        trim_named.sort_unstable();
+        let mut in_flight: Vec<u32> = named.into_iter().filter(|&s| s & TRIM_BIT == 0).collect();
         in_flight.sort_unstable();
         // Per segment: its newest valid summary and the copy it is in.
         let mut best: Vec<Option<(Summary, u8)>> = vec![None; self.segments as usize];
@@ -1713,7 +1823,13 @@ impl Remap {
         // Each segment the last intent names may have one copy cut by the
         // crash; any other unreadable copy is damage.
         let mut rewrite = Vec::new();
+        // Copies a trim may have left part zeroed: none.
+        let mut trim_cut: Vec<(u32, u8)> = Vec::new();
         for (i, &(s, k)) in unreadable.iter().enumerate() {
+            if trim_named.binary_search(&s).is_ok() {
+                trim_cut.push((s, k));
+                continue;
+            }
             let torn = in_flight.binary_search(&s).is_ok()
                 && !unreadable[..i].iter().any(|&(t, _)| t == s);
             if !torn {
@@ -1730,6 +1846,7 @@ impl Remap {
         }
         let mut st = self.lock();
         st.intent_slot = newest.as_ref().map_or(0, |(k, _)| k ^ 1);
+        st.trims_named = trim_named.clone();
         let mut stamps = vec![0u64; self.pages as usize];
         for (s, b) in best.iter().enumerate() {
             let Some((summary, _)) = b else { continue };
@@ -1802,8 +1919,16 @@ impl Remap {
         for s in 0..st.segments.len() {
             let seg = &mut st.segments[s];
             seg.next = g.data_units;
+            let cut = trim_cut.iter().any(|&(t, _)| t as usize == s);
             if seg.live_units > 0 {
                 seg.life = Life::Closed;
+            } else if cut {
+                // A trim cut by the crash (or one that failed part way):
+                // named as being trimmed until the first barrier trims it
+                // again, or writes both its copies.
+                seg.life = Life::Dying { barrier: 0 };
+                st.dying.push(s as u32);
+                st.trimming.push((s as u32, false));
             } else if unmaps && !seg.entries.is_empty() {
                 // Dead, but its newest summary still names extents (it died
                 // before the crash and was not trimmed yet, or the summary
@@ -1838,7 +1963,13 @@ impl Remap {
             }
         }
         // A copy cut by the crash is written again (with what the other
-        // copy says) by the next barrier, whose intent names it until then.
+        // copy says) by the next barrier, whose intent names it until then;
+        // so is one a trim left part zeroed in a segment that is live (its
+        // other copy names live extents).
+        let live_cut = trim_cut
+            .iter()
+            .filter(|&&(s, _)| st.segments[s as usize].life != Life::Dying { barrier: 0 });
+        rewrite.extend(live_cut.copied().collect::<Vec<_>>());
         for (s, k) in rewrite {
             let seg = &mut st.segments[s as usize];
             seg.dirty = true;
