@@ -407,6 +407,10 @@ pub struct RemapStats {
     /// Pages unmapped by discards ([`Remap::discard`]: the engine's trims
     /// of freed pages).
     pub pages_unmapped: u64,
+    /// Summary copies the last open found unreadable in segments its
+    /// newest intent named as being trimmed, and took for none (a trim cut
+    /// by the crash, or one that failed part way).
+    pub trim_cut_copies: u64,
 }
 
 impl RemapStats {
@@ -422,6 +426,7 @@ impl RemapStats {
             barriers: self.barriers - earlier.barriers,
             write_stalls: self.write_stalls - earlier.write_stalls,
             pages_unmapped: self.pages_unmapped - earlier.pages_unmapped,
+            trim_cut_copies: self.trim_cut_copies - earlier.trim_cut_copies,
         }
     }
 }
@@ -1258,10 +1263,18 @@ impl Remap {
         // Bounded: each round writes the summaries of up to an intent's
         // worth of segments (all of them, nearly always, in one round).
         let rounds = self.segments / self.geo.intent_cap as u64 + 2;
+        let mut settled = false;
         for _ in 0..rounds {
             if !self.barrier_round(q)? {
+                settled = true;
                 break;
             }
+        }
+        if !settled {
+            // Summaries are left to write (writes on other queues kept the
+            // rounds busy): a dying segment's entries may lose only to one
+            // of them, so nothing is freed; a later barrier frees them.
+            return Ok(());
         }
         let mut st = self.lock();
         // Free (not yet in the free list, so nobody opens them before
@@ -1560,9 +1573,17 @@ impl Remap {
             st.intent_slot ^= 1;
             (slot, buf)
         };
-        write_all(&mut **q, std::iter::once((self.geo.intent_at(slot), buf)))
-            .and_then(|_| flush(&mut **q))
-            .map(|_| true)
+        let written = write_all(&mut **q, std::iter::once((self.geo.intent_at(slot), buf)))
+            .and_then(|_| flush(&mut **q));
+        let mut st = self.lock();
+        match written {
+            // It names nothing as being trimmed (nothing is).
+            Ok(()) => st.trims_named.clear(),
+            // The copy written to may be cut: the next intent goes there
+            // again, the newest durable one left as it is.
+            Err(_) => st.intent_slot ^= 1,
+        }
+        written.map(|_| true)
     }
 
     /// Frees at least `want` segments (a few more when it can) by copying
@@ -1844,9 +1865,17 @@ impl Remap {
             }
             rewrite.push((s, k));
         }
+        // A segment being trimmed with a copy a trim cut names nothing,
+        // whatever its other copy says: it was dead when the trim began,
+        // and the trim may have zeroed part of the data that copy names
+        // (its entries could win only for pages unmapped since).
+        for &(s, _) in &trim_cut {
+            best[s as usize] = None;
+        }
         let mut st = self.lock();
         st.intent_slot = newest.as_ref().map_or(0, |(k, _)| k ^ 1);
         st.trims_named = trim_named.clone();
+        st.stats.trim_cut_copies = trim_cut.len() as u64;
         let mut stamps = vec![0u64; self.pages as usize];
         for (s, b) in best.iter().enumerate() {
             let Some((summary, _)) = b else { continue };
@@ -1920,6 +1949,7 @@ impl Remap {
             let seg = &mut st.segments[s];
             seg.next = g.data_units;
             let cut = trim_cut.iter().any(|&(t, _)| t as usize == s);
+            debug_assert!(!cut || seg.live_units == 0, "a cut segment names nothing");
             if seg.live_units > 0 {
                 seg.life = Life::Closed;
             } else if cut {
@@ -1963,13 +1993,7 @@ impl Remap {
             }
         }
         // A copy cut by the crash is written again (with what the other
-        // copy says) by the next barrier, whose intent names it until then;
-        // so is one a trim left part zeroed in a segment that is live (its
-        // other copy names live extents).
-        let live_cut = trim_cut
-            .iter()
-            .filter(|&&(s, _)| st.segments[s as usize].life != Life::Dying { barrier: 0 });
-        rewrite.extend(live_cut.copied().collect::<Vec<_>>());
+        // copy says) by the next barrier, whose intent names it until then.
         for (s, k) in rewrite {
             let seg = &mut st.segments[s as usize];
             seg.dirty = true;
