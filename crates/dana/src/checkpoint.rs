@@ -29,7 +29,10 @@ use crate::Result;
 /// starts each log at its redo LSN: for a shard, where the shard
 /// checkpointed longest ago began (see `LogSet::begin_checkpoint`). (A
 /// crash between two logs' control blocks leaves some logs at the
-/// previous checkpoint: they redo more, which is harmless.)
+/// previous checkpoint: they are scanned from further back, and recovery
+/// redoes their records only from the newest redo GSN any block names,
+/// `wal::recover`; redoing their older page records once brought old full
+/// images back over large values.)
 pub(crate) async fn checkpoint(
     pool: &BufferPool,
     wal: &Arc<LogSet>,

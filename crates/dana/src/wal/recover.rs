@@ -726,6 +726,21 @@ pub fn recover(array: &Array, logs: &[(Target, Control)], cut: CutLeaf) -> Resul
     // from: judged once every page is redone (by the map's final word).
     let mut damaged = Vec::new();
     for (pid, mut entries) in by_page {
+        // The same holds for page records below that GSN: a log whose
+        // control block is older (a crash between the logs' control-block
+        // writes of a checkpoint) would otherwise bring back its older
+        // full images, over pages taken since by large values whose
+        // commits lie in another log below its redo point, where nothing
+        // here says they were taken (the pages fail their checksum, so an
+        // image would be taken for a repair). A full image that repairs a
+        // page torn since is logged at or past its shard's full-image
+        // bound, never below the redo GSN.
+        let before = entries.len();
+        entries.retain(|(gsn, _, _)| *gsn >= redo_gsn);
+        out.entries_skipped += (before - entries.len()) as u64;
+        if entries.is_empty() {
+            continue;
+        }
         // A committed large value's bytes replaced whatever this page held
         // before its commit: those entries must not come back over them.
         if let Some(&cut) = taken.get(&pid) {
