@@ -435,19 +435,24 @@ impl PageEntry<'_> {
     /// A leaf cut's tree (root page id) and key (of the record at `lsn`,
     /// for errors).
     pub fn cut(&self, lsn: u64) -> Result<(u64, &[u8])> {
-        let ok = self.is_cut() && !self.is_full() && self.nsegs == 1;
-        let (Some(0), Some(len), Some(tree)) = (
-            u32_at(self.segs, 0).filter(|_| ok),
-            u32_at(self.segs, 4),
-            u64_at(self.segs, 8),
-        ) else {
-            return Err(bad_log(lsn, "a leaf cut entry is malformed"));
-        };
-        let key = (len as usize)
-            .checked_sub(8)
-            .and_then(|k| self.segs.get(16..16 + k))
-            .ok_or_else(|| bad_log(lsn, "a leaf cut's key is cut short"))?;
-        Ok((tree, key))
+        let seg = self
+            .only_segment()
+            .filter(|_| self.is_cut() && !self.is_full());
+        match seg.map(|b| (u64_at(b, 0), b.get(8..))) {
+            Some((Some(tree), Some(key))) => Ok((tree, key)),
+            _ => Err(bad_log(lsn, "a leaf cut entry is malformed")),
+        }
+    }
+
+    /// The bytes of this entry's one segment, at offset 0 (a leaf cut's,
+    /// a compressed image's); None if it has another shape or is cut
+    /// short.
+    fn only_segment(&self) -> Option<&[u8]> {
+        if self.nsegs != 1 || u32_at(self.segs, 0) != Some(0) {
+            return None;
+        }
+        let len = u32_at(self.segs, 4)? as usize;
+        self.segs.get(8..8 + len)
     }
 
     /// Redoes this entry (of the record at `lsn`, for errors) on `page`
@@ -457,12 +462,10 @@ impl PageEntry<'_> {
             return Err(bad_log(lsn, "a leaf cut is not redone byte by byte"));
         }
         if self.is_compressed() {
-            let ok = self.is_full() && self.nsegs == 1;
-            let block = match (u32_at(self.segs, 0).filter(|_| ok), u32_at(self.segs, 4)) {
-                (Some(0), Some(len)) => self.segs.get(8..8 + len as usize),
-                _ => None,
-            }
-            .ok_or_else(|| bad_log(lsn, "a compressed page image is malformed"))?;
+            let block = self
+                .only_segment()
+                .filter(|_| self.is_full())
+                .ok_or_else(|| bad_log(lsn, "a compressed page image is malformed"))?;
             match lz4_flex::block::decompress_into(block, page) {
                 Ok(n) if n == page.len() => {}
                 _ => {

@@ -1312,12 +1312,11 @@ impl Remap {
         // Where pages are unmapped, a freed segment must name nothing
         // (an unmapped page has no newer extent for its old entries to
         // lose to): a whole trim that failed is made up for with a summary
-        // naming nothing, newer than both copies, durable before the
-        // segment is reused. It is written as every summary is, by a
-        // barrier round whose intent names the segment: a crash cuts one
-        // copy at most, and the other keeps the last good one. (Zeros over
-        // both copies at once, the first way, could leave both cut, which
-        // the open takes for damage.)
+        // naming nothing, newer than both copies, durable in both before
+        // the segment is reused. Each copy is written as every summary is,
+        // by a barrier round whose intent names the segment: a crash cuts
+        // one copy at most. (Zeros over both copies at once, the first
+        // way, could leave both cut, which the open takes for damage.)
         let seg_bytes = self.geo.seg_pages * self.geo.page;
         let mut trimmed = 0;
         let mut untrimmed = Vec::new();
@@ -1874,7 +1873,7 @@ impl Remap {
         }
         let mut st = self.lock();
         st.intent_slot = newest.as_ref().map_or(0, |(k, _)| k ^ 1);
-        st.trims_named = trim_named.clone();
+        st.trims_named = trim_named;
         st.stats.trim_cut_copies = trim_cut.len() as u64;
         let mut stamps = vec![0u64; self.pages as usize];
         for (s, b) in best.iter().enumerate() {
@@ -1917,7 +1916,6 @@ impl Remap {
                 let (summary, _) = b.as_ref()?;
                 let stream = summary.stream as usize;
                 let open = next_of(summary) < g.data_units
-                    && !summary.entries.is_empty()
                     && (summary.entries.len() as u32) < g.entry_cap
                     && stream < OPEN_SEGMENTS;
                 open.then_some((stream, summary.version, s))
