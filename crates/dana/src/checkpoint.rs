@@ -38,7 +38,7 @@ pub(crate) async fn checkpoint(
     wal: &Arc<LogSet>,
     scope: CheckpointScope,
 ) -> Result<()> {
-    let bound = wal.begin_checkpoint(scope);
+    let (bound, redo) = wal.begin_checkpoint(scope);
     let shards = wal.checkpoint_shards();
     pool.flush_where(|pid| scope.holds(pid, shards)).await?;
     let mut ends = Vec::with_capacity(wal.logs().len());
@@ -55,7 +55,7 @@ pub(crate) async fn checkpoint(
     }
     // Advice to the devices: a map page that cannot be read now is an
     // error for whoever needs it next, not a failed checkpoint.
-    let _ = pool.trim_freed().await;
+    let _ = pool.trim_freed(redo).await;
     Ok(())
 }
 

@@ -2129,7 +2129,7 @@ mod tests {
             l.applied(g);
         };
         advance();
-        let b2 = set.begin_checkpoint(CheckpointScope::Shard(2));
+        let (b2, _) = set.begin_checkpoint(CheckpointScope::Shard(2));
         assert!(b2 > start);
         assert_eq!(set.full_image_below(6), b2, "page 6 is in shard 2");
         assert_eq!(

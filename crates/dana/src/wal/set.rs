@@ -128,7 +128,9 @@ impl LogSet {
     /// redo point (the first change of a page after its shard's checkpoint
     /// began, a full image, is where recovery will read) and recovery
     /// re-applies one suffix of the commits of all logs.
-    pub(crate) fn begin_checkpoint(&self, scope: CheckpointScope) -> u64 {
+    /// Returns (the full-image bound, the redo GSN this checkpoint's
+    /// control blocks will name: recovery redoes page records from it).
+    pub(crate) fn begin_checkpoint(&self, scope: CheckpointScope) -> (u64, u64) {
         let mut states: Vec<_> = self.logs.iter().map(|l| l.lock()).collect();
         let applying = states
             .iter()
@@ -139,7 +141,7 @@ impl LogSet {
         for (l, st) in self.logs.iter().zip(states.iter_mut()) {
             l.begin_checkpoint_in(st, g);
         }
-        bound
+        (bound, g)
     }
 
     /// The first error that stopped a log, if any.
