@@ -2,7 +2,7 @@
 //! simulator, whose trimmed blocks read as zeros afterwards, and
 //! out-of-place devices over it, plain and compressed, which unmap them):
 //! tree pages freed by merges and a large value's extents are trimmed
-//! once their free is durable, reused afterwards without harm, and power
+//! once their free is behind the redo point, reused afterwards without harm, and power
 //! cuts between frees, trims and reuse lose no acknowledged commit. A
 //! file is never trimmed.
 

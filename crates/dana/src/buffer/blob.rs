@@ -413,7 +413,8 @@ impl BufferPool {
         }
         s.set_large_values(live);
         self.alloc.blobs.live.store(live, Ordering::Release);
-        // Trimmed once free in memory too (after `retire`) and durable.
+        // Trimmed once free in memory too (after `retire`) and behind the
+        // redo point.
         s.freed
             .extend(freed.iter().map(|e| (e.start, u64::from(e.pages))));
         Ok(())

@@ -1,5 +1,6 @@
-//! Freed pages trimmed once their free is durable: the SSD below then
-//! stops counting them as valid, and its collection never copies them.
+//! Freed pages trimmed once their free is behind the redo point: the SSD
+//! below then stops counting them as valid, and its collection never
+//! copies them.
 //!
 //! Owns: the list of pages freed since the last trim (tree pages freed by
 //! merges and drops, extents of large values replaced or deleted) and the
@@ -23,7 +24,9 @@
 //! extent is freed (a leaf cut redone there failed, or keys of the wrong
 //! version survived: ~1 in 1,000 kill -9 cycles, reproduced by
 //! `tests/trim_freed.rs::shard_checkpoints_never_trim_a_page_recovery_may_redo`);
-//! the first version waited only for the free to be durable. It is then marked used in memory while its trim runs,
+//! the first version waited only for the free to be durable. This leans
+//! on recovery dropping the page records below the newest redo GSN any
+//! control block names (`wal/recover.rs`), which it must keep doing. It is then marked used in memory while its trim runs,
 //! so nothing can write it in between, and its frame is dropped unwritten
 //! (a write-back in flight is waited for first): a free page written back
 //! after its trim would undo it for nothing (out of place it maps the
@@ -159,7 +162,14 @@ impl BufferPool {
                         continue;
                     }
                     if gsn >= durable || gsn >= redo {
-                        later.push((pid, 1, gsn));
+                        // Back as runs: a large value's pages, freed
+                        // together, wait for several checkpoints now.
+                        match later.last_mut() {
+                            Some((first, len, g)) if *first + *len == pid && *g == gsn => {
+                                *len += 1;
+                            }
+                            _ => later.push((pid, 1, gsn)),
+                        }
                         continue;
                     }
                     let (at, mask) = geo.bit(pid);
