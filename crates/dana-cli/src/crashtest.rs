@@ -118,6 +118,11 @@ pub struct CrashArgs {
     /// 512 bytes (`Options::compress_pages`).
     #[arg(long, requires = "out_of_place")]
     pub compress_pages: bool,
+    /// With `--out-of-place`: collect segments in a thread of the
+    /// device's own (`Options::background_collection`), or only in the
+    /// workers whose writes find the free segments run out (`false`).
+    #[arg(long, default_value_t = dana::Options::default().background_collection_value(), action = clap::ArgAction::Set)]
+    pub background_collection: bool,
     /// The simulated power cuts' data disk writes 4 KiB untorn
     /// (`RWF_ATOMIC`, as an NVMe drive with a 4 KiB atomic write unit): a
     /// cut keeps or drops each page write whole, and the log holds no
@@ -504,6 +509,14 @@ static COMPRESS_PAGES: std::sync::atomic::AtomicBool = std::sync::atomic::Atomic
 
 fn compress_pages() -> bool {
     COMPRESS_PAGES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// `--background-collection`.
+static BACKGROUND_COLLECTION: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(true);
+
+fn background_collection() -> bool {
+    BACKGROUND_COLLECTION.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// `--compress-log-images`.
@@ -1193,7 +1206,10 @@ fn kill_options(durability: Durability, log_sync: bool) -> Options {
     // times: the collection runs under the kills.
     let (o, capacity) = if out_of_place() {
         let o = o.write_mode(dana::WriteMode::OutOfPlace);
-        (o.compress_pages(compress_pages()), 12 << 20)
+        let o = o
+            .compress_pages(compress_pages())
+            .background_collection(background_collection());
+        (o, 12 << 20)
     } else {
         (o, 64 << 20)
     };
@@ -1366,6 +1382,10 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
         if compress_pages() {
             cmd.arg("--compress-pages");
         }
+        cmd.args([
+            "--background-collection",
+            &background_collection().to_string(),
+        ]);
         if compress_log_images() {
             cmd.arg("--compress-log-images");
         }
@@ -1565,6 +1585,10 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
     MIRRORED.store(args.mirrored, std::sync::atomic::Ordering::Relaxed);
     OUT_OF_PLACE.store(args.out_of_place, std::sync::atomic::Ordering::Relaxed);
     COMPRESS_PAGES.store(args.compress_pages, std::sync::atomic::Ordering::Relaxed);
+    BACKGROUND_COLLECTION.store(
+        args.background_collection,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     COMPRESS_LOG_IMAGES.store(
         args.compress_log_images,
         std::sync::atomic::Ordering::Relaxed,

@@ -58,7 +58,7 @@ pub const TRANSACTION_ATTEMPTS: u32 = 64;
 /// assert_eq!(db.tree("t").unwrap().get(b"b").unwrap(), Some(b"2".to_vec()));
 /// ```
 pub use crate::recovery::RecoveryReport;
-use crate::start::{self, Rebuilds};
+use crate::start::{self, Collectors, Rebuilds};
 
 /// Fields drop in order: the workers stop (`rt`) before the locks are
 /// released (`locks`, last).
@@ -72,6 +72,8 @@ struct DbInner {
     recovery: Option<RecoveryReport>,
     /// The mirrored devices and their rebuilds.
     rebuilds: Rebuilds,
+    /// The background collections of the out-of-place devices.
+    collectors: Collectors,
     locks: Locks,
     /// Serializes `create_tree` and `drop_tree` (one intent slot each in
     /// the meta page). Taken by the calling thread, never on a worker.
@@ -100,6 +102,7 @@ impl Drop for DbInner {
         self.rt.stop();
         self.finish_growth();
         self.rebuilds.finish();
+        self.collectors.finish();
     }
 }
 
@@ -331,6 +334,7 @@ impl Db {
                 checkpointing: s.checkpointing,
                 recovery: s.recovery,
                 rebuilds: s.rebuilds,
+                collectors: s.collectors,
                 locks: s.locks,
                 ddl: Mutex::new(()),
             }),
@@ -827,6 +831,7 @@ impl Db {
         self.inner.rt.stop();
         self.inner.finish_growth();
         self.inner.rebuilds.finish();
+        self.inner.collectors.finish();
         if flushed.is_ok() && !self.inner.committer.read_only {
             // Out-of-place devices mark the clean close (their summaries
             // all written): advice, what fails here costs only the
@@ -936,6 +941,35 @@ impl Db {
     /// ```
     pub fn pool_stats(&self) -> PoolStatsSnapshot {
         self.inner.pool.stats()
+    }
+
+    /// The counters of the out-of-place data devices, summed (None when
+    /// the pages are written in place): segments collected and freed,
+    /// barriers, writes that had to collect themselves.
+    ///
+    /// ```
+    /// use dana::options::WriteMode;
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20);
+    /// # let d2 = tempfile::tempdir().unwrap();
+    /// let db = dana::Db::open(dir.path(), opts.clone()).unwrap();
+    /// assert!(db.out_of_place_stats().is_none());
+    /// let oop = dana::Db::open(d2.path(), opts.write_mode(WriteMode::OutOfPlace)).unwrap();
+    /// oop.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    /// oop.flush().unwrap();
+    /// assert!(oop.out_of_place_stats().unwrap().page_writes > 0);
+    /// ```
+    pub fn out_of_place_stats(&self) -> Option<crate::io::remap::RemapStats> {
+        self.inner
+            .pool
+            .array()
+            .targets()
+            .iter()
+            .filter_map(|t| match t {
+                crate::io::Target::Remap(r) => Some(r.stats()),
+                _ => None,
+            })
+            .reduce(|a, b| a.plus(&b))
     }
 
     /// The buffer pool (for benchmarks and tools).

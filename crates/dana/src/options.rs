@@ -60,6 +60,7 @@ pub struct Options {
     pub(crate) mirror_copies: usize,
     pub(crate) write_mode: WriteMode,
     pub(crate) compress_pages: bool,
+    pub(crate) background_collection: bool,
     pub(crate) capacity_bytes: Option<u64>,
     pub(crate) direct: bool,
     pub(crate) queue_depth: u32,
@@ -96,6 +97,7 @@ impl Default for Options {
             mirror_copies: 1,
             write_mode: WriteMode::InPlace,
             compress_pages: false,
+            background_collection: true,
             capacity_bytes: None,
             direct: true,
             queue_depth: rt.queue_depth,
@@ -380,6 +382,31 @@ impl Options {
     /// Whether pages are compressed ([`Options::compress_pages`]).
     pub fn compress_pages_value(&self) -> bool {
         self.compress_pages
+    }
+
+    /// Out of place, collect segments in the background (default true):
+    /// each out-of-place data file gets a thread that keeps free segments
+    /// ahead of the page writes ([`crate::io::remap::Remap::start_collector`]),
+    /// so that a worker seldom stops its tasks to collect and run the
+    /// barrier that frees what it emptied. Off, the worker whose write
+    /// finds the free segments run out collects itself (as it still does
+    /// when the thread falls behind). Not with a read-only open, and
+    /// nothing in place.
+    ///
+    /// ```
+    /// assert!(dana::Options::default().background_collection_value());
+    /// let o = dana::Options::default().background_collection(false);
+    /// assert!(!o.background_collection_value());
+    /// ```
+    pub fn background_collection(mut self, on: bool) -> Self {
+        self.background_collection = on;
+        self
+    }
+
+    /// Whether out-of-place devices collect in the background
+    /// ([`Options::background_collection`]).
+    pub fn background_collection_value(&self) -> bool {
+        self.background_collection
     }
 
     /// The number of copies set ([`Options::mirror_copies`]).

@@ -22,6 +22,7 @@ use crate::catalog::{self, CATALOG_SLOT};
 use crate::checkpoint::{checkpoint, Checkpointer};
 use crate::io::grower::SpaceReserve;
 use crate::io::mirror::{CopyState, Mirror, RebuildReport};
+use crate::io::remap::Collector;
 use crate::io::{Array, Target};
 use crate::open::{self, Locks};
 use crate::recovery::{self, reapply, RecoveryReport};
@@ -45,6 +46,7 @@ pub(crate) struct Started {
     pub(crate) recovery: Option<RecoveryReport>,
     pub(crate) locks: Locks,
     pub(crate) rebuilds: Rebuilds,
+    pub(crate) collectors: Collectors,
 }
 
 /// Brings up an opened set of files: recovery (or format), the pool,
@@ -242,6 +244,10 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         in_flight: InFlight::new(),
         runtime: rt.id(),
     });
+    let collectors = Collectors::default();
+    if !read_only && opts.background_collection {
+        collectors.start(&array)?;
+    }
     let rebuilds = Rebuilds::new(mirrors, stop.clone());
     if !read_only {
         // A rebuild cut short by a crash or a close goes on.
@@ -257,6 +263,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         recovery,
         locks,
         rebuilds,
+        collectors,
     })
 }
 
@@ -293,6 +300,39 @@ fn mirrors_of(array: &Array, logs: &[Target]) -> Vec<Arc<Mirror>> {
         .chain(logs)
         .filter_map(|t| t.mirror().cloned())
         .collect()
+}
+
+/// The background collections of an open database's out-of-place data
+/// devices (each a thread, joined at close or drop).
+#[derive(Default)]
+pub(crate) struct Collectors {
+    running: Mutex<Vec<Collector>>,
+}
+
+impl Collectors {
+    /// Starts the collection of every out-of-place device of `array`.
+    fn start(&self, array: &Array) -> Result<()> {
+        for t in array.targets() {
+            if let Target::Remap(r) = t {
+                let c = r.start_collector()?;
+                self.running
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(c);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the collections and joins them (each ends after its step):
+    /// before the devices' clean close, which must be the last thing
+    /// written.
+    pub(crate) fn finish(&self) {
+        let running = std::mem::take(&mut *self.running.lock().unwrap_or_else(|e| e.into_inner()));
+        for c in running {
+            c.stop();
+        }
+    }
 }
 
 /// The mirrored groups of an open database and the rebuilds running on

@@ -126,6 +126,11 @@ pub struct EngineArgs {
     /// Log full page images compressed (`Options::compress_log_images`).
     #[arg(long, default_value_t = dana::Options::default().compress_log_images_value(), action = clap::ArgAction::Set)]
     pub compress_log_images: bool,
+    /// Out of place: collect segments in a thread of each device's own
+    /// (`Options::background_collection`), or only in the workers whose
+    /// writes find the free segments run out (`false`).
+    #[arg(long, default_value_t = dana::Options::default().background_collection_value(), action = clap::ArgAction::Set)]
+    pub background_collection: bool,
 }
 
 impl EngineArgs {
@@ -141,6 +146,7 @@ impl EngineArgs {
             .durability(self.durability)
             .eviction(self.eviction)
             .compress_log_images(self.compress_log_images)
+            .background_collection(self.background_collection)
     }
 }
 
@@ -633,6 +639,8 @@ pub struct Measured {
     pub miss_resume: Latency,
     /// The devices' in-flight limits in the window.
     pub budget: BudgetSeen,
+    /// Out of place: what the collection of segments did in the window.
+    pub collection: Option<CollectionSeen>,
     /// One entry per second, warm-up included (negative t).
     pub timeline: Vec<Second>,
 }
@@ -815,8 +823,27 @@ pub fn sample_with(
     e.since(&b, state, timeline, page_size, budget)
 }
 
+/// What the out-of-place devices' collection did in a measured window.
+#[derive(Debug, Clone, Serialize)]
+pub struct CollectionSeen {
+    /// Segments freed per second.
+    pub segments_freed_per_s: f64,
+    /// Extents copied out of victims per operation.
+    pub copies_per_op: f64,
+    /// Barriers per second (the engine's flushes and the collection's).
+    pub barriers_per_s: f64,
+    /// Writes that found no free segment and collected themselves, per
+    /// second (the rest was collected in the background).
+    pub write_stalls_per_s: f64,
+    /// Runs of the background collection per second.
+    pub background_runs_per_s: f64,
+    /// Failed steps of the background collection in the window.
+    pub background_failures: u64,
+}
+
 struct Base {
     at: Instant,
+    remap: Option<dana::io::remap::RemapStats>,
     ops: u64,
     errors: u64,
     cpu: f64,
@@ -834,6 +861,7 @@ impl Base {
     fn take(db: &Db, state: &RunState, disk: Option<&Disk>) -> Base {
         Base {
             at: Instant::now(),
+            remap: db.out_of_place_stats(),
             ops: state.ops.load(Ordering::Relaxed),
             errors: state.errors.load(Ordering::Relaxed),
             cpu: process_cpu_seconds(),
@@ -890,6 +918,20 @@ impl Base {
                 self.pool.misses - b.pool.misses,
             ),
             frame_wait: Latency::from(&self.pool.frame_wait.since(&b.pool.frame_wait)),
+            collection: match (&self.remap, &b.remap) {
+                (Some(e), Some(s)) => {
+                    let d = e.since(s);
+                    Some(CollectionSeen {
+                        segments_freed_per_s: d.segments_freed as f64 / secs,
+                        copies_per_op: per(d.gc_copies as f64, ops),
+                        barriers_per_s: d.barriers as f64 / secs,
+                        write_stalls_per_s: d.write_stalls as f64 / secs,
+                        background_runs_per_s: d.background_runs as f64 / secs,
+                        background_failures: d.background_failures,
+                    })
+                }
+                _ => None,
+            },
             dirty_fraction: per(self.pool.dirty_frames as f64, self.frames as u64),
             hit_rate: per((self.pool.hits - b.pool.hits) as f64, fixes),
             cpu_s: cpu,

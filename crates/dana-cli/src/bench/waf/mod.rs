@@ -242,6 +242,11 @@ pub struct WafArgs {
     /// Log full page images compressed (`Options::compress_log_images`).
     #[arg(long, default_value_t = Options::default().compress_log_images_value(), action = clap::ArgAction::Set)]
     pub compress_log_images: bool,
+    /// Out of place: collect segments in a thread of the device's own
+    /// (`Options::background_collection`), or only in the workers whose
+    /// writes find the free segments run out (`false`).
+    #[arg(long, default_value_t = Options::default().background_collection_value(), action = clap::ArgAction::Set)]
+    pub background_collection: bool,
     /// Buffer pool as a share of the loaded data.
     #[arg(long, default_value_t = 0.1)]
     pub pool_fraction: f64,
@@ -428,6 +433,9 @@ pub struct WafReport {
     /// Full page images were logged compressed
     /// ([`WafArgs::compress_log_images`]).
     pub compress_log_images: bool,
+    /// Out of place, segments were collected in the background
+    /// ([`WafArgs::background_collection`]).
+    pub background_collection: bool,
     /// One run per fill.
     pub runs: Vec<FillRun>,
 }
@@ -519,6 +527,7 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
     let report = WafReport {
         untorn_writes: a.untorn_writes,
         compress_log_images: a.compress_log_images,
+        background_collection: a.background_collection,
         blocks: a.blocks,
         pages_per_block: a.pages_per_block,
         over_provisioning: a.over_provisioning,
@@ -701,6 +710,7 @@ fn options(a: &WafArgs, pool_bytes: u64) -> Options {
         .log_bytes(a.log_bytes)
         .log_flush_block(a.log_flush_block)
         .compress_log_images(a.compress_log_images)
+        .background_collection(a.background_collection)
         .durability(Durability::Sync)
 }
 
@@ -1029,6 +1039,11 @@ pub fn render(r: &WafReport) -> String {
         "  full page images in the log compressed (LZ4) where smaller\n"
     } else {
         "  full page images in the log plain\n"
+    });
+    s.push_str(if r.background_collection {
+        "  out of place, segments collected in the background (a thread per device)\n"
+    } else {
+        "  out of place, segments collected by the writes that run out of them\n"
     });
     let has = |w: WafWorkload| r.runs.iter().any(|f| f.workload == w);
     if has(WafWorkload::YcsbA) {

@@ -793,6 +793,21 @@ pub fn render(r: &YcsbReport) -> String {
             m.frame_wait.p99_us,
             m.dirty_fraction * 100.0
         );
+        if let Some(c) = &m.collection {
+            s += &format!(
+                "  collection: {:.0} segments freed/s, {:.3} copies/op, {:.0} barriers/s; writes that collected themselves {:.1}/s, background runs {:.1}/s{}\n",
+                c.segments_freed_per_s,
+                c.copies_per_op,
+                c.barriers_per_s,
+                c.write_stalls_per_s,
+                c.background_runs_per_s,
+                if c.background_failures > 0 {
+                    format!(", {} failed background steps", c.background_failures)
+                } else {
+                    String::new()
+                }
+            );
+        }
         s += "  op        count       ops/s   p50 us   p99 us  p99.9 us\n";
         for kind in OpKind::ALL {
             if let Some(f) = run.per_op.get(kind) {

@@ -74,10 +74,16 @@
 //! segment written since the last. Compression: one LZ4 pass per page
 //! written and one per compressed page read, on the calling worker, and a
 //! copy into the chunk. Collection, barriers and opening run on a queue
-//! of the device's own, blocking the worker or thread that calls them (a
-//! barrier runs where the engine flushes: its checkpoints); the engine's
-//! reads and writes never block on it unless the free segments run out.
+//! of the device's own (io_uring on a file), blocking the thread that
+//! calls them: the collection runs ahead of the writes on a thread of the
+//! device's own once [`Remap::start_collector`] started it
+//! (`remap/collector.rs`), else on the worker whose write finds only the
+//! collection's reserve free (as it still does when that thread falls
+//! behind); a barrier runs where the engine flushes (its checkpoints).
+//! The engine's reads and writes never block on them unless the free
+//! segments run out.
 
+mod collector;
 mod group;
 pub(crate) mod pack;
 mod queue;
@@ -86,13 +92,16 @@ mod queue;
 mod tests;
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use super::array::{open_queue, Backend, Target};
 pub use super::ftl::GcPolicy;
 use super::{sync_io, AlignedBuf, Alignment, IoBuf, IoQueue, Placement, Request, ReusableBuf};
 use crate::{Error, Result};
 
+pub use collector::Collector;
+use collector::{Signal, Watermarks};
 pub use group::Grouping;
 use group::Groups;
 pub use queue::RemapQueue;
@@ -404,6 +413,12 @@ pub struct RemapStats {
     pub barriers: u64,
     /// Times a write found no free segment and ran the collection itself.
     pub write_stalls: u64,
+    /// Runs of the background collection ([`Remap::start_collector`])
+    /// that found too few free segments and collected.
+    pub background_runs: u64,
+    /// Steps of the background collection that failed (the writes that
+    /// need the room then collect for themselves, and return the error).
+    pub background_failures: u64,
     /// Pages unmapped by discards ([`Remap::discard`]: the engine's trims
     /// of freed pages).
     pub pages_unmapped: u64,
@@ -416,17 +431,28 @@ pub struct RemapStats {
 impl RemapStats {
     /// The counts since `earlier` (a snapshot of the same device).
     pub fn since(&self, earlier: &RemapStats) -> RemapStats {
+        self.zip(earlier, |a, b| a - b)
+    }
+
+    /// The counts of this device and `other` together.
+    pub fn plus(&self, other: &RemapStats) -> RemapStats {
+        self.zip(other, |a, b| a + b)
+    }
+
+    fn zip(&self, o: &RemapStats, f: impl Fn(u64, u64) -> u64) -> RemapStats {
         RemapStats {
-            page_writes: self.page_writes - earlier.page_writes,
-            stored_bytes: self.stored_bytes - earlier.stored_bytes,
-            gc_copies: self.gc_copies - earlier.gc_copies,
-            segments_freed: self.segments_freed - earlier.segments_freed,
-            segments_trimmed: self.segments_trimmed - earlier.segments_trimmed,
-            summary_writes: self.summary_writes - earlier.summary_writes,
-            barriers: self.barriers - earlier.barriers,
-            write_stalls: self.write_stalls - earlier.write_stalls,
-            pages_unmapped: self.pages_unmapped - earlier.pages_unmapped,
-            trim_cut_copies: self.trim_cut_copies - earlier.trim_cut_copies,
+            page_writes: f(self.page_writes, o.page_writes),
+            stored_bytes: f(self.stored_bytes, o.stored_bytes),
+            gc_copies: f(self.gc_copies, o.gc_copies),
+            segments_freed: f(self.segments_freed, o.segments_freed),
+            segments_trimmed: f(self.segments_trimmed, o.segments_trimmed),
+            summary_writes: f(self.summary_writes, o.summary_writes),
+            barriers: f(self.barriers, o.barriers),
+            write_stalls: f(self.write_stalls, o.write_stalls),
+            background_runs: f(self.background_runs, o.background_runs),
+            background_failures: f(self.background_failures, o.background_failures),
+            pages_unmapped: f(self.pages_unmapped, o.pages_unmapped),
+            trim_cut_copies: f(self.trim_cut_copies, o.trim_cut_copies),
         }
     }
 }
@@ -533,8 +559,14 @@ pub struct Remap {
     pages: u64,
     state: Mutex<State>,
     /// The device's own queue: barriers, collection, summaries. Held for a
-    /// whole barrier or collection run, so they run one at a time.
+    /// whole barrier or a worker's collection run (the background
+    /// collection's step), so they run one at a time.
     own: Mutex<Box<dyn IoQueue>>,
+    /// The background collection's signal, once started.
+    collector: OnceLock<Arc<Signal>>,
+    /// Fewer free segments than this wake the background collection (0:
+    /// none runs).
+    low_water: AtomicUsize,
 }
 
 impl std::fmt::Debug for Remap {
@@ -687,7 +719,7 @@ impl Remap {
             Some(p) => p,
             None => offered,
         };
-        let own = open_queue(&inner, &Backend::Blocking, 256)?;
+        let own = open_queue(&inner, &Backend::default(), 256)?;
         let state = State {
             map: vec![NO_PAGE; pages as usize],
             segments: (0..segments).map(|_| Segment::new()).collect(),
@@ -711,6 +743,8 @@ impl Remap {
             pages,
             state: Mutex::new(state),
             own: Mutex::new(own),
+            collector: OnceLock::new(),
+            low_water: AtomicUsize::new(0),
         })
     }
 
@@ -988,6 +1022,11 @@ impl Remap {
                 return None;
             }
             let s = st.free.pop_front()?;
+            if st.free.len() < self.low_water.load(Ordering::Relaxed) {
+                if let Some(signal) = self.collector.get() {
+                    signal.ask();
+                }
+            }
             let seg = &mut st.segments[s as usize];
             debug_assert_eq!(seg.life, Life::Free);
             debug_assert_eq!(seg.live_units, 0);
@@ -1642,6 +1681,97 @@ impl Remap {
                 self.segments
             )))
         }
+    }
+
+    /// Starts the background collection of this device: a thread that
+    /// keeps free segments ahead of the writes (`remap/collector.rs`), so
+    /// that writers seldom collect themselves. Once per device: it runs
+    /// until the handle is dropped or stopped (stop it before
+    /// [`Remap::close`]), and is not started again.
+    pub fn start_collector(self: &Arc<Self>) -> Result<Collector> {
+        let signal = Arc::new(Signal::default());
+        if self.collector.set(signal.clone()).is_err() {
+            return Err(Error::InvalidArgument(
+                "out-of-place device: its background collection was started already".into(),
+            ));
+        }
+        self.low_water
+            .store(self.watermarks().low, Ordering::Relaxed);
+        Collector::start(self, signal)
+    }
+
+    /// The background collection's watermarks now (they follow the live
+    /// data).
+    fn watermarks(&self) -> Watermarks {
+        let live_units: u64 = {
+            let st = self.lock();
+            st.segments.iter().map(|g| g.live_units as u64).sum()
+        };
+        let needed = live_units.div_ceil(self.geo.data_units as u64) as usize;
+        let room = (self.segments as usize).saturating_sub(OPEN_SEGMENTS + GC_RESERVE + needed);
+        Watermarks::of(room, GC_RESERVE)
+    }
+
+    /// One run of the background collection: when fewer than the low
+    /// watermark's segments are free, copies out victims (greedy, as
+    /// [`Remap::collect`]) and frees the emptied ones by a barrier every
+    /// batch, until the high watermark's are free, the stop, or nothing
+    /// more can be freed now (no victim, or emptied segments pinned by
+    /// reads in flight: the next run tries again). The device's own queue
+    /// is taken for one step at a time.
+    /// `refresh`: the watermarks are worked out again (a pass over the
+    /// segments) even when enough segments are free.
+    fn collect_ahead(&self, signal: &Signal, refresh: bool) -> Result<()> {
+        let free = self.lock().free.len();
+        if !refresh && free >= self.low_water.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let w = self.watermarks();
+        self.low_water.store(w.low, Ordering::Relaxed);
+        if self.lock().free.len() >= w.low {
+            return Ok(());
+        }
+        self.lock().stats.background_runs += 1;
+        let ran = self.collect_steps(w, signal);
+        if ran.is_err() {
+            self.lock().stats.background_failures += 1;
+        }
+        ran
+    }
+
+    fn collect_steps(&self, w: Watermarks, signal: &Signal) -> Result<()> {
+        // Bounded: each step empties a segment or frees the emptied ones
+        // (a barrier that frees none ends the run).
+        for _ in 0..2 * self.segments {
+            if signal.stopped() {
+                break;
+            }
+            let (free, dying) = {
+                let st = self.lock();
+                (st.free.len(), st.dying.len())
+            };
+            if free >= w.high {
+                break;
+            }
+            let mut q = self.own_queue();
+            let q = &mut **q;
+            let victim = if dying >= w.batch || free + dying >= w.high {
+                None
+            } else {
+                self.pick_victim()
+            };
+            match victim {
+                Some(victim) => self.copy_out(q, victim)?,
+                None if dying > 0 => {
+                    self.barrier_on(q)?;
+                    if self.lock().free.len() <= free {
+                        break;
+                    }
+                }
+                None => break,
+            }
+        }
+        Ok(())
     }
 
     /// Segments waiting for a barrier to be freed.

@@ -339,6 +339,139 @@ fn power_cuts_keep_pages(config: RemapConfig, trims: Option<DiscardFailure>) {
     );
 }
 
+/// The background collection ([`Remap::start_collector`]) under two
+/// writer threads, each with its own queue and half the pages, which read
+/// their pages back as they go and flush now and then; then the power
+/// goes (kill -9's way: every write the device took survives, the rest
+/// is lost) at a different request each run. Every page reads, while the
+/// run goes on, as the version last written, and after the reopen as the
+/// version its writer's last flush covered or a later one written since.
+#[test]
+fn the_background_collection_under_concurrent_writers_keeps_every_page() {
+    let mut runs = 0;
+    for config in configs() {
+        for seed in 0..12u64 {
+            runs += background_collection_keeps_pages(config, seed);
+        }
+    }
+    assert!(runs > 0, "the background collection never ran");
+}
+
+/// Runs of the background collection it saw.
+fn background_collection_keeps_pages(config: RemapConfig, seed: u64) -> u64 {
+    let d = disk(24);
+    let r = Remap::create(Target::Sim(d.clone()), config).unwrap();
+    let pages = r.size() / PAGE as u64;
+    let switch = PowerSwitch::new(3_000 + (seed % 16) * 431, PowerCutPolicy::KeepAll, seed);
+    switch.attach(&d);
+    let collector = r.start_collector().unwrap();
+    // Per writer: (versions of its pages written, in order; the version
+    // its last completed flush covered).
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                let mut q = r.queue(&Backend::Blocking, 16).unwrap();
+                let mut written: HashMap<u64, Vec<u64>> = HashMap::new();
+                let mut durable: HashMap<u64, u64> = HashMap::new();
+                let mut freed = std::collections::HashSet::new();
+                let mut x = seed * 7919 + 17 + w * 104_729;
+                for i in 1..=(40 * pages) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // Its own pages only (two writes of one page are never
+                    // in flight at once), two thirds of the device.
+                    let p = (x % (pages / 3)) * 2 + w;
+                    if x % 17 == 0 && written.contains_key(&p) {
+                        // The engine trims a page whose free is durable:
+                        // it reads as zeros until written again, and no
+                        // version of it is owed after a crash until then.
+                        r.discard(p * PAGE as u64, PAGE as u64).unwrap();
+                        freed.insert(p);
+                        durable.remove(&p);
+                        continue;
+                    }
+                    if x % 7 == 0 && freed.contains(&p) {
+                        let got = version_of(p, &read(&mut q, p, 1));
+                        assert_eq!(got, None, "seed {seed} writer {w} page {p} unmapped");
+                    } else if x % 7 == 0 {
+                        if let Some(&last) = written.get(&p).and_then(|v| v.last()) {
+                            let c = sync_io(
+                                &mut q,
+                                Request::read(
+                                    3,
+                                    p * PAGE as u64,
+                                    IoBuf::owned(AlignedBuf::new(PAGE, PAGE).unwrap()),
+                                ),
+                            )
+                            .unwrap();
+                            let Ok(_) = c.result else { break };
+                            let got = version_of(p, &c.buf.unwrap().into_owned().unwrap()[..]);
+                            assert_eq!(
+                                got,
+                                Some(last),
+                                "seed {seed} writer {w} page {p} while running"
+                            );
+                        }
+                    }
+                    let v = w * 1_000_000_000 + i;
+                    written.entry(p).or_default().push(v);
+                    freed.remove(&p);
+                    if write(&mut q, p, v).is_err() {
+                        break;
+                    }
+                    if x % 29 == 0 {
+                        let covered: Vec<(u64, u64)> = written
+                            .iter()
+                            .filter(|(p, _)| !freed.contains(*p))
+                            .map(|(&p, v)| (p, *v.last().unwrap()))
+                            .collect();
+                        if sync_io(&mut q, Request::flush(4)).unwrap().result.is_err() {
+                            break;
+                        }
+                        durable.extend(covered);
+                    }
+                }
+                (written, durable)
+            })
+        })
+        .collect();
+    let models: Vec<_> = writers.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(
+        switch.fired(),
+        "seed {seed}: the writers ended before the cut"
+    );
+    collector.stop();
+    let stats = r.stats();
+    drop(r);
+    d.power_on();
+    let r = Remap::open(Target::Sim(d.clone()))
+        .unwrap_or_else(|e| panic!("seed {seed}: the open failed: {e}"));
+    let mut q = r.queue(&Backend::Blocking, 16).unwrap();
+    for (written, durable) in &models {
+        for (&p, versions) in written {
+            let got = version_of(p, &read(&mut q, p, 1));
+            let floor = durable.get(&p).copied();
+            let fine = match (got, floor) {
+                (None, None) => true,
+                (Some(g), f) => {
+                    let at = versions.iter().position(|&v| v == g);
+                    let floor_at = f.and_then(|f| versions.iter().position(|&v| v == f));
+                    at.is_some_and(|a| floor_at.is_none_or(|fa| a >= fa))
+                }
+                (None, Some(_)) => false,
+            };
+            assert!(
+                fine,
+                "seed {seed} page {p}: read {got:?}, its last flush covered {floor:?} \
+                 ({stats:?})"
+            );
+        }
+    }
+    stats.background_runs
+}
+
 /// A segment dead at a crash whose summaries still name extents (its
 /// trim failed and the summary naming nothing that was to replace them
 /// was not written) is not reused before it names nothing: else pages
