@@ -19,7 +19,7 @@ use dana::wal::CONTROL_BYTES;
 use dana::{Db, Options};
 
 mod page_writes;
-use page_writes::{key, value};
+use page_writes::{key, put_round, value};
 
 const LOG: u64 = 4 << 20;
 
@@ -104,19 +104,10 @@ fn updates_move_pages(compress: bool) {
             .map(|j| j * 7919 % KEYS)
             .filter(|i| round == 0 || i % 3 == round % 3 || i % 3 == 0)
             .collect();
-        for chunk in keys.chunks(40) {
-            db.transaction(|tx| {
-                for &i in chunk {
-                    tx.put(&t, &key(i), &value(i, round))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-            for &i in chunk {
-                last[i as usize] = round;
-            }
+        put_round(&db, &t, &keys, round, 40);
+        for &i in &keys {
+            last[i as usize] = round;
         }
-        db.checkpoint().unwrap();
     }
     let s = remap.stats();
     assert!(s.segments_freed > 0, "no segment freed: {s:?}");
@@ -328,17 +319,9 @@ fn an_out_of_place_file_reuses_freed_segments_without_holes() {
     let created = blocks();
     let t = db.create_tree("t").unwrap();
     const KEYS: u64 = 6_000;
+    let keys: Vec<u64> = (0..KEYS).collect();
     for round in 0..30u64 {
-        for chunk in (0..KEYS).collect::<Vec<_>>().chunks(100) {
-            db.transaction(|tx| {
-                for &i in chunk {
-                    tx.put(&t, &key(i), &value(i, round))?;
-                }
-                Ok(())
-            })
-            .unwrap();
-        }
-        db.checkpoint().unwrap();
+        put_round(&db, &t, &keys, round, 100);
     }
     let written = db.pool_stats().writebacks * 4096;
     assert!(
@@ -394,16 +377,7 @@ fn the_background_collection_frees_segments_ahead_of_the_writes() {
             let keys: Vec<u64> = (0..KEYS)
                 .filter(|&i| round == 0 || picked(i, round))
                 .collect();
-            for chunk in keys.chunks(100) {
-                db.transaction(|tx| {
-                    for &i in chunk {
-                        tx.put(&t, &key(i), &value(i, round))?;
-                    }
-                    Ok(())
-                })
-                .unwrap();
-            }
-            db.checkpoint().unwrap();
+            put_round(&db, &t, &keys, round, 100);
         }
         let stats = db.out_of_place_stats().unwrap();
         db.close().unwrap();

@@ -184,46 +184,7 @@ fn power_cuts_between_frees_trims_and_reuse_lose_nothing() {
         );
         switch.attach(&data);
         switch.attach(&log);
-        // Per key: the last acknowledged state (Some(round) or None:
-        // deleted) and whether it was ever acknowledged.
-        let mut acked: Vec<Option<Option<u64>>> = vec![None; KEYS as usize];
-        // The commit in flight at the cut: its keys and what it wrote.
-        let mut in_flight: Vec<(u64, Option<u64>)> = Vec::new();
-        let mut reached = 0;
-        'run: for r in 1..10_000u64 {
-            reached = r;
-            // Fill a band of keys (odd rounds), then empty most of it (the
-            // next round): leaves split,
-            // then merge and free their pages.
-            let band = (r.div_ceil(2) * 1_000) % KEYS;
-            let keys: Vec<u64> = (band..(band + 1_000).min(KEYS)).collect();
-            let delete = r % 2 == 0;
-            for chunk in keys.chunks(100) {
-                let ok = db.transaction(|tx| {
-                    for &i in chunk {
-                        if delete && i % 8 != 0 {
-                            tx.delete(&t, &i.to_be_bytes())?;
-                        } else {
-                            tx.put(&t, &i.to_be_bytes(), &value(i, r))?;
-                        }
-                    }
-                    Ok(())
-                });
-                if ok.is_err() {
-                    in_flight = chunk
-                        .iter()
-                        .map(|&i| (i, (!delete || i % 8 == 0).then_some(r)))
-                        .collect();
-                    break 'run;
-                }
-                for &i in chunk {
-                    acked[i as usize] = Some((!delete || i % 8 == 0).then_some(r));
-                }
-            }
-            if db.checkpoint().is_err() {
-                break;
-            }
-        }
+        let bands = run_bands(&db, &t, KEYS, 1_000, 100, true);
         assert!(switch.fired(), "round {round}: no cut");
         let trimmed = db.pool().pages_trimmed();
         drop((t, db));
@@ -233,24 +194,15 @@ fn power_cuts_between_frees_trims_and_reuse_lose_nothing() {
         let t = db.tree("t").unwrap();
         assert!(
             trimmed > 0,
-            "round {round}: nothing trimmed before the cut (in flight: {}, round {reached})",
-            in_flight.len()
+            "round {round}: nothing trimmed before the cut (in flight: {}, round {})",
+            bands.in_flight.len(),
+            bands.reached
         );
-        for (i, a) in acked.iter().enumerate() {
-            let got = t.get(&(i as u64).to_be_bytes()).unwrap();
-            let as_written = |w: Option<u64>| got == w.map(|r| value(i as u64, r));
-            // The commit in flight at the cut may be there too.
-            let in_flight = in_flight
-                .iter()
-                .any(|&(k, w)| k == i as u64 && as_written(w));
-            let want = a.unwrap_or(None);
-            assert!(
-                as_written(want) || in_flight,
-                "round {round} ({trimmed} pages trimmed before the cut), key {i}: \
-                 {want:?} acknowledged, found {:?}",
-                got.map(|v| String::from_utf8_lossy(&v[..12]).into_owned())
-            );
-        }
+        assert_acknowledged(
+            &t,
+            &bands,
+            &format!("round {round} ({trimmed} pages trimmed before the cut)"),
+        );
         assert!(db.check().unwrap().is_ok(), "round {round}");
         drop(t);
         db.close().unwrap();
@@ -282,35 +234,7 @@ fn shard_checkpoints_never_trim_a_page_recovery_may_redo() {
         let switch = PowerSwitch::new(30_000 + round * 2_777, PowerCutPolicy::KeepAll, round);
         switch.attach(&data);
         switch.attach(&log);
-        let mut acked: Vec<Option<Option<u64>>> = vec![None; KEYS as usize];
-        let mut in_flight: Vec<(u64, Option<u64>)> = Vec::new();
-        'run: for r in 1..10_000u64 {
-            let band = (r.div_ceil(2) * 700) % KEYS;
-            let keys: Vec<u64> = (band..(band + 1_000).min(KEYS)).collect();
-            let delete = r % 2 == 0;
-            for chunk in keys.chunks(50) {
-                let ok = db.transaction(|tx| {
-                    for &i in chunk {
-                        if delete && i % 8 != 0 {
-                            tx.delete(&t, &i.to_be_bytes())?;
-                        } else {
-                            tx.put(&t, &i.to_be_bytes(), &value(i, r))?;
-                        }
-                    }
-                    Ok(())
-                });
-                if ok.is_err() {
-                    in_flight = chunk
-                        .iter()
-                        .map(|&i| (i, (!delete || i % 8 == 0).then_some(r)))
-                        .collect();
-                    break 'run;
-                }
-                for &i in chunk {
-                    acked[i as usize] = Some((!delete || i % 8 == 0).then_some(r));
-                }
-            }
-        }
+        let bands = run_bands(&db, &t, KEYS, 700, 50, false);
         assert!(switch.fired(), "round {round}: no cut");
         trimmed_total += db.pool().pages_trimmed();
         drop((t, db));
@@ -318,24 +242,91 @@ fn shard_checkpoints_never_trim_a_page_recovery_may_redo() {
         log.power_on();
         let db = open(&data, &log, false, mode);
         let t = db.tree("t").unwrap();
-        for (i, a) in acked.iter().enumerate() {
-            let got = t.get(&(i as u64).to_be_bytes()).unwrap();
-            let as_written = |w: Option<u64>| got == w.map(|r| value(i as u64, r));
-            let in_flight = in_flight
-                .iter()
-                .any(|&(k, w)| k == i as u64 && as_written(w));
-            let want = a.unwrap_or(None);
-            assert!(
-                as_written(want) || in_flight,
-                "round {round}, key {i}: {want:?} acknowledged, found {:?}",
-                got.map(|v| String::from_utf8_lossy(&v[..12]).into_owned())
-            );
-        }
+        assert_acknowledged(&t, &bands, &format!("round {round}"));
         assert!(db.check().unwrap().is_ok(), "round {round}");
         drop(t);
         db.close().unwrap();
     }
     assert!(trimmed_total > 0, "nothing trimmed before the cuts");
+}
+
+/// What a run of [`run_bands`] acknowledged.
+struct Bands {
+    /// Per key: the last acknowledged state (Some(round) or None:
+    /// deleted), if any was.
+    acked: Vec<Option<Option<u64>>>,
+    /// The commit in flight at the cut: its keys and what it wrote.
+    in_flight: Vec<(u64, Option<u64>)>,
+    /// The round the cut came in.
+    reached: u64,
+}
+
+/// Fills a band of `keys` keys (odd rounds), then empties most of it (the
+/// next round), the band moving by `stride` every two rounds, `chunk` keys
+/// per commit, a checkpoint of everything after each round if
+/// `checkpoint`: leaves split, then merge and free their pages. Runs until
+/// a commit fails (the power cut).
+fn run_bands(
+    db: &Db,
+    t: &dana::Tree,
+    keys: u64,
+    stride: u64,
+    chunk: usize,
+    checkpoint: bool,
+) -> Bands {
+    let mut b = Bands {
+        acked: vec![None; keys as usize],
+        in_flight: Vec::new(),
+        reached: 0,
+    };
+    for r in 1..10_000u64 {
+        b.reached = r;
+        let band = (r.div_ceil(2) * stride) % keys;
+        let band: Vec<u64> = (band..(band + 1_000).min(keys)).collect();
+        let delete = r % 2 == 0;
+        let wrote = |i: u64| (!delete || i % 8 == 0).then_some(r);
+        for c in band.chunks(chunk) {
+            let ok = db.transaction(|tx| {
+                for &i in c {
+                    match wrote(i) {
+                        Some(r) => tx.put(t, &i.to_be_bytes(), &value(i, r))?,
+                        None => tx.delete(t, &i.to_be_bytes())?,
+                    }
+                }
+                Ok(())
+            });
+            if ok.is_err() {
+                b.in_flight = c.iter().map(|&i| (i, wrote(i))).collect();
+                return b;
+            }
+            for &i in c {
+                b.acked[i as usize] = Some(wrote(i));
+            }
+        }
+        if checkpoint && db.checkpoint().is_err() {
+            return b;
+        }
+    }
+    b
+}
+
+/// Every key of `t` (reopened after the cut) holds its last acknowledged
+/// state, or what the commit in flight at the cut wrote.
+fn assert_acknowledged(t: &dana::Tree, b: &Bands, what: &str) {
+    for (i, a) in b.acked.iter().enumerate() {
+        let got = t.get(&(i as u64).to_be_bytes()).unwrap();
+        let as_written = |w: Option<u64>| got == w.map(|r| value(i as u64, r));
+        let in_flight = b
+            .in_flight
+            .iter()
+            .any(|&(k, w)| k == i as u64 && as_written(w));
+        let want = a.unwrap_or(None);
+        assert!(
+            as_written(want) || in_flight,
+            "{what}, key {i}: {want:?} acknowledged, found {:?}",
+            got.map(|v| String::from_utf8_lossy(&v[..12]).into_owned())
+        );
+    }
 }
 
 #[test]

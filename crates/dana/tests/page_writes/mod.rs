@@ -23,7 +23,13 @@ pub fn value(i: u64, round: u64) -> Vec<u8> {
 /// Writes every key's value of `round`, 100 keys per transaction, then
 /// checkpoints.
 pub fn update_round(db: &Db, t: &Tree, round: u64) {
-    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(100) {
+    put_round(db, t, &(0..KEYS).collect::<Vec<_>>(), round, 100);
+}
+
+/// Writes the value of `round` of each of `keys`, `per_commit` keys per
+/// transaction, then checkpoints.
+pub fn put_round(db: &Db, t: &Tree, keys: &[u64], round: u64, per_commit: usize) {
+    for chunk in keys.chunks(per_commit) {
         db.transaction(|tx| {
             for &i in chunk {
                 tx.put(t, &key(i), &value(i, round))?;
