@@ -822,6 +822,9 @@ impl Db {
                 "Db::close blocks: call it from a thread of its own, not inside a task".into(),
             ));
         }
+        // The background collections stop first: what they move after
+        // the last flush would not be in its barrier.
+        self.inner.collectors.finish();
         let flushed = self.flush();
         if matches!(flushed, Err(Error::Closed)) {
             return Ok(());
@@ -838,7 +841,10 @@ impl Db {
             // detection of a damaged summary at the next open.
             for t in self.inner.pool.array().targets() {
                 if let crate::io::Target::Remap(r) = t {
-                    let _ = r.close();
+                    // A barrier first: write-backs that completed after
+                    // the flush (eviction's, until the workers stopped)
+                    // left summaries to write, and the mark needs none.
+                    let _ = r.barrier().and_then(|_| r.close());
                 }
             }
         }

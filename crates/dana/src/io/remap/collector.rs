@@ -9,8 +9,8 @@
 //! segments one barrier frees).
 //!
 //! Never: holds the device's own queue across more than one step (one
-//! victim's copy, or one barrier), so an engine flush waits behind at most
-//! one; waits for reads in flight that pin an emptied segment (it comes
+//! victim's copy, or one barrier); waits for reads in flight that pin an
+//! emptied segment (it comes
 //! back later, where the workers' own collection would wait for them);
 //! keeps the device alive (it holds a weak reference, and ends when the
 //! device is dropped).
@@ -30,7 +30,15 @@
 //! segments by a barrier every `ahead / 2` of them. At 90% fill `room` is
 //! small and so is what the thread keeps back from the greedy collection
 //! (a segment kept free is one the victims' live data cannot spread into);
-//! on a half-full device of 2,000 segments it keeps 64 (32 MiB) ahead.
+//! on a half-full device of 2,000 segments it keeps 62 (31 MiB) ahead.
+//! On a tiny one (crashtest's 23 segments) `ahead` is 1: the thread is
+//! woken about when the writers run out, and races their own collection
+//! more than it runs ahead of it.
+//!
+//! The device's queue is a plain mutex, not a fair one: the thread takes
+//! it again right after a step, so an engine flush (its barrier) or a
+//! writer's own collection that waits for it may wait for the rest of a
+//! run (up to `ahead` segments' copies and barriers), not one step.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -124,6 +132,7 @@ impl Signal {
 #[derive(Debug)]
 pub struct Collector {
     signal: Arc<Signal>,
+    device: Weak<Remap>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -142,6 +151,7 @@ impl Collector {
             })?;
         Ok(Collector {
             signal,
+            device: Arc::downgrade(remap),
             thread: Some(thread),
         })
     }
@@ -158,6 +168,9 @@ impl Collector {
             // A panic on the thread is a bug that already printed itself;
             // the writers' own collection still works.
             let _ = t.join();
+        }
+        if let Some(r) = self.device.upgrade() {
+            r.collector_stopped();
         }
     }
 }

@@ -93,7 +93,7 @@ mod tests;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::array::{open_queue, Backend, Target};
 pub use super::ftl::GcPolicy;
@@ -562,11 +562,15 @@ pub struct Remap {
     /// whole barrier or a worker's collection run (the background
     /// collection's step), so they run one at a time.
     own: Mutex<Box<dyn IoQueue>>,
-    /// The background collection's signal, once started.
-    collector: OnceLock<Arc<Signal>>,
+    /// The background collection's signal, while one runs (or until
+    /// another starts).
+    collector: Mutex<Option<Arc<Signal>>>,
     /// Fewer free segments than this wake the background collection (0:
     /// none runs).
     low_water: AtomicUsize,
+    /// The open found the mark of a clean close ([`Remap::close`]): the
+    /// newest intent named no segment.
+    clean_at_open: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Remap {
@@ -719,7 +723,10 @@ impl Remap {
             Some(p) => p,
             None => offered,
         };
-        let own = open_queue(&inner, &Backend::default(), 256)?;
+        // io_uring where the host allows it (a victim's extents read at
+        // once), else one syscall per request.
+        let own = open_queue(&inner, &Backend::default(), 256)
+            .or_else(|_| open_queue(&inner, &Backend::Blocking, 256))?;
         let state = State {
             map: vec![NO_PAGE; pages as usize],
             segments: (0..segments).map(|_| Segment::new()).collect(),
@@ -743,8 +750,9 @@ impl Remap {
             pages,
             state: Mutex::new(state),
             own: Mutex::new(own),
-            collector: OnceLock::new(),
+            collector: Mutex::new(None),
             low_water: AtomicUsize::new(0),
+            clean_at_open: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -1023,7 +1031,8 @@ impl Remap {
             }
             let s = st.free.pop_front()?;
             if st.free.len() < self.low_water.load(Ordering::Relaxed) {
-                if let Some(signal) = self.collector.get() {
+                let signal = self.collector.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(signal) = signal.as_ref() {
                     signal.ask();
                 }
             }
@@ -1685,19 +1694,34 @@ impl Remap {
 
     /// Starts the background collection of this device: a thread that
     /// keeps free segments ahead of the writes (`remap/collector.rs`), so
-    /// that writers seldom collect themselves. Once per device: it runs
+    /// that writers seldom collect themselves. One at a time: it runs
     /// until the handle is dropped or stopped (stop it before
-    /// [`Remap::close`]), and is not started again.
+    /// [`Remap::close`]); another may start after.
     pub fn start_collector(self: &Arc<Self>) -> Result<Collector> {
         let signal = Arc::new(Signal::default());
-        if self.collector.set(signal.clone()).is_err() {
-            return Err(Error::InvalidArgument(
-                "out-of-place device: its background collection was started already".into(),
-            ));
+        {
+            let mut slot = self.collector.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.as_ref().is_some_and(|s| !s.stopped()) {
+                return Err(Error::InvalidArgument(
+                    "out-of-place device: its background collection runs already".into(),
+                ));
+            }
+            *slot = Some(signal.clone());
         }
         self.low_water
             .store(self.watermarks().low, Ordering::Relaxed);
         Collector::start(self, signal)
+    }
+
+    /// True if [`Remap::open`] found the mark of a clean close (so every
+    /// damaged summary would have failed it).
+    pub fn opened_after_clean_close(&self) -> bool {
+        self.clean_at_open.load(Ordering::Relaxed)
+    }
+
+    /// The background collection stopped: writes wake nothing any more.
+    pub(super) fn collector_stopped(&self) {
+        self.low_water.store(0, Ordering::Relaxed);
     }
 
     /// The background collection's watermarks now (they follow the live
@@ -1755,13 +1779,22 @@ impl Remap {
             }
             let mut q = self.own_queue();
             let q = &mut **q;
-            let victim = if dying >= w.batch || free + dying >= w.high {
-                None
-            } else {
-                self.pick_victim()
-            };
+            // Free the emptied segments by a batch, at the end, or before
+            // the copies (which may take the collection's reserve) run
+            // out of room.
+            let barrier =
+                dying >= w.batch || free + dying >= w.high || dying > 0 && free <= GC_RESERVE;
+            let victim = if barrier { None } else { self.pick_victim() };
             match victim {
-                Some(victim) => self.copy_out(q, victim)?,
+                Some(victim) => {
+                    self.copy_out(q, victim)?;
+                    if self.lock().segments[victim as usize].life == Life::Closed {
+                        // Extents left in it (no room to copy them): the
+                        // next run tries again, after the barriers of the
+                        // writes free segments.
+                        break;
+                    }
+                }
                 None if dying > 0 => {
                     self.barrier_on(q)?;
                     if self.lock().free.len() <= free {
@@ -1927,6 +1960,8 @@ impl Remap {
             .as_ref()
             .map(|(_, (_, segs))| segs.clone())
             .unwrap_or_default();
+        self.clean_at_open
+            .store(newest.is_some() && named.is_empty(), Ordering::Relaxed);
         // Segments being trimmed (marked), and segments whose summary a
         // round was writing.
         let mut trim_named: Vec<u32> = named

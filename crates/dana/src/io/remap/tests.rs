@@ -472,6 +472,28 @@ fn background_collection_keeps_pages(config: RemapConfig, seed: u64) -> u64 {
     stats.background_runs
 }
 
+/// One background collection at a time per device; another may start
+/// once it stopped (a device handed to a second open after a close).
+#[test]
+fn a_collection_starts_again_after_a_stop_and_not_twice() {
+    let (_d, r, _q) = fresh(24, config());
+    let first = r.start_collector().unwrap();
+    assert!(matches!(
+        r.start_collector(),
+        Err(Error::InvalidArgument(_))
+    ));
+    first.stop();
+    assert_eq!(
+        r.low_water.load(Ordering::Relaxed),
+        0,
+        "writes wake nothing"
+    );
+    let second = r.start_collector().unwrap();
+    assert!(r.low_water.load(Ordering::Relaxed) > 0);
+    drop(second);
+    assert_eq!(r.low_water.load(Ordering::Relaxed), 0);
+}
+
 /// A segment dead at a crash whose summaries still name extents (its
 /// trim failed and the summary naming nothing that was to replace them
 /// was not written) is not reused before it names nothing: else pages
