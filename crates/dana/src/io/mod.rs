@@ -555,16 +555,27 @@ impl Alignment {
 /// Runs one request to completion on a queue of the caller's own
 /// (opening, recovery, labels and rebuild copies: off the workers).
 /// Bounded in time: every backend completes a request (a simulated device
-/// that lost power completes it with an error).
-pub fn sync_io(q: &mut dyn IoQueue, req: Request) -> Result<Completion> {
+/// that lost power completes it with an error). The request goes out
+/// under a tag of its own, and its completion comes back with the
+/// caller's: a completion of an earlier request the queue still held (one
+/// whose caller gave up on a failed wait) is dropped, never taken for
+/// this one's (a flush's, say).
+pub fn sync_io(q: &mut dyn IoQueue, mut req: Request) -> Result<Completion> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let tag = req.tag;
+    let own = 1 << 63 | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    req.tag = own;
     q.push(req).map_err(|r| r.error)?;
     q.submit()?;
     let mut out = Vec::with_capacity(1);
     loop {
         q.reap(&mut out);
-        if let Some(c) = out.pop() {
+        if let Some(i) = out.iter().position(|c| c.tag == own) {
+            let mut c = out.swap_remove(i);
+            c.tag = tag;
             return Ok(c);
         }
+        out.clear();
         q.wait(1, None)?;
     }
 }
@@ -604,6 +615,21 @@ mod tests {
             mem: 4096,
             size: 1 << 20,
         }
+    }
+
+    /// A completion of an earlier request still in the queue is never
+    /// taken for the one `sync_io` runs (the first version took the first
+    /// completion it reaped: a stale write's could pass for a flush's).
+    #[test]
+    fn sync_io_takes_its_own_completion_only() {
+        let d = sim::SimDisk::new(0, 1 << 20, sim::SimConfig::deterministic(1));
+        let mut q = d.queue(8);
+        let buf = IoBuf::owned(AlignedBuf::new(4096, 4096).unwrap());
+        q.push(Request::write(7, 0, buf)).unwrap();
+        q.submit().unwrap();
+        let c = sync_io(&mut q, Request::flush(3)).unwrap();
+        assert_eq!((c.tag, c.op), (3, OpKind::Flush));
+        c.result.unwrap();
     }
 
     #[test]

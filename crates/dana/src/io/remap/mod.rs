@@ -2383,7 +2383,7 @@ fn read_at(q: &mut dyn IoQueue, at: u64, buf: IoBuf) -> Result<IoBuf> {
 /// Runs `reqs` on `q` at once (as many in flight as it takes) and returns
 /// their completions in order; the first failure fails all. It returns
 /// only once every request it sent has completed (or the queue stopped
-/// answering), so no write of a failed run lands after its caller gave
+/// answering for about a second after a failed wait), so no write of a failed run lands after its caller gave
 /// its room back; tags carry a number of the run, so a completion of an
 /// earlier run the queue stopped answering is never taken for this one's.
 fn run_all(q: &mut dyn IoQueue, reqs: Vec<Request>) -> Result<Vec<IoBuf>> {
@@ -2395,6 +2395,9 @@ fn run_all(q: &mut dyn IoQueue, reqs: Vec<Request>) -> Result<Vec<IoBuf>> {
     let mut out = Vec::new();
     let (mut sent, mut done) = (0, 0);
     let mut first_err = None;
+    // Failed waits in a row that brought nothing back (about 1 ms each).
+    let mut stuck = 0;
+    const STUCK_PATIENCE: u32 = 1_000;
     // Bounded: each pass submits what fits and reaps at least one, or
     // ends the run (a refused request with nothing in flight, a queue
     // that fails).
@@ -2421,11 +2424,17 @@ fn run_all(q: &mut dyn IoQueue, reqs: Vec<Request>) -> Result<Vec<IoBuf>> {
         }
         out.clear();
         if let Err(e) = q.submit().and_then(|_| q.wait(1, None)) {
-            // The queue failed: what it still holds is given up on.
+            // The queue failed: nothing more goes out, and what it still
+            // holds is waited for a while (its writes may yet land where
+            // the caller gives the room back), then given up on.
             first_err.get_or_insert(e);
             q.reap(&mut out);
             if out.is_empty() {
-                break;
+                stuck += 1;
+                if stuck > STUCK_PATIENCE {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
             }
         } else {
             q.reap(&mut out);
