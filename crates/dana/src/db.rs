@@ -834,7 +834,6 @@ impl Db {
         self.inner.rt.stop();
         self.inner.finish_growth();
         self.inner.rebuilds.finish();
-        self.inner.collectors.finish();
         if flushed.is_ok() && !self.inner.committer.read_only {
             // Out-of-place devices mark the clean close (their summaries
             // all written): advice, what fails here costs only the

@@ -92,7 +92,7 @@ mod queue;
 mod tests;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::array::{open_queue, Backend, Target};
@@ -570,7 +570,7 @@ pub struct Remap {
     low_water: AtomicUsize,
     /// The open found the mark of a clean close ([`Remap::close`]): the
     /// newest intent named no segment.
-    clean_at_open: std::sync::atomic::AtomicBool,
+    clean_at_open: AtomicBool,
 }
 
 impl std::fmt::Debug for Remap {
@@ -752,7 +752,7 @@ impl Remap {
             own: Mutex::new(own),
             collector: Mutex::new(None),
             low_water: AtomicUsize::new(0),
-            clean_at_open: std::sync::atomic::AtomicBool::new(false),
+            clean_at_open: AtomicBool::new(false),
         })
     }
 
@@ -1742,20 +1742,22 @@ impl Remap {
     /// batch, until the high watermark's are free, the stop, or nothing
     /// more can be freed now (no victim, or emptied segments pinned by
     /// reads in flight: the next run tries again). The device's own queue
-    /// is taken for one step at a time.
-    /// `refresh`: the watermarks are worked out again (a pass over the
-    /// segments) even when enough segments are free.
+    /// is taken for one step at a time. With `refresh` the watermarks are
+    /// worked out again (a pass over the segments) even when enough
+    /// segments are free.
     fn collect_ahead(&self, signal: &Signal, refresh: bool) -> Result<()> {
-        let free = self.lock().free.len();
-        if !refresh && free >= self.low_water.load(Ordering::Relaxed) {
+        if !refresh && self.lock().free.len() >= self.low_water.load(Ordering::Relaxed) {
             return Ok(());
         }
         let w = self.watermarks();
         self.low_water.store(w.low, Ordering::Relaxed);
-        if self.lock().free.len() >= w.low {
-            return Ok(());
+        {
+            let mut st = self.lock();
+            if st.free.len() >= w.low {
+                return Ok(());
+            }
+            st.stats.background_runs += 1;
         }
-        self.lock().stats.background_runs += 1;
         let ran = self.collect_steps(w, signal);
         if ran.is_err() {
             self.lock().stats.background_failures += 1;
@@ -2383,9 +2385,10 @@ fn read_at(q: &mut dyn IoQueue, at: u64, buf: IoBuf) -> Result<IoBuf> {
 /// Runs `reqs` on `q` at once (as many in flight as it takes) and returns
 /// their completions in order; the first failure fails all. It returns
 /// only once every request it sent has completed (or the queue stopped
-/// answering for about a second after a failed wait), so no write of a failed run lands after its caller gave
-/// its room back; tags carry a number of the run, so a completion of an
-/// earlier run the queue stopped answering is never taken for this one's.
+/// answering for about a second after a failed wait), so no write of a
+/// failed run lands after its caller gave its room back; tags carry a
+/// number of the run, so a completion of an earlier run the queue stopped
+/// answering is never taken for this one's.
 fn run_all(q: &mut dyn IoQueue, reqs: Vec<Request>) -> Result<Vec<IoBuf>> {
     static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) << 32;
