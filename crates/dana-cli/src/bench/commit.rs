@@ -80,6 +80,12 @@ pub struct CommitArgs {
     /// Log full page images compressed (`Options::compress_log_images`).
     #[arg(long, default_value_t = Options::default().compress_log_images_value(), action = clap::ArgAction::Set)]
     pub compress_log_images: bool,
+    /// Where page writes land (`Options::write_mode`): `in-place`,
+    /// `out-of-place` (append-only segments in a file of fixed capacity,
+    /// 4 GiB here; a write-back cannot tear a page's last good version, so
+    /// the log holds no torn-page images) or `out-of-place-lz4`.
+    #[arg(long, value_enum, default_value = "in-place")]
+    pub write_mode: crate::bench::waf::WriteMode,
 }
 
 fn options(a: &CommitArgs, d: Durability) -> Options {
@@ -87,7 +93,8 @@ fn options(a: &CommitArgs, d: Durability) -> Options {
 }
 
 fn options_sharded(a: &CommitArgs, d: Durability, shards: usize) -> Options {
-    Options::default()
+    a.write_mode
+        .apply(Options::default())
         .checkpoint_shards(shards)
         .pool_bytes(a.pool_bytes)
         .workers(a.workers)
@@ -290,7 +297,8 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
     super::fresh_bench_dir(&a.path)?;
     println!(
         "dana bench commit: {} workers, {} logs, pool {} MiB, {} s per point, 8-byte keys, \
-         120-byte values (60 random bytes, then a copy), one write per commit, log images {}",
+         120-byte values (60 random bytes, then a copy), one write per commit, log images {}, \
+         pages {}",
         a.workers,
         options(a, Durability::Sync).logs_value(),
         a.pool_bytes >> 20,
@@ -299,7 +307,8 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
             "compressed"
         } else {
             "plain"
-        }
+        },
+        a.write_mode.name()
     );
     let write_through = a.log_write_through_max >= 4096;
     let base = sync_loop_rate(&a.path.join("sync-probe"), a.seconds, write_through)?;
