@@ -1600,6 +1600,8 @@ fn final_mirror_check(dir: &Path, flips: &[u64]) -> Result<(), String> {
 /// True if page `page` of the data file's two copies differs only at
 /// bytes of copy 1 that `flips` names, each the flip of copy 0's (a
 /// byte flipped twice is equal again). False if either cannot be read.
+/// The crash runs have one data device (`dana.0`, stripe width 1), so
+/// page `page` lies at `LABEL_BYTES + page * page size` in both copies.
 fn only_flipped_bytes(dir: &Path, page: u64, flips: &[u64]) -> bool {
     use std::os::unix::fs::FileExt;
     let ps = kill_options(Durability::Sync, false).page_size_value() as u64;

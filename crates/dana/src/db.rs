@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::btree::{BTree, Cursor};
 use crate::buffer::{BufferPool, PageStamp, PoolStatsSnapshot};
-use crate::check::{check_pool, CheckReport};
+use crate::check::{check_pool_and_free, CheckReport};
 use crate::io::mirror::{MirrorStatus, RebuildReport};
 use crate::io::{Array, Target};
 use crate::iter::{self, Iter};
@@ -723,7 +723,8 @@ impl Db {
     /// ```
     pub fn check(&self) -> Result<CheckReport> {
         let pool = self.inner.pool.clone();
-        let mut report = self.block_on(async move { check_pool(&pool).await })??;
+        let (mut report, free) =
+            self.block_on(async move { check_pool_and_free(&pool).await })??;
         let mirrors = &self.inner.rebuilds.mirrors;
         if !mirrors.is_empty() {
             // Every copy of every mirrored device, compared from this
@@ -734,6 +735,7 @@ impl Db {
                 p.array().width() as u64,
                 p.page_size() as u64,
                 report.space.next_unused,
+                &free,
                 &mut report,
             )?;
         }

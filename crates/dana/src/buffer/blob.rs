@@ -540,19 +540,6 @@ impl BufferPool {
         self.read_blob_from(r, offset, out, None).await
     }
 
-    /// [`BufferPool::read_blob`] from one copy of mirrored devices alone
-    /// (`None`: whichever copy the mirror picks). For a checker, which
-    /// tells a value damaged on one copy from one damaged on all.
-    pub(crate) async fn read_blob_copy(
-        &self,
-        r: &BlobRef,
-        offset: u64,
-        out: &mut [u8],
-        copy: Option<u8>,
-    ) -> Result<()> {
-        self.read_blob_from(r, offset, out, copy).await
-    }
-
     /// Reads the whole value at `r` into `out` (`r.len` bytes) and checks
     /// it against its checksum. On mirrored devices a value that fails it
     /// is read again from each copy alone; the first copy that holds it
@@ -594,8 +581,9 @@ impl BufferPool {
     }
 
     /// [`BufferPool::read_blob`] from one copy of mirrored devices
-    /// (`copy`), or from any (`None`).
-    async fn read_blob_from(
+    /// (`copy`), or from any (`None`). The checker reads a value that
+    /// fails from each copy alone, to tell one damaged copy from all.
+    pub(crate) async fn read_blob_from(
         &self,
         r: &BlobRef,
         offset: u64,

@@ -227,9 +227,10 @@ pub struct PoolStatsSnapshot {
     /// checkpoints).
     pub device_syncs: u64,
     /// Times a flush of the pool ([`BufferPool::flush_where`]: a
-    /// checkpoint) waited for the log to be durable past pages it found
-    /// changed since the log's last flush: one wait covers every such page
-    /// its scan set aside, and one more every page changed again since.
+    /// checkpoint) asked to wait for the log to be durable past pages it
+    /// found changed since the log's last flush (a wait returns at once
+    /// where the log got there first): one covers every such page its
+    /// scan set aside, and one more every page changed again since.
     pub flush_log_waits: u64,
     /// The most page writes in flight at once right after eviction started
     /// one: at most eviction's write cap (half the data devices' in-flight
@@ -1411,52 +1412,48 @@ impl BufferPool {
             } else {
                 sched::yield_now().await;
             }
-            let mut held = Vec::new();
+            // Released when dropped, however the round ends (an error, a
+            // panic of the task): a leaked latch would stall every later
+            // access to its page.
+            let mut held = HeldLatches {
+                table: &self.table,
+                pages: Vec::new(),
+            };
             past = 0;
             for f in std::mem::take(&mut deferred) {
-                match self.flush_frame(f, &chosen, &mut started, true).await {
-                    Ok(Look::Done) => {}
-                    Ok(Look::Blocked(lsn)) => {
-                        deferred.push(f);
+                match self.flush_frame(f, &chosen, &mut started, true).await? {
+                    Look::Done => {}
+                    // (Blocked only without `hold`.)
+                    Look::Busy | Look::Blocked(_) => deferred.push(f),
+                    Look::Held(pid, lsn) => {
+                        held.pages.push((f, pid));
                         past = past.max(lsn);
-                    }
-                    Ok(Look::Busy) => deferred.push(f),
-                    Ok(Look::Held(pid, lsn)) => {
-                        held.push((f, pid));
-                        past = past.max(lsn);
-                    }
-                    Err(e) => {
-                        for &(_, pid) in &held {
-                            self.table.unlock_exclusive(pid);
-                        }
-                        return Err(e);
                     }
                 }
             }
-            if held.is_empty() {
+            if held.pages.is_empty() {
                 continue;
             }
             // Latched pages cannot change: the log's flush (which needs no
             // page latch) passes their records, and they are written.
             self.stats.flush_log_waits.fetch_add(1, Ordering::Relaxed);
             self.log_durable_past(past).await;
-            past = 0;
-            let mut held = held.into_iter();
-            while let Some((f, pid)) = held.next() {
-                // Released by start_writeback, also when it fails.
-                let written = match self.poisoned_with_log() {
-                    Some(e) => {
-                        self.table.unlock_exclusive(pid);
-                        Err(e)
-                    }
-                    None => self.start_writeback(f, pid),
-                };
-                if let Err(e) = written {
-                    for (_, pid) in held {
-                        self.table.unlock_exclusive(pid);
-                    }
+            while let Some(&(f, pid)) = held.pages.last() {
+                if let Some(e) = self.poisoned_with_log() {
                     return Err(e);
                 }
+                // The log set's durable point is looked at again here, as
+                // start_writeback asserts it: it can stand lower than the
+                // wait above saw (an idle log publishes a GSN it took for
+                // a record only after taking it, found in review); wait
+                // again, still latched.
+                if let Some(lsn) = self.log_blocks_write(f) {
+                    self.log_durable_past(lsn).await;
+                    continue;
+                }
+                held.pages.pop();
+                // Releases the latch, also when it fails.
+                self.start_writeback(f, pid)?;
                 self.stats.writebacks.fetch_add(1, Ordering::Relaxed);
                 started.push(f);
             }
@@ -1481,8 +1478,9 @@ impl BufferPool {
     /// is not yet durable past the page's last change it starts nothing:
     /// with `hold`, it keeps the page latched and says so (the caller
     /// waits for the log and writes it); without, it lets the page go
-    /// and returns its LSN. With `hold` it never waits for a latch
-    /// another task has ([`Look::Busy`]): the caller may hold others.
+    /// and returns its LSN. With `hold` it never waits, for a latch
+    /// another task has nor for a write-back in flight ([`Look::Busy`]):
+    /// the caller may hold other pages' latches.
     async fn flush_frame(
         &self,
         f: u32,
@@ -1520,8 +1518,11 @@ impl BufferPool {
                 return Err(e);
             }
             if writing {
-                // Waits for the device, not for a latch: safe with others
-                // held (a write completes without any).
+                if hold {
+                    // Not while the caller holds latches: the pages they
+                    // keep would wait for this device write too.
+                    return Ok(Look::Busy);
+                }
                 self.write_finished(f).await;
                 continue;
             }
@@ -2039,8 +2040,9 @@ impl PageOptimistic<'_> {
     }
 }
 
-/// How long [`BufferPool::flush_where`]'s scan runs before it lets the
-/// worker's other tasks run. By time, not by frames: a yield costs the
+/// How long [`BufferPool::flush_where`]'s scan runs (wall time, its own
+/// waits included) before it lets the worker's other tasks run. By time,
+/// not by frames: a yield costs the
 /// scan a whole round of the worker's ready tasks (~1 ms with 128 busy
 /// committers), and a yield every 64 frames made the scan of a 256 MiB
 /// pool (1,024 yields) take a second under `dana bench commit`'s async
@@ -2055,6 +2057,22 @@ enum Look {
     Blocked(u64),
     /// Its page (this id) waits for the log past this LSN, latched.
     Held(u64, u64),
-    /// Latched by another task (only when asked to hold).
+    /// Latched by another task, or being written (only when asked to
+    /// hold).
     Busy,
+}
+
+/// Pages a checkpoint's round holds exclusively latched (frame, page id)
+/// while it waits for the log; unlatched when dropped.
+struct HeldLatches<'a> {
+    table: &'a PageTable,
+    pages: Vec<(u32, u64)>,
+}
+
+impl Drop for HeldLatches<'_> {
+    fn drop(&mut self) {
+        for &(_, pid) in &self.pages {
+            self.table.unlock_exclusive(pid);
+        }
+    }
 }
