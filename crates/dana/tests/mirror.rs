@@ -189,6 +189,24 @@ fn rebuild_and_check(db: Db) {
     db.close().unwrap();
 }
 
+/// Large value `v` of [`closed_with_large_values`]: 64 KiB.
+fn large_value(v: u32) -> Vec<u8> {
+    (0..64 * 1024u32).map(|i| (i * 7 + v) as u8).collect()
+}
+
+/// A mirrored database in `dir` (2 MiB pool) holding keys `0..8u32`
+/// (big-endian) with [`large_value`]s, closed; the options that open it.
+fn closed_with_large_values(dir: &std::path::Path) -> Options {
+    let opts = Options::default().pool_bytes(2 << 20).mirrored();
+    let db = Db::open(dir, opts.clone()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for v in 0..8u32 {
+        t.put(&v.to_be_bytes(), &large_value(v)).unwrap();
+    }
+    db.close().unwrap();
+    opts
+}
+
 /// Flips (xor `mask`) one byte in every page of the file at `path`, from
 /// offset `from` on, a page apart; synced. Returns how many.
 fn flip_bytes(path: &std::path::Path, from: u64, mask: u8) -> u64 {
@@ -461,14 +479,7 @@ fn bytes_flipped_on_one_copy_of_the_files_are_read_from_the_other_and_repaired()
 #[test]
 fn large_values_damaged_on_one_copy_are_not_reported_as_damaged_data() {
     let dir = tempfile::tempdir().unwrap();
-    let opts = Options::default().pool_bytes(2 << 20).mirrored();
-    let db = Db::open(dir.path(), opts.clone()).unwrap();
-    let t = db.create_tree("t").unwrap();
-    let big = |v: u32| -> Vec<u8> { (0..64 * 1024u32).map(|i| (i * 7 + v) as u8).collect() };
-    for v in 0..8u32 {
-        t.put(&v.to_be_bytes(), &big(v)).unwrap();
-    }
-    db.close().unwrap();
+    let opts = closed_with_large_values(dir.path());
     // A byte flipped in every page of copy 0 past the meta page: tree
     // pages and the values' extents alike.
     flip_bytes(&dir.path().join("dana.0"), LABEL_BYTES + 4096 + 999, 0x21);
@@ -480,7 +491,7 @@ fn large_values_damaged_on_one_copy_are_not_reported_as_damaged_data() {
     for v in 0..8u32 {
         assert_eq!(
             t.get(&v.to_be_bytes()).unwrap().as_deref(),
-            Some(&big(v)[..])
+            Some(&large_value(v)[..])
         );
     }
     db.close().unwrap();
@@ -494,12 +505,9 @@ fn large_values_damaged_on_one_copy_are_not_reported_as_damaged_data() {
 #[test]
 fn free_pages_are_not_compared_between_the_copies() {
     let dir = tempfile::tempdir().unwrap();
-    let opts = Options::default().pool_bytes(2 << 20).mirrored();
+    let opts = closed_with_large_values(dir.path());
     let db = Db::open(dir.path(), opts.clone()).unwrap();
-    let t = db.create_tree("t").unwrap();
-    for v in 0..8u32 {
-        t.put(&v.to_be_bytes(), &[v as u8 + 1; 64 << 10]).unwrap();
-    }
+    let t = db.tree("t").unwrap();
     for v in 0..8u32 {
         t.delete(&v.to_be_bytes()).unwrap();
     }
