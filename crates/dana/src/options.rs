@@ -204,11 +204,11 @@ impl Options {
 
     /// Checkpoint shards (default 8; 1 to 64; not stored: any open may
     /// choose). Checkpoints run continuously: each time a share of the log
-    /// (a quarter of it over the shards) has been appended since the last
-    /// one began, the next shard's dirty pages (page id modulo the shard
+    /// (3/8 of it over the shards, less where commit records fill it) has
+    /// been appended since the last one began, the next shard's dirty pages (page id modulo the shard
     /// count) are written back, and the redo point moves to where the
-    /// shard checkpointed longest ago began. So about a quarter of the log
-    /// lies between the redo point and the end, as with whole checkpoints
+    /// shard checkpointed longest ago began. So about 3/8 of the log lies
+    /// between the redo point and the end, as with whole checkpoints
     /// (which 1 gives), but the write-back comes a shard at a time instead
     /// of every dirty page at once. `Db::checkpoint`, close, recovery and
     /// a dropped tree still checkpoint every page.
@@ -590,9 +590,12 @@ impl Options {
     /// Bytes of the circular logs, split evenly among them (default 64
     /// MiB; a multiple of 4 KiB; at least 1 MiB per log; at most
     /// [`crate::wal::recover::MAX_LOG_BYTES`] each). A checkpoint of one
-    /// shard of the pages starts each time a quarter of a log over the
-    /// shards has been appended, so the redo point stays about a quarter
-    /// of the log behind its end (see [`Options::checkpoint_shards`]).
+    /// shard of the pages starts each time 3/8 of a log over the shards
+    /// has been appended (less where commit records fill the log, see
+    /// [`crate::wal::checkpoint_trigger`]), so the redo point stays about
+    /// 3/8 of the log behind its end (see [`Options::checkpoint_shards`]):
+    /// about what recovery reads and re-applies of each log, up to three
+    /// quarters when commits outrun the checkpoints.
     ///
     /// ```
     /// assert_eq!(dana::Options::default().log_bytes_value(), 64 << 20);

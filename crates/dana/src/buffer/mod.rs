@@ -1443,10 +1443,10 @@ impl BufferPool {
                     return Err(e);
                 }
                 // The log set's durable point is looked at again here, as
-                // start_writeback asserts it: it can stand lower than the
-                // wait above saw (an idle log publishes a GSN it took for
-                // a record only after taking it, found in review); wait
-                // again, still latched.
+                // start_writeback asserts it, and waited for again, still
+                // latched, if it stands lower than the wait saw. (It no
+                // longer moves backwards, see `wal::Shared::durable_below`;
+                // before, it could.)
                 if let Some(lsn) = self.log_blocks_write(f) {
                     self.log_durable_past(lsn).await;
                     continue;

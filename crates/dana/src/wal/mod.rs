@@ -96,6 +96,38 @@ pub const MAX_LOGS: usize = 64;
 /// Most checkpoint shards ([`crate::Options::checkpoint_shards`]).
 pub const MAX_CHECKPOINT_SHARDS: usize = 64;
 
+/// Bytes in use of a log of `capacity` that ask for a checkpoint, when
+/// `commits` of the `used` bytes in use are commit records: 3/8 of the
+/// log, or less where commit records fill it (and that over the shards,
+/// appended since the last checkpoint began, asks for the next shard's).
+/// So the redo point follows the log end by about that much, which
+/// recovery reads and re-applies (more when commits outrun the
+/// checkpoints: up to admission's limit).
+///
+/// Admission counts the commit records in use twice (recovery may append
+/// them again) and stops at three quarters of the log ([`Wal::admit`]);
+/// the trigger keeps the log in use plus those records at half the log
+/// at most, leaving commits a quarter of it while a checkpoint runs, as
+/// the trigger at a quarter did for a log of commit records only (out of
+/// place or with untorn writes, where no torn-page image is logged; 3/8
+/// alone would have refused commits before the checkpoint was asked for,
+/// found in review). Where full page images fill the log, 3/8 holds: a
+/// quarter, the value until 2026-11-27, ran the checkpoints half as often
+/// again, which cost 1.12x of the sync inserts under `dana bench commit`
+/// (five pairs; docs/PERF.md), each checkpoint syncing the data file on
+/// the disk the log syncs to and each round of shards bringing back a
+/// full page image per page changed.
+pub fn checkpoint_trigger(capacity: u64, used: u64, commits: u64) -> u64 {
+    let most = capacity / 8 * 3;
+    let counted = used.saturating_add(commits);
+    if counted == 0 {
+        return most;
+    }
+    // used * (used + commits) / used <= capacity / 2, in u128 (no overflow).
+    let scaled = u128::from(capacity / 2) * u128::from(used) / u128::from(counted);
+    most.min(scaled as u64)
+}
+
 /// What one checkpoint covers: every page, or the pages of one shard
 /// (page id modulo the number of shards: continuous checkpointing writes
 /// the dirty pages of one shard at a time, round robin).
@@ -315,9 +347,13 @@ pub(crate) struct Shared {
     /// pages were encoded against older bounds is encoded again before it
     /// takes a GSN (`Wal::append_checked`).
     fpi_epoch: AtomicU64,
-    /// Per log: the GSN of its first record not yet durable (u64::MAX:
-    /// none). Set under the log's lock.
+    /// Per log: a GSN at or below its first record not yet durable
+    /// (u64::MAX: none; an idle log about to take a GSN publishes the next
+    /// GSN first, see `Wal::append_checked`). Set under the log's lock.
     unflushed: Box<[AtomicU64]>,
+    /// The largest set-wide durable point returned so far (see
+    /// [`Shared::durable_below`]).
+    durable_floor: AtomicU64,
     /// Per log: a flush is wanted of its records below this GSN.
     wanted: Box<[AtomicU64]>,
     /// Per log: records wait for other logs to become durable.
@@ -361,6 +397,7 @@ impl Shared {
             pages_whole,
             compress_images: AtomicBool::new(false),
             unflushed: (0..count).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            durable_floor: AtomicU64::new(0),
             wanted: (0..count).map(|_| AtomicU64::new(0)).collect(),
             blocked: (0..count).map(|_| AtomicBool::new(false)).collect(),
             poisoned: AtomicBool::new(false),
@@ -375,8 +412,19 @@ impl Shared {
     }
 
     /// Every record of every log other than `me` below this GSN is
-    /// durable (`me` out of range: of every log).
+    /// durable (`me` out of range: of every log); at most the next GSN.
+    ///
+    /// The next GSN is read first: a log publishes a bound at or below a
+    /// GSN before it takes it (`Wal::append_checked`), so every GSN below
+    /// the value read was taken after its log's bound was visible, and the
+    /// scan sees that bound (or a later one, once the record is durable).
+    /// Read the other way round, or with a log's bound published after
+    /// its GSN was taken, a scan could pass an idle log between the two
+    /// and count a record not yet durable as durable, and the durable
+    /// point then moved backwards (seen as a possible false alarm of
+    /// `start_writeback`'s assert of the write-ahead rule).
     fn others_durable_below(&self, me: usize) -> u64 {
+        let next = self.next_gsn.load(Ordering::Acquire);
         self.unflushed
             .iter()
             .enumerate()
@@ -384,11 +432,26 @@ impl Shared {
             .map(|(_, u)| u.load(Ordering::Acquire))
             .min()
             .unwrap_or(u64::MAX)
+            .min(next)
     }
 
-    /// Every record of every log below this GSN is durable.
+    /// Every record of every log below this GSN is durable; never less
+    /// than a value returned before.
+    ///
+    /// Each scan gives a true bound, but two scans can disagree backwards:
+    /// an idle log that read the next GSN as B and was preempted before
+    /// publishing it can publish B after another log took B and made it
+    /// durable, and a scan in between gave B + 1 (found in review). A
+    /// write-back checks the point and then asserts it, so a point moving
+    /// backwards would fire that assert; the floor keeps the largest bound
+    /// seen (a bound stays true: durable records stay durable).
     pub(crate) fn durable_below(&self) -> u64 {
-        self.others_durable_below(usize::MAX)
+        let now = self.others_durable_below(usize::MAX);
+        let floor = self.durable_floor.load(Ordering::Acquire);
+        if now <= floor {
+            return floor;
+        }
+        self.durable_floor.fetch_max(now, Ordering::AcqRel).max(now)
     }
 
     /// The next GSN to assign.
@@ -1187,6 +1250,15 @@ impl Wal {
         if epoch.is_some_and(|e| e != self.shared.fpi_epoch()) {
             return Ok(Err(record));
         }
+        let mut published = u64::MAX;
+        if st.queue.is_empty() && st.flushing.is_empty() {
+            // An idle log publishes a bound at or below the GSN it is about
+            // to take before taking it, so the set's durable point never
+            // passes that GSN (see `Shared::others_durable_below`); the
+            // exact GSN replaces it below.
+            published = self.shared.next_gsn.load(Ordering::Acquire);
+            self.shared.unflushed[self.index].store(published, Ordering::Release);
+        }
         let gsn = self.shared.next_gsn.fetch_add(1, Ordering::AcqRel);
         record::set_gsn(&mut record, gsn);
         // A dependency on records the other logs already made durable is
@@ -1225,6 +1297,15 @@ impl Wal {
             // The logs this record waits for flush without waiting for
             // their own windows.
             self.shared.want_others(self.index, dep);
+        }
+        if published < gsn {
+            // Other logs took GSNs between the two loads, and for a moment
+            // this log's bound held the set's durable point below them:
+            // a log blocked on it, or a task waiting for the point, was
+            // not woken when the exact GSN replaced it. This log's flush
+            // is asked for now; its completion pumps and wakes them (else
+            // they waited for its window).
+            self.want(gsn + 1);
         }
         self.stats.records.fetch_add(1, Ordering::Relaxed);
         self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
@@ -1457,19 +1538,19 @@ impl Wal {
             return false;
         }
         let mut guard = self.lock();
-        // A quarter of the log in use asks for a checkpoint, and so does
-        // each share of it (a quarter over the shards) appended since the
-        // last one began: continuous checkpointing writes one shard's
-        // pages each time, so that the redo point keeps about a quarter of
-        // the log behind the end without a burst of writes. Unless one is
-        // running (it frees the log only when it finishes; asking again
-        // would start a second one right after it).
+        // The trigger's share of the log in use asks for a checkpoint, and
+        // so does each share of it (the trigger over the shards) appended
+        // since the last one began: continuous checkpointing writes one
+        // shard's pages each time, so that the redo point keeps about the
+        // trigger's share of the log behind the end without a burst of
+        // writes. Unless one is running (it frees the log only when it
+        // finishes; asking again would start a second one right after it).
         let end = guard.end + guard.pending.len() as u64;
-        let quarter = self.capacity / 4;
+        let trigger = checkpoint_trigger(self.capacity, end - guard.redo, guard.commit_bytes);
         if !self.checkpoint_wanted.load(Ordering::Acquire)
             && !self.in_checkpoint.load(Ordering::Acquire)
-            && (end - guard.redo > quarter
-                || end - guard.last_begin > quarter / self.shared.shards() as u64)
+            && (end - guard.redo > trigger
+                || end - guard.last_begin > trigger / self.shared.shards() as u64)
         {
             drop(guard);
             self.request_checkpoint();
@@ -1533,7 +1614,7 @@ impl Wal {
         }
         if end - st.redo > self.capacity {
             // The records would overwrite log space the last checkpoint
-            // still needs. Admission keeps half of the log free for
+            // still needs. Admission keeps a quarter of the log free for
             // operations in progress; getting here means it did not.
             drop(guard);
             self.request_checkpoint();
@@ -1766,9 +1847,9 @@ impl Wal {
     // ---- checkpoints ----------------------------------------------------
 
     /// True when a checkpoint should run: the flush step saw a share of the
-    /// log (a quarter over the checkpoint shards) appended since the last
-    /// one began or a quarter of it in use, or a commit short of space
-    /// asked (one atomic load: every worker's checkpoint step asks every
+    /// log ([`checkpoint_trigger`] over the checkpoint shards) appended
+    /// since the last one began or the trigger's bytes of it in use, or a
+    /// commit short of space asked (one atomic load: every worker's checkpoint step asks every
     /// round).
     pub fn checkpoint_due(&self) -> bool {
         self.checkpoint_wanted.load(Ordering::SeqCst)
@@ -2403,6 +2484,134 @@ mod tests {
             (3, 192, 0),
             "the other logs are idle"
         );
+    }
+
+    /// The set's durable point never moves backwards and never passes a
+    /// record not yet durable, while idle logs take GSNs and another
+    /// thread reads the point: a log publishes a bound before it takes a
+    /// GSN, the reader reads the next GSN before the bounds, and the set
+    /// keeps the largest point it returned. (The first version published
+    /// after taking, and read the next GSN after the bounds: a read
+    /// between the two counted the new record as durable, and the next
+    /// read did not.) Each writer's record is made durable at once, as a
+    /// flush's completion does. With one writer, the GSN it will take is
+    /// known before it takes it, so the reader also checks that the point
+    /// never passes it; with two, only that the point never moves back.
+    /// (The race the set's floor covers, a whole flush of another log
+    /// between an idle log's two loads, is too narrow for this test: it
+    /// passes without the floor.)
+    #[test]
+    fn the_durable_point_of_several_logs_never_moves_backwards() {
+        for writers in [1, 2] {
+            durable_point_under(writers, 100_000);
+        }
+    }
+
+    fn durable_point_under(writers: usize, rounds: usize) {
+        let set = logs(3);
+        let finished = AtomicU64::new(0);
+        // Writer 0's record not yet durable, or at or above the GSN it is
+        // about to take (u64::MAX: none). Cleared before the record is
+        // durable, so a reader that sees it set knows the record is not.
+        let pending = AtomicU64::new(u64::MAX);
+        std::thread::scope(|s| {
+            for i in 0..writers {
+                let (set, finished, pending) = (&set, &finished, &pending);
+                s.spawn(move || {
+                    let w = &set.logs()[i];
+                    for _ in 0..rounds {
+                        if i == 0 {
+                            pending.store(set.shared.next_gsn(), Ordering::SeqCst);
+                        }
+                        w.append(commit(), 0).unwrap();
+                        let mut st = w.lock();
+                        st.queue.clear();
+                        st.pending.clear();
+                        if i == 0 {
+                            pending.store(u64::MAX, Ordering::SeqCst);
+                        }
+                        // As a flush's completion: every record is durable.
+                        set.shared.unflushed[i].store(u64::MAX, Ordering::SeqCst);
+                    }
+                    finished.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+            let mut last = 0;
+            loop {
+                let done = finished.load(Ordering::SeqCst) == writers as u64;
+                let now = set.shared.durable_below();
+                assert!(now >= last, "durable point moved from {last} to {now}");
+                last = now;
+                let not_durable = pending.load(Ordering::SeqCst);
+                if writers == 1 {
+                    // Set after the point was read: the record was not
+                    // durable then, and its GSN is at least this.
+                    assert!(
+                        now <= not_durable,
+                        "durable point {now} passed record {not_durable}, not durable"
+                    );
+                }
+                if done {
+                    break;
+                }
+            }
+        });
+    }
+
+    /// The checkpoint trigger: 3/8 of the log, less where commit records
+    /// fill it (admission counts them twice, and would refuse commits
+    /// before a trigger at 3/8 was reached).
+    #[test]
+    fn the_checkpoint_trigger_keeps_a_quarter_of_the_log_for_admission() {
+        let cap = 1 << 20;
+        assert_eq!(checkpoint_trigger(cap, 0, 0), cap / 8 * 3);
+        assert_eq!(
+            checkpoint_trigger(cap, cap / 4, 0),
+            cap / 8 * 3,
+            "no commit record"
+        );
+        assert_eq!(
+            checkpoint_trigger(cap, cap / 4, cap / 4),
+            cap / 4,
+            "commit records only: used + commits reach half at a quarter"
+        );
+        // Up to a third of the log in use commit records: 3/8 holds.
+        assert_eq!(checkpoint_trigger(cap, 1000, 300), cap / 8 * 3);
+        // `bench commit`'s mix (~40% commit records, the rest full page
+        // images and page records): a little under 3/8.
+        assert_eq!(checkpoint_trigger(cap, 1000, 400), (cap / 2) * 1000 / 1400);
+        assert_eq!(
+            checkpoint_trigger(u64::MAX / 2, u64::MAX / 4, u64::MAX / 4),
+            u64::MAX / 8
+        );
+    }
+
+    /// A log 5/16 full of commit records asks for a checkpoint (under the
+    /// 3/8 of a log of page records, which does not ask): counted twice,
+    /// its commits near admission's limit of three quarters.
+    #[test]
+    fn a_log_of_commit_records_asks_for_a_checkpoint_sooner() {
+        let big = || {
+            let wr = Write::new(1, b"k".to_vec(), Some(vec![7u8; 4000]));
+            record::commit(&[wr]).into_unsealed()
+        };
+        for commits in [true, false] {
+            let set = logs(1);
+            let w = &set.logs()[0];
+            let cap = w.capacity();
+            while w.used() < cap * 5 / 16 {
+                // The same bytes, counted as commit records or not.
+                if commits {
+                    w.append_commit(big(), 0).unwrap();
+                } else {
+                    w.append(big(), 0).unwrap();
+                }
+            }
+            assert!(w.used() < cap / 8 * 3);
+            w.checkpoint_wanted.store(false, Ordering::SeqCst);
+            w.pump();
+            assert_eq!(w.checkpoint_due(), commits, "commit records: {commits}");
+        }
     }
 
     /// Appending to one log makes a dependency on another log's record not
