@@ -1303,9 +1303,21 @@ impl Wal {
             // this log's bound held the set's durable point below them:
             // a log blocked on it, or a task waiting for the point, was
             // not woken when the exact GSN replaced it. This log's flush
-            // is asked for now; its completion pumps and wakes them (else
-            // they waited for its window).
+            // is asked for, whose completion pumps and wakes them; and as
+            // that flush may itself wait for a log so blocked (found in
+            // review), the other logs' blocked flags are cleared, so that
+            // a worker pumps them again (a pump sets the flag again if a
+            // log really is blocked), and the set's waiters look again.
+            // Else they waited for an async window. Rare: only with
+            // several logs, another taking a GSN between the two loads.
             self.want(gsn + 1);
+            for (j, blocked) in self.shared.blocked.iter().enumerate() {
+                if j != self.index {
+                    blocked.store(false, Ordering::SeqCst);
+                }
+            }
+            std::sync::atomic::fence(Ordering::SeqCst);
+            self.shared.durable_waiters.wake_all();
         }
         self.stats.records.fetch_add(1, Ordering::Relaxed);
         self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
@@ -2122,10 +2134,12 @@ mod tests {
 
     /// A commit the log itself is too full for asks for a checkpoint, also
     /// while the log in use is under half (where the admission asked
-    /// before) and under the flush step's trigger: commit records count
-    /// twice, so the log can refuse at ~3/8 in use. Without the request
-    /// nobody asks and every committer waits for good (a trial trigger at
-    /// half the log hung `dana bench commit` so).
+    /// before): commit records count twice, so the log can refuse at ~3/8
+    /// in use. Without the request nobody asks and every committer waits
+    /// for good (a trial trigger at half the log hung `dana bench commit`
+    /// so). The flush step's trigger would ask here too (a log of commit
+    /// records asks at a quarter, `checkpoint_trigger`); the test clears
+    /// what the appends asked and never pumps, so only the refusal can.
     #[test]
     fn a_commit_the_log_is_too_full_for_asks_for_a_checkpoint() {
         let set = logs(1);
