@@ -204,8 +204,8 @@ impl Options {
 
     /// Checkpoint shards (default 8; 1 to 64; not stored: any open may
     /// choose). Checkpoints run continuously: each time a share of the log
-    /// (3/8 of it over the shards, less where commit records fill it) has
-    /// been appended since the last one began, the next shard's dirty pages (page id modulo the shard
+    /// (3/8 of it over the shards, a quarter where pages are written
+    /// whole) has been appended since the last one began, the next shard's dirty pages (page id modulo the shard
     /// count) are written back, and the redo point moves to where the
     /// shard checkpointed longest ago began. So about 3/8 of the log lies
     /// between the redo point and the end, as with whole checkpoints
@@ -591,7 +591,7 @@ impl Options {
     /// MiB; a multiple of 4 KiB; at least 1 MiB per log; at most
     /// [`crate::wal::recover::MAX_LOG_BYTES`] each). A checkpoint of one
     /// shard of the pages starts each time 3/8 of a log over the shards
-    /// has been appended (less where commit records fill the log, see
+    /// has been appended (a quarter where pages are written whole, see
     /// [`crate::wal::checkpoint_trigger`]), so the redo point stays about
     /// 3/8 of the log behind its end (see [`Options::checkpoint_shards`]):
     /// about what recovery reads and re-applies of each log, up to three

@@ -96,36 +96,36 @@ pub const MAX_LOGS: usize = 64;
 /// Most checkpoint shards ([`crate::Options::checkpoint_shards`]).
 pub const MAX_CHECKPOINT_SHARDS: usize = 64;
 
-/// Bytes in use of a log of `capacity` that ask for a checkpoint, when
-/// `commits` of the `used` bytes in use are commit records: 3/8 of the
-/// log, or less where commit records fill it (and that over the shards,
-/// appended since the last checkpoint began, asks for the next shard's).
-/// So the redo point follows the log end by about that much, which
-/// recovery reads and re-applies (more when commits outrun the
-/// checkpoints: up to admission's limit).
+/// Bytes in use of a log of `capacity` that ask for a checkpoint (and
+/// that over the shards, appended since the last checkpoint began, asks
+/// for the next shard's): 3/8 of the log, or a quarter where every page
+/// is written whole (`pages_whole`: out of place, or untorn writes). So
+/// the redo point follows the log end by about that much, which recovery
+/// reads and re-applies (more when commits outrun the checkpoints: up to
+/// admission's limit).
 ///
 /// Admission counts the commit records in use twice (recovery may append
-/// them again) and stops at three quarters of the log ([`Wal::admit`]);
-/// the trigger keeps the log in use plus those records at half the log
-/// at most, leaving commits a quarter of it while a checkpoint runs, as
-/// the trigger at a quarter did for a log of commit records only (out of
-/// place or with untorn writes, where no torn-page image is logged; 3/8
-/// alone would have refused commits before the checkpoint was asked for,
-/// found in review). Where full page images fill the log, 3/8 holds: a
+/// them again) and stops at three quarters of the log ([`Wal::admit`]).
+/// Where pages are written whole no torn-page image is logged and the log
+/// is nearly all commit records: at 3/8 in use they count as 3/4, and
+/// commits would be refused before the checkpoint was asked for (found in
+/// review); a quarter leaves them a quarter of the log while it runs.
+/// Where full page images fill the log (in place, the default), 3/8: a
 /// quarter, the value until 2026-11-27, ran the checkpoints half as often
 /// again, which cost 1.12x of the sync inserts under `dana bench commit`
 /// (five pairs; docs/PERF.md), each checkpoint syncing the data file on
 /// the disk the log syncs to and each round of shards bringing back a
-/// full page image per page changed.
-pub fn checkpoint_trigger(capacity: u64, used: u64, commits: u64) -> u64 {
-    let most = capacity / 8 * 3;
-    let counted = used.saturating_add(commits);
-    if counted == 0 {
-        return most;
+/// full page image per page changed. The choice is fixed per open, not
+/// taken from the mix of records in use: a trigger that moved with that
+/// mix could be passed by a checkpoint's end rather than by an append,
+/// and the seeded crash test's runs then differed (found by
+/// `tests/crashtest.rs::a_seeded_crash_point_replays_exactly`).
+pub fn checkpoint_trigger(capacity: u64, pages_whole: bool) -> u64 {
+    if pages_whole {
+        capacity / 4
+    } else {
+        capacity / 8 * 3
     }
-    // used * (used + commits) / used <= capacity / 2, in u128 (no overflow).
-    let scaled = u128::from(capacity / 2) * u128::from(used) / u128::from(counted);
-    most.min(scaled as u64)
 }
 
 /// What one checkpoint covers: every page, or the pages of one shard
@@ -1558,7 +1558,7 @@ impl Wal {
         // writes. Unless one is running (it frees the log only when it
         // finishes; asking again would start a second one right after it).
         let end = guard.end + guard.pending.len() as u64;
-        let trigger = checkpoint_trigger(self.capacity, end - guard.redo, guard.commit_bytes);
+        let trigger = checkpoint_trigger(self.capacity, self.shared.pages_whole);
         if !self.checkpoint_wanted.load(Ordering::Acquire)
             && !self.in_checkpoint.load(Ordering::Acquire)
             && (end - guard.redo > trigger
@@ -2052,7 +2052,13 @@ mod tests {
     }
 
     fn sharded_logs(n: usize, shards: usize) -> Arc<LogSet> {
-        let shared = Shared::new(n, 1, shards, false);
+        logs_with(n, shards, false)
+    }
+
+    /// `n` logs of `shards` checkpoint shards, on data devices that write
+    /// pages whole if `pages_whole`.
+    fn logs_with(n: usize, shards: usize, pages_whole: bool) -> Arc<LogSet> {
+        let shared = Shared::new(n, 1, shards, pages_whole);
         let logs = (0..n)
             .map(|i| {
                 Wal::new(
@@ -2137,9 +2143,8 @@ mod tests {
     /// before): commit records count twice, so the log can refuse at ~3/8
     /// in use. Without the request nobody asks and every committer waits
     /// for good (a trial trigger at half the log hung `dana bench commit`
-    /// so). The flush step's trigger would ask here too (a log of commit
-    /// records asks at a quarter, `checkpoint_trigger`); the test clears
-    /// what the appends asked and never pumps, so only the refusal can.
+    /// so). The test clears what the appends asked and never pumps, so
+    /// only the refusal can ask.
     #[test]
     fn a_commit_the_log_is_too_full_for_asks_for_a_checkpoint() {
         let set = logs(1);
@@ -2572,59 +2577,41 @@ mod tests {
         });
     }
 
-    /// The checkpoint trigger: 3/8 of the log, less where commit records
-    /// fill it (admission counts them twice, and would refuse commits
-    /// before a trigger at 3/8 was reached).
+    /// The checkpoint trigger: 3/8 of the log, a quarter where pages are
+    /// written whole (the log then nearly all commit records, which
+    /// admission counts twice).
     #[test]
     fn the_checkpoint_trigger_keeps_a_quarter_of_the_log_for_admission() {
         let cap = 1 << 20;
-        assert_eq!(checkpoint_trigger(cap, 0, 0), cap / 8 * 3);
-        assert_eq!(
-            checkpoint_trigger(cap, cap / 4, 0),
-            cap / 8 * 3,
-            "no commit record"
-        );
-        assert_eq!(
-            checkpoint_trigger(cap, cap / 4, cap / 4),
-            cap / 4,
-            "commit records only: used + commits reach half at a quarter"
-        );
-        // Up to a third of the log in use commit records: 3/8 holds.
-        assert_eq!(checkpoint_trigger(cap, 1000, 300), cap / 8 * 3);
-        // `bench commit`'s mix (~40% commit records, the rest full page
-        // images and page records): a little under 3/8.
-        assert_eq!(checkpoint_trigger(cap, 1000, 400), (cap / 2) * 1000 / 1400);
-        assert_eq!(
-            checkpoint_trigger(u64::MAX / 2, u64::MAX / 4, u64::MAX / 4),
-            u64::MAX / 8
-        );
+        assert_eq!(checkpoint_trigger(cap, false), cap / 8 * 3);
+        assert_eq!(checkpoint_trigger(cap, true), cap / 4);
     }
 
-    /// A log 5/16 full of commit records asks for a checkpoint (under the
-    /// 3/8 of a log of page records, which does not ask): counted twice,
-    /// its commits near admission's limit of three quarters.
+    /// A log 5/16 full of commit records on devices that write pages whole
+    /// asks for a checkpoint (counted twice, its commits near admission's
+    /// limit of three quarters); in place, where torn-page images fill the
+    /// log, the same log does not (under 3/8).
     #[test]
     fn a_log_of_commit_records_asks_for_a_checkpoint_sooner() {
         let big = || {
             let wr = Write::new(1, b"k".to_vec(), Some(vec![7u8; 4000]));
             record::commit(&[wr]).into_unsealed()
         };
-        for commits in [true, false] {
-            let set = logs(1);
+        for pages_whole in [true, false] {
+            let set = logs_with(1, 1, pages_whole);
             let w = &set.logs()[0];
             let cap = w.capacity();
             while w.used() < cap * 5 / 16 {
-                // The same bytes, counted as commit records or not.
-                if commits {
-                    w.append_commit(big(), 0).unwrap();
-                } else {
-                    w.append(big(), 0).unwrap();
-                }
+                w.append_commit(big(), 0).unwrap();
             }
             assert!(w.used() < cap / 8 * 3);
             w.checkpoint_wanted.store(false, Ordering::SeqCst);
             w.pump();
-            assert_eq!(w.checkpoint_due(), commits, "commit records: {commits}");
+            assert_eq!(
+                w.checkpoint_due(),
+                pages_whole,
+                "pages whole: {pages_whole}"
+            );
         }
     }
 
