@@ -1861,8 +1861,8 @@ impl Wal {
     /// True when a checkpoint should run: the flush step saw a share of the
     /// log ([`checkpoint_trigger`] over the checkpoint shards) appended
     /// since the last one began or the trigger's bytes of it in use, or a
-    /// commit short of space asked (one atomic load: every worker's checkpoint step asks every
-    /// round).
+    /// commit short of space asked (one atomic load: every worker's
+    /// checkpoint step asks every round).
     pub fn checkpoint_due(&self) -> bool {
         self.checkpoint_wanted.load(Ordering::SeqCst)
     }

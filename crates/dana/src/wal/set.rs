@@ -97,9 +97,10 @@ impl LogSet {
     }
 
     /// Every record of every log below this GSN is durable (the next GSN
-    /// if nothing waits).
+    /// if nothing waits; never moving backwards, see
+    /// `Shared::durable_below`, which caps it at the next GSN itself).
     pub fn durable_below(&self) -> u64 {
-        self.shared.durable_below().min(self.next_gsn())
+        self.shared.durable_below()
     }
 
     /// Page `pid` logs a full image at its next change if its GSN is
