@@ -873,10 +873,11 @@ pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
     check_pool_and_free(pool).await.map(|(report, _)| report)
 }
 
-/// [`check_pool`], and the pages it found free (a bit per page below the
-/// high-water mark, bit `p % 64` of word `p / 64`), which
-/// [`check_mirrors`] does not compare.
-pub(crate) async fn check_pool_and_free(pool: &Arc<BufferPool>) -> Result<(CheckReport, Vec<u64>)> {
+/// [`check_pool`], and for each page below the high-water mark whether
+/// it found it free, which [`check_mirrors`] does not compare.
+pub(crate) async fn check_pool_and_free(
+    pool: &Arc<BufferPool>,
+) -> Result<(CheckReport, Vec<bool>)> {
     let space = pool.space().await?;
     let mut c = Checker {
         pool: pool.clone(),
@@ -994,15 +995,7 @@ pub(crate) async fn check_pool_and_free(pool: &Arc<BufferPool>) -> Result<(Check
     }
     let free_pages = c.check_map(space.free_pages).await;
     let lost_pages = c.lost_pages();
-    let mut free = vec![0u64; c.owners.len().div_ceil(64)];
-    for (p, _) in c
-        .owners
-        .iter()
-        .enumerate()
-        .filter(|(_, &o)| o == FREE_OWNER)
-    {
-        free[p / 64] |= 1 << (p % 64);
-    }
+    let free = c.owners.iter().map(|&o| o == FREE_OWNER).collect();
     let report = CheckReport {
         page_size: pool.page_size(),
         space,
@@ -1040,8 +1033,8 @@ pub(crate) async fn check_pool_and_free(pool: &Arc<BufferPool>) -> Result<(Check
 /// differ, and every log whose copies disagree. Blocking reads from the
 /// calling thread (never a worker); run it on a quiescent database, as
 /// the rest of the check (a write between two copies' reads is a false
-/// difference). Pages marked in `free` (bit `p % 64` of word `p / 64`
-/// for page `p`, as the checker found them) are not compared: their
+/// difference). Pages `p` with `free[p]` (as the checker found them) are
+/// not compared: their
 /// bytes mean nothing, and a large value a crash kept from its commit
 /// leaves its extent free and written on one copy only (`dana crashtest
 /// --mirrored` met that: six pages of a value that differed between the
@@ -1051,7 +1044,7 @@ pub fn check_mirrors(
     width: u64,
     page_size: u64,
     next_unused: u64,
-    free: &[u64],
+    free: &[bool],
     report: &mut CheckReport,
 ) -> Result<()> {
     use crate::io::mirror::{CopyState, Role};
@@ -1111,10 +1104,7 @@ pub fn check_mirrors(
                 .collect::<Result<Vec<_>>>()?;
             for j in 0..n as usize {
                 let pid = (k + j as u64) * width + device;
-                let free_page = free
-                    .get((pid / 64) as usize)
-                    .is_some_and(|w| w & (1 << (pid % 64)) != 0);
-                if free_page {
+                if free.get(pid as usize) == Some(&true) {
                     continue;
                 }
                 let at = j * ps as usize..(j + 1) * ps as usize;
