@@ -221,7 +221,13 @@ pub(crate) async fn destroy(pool: &Arc<BufferPool>, root: u64) -> Result<()> {
         }
         match parent {
             // The root, last (a leaf, or an inner node emptied).
-            None => return clear_intent(pool, DROPPING_SLOT, Some(root)).await,
+            None => {
+                clear_intent(pool, DROPPING_SLOT, Some(root)).await?;
+                // The root may name another tree later: none of this
+                // one's records may stay cached (fills in flight too).
+                pool.records().clear();
+                return Ok(());
+            }
             // A leaf: its parent's children are all leaves; free them all.
             Some((ppid, _)) if leaf => free_leaf_children(pool, ppid).await?,
             Some((ppid, slot)) => free_child(pool, ppid, slot, pid).await?,

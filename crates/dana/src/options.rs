@@ -83,6 +83,7 @@ pub struct Options {
     pub(crate) read_only: bool,
     pub(crate) log_identity: Option<u64>,
     pub(crate) eviction: EvictionPolicy,
+    pub(crate) record_cache_bytes: usize,
 }
 
 impl Default for Options {
@@ -120,6 +121,7 @@ impl Default for Options {
             read_only: false,
             log_identity: None,
             eviction: EvictionPolicy::default(),
+            record_cache_bytes: 0,
         }
     }
 }
@@ -494,6 +496,47 @@ impl Options {
     pub fn eviction(mut self, policy: EvictionPolicy) -> Self {
         self.eviction = policy;
         self
+    }
+
+    /// Bytes of memory for a cache of hot records beside the buffer pool
+    /// (default 0: none), on top of [`Options::pool_bytes`].
+    ///
+    /// Point reads (`Tree::get`, a transaction's `get`) look there first;
+    /// a miss reads the leaf and enters the record (values up to a quarter
+    /// of a page), and every write of a key drops it. Under skewed reads of
+    /// scattered keys (hashed or random keys, a zipfian popularity) a
+    /// frame spends a whole page on each hot record, while the cache holds
+    /// one record in about its size plus 96 bytes: with data several times
+    /// the memory, giving the cache part of the budget a pool would get
+    /// serves more reads from memory. Ordered or uniform access gains
+    /// nothing from it. `docs/ARCHITECTURE.md`, "The record cache".
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let opts = dana::Options::default().pool_bytes(8 << 20).record_cache_bytes(4 << 20);
+    /// assert_eq!(opts.record_cache_bytes_value(), 4 << 20);
+    /// # let db = dana::Db::open(dir.path(), opts.capacity_bytes(64 << 20)).unwrap();
+    /// # let t = db.create_tree("t").unwrap();
+    /// # t.put(b"k", b"v1").unwrap();
+    /// # for _ in 0..3 { // it enters at its second miss, then hits
+    /// #     assert_eq!(t.get(b"k").unwrap(), Some(b"v1".to_vec()));
+    /// # }
+    /// # t.put(b"k", b"v2").unwrap();
+    /// # assert_eq!(t.get(b"k").unwrap(), Some(b"v2".to_vec()));
+    /// # assert!(db.pool().records().stats().hits >= 1);
+    /// ```
+    pub fn record_cache_bytes(mut self, bytes: usize) -> Self {
+        self.record_cache_bytes = bytes;
+        self
+    }
+
+    /// The record cache's budget set ([`Options::record_cache_bytes`]).
+    ///
+    /// ```
+    /// assert_eq!(dana::Options::default().record_cache_bytes_value(), 0);
+    /// ```
+    pub fn record_cache_bytes_value(&self) -> usize {
+        self.record_cache_bytes
     }
 
     /// The eviction policy set.

@@ -85,6 +85,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
             .all(|t| t.untorn_writes(opts.page_size as u64));
     pool_config.untorn_writes = untorn;
     pool_config.eviction = opts.eviction;
+    pool_config.record_cache_bytes = opts.record_cache_bytes;
     pool_config.max_writes_in_flight = (opts.device_budget / 2).max(1);
     let pool = BufferPool::new(array.clone(), &pool_config)?;
     let mut targets = array.targets().to_vec();
@@ -208,6 +209,10 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
             what: "meta page has no catalogue".into(),
         });
     }
+    // Recovery redid pages physically as well as through the trees: no
+    // record it read may be served (the cache only ever serves reads of
+    // the open database).
+    pool.records().clear();
     open::sync_dirs(&sync_dirs)?;
     // Recovery read every page a crash could have left different on two
     // copies (and repaired them): reads go to one copy from now on.

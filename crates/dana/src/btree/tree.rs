@@ -14,6 +14,11 @@
 //! The root never moves: a root split moves its contents into two new
 //! children, so the catalogue never changes on a split.
 //!
+//! Point reads look in the pool's record cache first
+//! ([`crate::buffer::records`]) and fill it from the leaf on a miss; every
+//! write of a key invalidates it there while the key's leaf is latched
+//! exclusively (the cache's coherence rests on that).
+//!
 //! Never: holds a latch while waiting for another latch in the reverse
 //! order (parent before child, left before right, always); trusts node
 //! bytes it read optimistically before validating them.
@@ -23,6 +28,7 @@ use std::sync::Arc;
 
 use super::node::{self, Node, NodeMut};
 use crate::buffer::blob::BlobRef;
+use crate::buffer::records::Lookup;
 use crate::buffer::{page, BufferPool, PageMut, PageOptimistic, PageRef, PageStamp, PageType};
 use crate::sched;
 use crate::{Error, Result};
@@ -447,7 +453,7 @@ impl BTree {
                 let (_, again, _) = self.get_raw(key).await?;
                 Ok((v, gsn.max(again), None))
             }
-            (other, gsn, stamp) => Ok((other.map(|(v, _)| v), gsn, Some(stamp))),
+            (other, gsn, stamp) => Ok((other.map(|(v, _)| v), gsn, stamp)),
         }
     }
 
@@ -455,12 +461,23 @@ impl BTree {
     /// the leaf), if present.
     pub async fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
         self.check_key(key)?;
+        let records = self.pool.records();
+        let ticket = match records.lookup(self.root, key) {
+            Lookup::Hit(v, _) => return Ok(Some(f(&v))),
+            Lookup::Miss(t) => Some(t),
+            Lookup::Off => None,
+        };
         {
             let g = self.leaf_shared(key, None).await?;
             let n = Node::new(&g).map_err(corrupt(g.pid()))?;
             match n.get_entry(key) {
                 None => return Ok(None),
-                Some((v, false)) => return Ok(Some(f(v))),
+                Some((v, false)) => {
+                    if let Some(t) = ticket {
+                        records.fill(t, self.root, key, v, page::page_lsn(&g));
+                    }
+                    return Ok(Some(f(v)));
+                }
                 Some((_, true)) => {}
             }
         }
@@ -468,13 +485,28 @@ impl BTree {
     }
 
     /// The stored payload of `key` and whether it is a large value's
-    /// reference, if present, and the GSN of the leaf it was read from.
-    async fn get_raw(&self, key: &[u8]) -> Result<(Option<(Vec<u8>, bool)>, u64, PageStamp)> {
+    /// reference, if present, the GSN of the leaf it was read from, and
+    /// that leaf's stamp (None: the value came from the record cache,
+    /// with the GSN its leaf had when it was read there).
+    async fn get_raw(
+        &self,
+        key: &[u8],
+    ) -> Result<(Option<(Vec<u8>, bool)>, u64, Option<PageStamp>)> {
         self.check_key(key)?;
+        let records = self.pool.records();
+        let ticket = match records.lookup(self.root, key) {
+            Lookup::Hit(v, gsn) => return Ok((Some((v, false)), gsn, None)),
+            Lookup::Miss(t) => Some(t),
+            Lookup::Off => None,
+        };
         let g = self.leaf_shared(key, None).await?;
         let n = Node::new(&g).map_err(corrupt(g.pid()))?;
         let raw = n.get_entry(key).map(|(v, r)| (v.to_vec(), r));
-        Ok((raw, page::page_lsn(&g), g.stamp()))
+        let gsn = page::page_lsn(&g);
+        if let (Some(t), Some((v, false))) = (ticket, &raw) {
+            records.fill(t, self.root, key, v, gsn);
+        }
+        Ok((raw, gsn, Some(g.stamp())))
     }
 
     /// What `key` holds: a value, or a large value's reference. To use the
@@ -606,6 +638,7 @@ impl BTree {
         self.check_value(value)?;
         loop {
             let mut leaf = self.leaf_exclusive(key).await?;
+            self.pool.records().invalidate(self.root, key);
             let pid = leaf.pid();
             let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
             let (i, present) = n.as_node().lower_bound(key);
@@ -649,6 +682,7 @@ impl BTree {
         self.check_key(key)?;
         loop {
             let mut leaf = self.leaf_exclusive(key).await?;
+            self.pool.records().invalidate(self.root, key);
             let pid = leaf.pid();
             let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
             let (i, found) = n.as_node().lower_bound(key);
@@ -685,6 +719,7 @@ impl BTree {
         let _room = self.admit_unlogged().await?;
         self.check_key(key)?;
         let mut leaf = self.leaf_exclusive(key).await?;
+        self.pool.records().invalidate(self.root, key);
         let pid = leaf.pid();
         let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
         let (i, present) = n.as_node().lower_bound(key);
@@ -1019,6 +1054,8 @@ impl BTree {
             let g = self.pool.fix_exclusive(pid).await?;
             self.pool.free_page(g).await?;
         }
+        // Its root may name another tree later: no record of it may stay.
+        self.pool.records().clear();
         Ok(())
     }
 }

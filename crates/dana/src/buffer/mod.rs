@@ -39,6 +39,7 @@ pub mod page;
 pub mod page_log;
 mod page_table;
 pub mod policy;
+pub mod records;
 pub mod space_map;
 mod stall;
 mod trim;
@@ -65,6 +66,7 @@ use page_table::{
 pub use page::{PageType, PAGE_HEADER_SIZE};
 pub use policy::EvictionPolicy;
 use policy::{watt_value, History};
+use records::RecordCache;
 use stall::WriteStall;
 
 /// A value alone on its cache line.
@@ -106,6 +108,8 @@ pub struct PoolConfig {
     /// more (the rest stays with reads, which the scheduler also serves
     /// first). Checkpoints are not limited.
     pub max_writes_in_flight: usize,
+    /// Bytes for hot records beside the frames ([`records`]; 0: none).
+    pub record_cache_bytes: usize,
 }
 
 impl PoolConfig {
@@ -119,6 +123,7 @@ impl PoolConfig {
             eviction: EvictionPolicy::default(),
             write_weight: 4,
             max_writes_in_flight: 16,
+            record_cache_bytes: 0,
         }
     }
 }
@@ -287,6 +292,8 @@ pub struct BufferPool {
     poisoned: AtomicBool,
     alloc: Arc<alloc::AllocState>,
     wal: std::sync::OnceLock<Arc<dyn PageLog>>,
+    /// Hot records beside the frames (the trees fill and invalidate it).
+    records: RecordCache,
 }
 
 /// How a page is latched.
@@ -360,6 +367,9 @@ impl BufferPool {
             poisoned: AtomicBool::new(false),
             alloc: Arc::default(),
             wal: std::sync::OnceLock::new(),
+            // Values up to a quarter page: small records, the ones whose
+            // leaf a cache spares (a larger value fills its leaf anyway).
+            records: RecordCache::new(config.record_cache_bytes, page_size / 4),
             array,
         }))
     }
@@ -372,6 +382,11 @@ impl BufferPool {
     /// The array the pages live on.
     pub fn array(&self) -> &Array {
         &self.array
+    }
+
+    /// The cache of hot records beside the frames (see [`records`]).
+    pub fn records(&self) -> &RecordCache {
+        &self.records
     }
 
     /// Page size in bytes.

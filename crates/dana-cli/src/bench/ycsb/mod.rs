@@ -39,6 +39,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
+use dana::buffer::records::RecordCacheStats;
 use dana::stats::{Histogram, HistogramSnapshot};
 use dana::Tree;
 use dana::{Db, Error, Options};
@@ -123,9 +124,15 @@ pub struct YcsbArgs {
     /// 1000-byte value (overrides --value-size).
     #[arg(long = "fields-10x100")]
     pub fields_10x100: bool,
-    /// Buffer pool size as a fraction of the data.
+    /// dana's memory (buffer pool and record cache) as a fraction of the
+    /// data; the peers get the same bytes.
     #[arg(long, default_value_t = 0.1)]
     pub pool_fraction: f64,
+    /// Share of that memory given to dana's cache of hot records
+    /// (`Options::record_cache_bytes`); the pool gets the rest. 0: no
+    /// record cache, the whole budget is the pool.
+    #[arg(long, default_value_t = 0.0)]
+    pub record_cache_share: f64,
     /// Where dana's page writes land (`Options::write_mode`; set when
     /// the data is loaded, which a change of mode forces): `in-place`,
     /// `out-of-place` (append-only segments in a file of fixed capacity,
@@ -244,6 +251,10 @@ pub struct YcsbRun {
     pub pool_fraction: f64,
     /// Pool bytes.
     pub pool_bytes: u64,
+    /// Record cache bytes (the memory budget is both).
+    pub record_cache_bytes: u64,
+    /// The record cache over the window, if it had a budget.
+    pub record_cache: Option<RecordCacheFigures>,
     /// Data bytes / pool bytes.
     pub data_over_pool: f64,
     /// Records present after the run.
@@ -255,6 +266,21 @@ pub struct YcsbRun {
     /// The window's figures (all kinds together).
     #[serde(flatten)]
     pub m: Measured,
+}
+
+/// dana's record cache over a run's window.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecordCacheFigures {
+    /// Point reads answered by the cache / all point reads that looked.
+    pub hit_rate: f64,
+    /// Records entered per second.
+    pub fills_per_s: f64,
+    /// Records dropped by writes per second.
+    pub invalidations_per_s: f64,
+    /// Records held at the end, and their bytes with overhead.
+    pub entries: u64,
+    /// Bytes held at the end.
+    pub bytes: u64,
 }
 
 /// The whole report.
@@ -295,6 +321,11 @@ pub fn run(args: &YcsbArgs) -> CliResult<()> {
     let a = args.effective();
     if !a.pool_fraction.is_finite() || a.pool_fraction <= 0.0 {
         return Err(CliError("--pool-fraction must be > 0".into()));
+    }
+    if !(0.0..0.95).contains(&a.record_cache_share) {
+        return Err(CliError(
+            "--record-cache-share must be at least 0 and below 0.95 (the pool needs room)".into(),
+        ));
     }
     if a.value_size < 8 {
         return Err(CliError(
@@ -366,7 +397,9 @@ fn run_peers(a: &YcsbArgs, runs: &[YcsbRun]) -> CliResult<Vec<peer::PeerYcsbRun>
     let cores = std::thread::available_parallelism().map_or(2, usize::from);
     let quiet = a.output.quiet || a.output.json;
     for name in a.engines.iter().filter(|e| e.as_str() != "dana") {
-        let cache = runs.first().map_or(64 << 20, |r| r.pool_bytes);
+        let cache = runs
+            .first()
+            .map_or(64 << 20, |r| r.pool_bytes + r.record_cache_bytes);
         let cfg = crate::peers::PeerConfig {
             dir: a.path.join("peers"),
             cache_bytes: cache as usize,
@@ -610,8 +643,13 @@ fn run_workload(
     load: LoadInfo,
     disk: Option<&Disk>,
 ) -> CliResult<YcsbRun> {
-    let pool_bytes = ((load.data_bytes as f64 * a.pool_fraction) as u64).max(64 * PAGE as u64);
-    let db = Db::open(&a.path, options(a, pool_bytes))?;
+    let memory = ((load.data_bytes as f64 * a.pool_fraction) as u64).max(128 * PAGE as u64);
+    let record_cache_bytes = (memory as f64 * a.record_cache_share) as u64;
+    let pool_bytes = memory - record_cache_bytes;
+    let db = Db::open(
+        &a.path,
+        options(a, pool_bytes).record_cache_bytes(record_cache_bytes as usize),
+    )?;
     let tree = db
         .tree(TREE)
         .context(format!("opening tree {TREE:?} of {}", a.path.display()))?;
@@ -661,7 +699,7 @@ fn run_workload(
         total.as_millis() as u64,
         &what,
     );
-    let mut base: Option<([HistogramSnapshot; 5], u64)> = None;
+    let mut base: Option<([HistogramSnapshot; 5], u64, RecordCacheStats)> = None;
     let m = sample_with(
         &db,
         &state,
@@ -674,11 +712,13 @@ fn run_workload(
             base = Some((
                 std::array::from_fn(|i| stats.latency[i].snapshot()),
                 stats.scanned.load(Ordering::Relaxed),
+                db.pool().records().stats(),
             ))
         },
     );
     let end: [HistogramSnapshot; 5] = std::array::from_fn(|i| stats.latency[i].snapshot());
     let scanned_end = stats.scanned.load(Ordering::Relaxed);
+    let records_end = db.pool().records().stats();
     pb.finish_and_clear();
     state.stop.store(true, Ordering::Relaxed);
     for _ in 0..tasks {
@@ -690,7 +730,22 @@ fn run_workload(
     if w.inserts() && state.errors.load(Ordering::Relaxed) == 0 {
         write_marker(a, records_at_end)?;
     }
-    let (base, scanned_base) = base.ok_or_else(|| CliError("the sampler never started".into()))?;
+    let (base, scanned_base, records_base) =
+        base.ok_or_else(|| CliError("the sampler never started".into()))?;
+    let record_cache = (records_end.budget > 0).then(|| {
+        let (hits, misses) = (
+            records_end.hits - records_base.hits,
+            records_end.misses - records_base.misses,
+        );
+        RecordCacheFigures {
+            hit_rate: hits as f64 / (hits + misses).max(1) as f64,
+            fills_per_s: (records_end.fills - records_base.fills) as f64 / m.seconds,
+            invalidations_per_s: (records_end.invalidations - records_base.invalidations) as f64
+                / m.seconds,
+            entries: records_end.entries,
+            bytes: records_end.bytes,
+        }
+    });
     let mix = w.mix();
     let share = [mix.read, mix.update, mix.insert, mix.scan, mix.rmw];
     let fig = |k: OpKind| {
@@ -708,6 +763,8 @@ fn run_workload(
         mix,
         pool_fraction: a.pool_fraction,
         pool_bytes,
+        record_cache_bytes,
+        record_cache,
         data_over_pool: load.data_bytes as f64 / pool_bytes as f64,
         records_at_end,
         scanned_records_per_s: (scanned_end - scanned_base) as f64 / m.seconds,
@@ -772,6 +829,17 @@ pub fn render(r: &YcsbReport) -> String {
             run.pool_bytes as f64 / (1 << 20) as f64,
             run.data_over_pool
         );
+        if let Some(c) = &run.record_cache {
+            s += &format!(
+                "  record cache {:.0} MiB: {:.3} of point reads hit; {} records held ({:.0} MiB); {}/s entered, {}/s dropped by writes\n",
+                run.record_cache_bytes as f64 / (1 << 20) as f64,
+                c.hit_rate,
+                thousands(c.entries as f64),
+                c.bytes as f64 / (1 << 20) as f64,
+                thousands(c.fills_per_s),
+                thousands(c.invalidations_per_s)
+            );
+        }
         let m = &run.m;
         s += &format!(
             "  {} ops/s; dev reads/s {}, writes/s {}, disk reads/s {}; {:.2} reads/op; hit rate {:.3}; CPU {:.2} us/op, {:.2} us/IO\n",

@@ -1,0 +1,568 @@
+//! The record cache: hot records (a tree's key and its small value) kept
+//! in DRAM beside the pool, so that a skewed read finds its record
+//! without the leaf it lives on.
+//!
+//! *Why.* Keys spread by hashing (YCSB's, or any hashed or random key)
+//! put every hot record in a leaf of ~28 mostly cold ones, and the pool
+//! spends a whole page frame to keep one hot record. Under zipfian reads
+//! of 10M records with a pool of 10% of the data, the pool holds the
+//! leaves of roughly the hottest 34k records and every read misses 0.4
+//! times; the same memory as records (~180 bytes each) holds the hottest
+//! few hundred thousand. The idea is the 2-Tree's (Zhou, Leis et al.,
+//! CIDR 2023: a second, small tree for hot records); dana keeps a cache
+//! instead of migrating records: nothing here is ever the only copy, so
+//! nothing here is logged, recovered or written back.
+//!
+//! Owns: per shard, an index from a key's hash to its slot, the slots
+//! (tree, key, value, the leaf's GSN at the read, a referenced bit), a
+//! clock hand over the slots, the bytes they take, and generation
+//! counters per bucket of hashes.
+//!
+//! Coherence, the invariant the trees rely on (a cached value is the
+//! tree's value):
+//! - A writer of a key (`BTree::write_entry`, `update`, `delete`) calls
+//!   [`RecordCache::invalidate`] while it holds the leaf's exclusive
+//!   latch: the entry goes, and the generation of the key's bucket moves.
+//! - A reader that misses gets a [`Ticket`] holding that generation, then
+//!   reads the leaf (latched shared, so after any writer that latched it
+//!   before), then fills with the ticket. [`RecordCache::fill`] drops the
+//!   value if the generation moved in between: a writer may have changed
+//!   the key after the reader's read.
+//! - So an entry is inserted only with a value read after the last
+//!   invalidation of its key, and every later change of the key removes
+//!   it. Both sides take the shard's mutex, which orders them.
+//! - A tree's pages freed (`BTree::destroy`) clear everything: the root
+//!   that names a tree here may name another one later.
+//!
+//! Costs: one hash (SipHash of the key) and one uncontended mutex per
+//! lookup; a hit copies the value out. Memory: the keys and values plus
+//! [`ENTRY_OVERHEAD`] bytes each, within the budget given at open
+//! (`Options::record_cache_bytes`, taken from nothing else: the caller
+//! sizes the pool and the cache together).
+//!
+//! Never: holds a large value's reference (only values stored in the
+//! leaf, up to [`RecordCache::max_value`]), does I/O, or runs a caller's
+//! code under a shard's lock.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::sync::Mutex;
+
+use crate::stats::StripedCounter;
+
+/// Bytes an entry costs beyond its key and value: the slot, the two
+/// boxes' allocator headers and the index's entry (counted, not measured
+/// per allocator; a rounded upper estimate).
+pub const ENTRY_OVERHEAD: usize = 96;
+/// Generation counters per shard (the key's hash picks one): a write
+/// drops only the fills of the keys that share its bucket.
+const BUCKETS: usize = 16;
+/// A shard per this many bytes of budget (at least one, at most
+/// [`MAX_SHARDS`]): shards keep the mutexes uncontended on many cores,
+/// and each must hold enough entries for its clock to choose among.
+const SHARD_BYTES: usize = 256 << 10;
+const MAX_SHARDS: usize = 1024;
+
+/// A reader's proof of which invalidations it saw before its read
+/// ([`RecordCache::lookup`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Ticket {
+    hash: u64,
+    generation: u64,
+}
+
+/// What a lookup found.
+#[derive(Debug)]
+pub enum Lookup {
+    /// The record's value, and the GSN of its leaf when it was read (at
+    /// least the GSN of the change that wrote the value).
+    Hit(Vec<u8>, u64),
+    /// Not cached: read the tree, then [`RecordCache::fill`] with this.
+    Miss(Ticket),
+    /// The cache has no budget.
+    Off,
+}
+
+/// A snapshot of the cache's counters.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RecordCacheStats {
+    /// Lookups answered from the cache.
+    pub hits: u64,
+    /// Lookups that went to the tree.
+    pub misses: u64,
+    /// Records entered.
+    pub fills: u64,
+    /// Records dropped by writers' invalidations.
+    pub invalidations: u64,
+    /// Records held now.
+    pub entries: u64,
+    /// The bytes they take, with [`ENTRY_OVERHEAD`] each.
+    pub bytes: u64,
+    /// The budget.
+    pub budget: u64,
+}
+
+struct Entry {
+    hash: u64,
+    root: u64,
+    key: Box<[u8]>,
+    value: Box<[u8]>,
+    gsn: u64,
+    referenced: bool,
+}
+
+impl Entry {
+    fn bytes(&self) -> usize {
+        entry_bytes(self.key.len(), self.value.len())
+    }
+
+    fn is(&self, root: u64, key: &[u8]) -> bool {
+        self.root == root && *self.key == *key
+    }
+}
+
+fn entry_bytes(key: usize, value: usize) -> usize {
+    key + value + ENTRY_OVERHEAD
+}
+
+/// The index's keys are hashes already: used as they are.
+#[derive(Default)]
+struct HashIsKey(u64);
+
+impl Hasher for HashIsKey {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (the key is a u64); kept total anyway.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    /// Hash -> slot. Two keys with one hash share the slot (the later
+    /// fill replaces the earlier: a miss, never a wrong answer, since a
+    /// hit compares the key).
+    index: HashMap<u64, u32, BuildHasherDefault<HashIsKey>>,
+    slots: Vec<Option<Entry>>,
+    free: Vec<u32>,
+    hand: usize,
+    bytes: usize,
+    generations: [u64; BUCKETS],
+    /// The doorkeeper: one bit per hash (modulo its length) of the keys
+    /// that missed since it was last cleared. A key enters on its second
+    /// miss, so the many records read once (the tail of a skewed
+    /// workload) do not push out the ones read again.
+    seen: Vec<u64>,
+    seen_count: usize,
+}
+
+impl Shard {
+    fn new(door_words: usize) -> Shard {
+        Shard {
+            seen: vec![0; door_words],
+            ..Shard::default()
+        }
+    }
+
+    fn bucket(hash: u64) -> usize {
+        // The shard took the low bits: the bucket takes the high ones.
+        (hash >> 60) as usize % BUCKETS
+    }
+
+    /// True if `hash` missed before (since the doorkeeper was cleared):
+    /// its record may enter. Else remembers it, clearing the doorkeeper
+    /// once half its bits are set (so it forgets the old misses).
+    fn admit(&mut self, hash: u64) -> bool {
+        if self.seen.is_empty() {
+            return true;
+        }
+        let bits = self.seen.len() * 64;
+        let bit = (hash >> 24) as usize % bits;
+        let (word, mask) = (bit / 64, 1u64 << (bit % 64));
+        if self.seen[word] & mask != 0 {
+            return true;
+        }
+        self.seen[word] |= mask;
+        self.seen_count += 1;
+        if self.seen_count * 2 >= bits {
+            self.seen.iter_mut().for_each(|w| *w = 0);
+            self.seen_count = 0;
+        }
+        false
+    }
+
+    fn remove(&mut self, slot: u32) -> Option<Entry> {
+        let e = self.slots[slot as usize].take()?;
+        self.index.remove(&e.hash);
+        self.bytes -= e.bytes();
+        self.free.push(slot);
+        Some(e)
+    }
+
+    /// Second chance until the shard is within `budget`: a referenced
+    /// entry loses its bit, an unreferenced one goes. Bounded: two turns
+    /// of the hand clear every bit and then free every slot.
+    fn evict_to(&mut self, budget: usize) {
+        let n = self.slots.len();
+        let mut steps = 0;
+        while self.bytes > budget && steps < 2 * n + 1 {
+            steps += 1;
+            self.hand = (self.hand + 1) % n.max(1);
+            let Some(e) = self.slots.get_mut(self.hand).and_then(Option::as_mut) else {
+                continue;
+            };
+            if std::mem::take(&mut e.referenced) {
+                continue;
+            }
+            self.remove(self.hand as u32);
+        }
+        debug_assert!(self.bytes <= budget || self.index.is_empty());
+    }
+}
+
+/// Hot records beside the pool (see the module comment).
+pub struct RecordCache {
+    shards: Box<[Mutex<Shard>]>,
+    shard_budget: usize,
+    max_value: usize,
+    budget: usize,
+    hits: StripedCounter,
+    misses: StripedCounter,
+    fills: StripedCounter,
+    invalidations: StripedCounter,
+}
+
+impl RecordCache {
+    /// A cache of `budget` bytes holding values of at most `max_value`
+    /// bytes (0: off, every lookup answers [`Lookup::Off`]).
+    pub fn new(budget: usize, max_value: usize) -> RecordCache {
+        let shards = if budget == 0 {
+            0
+        } else {
+            (budget / SHARD_BYTES)
+                .clamp(1, MAX_SHARDS)
+                .next_power_of_two()
+        };
+        let per_shard = budget.checked_div(shards).unwrap_or(0);
+        // Two doorkeeper bits per record a shard can hold (of a small
+        // key and value), taken from its budget.
+        let door_words = (per_shard / (ENTRY_OVERHEAD + 32) * 2).div_ceil(64).max(1);
+        RecordCache {
+            shards: (0..shards)
+                .map(|_| Mutex::new(Shard::new(door_words)))
+                .collect(),
+            shard_budget: per_shard.saturating_sub(door_words * 8),
+            max_value,
+            budget,
+            hits: StripedCounter::default(),
+            misses: StripedCounter::default(),
+            fills: StripedCounter::default(),
+            invalidations: StripedCounter::default(),
+        }
+    }
+
+    /// True if the cache has a budget.
+    pub fn is_on(&self) -> bool {
+        !self.shards.is_empty()
+    }
+
+    /// The largest value cached.
+    pub fn max_value(&self) -> usize {
+        self.max_value
+    }
+
+    fn hash(root: u64, key: &[u8]) -> u64 {
+        let mut h = std::hash::DefaultHasher::new();
+        root.hash(&mut h);
+        key.hash(&mut h);
+        h.finish()
+    }
+
+    fn shard(&self, hash: u64) -> std::sync::MutexGuard<'_, Shard> {
+        // A power of two: the low bits pick the shard.
+        let i = hash as usize & (self.shards.len() - 1);
+        // A panic under the lock leaves a shard whose entries are whole
+        // (no method panics midway through a change): keep using it.
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The cached value of `key` in the tree at `root`, or a ticket to
+    /// fill it with after reading the tree.
+    pub fn lookup(&self, root: u64, key: &[u8]) -> Lookup {
+        if !self.is_on() {
+            return Lookup::Off;
+        }
+        let hash = Self::hash(root, key);
+        let mut s = self.shard(hash);
+        if let Some(&slot) = s.index.get(&hash) {
+            if let Some(e) = s.slots[slot as usize].as_mut().filter(|e| e.is(root, key)) {
+                e.referenced = true;
+                let hit = Lookup::Hit(e.value.to_vec(), e.gsn);
+                drop(s);
+                self.hits.add(1);
+                return hit;
+            }
+        }
+        let generation = s.generations[Shard::bucket(hash)];
+        drop(s);
+        self.misses.add(1);
+        Lookup::Miss(Ticket { hash, generation })
+    }
+
+    /// Enters `key` -> `value` (read from the tree at `root` after
+    /// `ticket` was taken, in a leaf whose GSN was `gsn`), unless a writer
+    /// invalidated the key's bucket since, or the value is too large.
+    pub fn fill(&self, ticket: Ticket, root: u64, key: &[u8], value: &[u8], gsn: u64) {
+        let size = entry_bytes(key.len(), value.len());
+        if value.len() > self.max_value || size > self.shard_budget {
+            return;
+        }
+        debug_assert_eq!(ticket.hash, Self::hash(root, key));
+        let mut s = self.shard(ticket.hash);
+        if s.generations[Shard::bucket(ticket.hash)] != ticket.generation {
+            return;
+        }
+        // While there is room, every record enters; then the doorkeeper.
+        if s.bytes + size > self.shard_budget && !s.admit(ticket.hash) {
+            return;
+        }
+        if let Some(&slot) = s.index.get(&ticket.hash) {
+            s.remove(slot);
+        }
+        let entry = Entry {
+            hash: ticket.hash,
+            root,
+            key: key.into(),
+            value: value.into(),
+            gsn,
+            referenced: false,
+        };
+        let slot = match s.free.pop() {
+            Some(slot) => {
+                s.slots[slot as usize] = Some(entry);
+                slot
+            }
+            None => {
+                s.slots.push(Some(entry));
+                (s.slots.len() - 1) as u32
+            }
+        };
+        s.index.insert(ticket.hash, slot);
+        s.bytes += size;
+        let budget = self.shard_budget;
+        s.evict_to(budget);
+        drop(s);
+        self.fills.add(1);
+    }
+
+    /// Drops `key` of the tree at `root`, and every fill of its bucket
+    /// whose ticket was taken before. Call it holding the key's leaf
+    /// latched exclusively, whether or not the write then changes it.
+    pub fn invalidate(&self, root: u64, key: &[u8]) {
+        if !self.is_on() {
+            return;
+        }
+        let hash = Self::hash(root, key);
+        let mut s = self.shard(hash);
+        s.generations[Shard::bucket(hash)] += 1;
+        let Some(&slot) = s.index.get(&hash) else {
+            return;
+        };
+        // Same hash, another key: it goes too (a miss later, no harm).
+        s.remove(slot);
+        drop(s);
+        self.invalidations.add(1);
+    }
+
+    /// Drops every entry and every fill in flight.
+    pub fn clear(&self) {
+        for shard in self.shards.iter() {
+            let mut s = shard.lock().unwrap_or_else(|e| e.into_inner());
+            for g in s.generations.iter_mut() {
+                *g += 1;
+            }
+            let generations = s.generations;
+            *s = Shard {
+                generations,
+                ..Shard::new(s.seen.len())
+            };
+        }
+    }
+
+    /// The counters, and what the cache holds now.
+    pub fn stats(&self) -> RecordCacheStats {
+        let (mut entries, mut bytes) = (0u64, 0u64);
+        for shard in self.shards.iter() {
+            let s = shard.lock().unwrap_or_else(|e| e.into_inner());
+            entries += s.index.len() as u64;
+            bytes += s.bytes as u64;
+        }
+        RecordCacheStats {
+            hits: self.hits.get(),
+            misses: self.misses.get(),
+            fills: self.fills.get(),
+            invalidations: self.invalidations.get(),
+            entries,
+            bytes,
+            budget: self.budget as u64,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn get(c: &RecordCache, root: u64, key: &[u8]) -> Option<Vec<u8>> {
+        match c.lookup(root, key) {
+            Lookup::Hit(v, _) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// A read that misses and fills, twice (a record enters on its
+    /// second miss).
+    fn read_and_fill(c: &RecordCache, root: u64, key: &[u8], value: &[u8]) {
+        for _ in 0..2 {
+            if let Lookup::Miss(t) = c.lookup(root, key) {
+                c.fill(t, root, key, value, 7);
+            }
+        }
+    }
+
+    #[test]
+    fn a_filled_record_is_found_with_its_gsn_and_a_write_drops_it() {
+        let c = RecordCache::new(1 << 20, 512);
+        assert!(matches!(c.lookup(1, b"k"), Lookup::Miss(_)));
+        read_and_fill(&c, 1, b"k", b"v");
+        match c.lookup(1, b"k") {
+            Lookup::Hit(v, gsn) => assert_eq!((v.as_slice(), gsn), (&b"v"[..], 7)),
+            other => panic!("{other:?}"),
+        }
+        // Another tree's key of the same bytes is another record.
+        assert_eq!(get(&c, 2, b"k"), None);
+        c.invalidate(1, b"k");
+        assert_eq!(get(&c, 1, b"k"), None);
+        let s = c.stats();
+        assert_eq!((s.hits, s.fills, s.invalidations), (1, 1, 1));
+    }
+
+    #[test]
+    fn a_fill_whose_read_raced_a_write_is_dropped() {
+        let c = RecordCache::new(1 << 20, 512);
+        // The reader takes its ticket, a writer changes the key, and the
+        // reader's (old) value comes back: it must not enter.
+        let Lookup::Miss(t) = c.lookup(1, b"k") else {
+            panic!("a fresh cache missed nothing")
+        };
+        c.invalidate(1, b"k");
+        c.fill(t, 1, b"k", b"old", 1);
+        assert_eq!(get(&c, 1, b"k"), None);
+        // A ticket taken after the write fills.
+        read_and_fill(&c, 1, b"k", b"new");
+        assert_eq!(get(&c, 1, b"k"), Some(b"new".to_vec()));
+        // Clearing drops entries and the fills in flight.
+        let Lookup::Miss(t) = c.lookup(1, b"other") else {
+            panic!("never filled")
+        };
+        c.clear();
+        c.fill(t, 1, b"other", b"x", 1);
+        assert_eq!(get(&c, 1, b"k"), None);
+        assert_eq!(get(&c, 1, b"other"), None);
+    }
+
+    #[test]
+    fn an_off_cache_answers_off_and_large_values_stay_out() {
+        let off = RecordCache::new(0, 512);
+        assert!(matches!(off.lookup(1, b"k"), Lookup::Off));
+        off.invalidate(1, b"k");
+        off.clear();
+        let c = RecordCache::new(1 << 20, 4);
+        read_and_fill(&c, 1, b"k", b"12345");
+        assert_eq!(get(&c, 1, b"k"), None);
+    }
+
+    #[test]
+    fn the_cache_stays_within_its_budget_and_keeps_what_is_read_again() {
+        let budget = 64 << 10;
+        let c = RecordCache::new(budget, 512);
+        let value = [7u8; 100];
+        let hot: Vec<[u8; 8]> = (0u64..20).map(|i| i.to_be_bytes()).collect();
+        for round in 0u64..200 {
+            for k in &hot {
+                read_and_fill(&c, 1, k, &value);
+            }
+            for i in 0..50u64 {
+                read_and_fill(&c, 1, &(1_000_000 + round * 50 + i).to_be_bytes(), &value);
+            }
+            let s = c.stats();
+            assert!(
+                s.bytes <= budget as u64,
+                "{} bytes held of {budget}",
+                s.bytes
+            );
+        }
+        let held = hot.iter().filter(|k| get(&c, 1, &k[..]).is_some()).count();
+        assert!(
+            held >= 18,
+            "{held} of 20 hot records kept among 10,000 cold ones"
+        );
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Read(u8),
+        Write(u8, u8),
+        Clear,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => any::<u8>().prop_map(|k| Op::Read(k % 40)),
+            3 => (any::<u8>(), any::<u8>()).prop_map(|(k, v)| Op::Write(k % 40, v)),
+            1 => Just(Op::Clear),
+        ]
+    }
+
+    proptest! {
+        /// Model: a map standing for the tree. Reads fill, writes
+        /// invalidate then change the map (as a writer under its latch);
+        /// a hit must always equal the map. Small budgets force eviction.
+        #[test]
+        fn a_hit_is_always_the_trees_value(
+            ops in proptest::collection::vec(op(), 1..400),
+            budget in 200usize..4_000,
+        ) {
+            let c = RecordCache::new(budget, 64);
+            let mut tree: BTreeMap<u8, Vec<u8>> = BTreeMap::new();
+            for op in ops {
+                match op {
+                    Op::Read(k) => match c.lookup(3, &[k]) {
+                        Lookup::Hit(v, _) => prop_assert_eq!(Some(&v), tree.get(&k)),
+                        Lookup::Miss(t) => {
+                            if let Some(v) = tree.get(&k) {
+                                c.fill(t, 3, &[k], v, 1);
+                            }
+                        }
+                        Lookup::Off => prop_assert!(false, "a cache with a budget is on"),
+                    },
+                    Op::Write(k, v) => {
+                        c.invalidate(3, &[k]);
+                        tree.insert(k, vec![v; usize::from(v % 50)]);
+                    }
+                    Op::Clear => c.clear(),
+                }
+                prop_assert!(c.stats().bytes <= budget as u64);
+            }
+        }
+    }
+}
