@@ -506,7 +506,7 @@ impl Options {
     /// of a page), and every write of a key drops it. Under skewed reads of
     /// scattered keys (hashed or random keys, a zipfian popularity) a
     /// frame spends a whole page on each hot record, while the cache holds
-    /// one record in about its size plus 96 bytes: with data several times
+    /// one record in its size plus at most 160 bytes: with data several times
     /// the memory, giving the cache part of the budget a pool would get
     /// serves more reads from memory. Ordered or uniform access gains
     /// nothing from it. `docs/ARCHITECTURE.md`, "The record cache".

@@ -1047,16 +1047,24 @@ impl BTree {
             Ok(())
         })
         .await?;
-        for pid in pages {
-            // Each free is a record (the page, the map, the meta page): a
-            // large tree's drop must not outrun the checkpoints.
-            let _room = self.pool.admit_log(3).await?;
-            let g = self.pool.fix_exclusive(pid).await?;
-            self.pool.free_page(g).await?;
-        }
-        // Its root may name another tree later: no record of it may stay.
+        // The root is among the first pages freed (the walk visits parents
+        // first), and may name another tree as soon as it is: no record
+        // of this one may stay cached from then on, whatever happens
+        // after (a clear before the frees, and one after, also on error).
         self.pool.records().clear();
-        Ok(())
+        let freed = async {
+            for pid in pages {
+                // Each free is a record (the page, the map, the meta page):
+                // a large tree's drop must not outrun the checkpoints.
+                let _room = self.pool.admit_log(3).await?;
+                let g = self.pool.fix_exclusive(pid).await?;
+                self.pool.free_page(g).await?;
+            }
+            Ok(())
+        }
+        .await;
+        self.pool.records().clear();
+        freed
     }
 }
 

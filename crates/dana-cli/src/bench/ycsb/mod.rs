@@ -271,7 +271,9 @@ pub struct YcsbRun {
 /// dana's record cache over a run's window.
 #[derive(Debug, Clone, Serialize)]
 pub struct RecordCacheFigures {
-    /// Point reads answered by the cache / all point reads that looked.
+    /// Lookups answered by the cache / all lookups: point reads, and the
+    /// reads a commit makes (a read-modify-write's check of the value it
+    /// read, an insert's check that the key is absent).
     pub hit_rate: f64,
     /// Records entered per second.
     pub fills_per_s: f64,
@@ -645,7 +647,7 @@ fn run_workload(
 ) -> CliResult<YcsbRun> {
     let memory = ((load.data_bytes as f64 * a.pool_fraction) as u64).max(128 * PAGE as u64);
     let record_cache_bytes = (memory as f64 * a.record_cache_share) as u64;
-    let pool_bytes = memory - record_cache_bytes;
+    let pool_bytes = (memory - record_cache_bytes).max(64 * PAGE as u64);
     let db = Db::open(
         &a.path,
         options(a, pool_bytes).record_cache_bytes(record_cache_bytes as usize),
@@ -831,7 +833,7 @@ pub fn render(r: &YcsbReport) -> String {
         );
         if let Some(c) = &run.record_cache {
             s += &format!(
-                "  record cache {:.0} MiB: {:.3} of point reads hit; {} records held ({:.0} MiB); {}/s entered, {}/s dropped by writes\n",
+                "  record cache {:.0} MiB: {:.3} of lookups hit; {} records held ({:.0} MiB); {}/s entered, {}/s dropped by writes\n",
                 run.record_cache_bytes as f64 / (1 << 20) as f64,
                 c.hit_rate,
                 thousands(c.entries as f64),
