@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use super::node::{self, Node, NodeMut};
 use crate::buffer::blob::BlobRef;
-use crate::buffer::records::Lookup;
+use crate::buffer::records::{Lookup, Ticket};
 use crate::buffer::{page, BufferPool, PageMut, PageOptimistic, PageRef, PageStamp, PageType};
 use crate::sched;
 use crate::{Error, Result};
@@ -409,6 +409,10 @@ impl BTree {
             if parent.as_ref().is_none_or(|p| p.validate()) {
                 let n = Node::new(&g).map_err(corrupt(pid))?;
                 if n.is_leaf() && n.covers(key) {
+                    // Every write of `key` latches its leaf here: the
+                    // cached record goes while the leaf is ours (the
+                    // cache's coherence, `buffer::records`).
+                    self.pool.records().invalidate(self.root, key);
                     return Ok(g);
                 }
             }
@@ -462,10 +466,9 @@ impl BTree {
     pub async fn get_with<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
         self.check_key(key)?;
         let records = self.pool.records();
-        let ticket = match records.lookup(self.root, key) {
-            Lookup::Hit(v, _) => return Ok(Some(f(&v))),
-            Lookup::Miss(t) => Some(t),
-            Lookup::Off => None,
+        let ticket = match self.cached(key) {
+            Ok((v, _)) => return Ok(Some(f(&v))),
+            Err(ticket) => ticket,
         };
         {
             let g = self.leaf_shared(key, None).await?;
@@ -484,6 +487,16 @@ impl BTree {
         Ok(self.get_large(key).await?.map(|v| f(&v)))
     }
 
+    /// `key`'s record from the cache (value, and the GSN its leaf had), or
+    /// the ticket to fill it with after reading the leaf (None: no cache).
+    fn cached(&self, key: &[u8]) -> std::result::Result<(Vec<u8>, u64), Option<Ticket>> {
+        match self.pool.records().lookup(self.root, key) {
+            Lookup::Hit(v, gsn) => Ok((v, gsn)),
+            Lookup::Miss(t) => Err(Some(t)),
+            Lookup::Off => Err(None),
+        }
+    }
+
     /// The stored payload of `key` and whether it is a large value's
     /// reference, if present, the GSN of the leaf it was read from, and
     /// that leaf's stamp (None: the value came from the record cache,
@@ -494,10 +507,9 @@ impl BTree {
     ) -> Result<(Option<(Vec<u8>, bool)>, u64, Option<PageStamp>)> {
         self.check_key(key)?;
         let records = self.pool.records();
-        let ticket = match records.lookup(self.root, key) {
-            Lookup::Hit(v, gsn) => return Ok((Some((v, false)), gsn, None)),
-            Lookup::Miss(t) => Some(t),
-            Lookup::Off => None,
+        let ticket = match self.cached(key) {
+            Ok((v, gsn)) => return Ok((Some((v, false)), gsn, None)),
+            Err(ticket) => ticket,
         };
         let g = self.leaf_shared(key, None).await?;
         let n = Node::new(&g).map_err(corrupt(g.pid()))?;
@@ -638,7 +650,6 @@ impl BTree {
         self.check_value(value)?;
         loop {
             let mut leaf = self.leaf_exclusive(key).await?;
-            self.pool.records().invalidate(self.root, key);
             let pid = leaf.pid();
             let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
             let (i, present) = n.as_node().lower_bound(key);
@@ -682,7 +693,6 @@ impl BTree {
         self.check_key(key)?;
         loop {
             let mut leaf = self.leaf_exclusive(key).await?;
-            self.pool.records().invalidate(self.root, key);
             let pid = leaf.pid();
             let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
             let (i, found) = n.as_node().lower_bound(key);
@@ -719,7 +729,6 @@ impl BTree {
         let _room = self.admit_unlogged().await?;
         self.check_key(key)?;
         let mut leaf = self.leaf_exclusive(key).await?;
-        self.pool.records().invalidate(self.root, key);
         let pid = leaf.pid();
         let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
         let (i, present) = n.as_node().lower_bound(key);

@@ -20,7 +20,8 @@
 //!
 //! Coherence, the invariant the trees rely on (a cached value is the
 //! tree's value):
-//! - A writer of a key (`BTree::write_entry`, `update`, `delete`) calls
+//! - A writer of a key (`BTree::write_entry`, `update`, `delete`, each
+//!   latching its leaf through `BTree::leaf_exclusive`, which does it) calls
 //!   `RecordCache::invalidate` while it holds the leaf's exclusive
 //!   latch: the entry goes, and the generation of the key's bucket moves.
 //! - A reader that misses gets a `Ticket` holding that generation, then
