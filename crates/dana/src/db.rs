@@ -1668,7 +1668,10 @@ impl Tree {
         forward: bool,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let mut c: Cursor = self.btree.cursor(lower, upper, forward);
+        let mut c: Cursor = self
+            .btree
+            .cursor(lower, upper, forward)
+            .with_len_hint(limit);
         self.db.block_on(async move {
             let mut out = Vec::new();
             while out.len() < limit {

@@ -222,17 +222,23 @@ impl Transaction {
         limit: usize,
     ) -> Result<Scan> {
         self.own(tree)?;
+        let own = self.own_writes_in(tree.root(), lower, upper, forward);
+        // Each own write hides or replaces at most one of the tree's
+        // entries, and the merge pulls one entry ahead: the cursor is
+        // read for at most this many.
+        let wanted = limit.saturating_add(own.len()).saturating_add(1);
+        let cursor = tree.cursor(lower, upper, forward)?.with_len_hint(wanted);
         Ok(Scan {
             cursor: if self.isolation == Isolation::Serializable {
-                tree.cursor(lower, upper, forward)?.stamped()
+                cursor.stamped()
             } else {
-                tree.cursor(lower, upper, forward)?
+                cursor
             },
             tree: tree.root(),
             lower: lower.map(<[u8]>::to_vec),
             upper: upper.map(<[u8]>::to_vec),
             forward,
-            own: self.own_writes_in(tree.root(), lower, upper, forward),
+            own,
             limit,
         })
     }

@@ -54,6 +54,10 @@ const SPINS_PER_YIELD: u32 = 8;
 /// every leaf it moves to (like the OS's file read-ahead), so a short scan
 /// does not read leaves it will never visit.
 const READ_AHEAD: usize = 8;
+/// Most leaves a cursor told how many entries its caller wants
+/// ([`Cursor::with_len_hint`]) reads ahead: as many as those entries
+/// need, estimated from the entries per leaf of the leaf just read.
+const READ_AHEAD_HINTED: usize = 32;
 /// A leaf below this fill factor after a delete is merged with its right
 /// sibling if the two fit in one page.
 const MERGE_BELOW: f64 = 0.25;
@@ -273,7 +277,7 @@ impl BTree {
 
     /// Descends to the leaf covering `key` and returns its page id and the
     /// optimistic handle of its parent (None when the root is the leaf).
-    /// Also reports up to `READ_AHEAD` page ids of the leaf's right
+    /// Also reports up to `READ_AHEAD_HINTED` page ids of the leaf's right
     /// siblings under the same parent when `ahead` is given.
     async fn find_leaf(
         &self,
@@ -318,7 +322,8 @@ impl BTree {
                     Step::Child(child) => {
                         if let Some(out) = ahead.as_deref_mut() {
                             out.clear();
-                            let next = cur.with_bytes(|b| siblings_after(b, key, READ_AHEAD));
+                            let next =
+                                cur.with_bytes(|b| siblings_after(b, key, READ_AHEAD_HINTED));
                             if let Some(n) = next {
                                 out.extend(n);
                             }
@@ -1010,6 +1015,7 @@ impl BTree {
             pos: 0,
             done: false,
             read_ahead: 1,
+            wanted: None,
             max_gsn: 0,
             stamps: None,
         }
@@ -1146,6 +1152,9 @@ pub struct Cursor {
     done: bool,
     /// Leaves to read ahead at the next move (grows to READ_AHEAD).
     read_ahead: usize,
+    /// Entries the caller still wants beyond those loaded, if it said
+    /// ([`Cursor::with_len_hint`]): read-ahead stops there.
+    wanted: Option<usize>,
     /// The most page GSN of the leaves read: what a transaction that
     /// used the entries depends on (another worker's log may not have
     /// made that change durable yet).
@@ -1183,6 +1192,53 @@ impl Cursor {
         rest.drain(..self.pos);
         self.pos = 0;
         Ok(Some(rest))
+    }
+
+    /// Tells the cursor its caller will read about `n` entries (a scan
+    /// with a limit): it then reads ahead the leaves those entries need,
+    /// estimated from the entries per leaf it meets, and none past them.
+    /// Without the hint, read-ahead grows from one leaf to eight as the
+    /// cursor moves on, which overshoots a short scan. A hint only, not a
+    /// limit: the cursor still returns every entry of its range.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20)).unwrap();
+    /// use std::ops::Bound::{Included, Unbounded};
+    /// let t = db.create_tree("t").unwrap();
+    /// for i in 0u32..1000 {
+    ///     t.put(&i.to_be_bytes(), &[0u8; 100]).unwrap();
+    /// }
+    /// let from = 500u32.to_be_bytes();
+    /// let mut c = t.cursor(Included(&from[..]), Unbounded, true).unwrap().with_len_hint(50);
+    /// let n = db.block_on(async move {
+    ///     let mut n = 0;
+    ///     while n < 50 && c.next().await?.is_some() {
+    ///         n += 1;
+    ///     }
+    ///     Ok::<_, dana::Error>(n)
+    /// }).unwrap().unwrap();
+    /// assert_eq!(n, 50);
+    /// ```
+    pub fn with_len_hint(mut self, n: usize) -> Cursor {
+        self.wanted = Some(n);
+        self
+    }
+
+    /// How many leaves to read ahead after loading a leaf of `entries`
+    /// entries, `loaded` of them returned to the caller.
+    fn leaves_ahead(&mut self, entries: usize, loaded: usize) -> usize {
+        match self.wanted.as_mut() {
+            None => {
+                let n = self.read_ahead;
+                self.read_ahead = (self.read_ahead * 2).min(READ_AHEAD);
+                n
+            }
+            Some(wanted) => {
+                *wanted = wanted.saturating_sub(loaded);
+                wanted.div_ceil(entries.max(1)).min(READ_AHEAD_HINTED)
+            }
+        }
     }
 
     /// The most page GSN of the leaves this cursor has read.
@@ -1226,8 +1282,6 @@ impl Cursor {
             };
             let mut ahead = Vec::new();
             let g = self.tree.leaf_shared(&start, Some(&mut ahead)).await?;
-            ahead.truncate(self.read_ahead);
-            self.read_ahead = (self.read_ahead * 2).min(READ_AHEAD);
             let n = Node::new(&g).map_err(corrupt(g.pid()))?;
             self.max_gsn = self.max_gsn.max(page::page_lsn(&g));
             if let Some(s) = self.stamps.as_mut() {
@@ -1265,9 +1319,12 @@ impl Cursor {
                     _ => self.done = true,
                 }
             }
+            let leaf_entries = n.len();
             drop(g);
-            if self.forward {
-                for pid in ahead {
+            // Read ahead only if the range goes on past this leaf.
+            let leaves = self.leaves_ahead(leaf_entries, self.buffered.len());
+            if self.forward && !self.done {
+                for &pid in ahead.iter().take(leaves) {
                     self.tree.pool.prefetch(pid);
                 }
             }

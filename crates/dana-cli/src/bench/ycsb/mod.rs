@@ -599,7 +599,7 @@ async fn execute(
         Op::Scan(k, len) => {
             let key = key_of(k);
             let mut c = match tree.cursor(Bound::Included(&key[..]), Bound::Unbounded, true) {
-                Ok(c) => c,
+                Ok(c) => c.with_len_hint(len),
                 Err(e) => return Err(format!("scan {k}: {e}")),
             };
             let mut n = 0usize;
