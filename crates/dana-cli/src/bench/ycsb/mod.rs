@@ -279,9 +279,9 @@ pub struct RecordCacheFigures {
     pub fills_per_s: f64,
     /// Records dropped by writes per second.
     pub invalidations_per_s: f64,
-    /// Records held at the end, and their bytes with overhead.
+    /// Records held at the end.
     pub entries: u64,
-    /// Bytes held at the end.
+    /// Bytes held at the end, each entry's overhead counted.
     pub bytes: u64,
 }
 
