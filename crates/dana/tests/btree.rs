@@ -390,25 +390,37 @@ fn a_cycle_of_child_pointers_is_corrupt_not_a_loop() {
     assert!(!db.check().unwrap().is_ok());
 }
 
-/// A scan told how many entries it wants (`Tree::scan`'s limit, or
-/// `Cursor::with_len_hint`) reads ahead the leaves those entries need and
-/// none past them; told nothing, read-ahead doubles up to eight leaves.
-/// The hint never cuts the range short.
-#[test]
-fn a_scan_with_a_limit_reads_ahead_only_the_leaves_it_needs() {
+/// 20,000 keys of 120-byte values (~28 per leaf: ~700 leaves) on a
+/// simulated device, and a function that opens them with a cold pool (every
+/// page a scan touches read from the device).
+fn scan_data() -> impl Fn() -> (Db, dana::Tree) {
     let (array, _disk) = sim_array(8192);
     let opts = tiny(2048);
     let db = Db::open_array(array.clone(), opts.clone(), true).unwrap();
     let t = db.create_tree("s").unwrap();
-    // ~28 entries per leaf: ~700 leaves.
     for i in 0..20_000u64 {
         t.insert(&i.to_be_bytes(), &[7u8; 120]).unwrap();
     }
     db.close().unwrap();
-    // A cold pool: every leaf a scan touches is read from the device.
-    let db = Db::open_array(array, opts, false).unwrap();
-    let t = db.tree("s").unwrap();
-    let pages_read = |db: &Db| db.pool_stats().reads;
+    move || {
+        let db = Db::open_array(array.clone(), opts.clone(), false).unwrap();
+        let t = db.tree("s").unwrap();
+        (db, t)
+    }
+}
+
+/// Pages the pool has read from the device (misses and read-ahead).
+fn pages_read(db: &Db) -> u64 {
+    db.pool_stats().reads
+}
+
+/// A scan told how many entries it wants (`Tree::scan`'s limit, or
+/// `Cursor::with_len_hint`) reads ahead the leaves those entries need and
+/// none past them; told nothing, read-ahead doubles up to eight leaves.
+#[test]
+fn a_scan_with_a_limit_reads_ahead_only_the_leaves_it_needs() {
+    let cold = scan_data();
+    let (db, t) = cold();
     let scans = 40u64;
     let (mut hinted, mut wanted) = (0u64, 0usize);
     for s in 0..scans {
@@ -425,8 +437,7 @@ fn a_scan_with_a_limit_reads_ahead_only_the_leaves_it_needs() {
     }
     // What the scans needed: each starts in a leaf and goes on for
     // `limit` entries (~28 per leaf), plus the few inner nodes (read
-    // once). Measured: 113 of 128 hinted; 149 for the same scans without
-    // the hint.
+    // once). Measured: 113 of 124 hinted; 209 with the hint ignored.
     let leaves_needed = wanted as u64 / 25 + scans + 8;
     assert!(
         hinted <= leaves_needed,
@@ -434,9 +445,11 @@ fn a_scan_with_a_limit_reads_ahead_only_the_leaves_it_needs() {
     );
     // Without a hint, the same scans (taking `limit` entries from an
     // unbounded cursor) read ahead past what they take.
+    db.close().unwrap();
+    let (db, t) = cold();
     let mut unhinted = 0u64;
     for s in 0..scans {
-        let from = (10_000 + s * 233).to_be_bytes();
+        let from = (s * 491).to_be_bytes();
         let limit = 1 + (s as usize * 7) % 100;
         let mut c = t
             .cursor(Bound::Included(&from[..]), Bound::Unbounded, true)
@@ -456,10 +469,42 @@ fn a_scan_with_a_limit_reads_ahead_only_the_leaves_it_needs() {
         unhinted += pages_read(&db) - before;
     }
     assert!(
-        unhinted > hinted,
+        unhinted > hinted + scans,
         "unhinted scans read {unhinted} pages, hinted {hinted}"
     );
-    // A hint is not a limit: a cursor hinted one entry returns them all.
+    db.close().unwrap();
+}
+
+/// Read-ahead stays within a range's upper bound, however many entries
+/// the caller wants; a caller that reads past its hint still gets
+/// read-ahead; and a hint never changes what a cursor returns, in either
+/// direction.
+#[test]
+fn read_ahead_stays_in_range_and_a_hint_changes_no_result() {
+    let cold = scan_data();
+    // A range of 40 keys (two or three leaves) scanned with no limit: it
+    // reads those leaves and the inner nodes above them, not the 32
+    // siblings a limit of usize::MAX would ask for.
+    let (db, t) = cold();
+    let (lo, hi) = (5_000u64.to_be_bytes(), 5_040u64.to_be_bytes());
+    let before = pages_read(&db);
+    let got = t
+        .scan(
+            Bound::Included(&lo[..]),
+            Bound::Excluded(&hi[..]),
+            true,
+            usize::MAX,
+        )
+        .unwrap();
+    assert_eq!(got.len(), 40);
+    let read = pages_read(&db) - before;
+    assert!(read <= 6, "a 40-key range read {read} pages");
+    db.close().unwrap();
+
+    // Hinted one entry, a whole scan goes on reading ahead once the hint
+    // is spent (the unhinted doubling).
+    let (db, t) = cold();
+    let prefetched = db.pool_stats().prefetches;
     let mut c = t
         .cursor(Bound::Unbounded, Bound::Unbounded, true)
         .unwrap()
@@ -475,5 +520,37 @@ fn a_scan_with_a_limit_reads_ahead_only_the_leaves_it_needs() {
         .unwrap()
         .unwrap();
     assert_eq!(all, 20_000);
+    assert!(
+        db.pool_stats().prefetches - prefetched > 500,
+        "a scan past its hint read ahead {} leaves",
+        db.pool_stats().prefetches - prefetched
+    );
+
+    // The same entries with and without a hint, both directions, bounded
+    // and not.
+    let collect = |mut c: dana::btree::Cursor| {
+        db.block_on(async move {
+            let mut out = Vec::new();
+            while let Some((k, _)) = c.next().await? {
+                out.push(k);
+            }
+            Ok::<_, Error>(out)
+        })
+        .unwrap()
+        .unwrap()
+    };
+    for (i, hint) in [0usize, 1, 7, 50, usize::MAX].into_iter().enumerate() {
+        let lo = (i as u64 * 3_001).to_be_bytes();
+        let hi = (i as u64 * 3_001 + 500).to_be_bytes();
+        for forward in [true, false] {
+            for upper in [Bound::Excluded(&hi[..]), Bound::Unbounded] {
+                let lower = Bound::Included(&lo[..]);
+                let plain = collect(t.cursor(lower, upper, forward).unwrap());
+                let hinted = collect(t.cursor(lower, upper, forward).unwrap().with_len_hint(hint));
+                assert_eq!(plain, hinted, "hint {hint}, forward {forward}");
+                assert!(!plain.is_empty());
+            }
+        }
+    }
     db.close().unwrap();
 }

@@ -277,12 +277,13 @@ impl BTree {
 
     /// Descends to the leaf covering `key` and returns its page id and the
     /// optimistic handle of its parent (None when the root is the leaf).
-    /// Also reports up to `READ_AHEAD_HINTED` page ids of the leaf's right
-    /// siblings under the same parent when `ahead` is given.
+    /// Also reports the page ids of the leaf's right siblings under the
+    /// same parent when `ahead` is given (as many as it asks, and only
+    /// those that can hold keys within its bound).
     async fn find_leaf(
         &self,
         key: &[u8],
-        mut ahead: Option<&mut Vec<u64>>,
+        mut ahead: Option<&mut Siblings<'_>>,
     ) -> Result<(u64, Option<PageOptimistic<'_>>)> {
         let mut restarts = 0u64;
         // Descents that found a node not covering the key while it and
@@ -320,13 +321,11 @@ impl BTree {
                         return Ok((pid, parent));
                     }
                     Step::Child(child) => {
-                        if let Some(out) = ahead.as_deref_mut() {
-                            out.clear();
-                            let next =
-                                cur.with_bytes(|b| siblings_after(b, key, READ_AHEAD_HINTED));
-                            if let Some(n) = next {
-                                out.extend(n);
-                            }
+                        if let Some(ahead) = ahead.as_deref_mut() {
+                            ahead.pids.clear();
+                            // A torn optimistic read leaves a partial list:
+                            // the validation below restarts the descent.
+                            cur.with_bytes(|b| ahead.collect(b, key));
                         }
                         let next = match self.pool.fix_optimistic(child).await {
                             Ok(n) => n,
@@ -370,7 +369,7 @@ impl BTree {
     async fn leaf_shared(
         &self,
         key: &[u8],
-        mut ahead: Option<&mut Vec<u64>>,
+        mut ahead: Option<&mut Siblings<'_>>,
     ) -> Result<PageRef<'_>> {
         let mut tries = 0u32;
         loop {
@@ -1095,24 +1094,54 @@ enum SplitOutcome {
     ParentFull(u64),
 }
 
-/// Page ids of the children after the one covering `key` in inner node
-/// `bytes` (for read-ahead).
-fn siblings_after(bytes: &[u8], key: &[u8], max: usize) -> Vec<u64> {
-    let Ok(n) = Node::new(bytes) else {
-        return Vec::new();
-    };
-    let (i, _) = n.lower_bound(key);
-    let mut out = Vec::new();
-    let mut j = i + 1;
-    while out.len() < max && j <= n.len() {
-        out.push(if j < n.len() {
-            n.child_at(j)
-        } else {
-            n.upper_child()
-        });
-        j += 1;
+/// What a descent collects for a cursor's read-ahead: the children after
+/// the one covering the key in the last inner node on the way (the
+/// leaf's right siblings under its parent).
+struct Siblings<'a> {
+    /// The page ids found (cleared at each level: the last one stays).
+    pids: Vec<u64>,
+    /// At most this many.
+    max: usize,
+    /// Only children that can hold keys within this bound.
+    upper: Bound<&'a [u8]>,
+    /// A separator key (reused).
+    separator: Vec<u8>,
+}
+
+impl<'a> Siblings<'a> {
+    fn new(max: usize, upper: Bound<&'a [u8]>) -> Siblings<'a> {
+        Siblings {
+            pids: Vec::with_capacity(max),
+            max,
+            upper,
+            separator: Vec::new(),
+        }
     }
-    out
+
+    /// Collects from inner node `bytes` the children after the one
+    /// covering `key`: child `j` holds keys above separator `j - 1`, so
+    /// the first whose separator is at or past the bound ends the list.
+    fn collect(&mut self, bytes: &[u8], key: &[u8]) {
+        let Ok(n) = Node::new(bytes) else {
+            return;
+        };
+        let (i, _) = n.lower_bound(key);
+        let mut j = i + 1;
+        while self.pids.len() < self.max && j <= n.len() {
+            if !matches!(self.upper, Bound::Unbounded) {
+                n.key_at(j - 1, &mut self.separator);
+                if !continues_above_bound(&self.separator, self.upper) {
+                    break;
+                }
+            }
+            self.pids.push(if j < n.len() {
+                n.child_at(j)
+            } else {
+                n.upper_child()
+            });
+            j += 1;
+        }
+    }
 }
 
 fn as_slice_bound(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
@@ -1121,8 +1150,13 @@ fn as_slice_bound(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
 
 /// True if keys above fence `u` can still be in range.
 fn continues_above(u: &[u8], upper: &Bound<Vec<u8>>) -> bool {
+    continues_above_bound(u, as_slice_bound(upper))
+}
+
+/// [`continues_above`] with a borrowed bound.
+fn continues_above_bound(u: &[u8], upper: Bound<&[u8]>) -> bool {
     match upper {
-        Bound::Included(b) | Bound::Excluded(b) => b.as_slice() > u,
+        Bound::Included(b) | Bound::Excluded(b) => b > u,
         Bound::Unbounded => true,
     }
 }
@@ -1196,10 +1230,14 @@ impl Cursor {
 
     /// Tells the cursor its caller will read about `n` entries (a scan
     /// with a limit): it then reads ahead the leaves those entries need,
-    /// estimated from the entries per leaf it meets, and none past them.
-    /// Without the hint, read-ahead grows from one leaf to eight as the
-    /// cursor moves on, which overshoots a short scan. A hint only, not a
-    /// limit: the cursor still returns every entry of its range.
+    /// estimated from the entries per leaf it meets (at most 32, and at
+    /// most a sixteenth of the pool), and none past them. Without the
+    /// hint, read-ahead grows from one leaf to eight as the cursor moves
+    /// on, which overshoots a short scan; a caller that reads past its
+    /// hint gets that read-ahead from there on. Either way no leaf past
+    /// the range's upper bound is read ahead, and only forward cursors
+    /// read ahead. A hint only, not a limit: the cursor still returns
+    /// every entry of its range.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -1223,6 +1261,24 @@ impl Cursor {
     pub fn with_len_hint(mut self, n: usize) -> Cursor {
         self.wanted = Some(n);
         self
+    }
+
+    /// The most leaves the next move may read ahead (how many siblings
+    /// its descent collects). A caller that reads past its hint gets the
+    /// unhinted read-ahead from then on, not none.
+    fn most_ahead(&mut self) -> usize {
+        match self.wanted {
+            Some(0) => {
+                self.wanted = None;
+                self.read_ahead
+            }
+            Some(_) => {
+                // A small pool is not filled by one cursor's read-ahead.
+                let share = (self.tree.pool.frames() / 16).max(1);
+                READ_AHEAD_HINTED.min(share)
+            }
+            None => self.read_ahead,
+        }
     }
 
     /// How many leaves to read ahead after loading a leaf of `entries`
@@ -1280,8 +1336,16 @@ impl Cursor {
                     Bound::Unbounded => vec![0xff; self.tree.max_key_len() + 1],
                 },
             };
-            let mut ahead = Vec::new();
-            let g = self.tree.leaf_shared(&start, Some(&mut ahead)).await?;
+            // Backward cursors do not read ahead (the siblings collected
+            // are the right ones).
+            let most = if self.forward { self.most_ahead() } else { 0 };
+            let mut ahead = Siblings::new(most, as_slice_bound(&self.upper));
+            let g = if most > 0 {
+                self.tree.leaf_shared(&start, Some(&mut ahead)).await?
+            } else {
+                self.tree.leaf_shared(&start, None).await?
+            };
+            let ahead = ahead.pids;
             let n = Node::new(&g).map_err(corrupt(g.pid()))?;
             self.max_gsn = self.max_gsn.max(page::page_lsn(&g));
             if let Some(s) = self.stamps.as_mut() {
