@@ -475,30 +475,77 @@ fn a_scan_with_a_limit_reads_ahead_only_the_leaves_it_needs() {
     db.close().unwrap();
 }
 
-/// Read-ahead stays within a range's upper bound, however many entries
-/// the caller wants; a caller that reads past its hint still gets
-/// read-ahead; and a hint never changes what a cursor returns, in either
-/// direction.
+/// Read-ahead stays within a range's bounds, however many entries the
+/// caller wants, in both directions; backward cursors read ahead too; a
+/// caller that reads past its hint still gets read-ahead; and a hint
+/// never changes what a cursor returns, in either direction.
 #[test]
 fn read_ahead_stays_in_range_and_a_hint_changes_no_result() {
     let cold = scan_data();
     // A range of 40 keys (two or three leaves) scanned with no limit: it
     // reads those leaves and the inner nodes above them, not the 32
     // siblings a limit of usize::MAX would ask for.
+    // Both directions, each on a cold pool.
+    for forward in [true, false] {
+        let (db, t) = cold();
+        let (lo, hi) = (5_000u64.to_be_bytes(), 5_040u64.to_be_bytes());
+        let before = pages_read(&db);
+        let got = t
+            .scan(
+                Bound::Included(&lo[..]),
+                Bound::Excluded(&hi[..]),
+                forward,
+                usize::MAX,
+            )
+            .unwrap();
+        assert_eq!(got.len(), 40);
+        let read = pages_read(&db) - before;
+        assert!(
+            read <= 6,
+            "a 40-key range read {read} pages (forward {forward})"
+        );
+        db.close().unwrap();
+    }
+
+    // A backward scan reads ahead too: 40 scans of 1-100 entries read the
+    // leaves they span and the inner nodes, and a whole backward scan,
+    // unhinted, reads ahead most of the tree's leaves.
     let (db, t) = cold();
-    let (lo, hi) = (5_000u64.to_be_bytes(), 5_040u64.to_be_bytes());
-    let before = pages_read(&db);
-    let got = t
-        .scan(
-            Bound::Included(&lo[..]),
-            Bound::Excluded(&hi[..]),
-            true,
-            usize::MAX,
-        )
+    let (mut read, mut wanted) = (0u64, 0u64);
+    for s in 0..40u64 {
+        let to = (19_999 - s * 491).to_be_bytes();
+        let limit = 1 + (s as usize * 7) % 100;
+        let before = pages_read(&db);
+        let got = t
+            .scan(Bound::Unbounded, Bound::Included(&to[..]), false, limit)
+            .unwrap();
+        assert_eq!(got.len(), limit);
+        assert_eq!(got[0].0, to);
+        read += pages_read(&db) - before;
+        wanted += limit as u64;
+    }
+    assert!(
+        read <= wanted / 25 + 40 + 8,
+        "backward scans read {read} pages"
+    );
+    let prefetched = db.pool_stats().prefetches;
+    let mut c = t.cursor(Bound::Unbounded, Bound::Unbounded, false).unwrap();
+    let all = db
+        .block_on(async move {
+            let mut n = 0u64;
+            while c.next().await?.is_some() {
+                n += 1;
+            }
+            Ok::<_, Error>(n)
+        })
+        .unwrap()
         .unwrap();
-    assert_eq!(got.len(), 40);
-    let read = pages_read(&db) - before;
-    assert!(read <= 6, "a 40-key range read {read} pages");
+    assert_eq!(all, 20_000);
+    let ahead = db.pool_stats().prefetches - prefetched;
+    assert!(
+        ahead > 300,
+        "a whole backward scan read ahead {ahead} leaves"
+    );
     db.close().unwrap();
 
     // Hinted one entry, a whole scan goes on reading ahead once the hint

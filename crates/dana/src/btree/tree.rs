@@ -1094,52 +1094,75 @@ enum SplitOutcome {
     ParentFull(u64),
 }
 
-/// What a descent collects for a cursor's read-ahead: the children after
-/// the one covering the key in the last inner node on the way (the
-/// leaf's right siblings under its parent).
+/// What a descent collects for a cursor's read-ahead: the children next
+/// to the one covering the key in the last inner node on the way, in the
+/// cursor's direction (the leaf's siblings under its parent).
 struct Siblings<'a> {
-    /// The page ids found (cleared at each level: the last one stays).
+    /// The page ids found, nearest first (cleared at each level: the
+    /// last one stays).
     pids: Vec<u64>,
     /// At most this many.
     max: usize,
-    /// Only children that can hold keys within this bound.
-    upper: Bound<&'a [u8]>,
+    /// Right siblings (a forward cursor) or left ones.
+    forward: bool,
+    /// Only children that can hold keys within this bound: the range's
+    /// upper bound going forward, its lower bound going backward.
+    bound: Bound<&'a [u8]>,
     /// A separator key (reused).
     separator: Vec<u8>,
 }
 
 impl<'a> Siblings<'a> {
-    fn new(max: usize, upper: Bound<&'a [u8]>) -> Siblings<'a> {
+    fn new(max: usize, forward: bool, bound: Bound<&'a [u8]>) -> Siblings<'a> {
         Siblings {
             pids: Vec::with_capacity(max),
             max,
-            upper,
+            forward,
+            bound,
             separator: Vec::new(),
         }
     }
 
-    /// Collects from inner node `bytes` the children after the one
-    /// covering `key`: child `j` holds keys above separator `j - 1`, so
-    /// the first whose separator is at or past the bound ends the list.
+    /// Collects from inner node `bytes` the children next to child `i`,
+    /// the one covering `key`. Child `j` holds the keys above separator
+    /// `j - 1` and up to separator `j`: going forward, the first child
+    /// whose lower separator is at or past the upper bound ends the list;
+    /// going backward, the first whose upper separator is below the lower
+    /// bound.
     fn collect(&mut self, bytes: &[u8], key: &[u8]) {
         let Ok(n) = Node::new(bytes) else {
             return;
         };
         let (i, _) = n.lower_bound(key);
-        let mut j = i + 1;
-        while self.pids.len() < self.max && j <= n.len() {
-            if !matches!(self.upper, Bound::Unbounded) {
-                n.key_at(j - 1, &mut self.separator);
-                if !continues_above_bound(&self.separator, self.upper) {
-                    break;
+        let bounded = !matches!(self.bound, Bound::Unbounded);
+        if self.forward {
+            let mut j = i + 1;
+            while self.pids.len() < self.max && j <= n.len() {
+                if bounded {
+                    n.key_at(j - 1, &mut self.separator);
+                    if !continues_above_bound(&self.separator, self.bound) {
+                        break;
+                    }
                 }
+                self.pids.push(if j < n.len() {
+                    n.child_at(j)
+                } else {
+                    n.upper_child()
+                });
+                j += 1;
             }
-            self.pids.push(if j < n.len() {
-                n.child_at(j)
-            } else {
-                n.upper_child()
-            });
-            j += 1;
+        } else {
+            let mut j = i.min(n.len());
+            while self.pids.len() < self.max && j > 0 {
+                j -= 1;
+                if bounded {
+                    n.key_at(j, &mut self.separator);
+                    if !continues_below_bound(&self.separator, self.bound) {
+                        break;
+                    }
+                }
+                self.pids.push(n.child_at(j));
+            }
         }
     }
 }
@@ -1163,17 +1186,22 @@ fn continues_above_bound(u: &[u8], upper: Bound<&[u8]>) -> bool {
 
 /// True if keys at or below fence `l` can still be in range.
 fn continues_below(l: &[u8], lower: &Bound<Vec<u8>>) -> bool {
+    continues_below_bound(l, as_slice_bound(lower))
+}
+
+/// [`continues_below`] with a borrowed bound.
+fn continues_below_bound(l: &[u8], lower: Bound<&[u8]>) -> bool {
     match lower {
-        Bound::Included(b) => b.as_slice() <= l,
-        Bound::Excluded(b) => b.as_slice() < l,
+        Bound::Included(b) => b <= l,
+        Bound::Excluded(b) => b < l,
         Bound::Unbounded => true,
     }
 }
 
 /// A range cursor. It copies one leaf's matching entries at a time (no
 /// latch is held between calls) and moves to the next leaf by descending
-/// again with the leaf's fence key; the next leaves under the same parent
-/// are read ahead asynchronously.
+/// again with the leaf's fence key; the next leaves under the same parent,
+/// in its direction, are read ahead asynchronously.
 pub struct Cursor {
     tree: BTree,
     lower: Bound<Vec<u8>>,
@@ -1234,10 +1262,9 @@ impl Cursor {
     /// most a sixteenth of the pool), and none past them. Without the
     /// hint, read-ahead grows from one leaf to eight as the cursor moves
     /// on, which overshoots a short scan; a caller that reads past its
-    /// hint gets that read-ahead from there on. Either way no leaf past
-    /// the range's upper bound is read ahead, and only forward cursors
-    /// read ahead. A hint only, not a limit: the cursor still returns
-    /// every entry of its range.
+    /// hint gets that read-ahead from there on. Either way no leaf outside
+    /// the range's bounds is read ahead, in either direction. A hint only,
+    /// not a limit: the cursor still returns every entry of its range.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -1336,10 +1363,13 @@ impl Cursor {
                     Bound::Unbounded => vec![0xff; self.tree.max_key_len() + 1],
                 },
             };
-            // Backward cursors do not read ahead (the siblings collected
-            // are the right ones).
-            let most = if self.forward { self.most_ahead() } else { 0 };
-            let mut ahead = Siblings::new(most, as_slice_bound(&self.upper));
+            let most = self.most_ahead();
+            let bound = if self.forward {
+                &self.upper
+            } else {
+                &self.lower
+            };
+            let mut ahead = Siblings::new(most, self.forward, as_slice_bound(bound));
             let g = if most > 0 {
                 self.tree.leaf_shared(&start, Some(&mut ahead)).await?
             } else {
@@ -1387,7 +1417,7 @@ impl Cursor {
             drop(g);
             // Read ahead only if the range goes on past this leaf.
             let leaves = self.leaves_ahead(leaf_entries, self.buffered.len());
-            if self.forward && !self.done {
+            if !self.done {
                 for &pid in ahead.iter().take(leaves) {
                     self.tree.pool.prefetch(pid);
                 }
