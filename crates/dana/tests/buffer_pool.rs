@@ -225,9 +225,11 @@ fn watt_keeps_a_hot_clean_page_among_dirty_cold_ones() {
     let s = pool.stats();
     let misses = s.misses - before.misses;
     // Every cold fix misses (1,199 pages cycle through 64 frames); the hot
-    // page may miss once (after the fill's flush), not once per lap.
+    // page may miss a few times (eviction samples frames: CI once saw 3
+    // in 3,000 rounds), not on a large share of the evictions as the
+    // first version made it.
     assert!(
-        misses <= rounds as u64 + 2,
+        misses <= rounds as u64 + rounds as u64 / 100,
         "{misses} misses for {rounds} cold fixes: the hot page was evicted"
     );
     assert!(

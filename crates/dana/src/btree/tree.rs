@@ -277,9 +277,9 @@ impl BTree {
 
     /// Descends to the leaf covering `key` and returns its page id and the
     /// optimistic handle of its parent (None when the root is the leaf).
-    /// Also reports the page ids of the leaf's right siblings under the
-    /// same parent when `ahead` is given (as many as it asks, and only
-    /// those that can hold keys within its bound).
+    /// Also reports the page ids of the leaf's siblings under the same
+    /// parent, in `ahead`'s direction, when `ahead` is given (as many as
+    /// it asks, and only those that can hold keys within its bound).
     async fn find_leaf(
         &self,
         key: &[u8],
