@@ -414,6 +414,19 @@ fn pages_read(db: &Db) -> u64 {
     db.pool_stats().reads
 }
 
+/// The keys cursor `c` returns, to the end of its range.
+fn keys_of(db: &Db, mut c: dana::btree::Cursor) -> Vec<Vec<u8>> {
+    db.block_on(async move {
+        let mut out = Vec::new();
+        while let Some((k, _)) = c.next().await? {
+            out.push(k);
+        }
+        Ok::<_, Error>(out)
+    })
+    .unwrap()
+    .unwrap()
+}
+
 /// A scan told how many entries it wants (`Tree::scan`'s limit, or
 /// `Cursor::with_len_hint`) reads ahead the leaves those entries need and
 /// none past them; told nothing, read-ahead doubles up to eight leaves.
@@ -538,18 +551,8 @@ fn read_ahead_stays_in_range_and_a_hint_changes_no_result() {
         "backward scans read {read} pages"
     );
     let prefetched = db.pool_stats().prefetches;
-    let mut c = t.cursor(Bound::Unbounded, Bound::Unbounded, false).unwrap();
-    let all = db
-        .block_on(async move {
-            let mut n = 0u64;
-            while c.next().await?.is_some() {
-                n += 1;
-            }
-            Ok::<_, Error>(n)
-        })
-        .unwrap()
-        .unwrap();
-    assert_eq!(all, 20_000);
+    let c = t.cursor(Bound::Unbounded, Bound::Unbounded, false).unwrap();
+    assert_eq!(keys_of(&db, c).len(), 20_000);
     let ahead = db.pool_stats().prefetches - prefetched;
     assert!(
         ahead > 300,
@@ -561,21 +564,11 @@ fn read_ahead_stays_in_range_and_a_hint_changes_no_result() {
     // is spent (the unhinted doubling).
     let (db, t) = cold();
     let prefetched = db.pool_stats().prefetches;
-    let mut c = t
+    let c = t
         .cursor(Bound::Unbounded, Bound::Unbounded, true)
         .unwrap()
         .with_len_hint(1);
-    let all = db
-        .block_on(async move {
-            let mut n = 0u64;
-            while c.next().await?.is_some() {
-                n += 1;
-            }
-            Ok::<_, Error>(n)
-        })
-        .unwrap()
-        .unwrap();
-    assert_eq!(all, 20_000);
+    assert_eq!(keys_of(&db, c).len(), 20_000);
     assert!(
         db.pool_stats().prefetches - prefetched > 500,
         "a scan past its hint read ahead {} leaves",
@@ -584,17 +577,7 @@ fn read_ahead_stays_in_range_and_a_hint_changes_no_result() {
 
     // The same entries with and without a hint, both directions, bounded
     // and not.
-    let collect = |mut c: dana::btree::Cursor| {
-        db.block_on(async move {
-            let mut out = Vec::new();
-            while let Some((k, _)) = c.next().await? {
-                out.push(k);
-            }
-            Ok::<_, Error>(out)
-        })
-        .unwrap()
-        .unwrap()
-    };
+    let collect = |c| keys_of(&db, c);
     for (i, hint) in [0usize, 1, 7, 50, usize::MAX].into_iter().enumerate() {
         let lo = (i as u64 * 3_001).to_be_bytes();
         let hi = (i as u64 * 3_001 + 500).to_be_bytes();
