@@ -1308,8 +1308,9 @@ impl Cursor {
         }
     }
 
-    /// How many leaves to read ahead after loading a leaf of `entries`
-    /// entries, `loaded` of them returned to the caller.
+    /// How many of the siblings collected (at most [`Cursor::most_ahead`])
+    /// to read ahead after loading a leaf of `entries` entries, `loaded`
+    /// of them returned to the caller.
     fn leaves_ahead(&mut self, entries: usize, loaded: usize) -> usize {
         match self.wanted.as_mut() {
             None => {
@@ -1319,7 +1320,7 @@ impl Cursor {
             }
             Some(wanted) => {
                 *wanted = wanted.saturating_sub(loaded);
-                wanted.div_ceil(entries.max(1)).min(READ_AHEAD_HINTED)
+                wanted.div_ceil(entries.max(1))
             }
         }
     }
@@ -1370,11 +1371,10 @@ impl Cursor {
                 &self.lower
             };
             let mut ahead = Siblings::new(most, self.forward, as_slice_bound(bound));
-            let g = if most > 0 {
-                self.tree.leaf_shared(&start, Some(&mut ahead)).await?
-            } else {
-                self.tree.leaf_shared(&start, None).await?
-            };
+            let g = self
+                .tree
+                .leaf_shared(&start, (most > 0).then_some(&mut ahead))
+                .await?;
             let ahead = ahead.pids;
             let n = Node::new(&g).map_err(corrupt(g.pid()))?;
             self.max_gsn = self.max_gsn.max(page::page_lsn(&g));
