@@ -2,7 +2,7 @@
 //! they load, measure the device limit, run, and print JSON with every
 //! figure.
 
-mod common;
+use crate::common;
 
 use common::{has, run};
 

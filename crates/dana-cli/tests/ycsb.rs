@@ -1,7 +1,7 @@
 //! `dana bench ycsb --quick --json` end to end: load, run a workload,
 //! print JSON with every figure and the per-operation breakdown.
 
-mod common;
+use crate::common;
 
 use common::{has, run};
 use serde_json::Value;

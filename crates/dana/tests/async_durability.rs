@@ -57,7 +57,12 @@ fn async_writes_survive_kill_9() {
     let mut acked = Vec::new();
     for round in 0..3 {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--ignored", "--exact", "async_writer_child", "--nocapture"])
+            .args([
+                "--ignored",
+                "--exact",
+                "async_durability::async_writer_child",
+                "--nocapture",
+            ])
             .env(DIR_VAR, dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -12,7 +12,7 @@ use dana::io::{Array, Backend, Device, Target};
 use dana::sched::{Runtime, RuntimeConfig};
 use dana::{Error, EvictionPolicy};
 
-mod common;
+use crate::common;
 use common::{counter, fill};
 
 const PAGE: u64 = 4096;

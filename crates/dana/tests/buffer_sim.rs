@@ -11,7 +11,7 @@ use dana::io::{Array, Backend, Fault, Latency, PowerCutPolicy, SimConfig, SimDis
 use dana::sched::{Runtime, RuntimeConfig};
 use dana::{Error, OpKind};
 
-mod common;
+use crate::common;
 use common::{counter, fill};
 
 fn start(disk: &Arc<SimDisk>, frames: usize) -> (Arc<BufferPool>, Runtime) {

@@ -5,8 +5,7 @@
 
 use std::time::Duration;
 
-#[path = "common/sim_rig.rs"]
-mod sim_rig;
+use crate::sim_rig;
 
 use dana::{Db, Durability, Error, Options};
 use sim_rig::Rig;

@@ -3,8 +3,7 @@
 //! system fails writes with `NoSpace` without losing an acknowledged one,
 //! until space is freed.
 
-#[path = "common/sim_rig.rs"]
-mod sim_rig;
+use crate::sim_rig;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;

@@ -81,7 +81,12 @@ fn huge_value_child() {
 fn a_1_gib_value_survives_a_crash_with_a_small_log_and_pool() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "huge_value_child", "--nocapture"])
+        .args([
+            "--ignored",
+            "--exact",
+            "huge_value::huge_value_child",
+            "--nocapture",
+        ])
         .env(DIR_VAR, dir.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -18,7 +18,7 @@ use dana::io::{Array, Target};
 use dana::wal::CONTROL_BYTES;
 use dana::{Db, Options};
 
-mod page_writes;
+use crate::page_writes;
 use page_writes::{key, put_round, value};
 
 const LOG: u64 = 4 << 20;

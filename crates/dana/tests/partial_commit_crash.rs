@@ -13,8 +13,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound::Unbounded;
 use std::time::Duration;
 
-#[path = "common/sim_rig.rs"]
-mod sim_rig;
+use crate::sim_rig;
 
 use dana::{Db, Durability, Options};
 use sim_rig::Rig;

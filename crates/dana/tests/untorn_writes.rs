@@ -23,7 +23,7 @@ use dana::io::{Array, Target};
 use dana::wal::CONTROL_BYTES;
 use dana::{Db, Options};
 
-mod page_writes;
+use crate::page_writes;
 
 const LOG: u64 = 4 << 20;
 
