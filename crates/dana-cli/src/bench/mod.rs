@@ -612,6 +612,13 @@ pub struct Measured {
     pub writes_per_op: f64,
     /// Log bytes appended per operation (0 without a log).
     pub log_bytes_per_op: f64,
+    /// Full page images logged per operation (torn-page images, split
+    /// halves; 0 without a log).
+    pub log_images_per_op: f64,
+    /// Checkpoints (of a shard or whole) finished per second.
+    pub checkpoints_per_s: f64,
+    /// Flushes of the log per second (each a group commit).
+    pub log_flushes_per_s: f64,
     /// Waits for a free frame per page miss.
     pub frame_waits_per_miss: f64,
     /// How long the waits for a free frame took.
@@ -850,6 +857,9 @@ struct Base {
     pool: PoolStatsSnapshot,
     frames: usize,
     log_bytes: u64,
+    log_images: u64,
+    checkpoints: u64,
+    log_flushes: u64,
     queue: HistogramSnapshot,
     lat: HistogramSnapshot,
     disk: Option<DiskCounters>,
@@ -868,6 +878,9 @@ impl Base {
             pool: db.pool_stats(),
             frames: db.pool().frames(),
             log_bytes: db.wal_stats().map_or(0, |w| w.bytes),
+            log_images: db.wal_stats().map_or(0, |w| w.images),
+            checkpoints: db.wal_stats().map_or(0, |w| w.checkpoints),
+            log_flushes: db.wal_stats().map_or(0, |w| w.flushes),
             queue: db.runtime().budgets().queue_wait.snapshot(),
             lat: state.latency.snapshot(),
             disk: disk.and_then(Disk::read),
@@ -913,6 +926,9 @@ impl Base {
             reads_per_op: per(reads as f64, ops),
             writes_per_op: per((self.pool.writes - b.pool.writes) as f64, ops),
             log_bytes_per_op: per((self.log_bytes - b.log_bytes) as f64, ops),
+            log_images_per_op: per((self.log_images - b.log_images) as f64, ops),
+            checkpoints_per_s: (self.checkpoints - b.checkpoints) as f64 / secs,
+            log_flushes_per_s: (self.log_flushes - b.log_flushes) as f64 / secs,
             frame_waits_per_miss: per(
                 (self.pool.frame_waits - b.pool.frame_waits) as f64,
                 self.pool.misses - b.pool.misses,

@@ -140,6 +140,11 @@ pub struct YcsbArgs {
     /// page compressed and packed at 512 bytes).
     #[arg(long, value_enum, default_value = "in-place")]
     pub write_mode: crate::bench::waf::WriteMode,
+    /// Bytes of dana's log (`Options::log_bytes`), used when the log is
+    /// formatted: by the first run with `--durability async|sync` on a
+    /// load (a database keeps the size its log was formatted with).
+    #[arg(long, default_value_t = Options::default().log_bytes_value())]
+    pub log_bytes: u64,
     /// Measured seconds per workload.
     #[arg(long, default_value_t = 20.0, value_parser = crate::bench::parse_seconds)]
     pub seconds: f64,
@@ -315,7 +320,7 @@ pub struct YcsbReport {
 }
 
 fn options(a: &YcsbArgs, pool_bytes: u64) -> Options {
-    a.engine.options(pool_bytes)
+    a.engine.options(pool_bytes).log_bytes(a.log_bytes)
 }
 
 /// Runs `dana bench ycsb`.
@@ -855,10 +860,13 @@ pub fn render(r: &YcsbReport) -> String {
             m.cpu_us_per_io
         );
         s += &format!(
-            "  eviction {}: {:.3} page writes/op, {:.0} log bytes/op; frame waits {:.2} per 100 misses, p99 wait {:.0} us; {:.0}% of frames dirty at the end\n",
+            "  eviction {}: {:.3} page writes/op, {:.0} log bytes/op ({:.3} page images/op, {:.0} log flushes/s, {:.1} checkpoints/s); frame waits {:.2} per 100 misses, p99 wait {:.0} us; {:.0}% of frames dirty at the end\n",
             r.eviction,
             m.writes_per_op,
             m.log_bytes_per_op,
+            m.log_images_per_op,
+            m.log_flushes_per_s,
+            m.checkpoints_per_s,
             m.frame_waits_per_miss * 100.0,
             m.frame_wait.p99_us,
             m.dirty_fraction * 100.0
