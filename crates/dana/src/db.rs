@@ -1053,7 +1053,7 @@ impl Tree {
 
     /// [`Tree::live`] for a read (iterators check it at every entry).
     pub(crate) fn live_for_read(&self) -> Result<()> {
-        self.db.inner.committer.live(false)
+        self.live(false)
     }
 
     /// [`Db::live`], and [`Error::NoSuchTree`] once the tree was dropped.
@@ -1477,7 +1477,18 @@ impl Tree {
         forward: bool,
     ) -> Result<Cursor> {
         self.live(false)?;
-        Ok(self.btree.cursor(lower, upper, forward))
+        Ok(self.guarded_cursor(lower, upper, forward))
+    }
+
+    /// A cursor of the tree that stops with [`Error::NoSuchTree`] (or
+    /// [`Error::Closed`]) at its next leaf once the tree is dropped (or the
+    /// database closed): a dropped tree's pages may be another tree's by
+    /// then.
+    fn guarded_cursor(&self, lower: Bound<&[u8]>, upper: Bound<&[u8]>, forward: bool) -> Cursor {
+        let tree = self.clone();
+        self.btree
+            .cursor(lower, upper, forward)
+            .guarded(Arc::new(move || tree.live(false)))
     }
 
     /// True if a write of `value` (None: a delete or an update) is a
@@ -1499,6 +1510,11 @@ impl Tree {
         value: Option<&[u8]>,
         checks: Vec<(u64, Vec<u8>, Expect)>,
     ) -> Result<bool> {
+        // Before the copy: a value over the limit (up to 4 GiB) is refused
+        // at once, not copied first.
+        self.check_sizes(key, value)?;
+        // The work runs on a worker, so it owns its bytes: the blocking
+        // API copies the value once (the `*_async` methods do not).
         let (t, key, value) = (self.clone(), key.to_vec(), value.map(<[u8]>::to_vec));
         self.db
             .block_on(async move { t.commit_one_async(&key, value.as_deref(), checks).await })?
@@ -1668,9 +1684,9 @@ impl Tree {
         forward: bool,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let mut c: Cursor = self
-            .btree
-            .cursor(lower, upper, forward)
+        self.live(false)?;
+        let mut c = self
+            .guarded_cursor(lower, upper, forward)
             .with_len_hint(limit);
         self.db.block_on(async move {
             let mut out = Vec::new();
@@ -1787,6 +1803,7 @@ impl Tree {
     /// assert_eq!(got, vec![Some(b"1".to_vec()), None]);
     /// ```
     pub fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.live(false)?;
         let (tx, rx) = std::sync::mpsc::channel();
         for (i, k) in keys.iter().enumerate() {
             let (t, k, tx) = (self.btree.clone(), k.clone(), tx.clone());

@@ -336,15 +336,52 @@ fn per_device_bytes(opts: &Options, devices: usize) -> Result<u64> {
 
 /// Reads the first 4096 bytes of `t` synchronously.
 fn read_first_page(t: &Target) -> Result<Vec<u8>> {
+    read_first_bytes(t, 4096)
+}
+
+/// Reads the first `len` bytes of `t` (a multiple of 4096) synchronously.
+fn read_first_bytes(t: &Target, len: usize) -> Result<Vec<u8>> {
     let mut q = open_queue(t, &Backend::Blocking, 4)?;
-    let buf = AlignedBuf::new(4096, 4096)?;
+    let buf = AlignedBuf::new(len, 4096)?;
     let c = crate::wal::recover::sync_io(q.as_mut(), Request::read(0, 0, IoBuf::owned(buf)))?;
     c.result?;
     let b = c
         .buf
         .and_then(IoBuf::into_owned)
         .ok_or_else(|| Error::InvalidArgument("a read completed without its buffer".into()))?;
-    Ok(b[..4096].to_vec())
+    Ok(b[..len].to_vec())
+}
+
+/// Checks the checksum of the meta page whose first 4096 bytes are
+/// `first` (they hold the magic), before any of its fields is believed:
+/// a flipped bit in its version, page size, width or log identity would
+/// otherwise read as another format, wrong options or another database's
+/// log, not as damage. [`Error::Corrupt`] of page 0 if it fails (which
+/// [`torn_meta_fallback`] repairs from the log where the log holds the
+/// page's image).
+fn check_meta_checksum(t: &Target, first: &[u8], path: &Path) -> Result<()> {
+    let damaged = |what: String| Error::Corrupt {
+        page: 0,
+        what: format!(
+            "the meta page (the first page of {}) is damaged: {what}",
+            path.display()
+        ),
+    };
+    let page = match crate::buffer::alloc::meta_page_size(first) {
+        Some(4096) => first.to_vec(),
+        Some(size) if t.size() >= size as u64 => read_first_bytes(t, size)?,
+        Some(size) => {
+            return Err(damaged(format!(
+                "it names {size}-byte pages, longer than the file ({} bytes)",
+                t.size()
+            )))
+        }
+        None => return Err(damaged("it names no valid page size".into())),
+    };
+    crate::buffer::page::verify(&page, 0).map_err(|e| match e {
+        Error::Corrupt { what, .. } => damaged(what),
+        e => e,
+    })
 }
 
 /// When the meta page does not identify the database, a meta page torn
@@ -359,6 +396,10 @@ pub(crate) fn torn_meta_fallback(
 ) -> Option<MetaFacts> {
     match e {
         Error::NotADatabase { what, .. } if what.contains("no DANAMETA magic") => {}
+        // Torn past its first sector, or flipped: the log's image of it,
+        // if recovery finds one, repairs it; else the pool's read of page 0
+        // reports the damage.
+        Error::Corrupt { page: 0, .. } => {}
         _ => return None,
     }
     let ctl = crate::wal::recover::read_control(log?).ok()??;
@@ -427,7 +468,11 @@ fn identify(devices: &[Target], paths: &[PathBuf], opts: &Options) -> Result<Met
             devices[0].size()
         )));
     }
-    let facts = meta_facts(&read_first_page(&devices[0])?).map_err(not_ours)?;
+    let first = read_first_page(&devices[0])?;
+    if crate::buffer::alloc::has_meta_magic(&first) {
+        check_meta_checksum(&devices[0], &first, &paths[0])?;
+    }
+    let facts = meta_facts(&first).map_err(not_ours)?;
     if facts.page_size != opts.page_size_value() {
         return Err(not_ours(format!(
             "the database has {}-byte pages; the options ask for {} (Options::page_size)",

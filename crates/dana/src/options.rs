@@ -11,6 +11,9 @@ use crate::io::Backend;
 use crate::sched::RuntimeConfig;
 use crate::wal::{control, Durability};
 
+/// The fewest pages per device [`Options::capacity_bytes`] may allow.
+pub const MIN_CAPACITY_PAGES: u64 = 16;
+
 /// Bytes a new database's data files start with, all devices together
 /// (less if [`Options::capacity_bytes`] is smaller). They grow on demand.
 ///
@@ -423,7 +426,8 @@ impl Options {
 
     /// The most bytes the database's data files may grow to, split over
     /// the devices (default: no limit but the file system's, or a block
-    /// device's size). A new database starts at
+    /// device's size; at least [`MIN_CAPACITY_PAGES`] pages per device,
+    /// else the open fails with [`crate::Error::InvalidArgument`]). A new database starts at
     /// [`crate::INITIAL_DATA_BYTES`] (or this maximum, if smaller) and its
     /// files grow in steps of `clamp(size / 32, 16 MiB, 1 GiB)` ahead of
     /// need; a write that would pass the maximum fails with
@@ -972,6 +976,16 @@ impl Options {
         if !ps.is_power_of_two() || !(4096..=65536).contains(&ps) {
             return Err(crate::Error::InvalidArgument(format!(
                 "page size {ps}: a power of two from 4096 to 65536 (Options::page_size)"
+            )));
+        }
+        // The meta page, the catalog and the space map's first pages on
+        // every device, and room to write: fewer pages than this cannot
+        // hold a database (0 read as "page 1 is beyond the end").
+        let least = MIN_CAPACITY_PAGES * ps as u64 * self.devices.max(1) as u64;
+        if let Some(cap) = self.capacity_bytes.filter(|&c| c < least) {
+            return Err(crate::Error::InvalidArgument(format!(
+                "capacity of {cap} bytes: at least {MIN_CAPACITY_PAGES} pages per device \
+                 ({least} bytes here; Options::capacity_bytes)"
             )));
         }
         if self.compress_pages && self.write_mode != WriteMode::OutOfPlace {

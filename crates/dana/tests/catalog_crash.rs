@@ -117,3 +117,52 @@ fn a_dropped_trees_stale_handle_fails_and_never_writes_elsewhere() {
     assert!(r.is_ok() && r.lost_pages == 0, "{r:?}");
     db.close().unwrap();
 }
+
+/// Reads through a dropped tree's stale handle: every read path answers
+/// `NoSuchTree`, also once the dropped tree's pages hold another tree's
+/// leaves (an outside probe found `scan` returning the other tree's rows
+/// and `get_many`, iterators and cursors reading its pages).
+#[test]
+fn reads_through_a_dropped_trees_stale_handle_never_see_another_tree() {
+    use std::ops::Bound::Unbounded;
+    let rig = rig(4);
+    let db = rig.open(opts(), true).unwrap();
+    let t = db.create_tree("victim").unwrap();
+    let key = |i: u32| format!("k{i:08}").into_bytes();
+    for i in 0..1500 {
+        t.put(&key(i), b"VICTIM").unwrap();
+    }
+    // Opened before the drop: an iterator with one leaf buffered, a cursor.
+    let mut it = t.iter();
+    assert!(it.next().unwrap().is_ok());
+    let mut cursor = t.cursor(Unbounded, Unbounded, true).unwrap();
+    assert!(db.drop_tree("victim").unwrap());
+    // Another tree takes the freed pages (same keys, other values).
+    let o = db.create_tree("other").unwrap();
+    for i in 0..6000 {
+        o.put(&key(i), b"OTHER").unwrap();
+    }
+    let no_tree = |r: &dana::Result<_>| matches!(r, Err(Error::NoSuchTree(_)));
+    assert!(no_tree(&t.scan(Unbounded, Unbounded, true, 3).map(|_| ())));
+    assert!(no_tree(&t.scan(Unbounded, Unbounded, false, 3).map(|_| ())));
+    assert!(no_tree(&t.get_many(&[key(1)]).map(|_| ())));
+    assert!(no_tree(&t.count(Unbounded, Unbounded).map(|_| ())));
+    assert!(no_tree(&t.cursor(Unbounded, Unbounded, true).map(|_| ())));
+    let first = t.iter().next().unwrap();
+    assert!(no_tree(&first.map(|_| ())), "a new iterator");
+    // The old iterator ends with the error, whatever it had buffered.
+    let rest: Vec<_> = it.by_ref().collect();
+    assert!(
+        rest.iter().all(|r| matches!(r, Err(Error::NoSuchTree(_)))),
+        "the old iterator returned entries after the drop"
+    );
+    assert_eq!(rest.len(), 1);
+    let next = db.block_on(async move { cursor.next().await }).unwrap();
+    assert!(no_tree(&next.map(|_| ())), "the old cursor");
+    // The other tree is whole.
+    assert_eq!(o.count(Unbounded, Unbounded).unwrap(), 6000);
+    assert_eq!(o.get(&key(1)).unwrap().as_deref(), Some(&b"OTHER"[..]));
+    let r = db.check().unwrap();
+    assert!(r.is_ok() && r.lost_pages == 0, "{r:?}");
+    db.close().unwrap();
+}

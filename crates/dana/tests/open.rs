@@ -221,12 +221,18 @@ fn a_page_size_mismatch_and_an_old_format_say_so() {
         matches!(&e, Error::NotADatabase { what, .. } if what.contains("4096-byte pages")),
         "{e}"
     );
-    // Format version 1 in the meta page (bytes 40..44).
+    // Format version 1 in the meta page (bytes 40..44), the page sealed
+    // again as that format would have written it.
     let f = std::fs::OpenOptions::new()
+        .read(true)
         .write(true)
         .open(dir.path().join("dana.0"))
         .unwrap();
-    f.write_all_at(&1u32.to_le_bytes(), 40).unwrap();
+    let mut page = vec![0u8; 4096];
+    f.read_exact_at(&mut page, 0).unwrap();
+    page[40..44].copy_from_slice(&1u32.to_le_bytes());
+    dana::buffer::page::seal(&mut page);
+    f.write_all_at(&page, 0).unwrap();
     drop(f);
     let e = Db::open(dir.path(), opts()).err().unwrap();
     assert!(
@@ -234,6 +240,58 @@ fn a_page_size_mismatch_and_an_old_format_say_so() {
         "{e}"
     );
     assert_eq!(snapshot(dir.path()).len(), before.len());
+}
+
+/// One flipped bit in the meta page's fields (version, page size, width,
+/// log identity) is damage, not another format, wrong options or another
+/// database's log: an outside probe saw "format version 8", "invalid
+/// page size", "striped over 257 devices" and "log 0 belongs to another
+/// database" for flips the checksum catches.
+#[test]
+fn a_flipped_meta_page_field_is_reported_as_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for i in 0..100u32 {
+        t.put(&key(i), b"v").unwrap();
+    }
+    db.close().unwrap();
+    let data = dir.path().join("dana.0");
+    let pristine = std::fs::read(&data).unwrap();
+    for (offset, bit) in [
+        (40, 0),
+        (44, 0),
+        (45, 1),
+        (48, 0),
+        (49, 0),
+        (80, 3),
+        (52, 2),
+    ] {
+        let mut bytes = pristine.clone();
+        bytes[offset] ^= 1 << bit;
+        std::fs::write(&data, &bytes).unwrap();
+        for read_only in [true, false] {
+            let o = if read_only {
+                opts().read_only()
+            } else {
+                opts()
+            };
+            let e = Db::open(dir.path(), o)
+                .err()
+                .unwrap_or_else(|| panic!("byte {offset} flipped: the open succeeded"));
+            assert!(
+                matches!(&e, Error::Corrupt { page: 0, .. }),
+                "byte {offset} flipped (read-only {read_only}): {e}"
+            );
+        }
+    }
+    std::fs::write(&data, &pristine).unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    assert_eq!(
+        db.tree("t").unwrap().get(&key(7)).unwrap().as_deref(),
+        Some(&b"v"[..])
+    );
+    db.close().unwrap();
 }
 
 #[test]
@@ -696,6 +754,18 @@ fn odd_calls_get_clear_answers() {
         "{inside:?}"
     );
     t.put(b"still", b"open").unwrap();
+
+    // A capacity too small to hold a database says which option.
+    for cap in [0, 4096, 15 * 4096] {
+        let e = Db::open(dir.path().join("tiny"), opts().capacity_bytes(cap))
+            .err()
+            .unwrap();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("Options::capacity_bytes")),
+            "{e}"
+        );
+    }
+    assert!(!dir.path().join("tiny").exists());
 
     let file = dir.path().join("plain-file");
     std::fs::write(&file, b"x").unwrap();

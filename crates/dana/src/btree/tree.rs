@@ -1017,6 +1017,7 @@ impl BTree {
             wanted: None,
             max_gsn: 0,
             stamps: None,
+            guard: None,
         }
     }
 
@@ -1225,7 +1226,15 @@ pub struct Cursor {
     /// ([`Cursor::stamped`]; None again once a large value was read: its
     /// bytes live outside the leaves).
     stamps: Option<Vec<PageStamp>>,
+    /// Asked before every move to a leaf, if set ([`Cursor::guarded`]).
+    guard: Option<CursorGuard>,
 }
+
+/// What a cursor asks before it moves to a leaf: an error stops it (its
+/// tree was dropped, its database closed). A dropped tree's pages go back
+/// to the free space, and another tree may hold them by the time a stale
+/// cursor would read them.
+pub(crate) type CursorGuard = Arc<dyn Fn() -> Result<()> + Send + Sync>;
 
 impl Cursor {
     /// The next entry, or None at the end of the range.
@@ -1290,6 +1299,12 @@ impl Cursor {
         self
     }
 
+    /// This cursor, asking `guard` before every move to a leaf.
+    pub(crate) fn guarded(mut self, guard: CursorGuard) -> Cursor {
+        self.guard = Some(guard);
+        self
+    }
+
     /// The most leaves the next move may read ahead (how many siblings
     /// its descent collects). A caller that reads past its hint gets the
     /// unhinted read-ahead from then on, not none.
@@ -1350,6 +1365,9 @@ impl Cursor {
         loop {
             if self.done {
                 return Ok(false);
+            }
+            if let Some(guard) = &self.guard {
+                guard()?;
             }
             let start: Vec<u8> = match (&self.next_key, self.forward) {
                 (Some(k), _) => k.clone(),

@@ -170,6 +170,23 @@ pub struct MetaFacts {
     pub logs: u32,
 }
 
+/// The page size a meta page names, if `first` starts like a meta page
+/// (the magic) and the size is one dana uses; None otherwise. Read before
+/// the checksum is checked: the checksum covers the whole page.
+pub fn meta_page_size(first: &[u8]) -> Option<usize> {
+    if first.len() < 4096 || &first[OFF_MAGIC..OFF_MAGIC + 8] != MAGIC {
+        return None;
+    }
+    let page_size = get_u32(first, OFF_PAGE_SIZE) as usize;
+    (page_size.is_power_of_two() && (4096..=65536).contains(&page_size)).then_some(page_size)
+}
+
+/// True if `first` holds the meta page's magic (it is a dana database,
+/// or a damaged one).
+pub fn has_meta_magic(first: &[u8]) -> bool {
+    first.len() >= OFF_MAGIC + 8 && &first[OFF_MAGIC..OFF_MAGIC + 8] == MAGIC
+}
+
 /// Reads the facts of a meta page from its first bytes (at least 4096).
 /// `Err` says why the bytes are not the meta page of a dana database in
 /// this build's format (the checksum is verified later, by the pool).
