@@ -128,9 +128,10 @@ fn concurrent_writers_never_hide_an_untouched_key_or_repeat_one() {
         .unwrap();
     }
     let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let writers: Vec<_> = (0..2u32)
         .map(|w| {
-            let (t, stop) = (t.clone(), stop.clone());
+            let (t, stop, written) = (t.clone(), stop.clone(), written.clone());
             std::thread::spawn(move || {
                 let mut x = 12345u64 + u64::from(w);
                 let mut ops = 0;
@@ -145,12 +146,18 @@ fn concurrent_writers_never_hide_an_untouched_key_or_repeat_one() {
                         t.put(&k, &value(&k)).unwrap();
                     }
                     ops += 1;
+                    written.fetch_add(1, Ordering::Relaxed);
                 }
                 ops
             })
         })
         .collect();
-    for round in 0..3 {
+    // At least three rounds, and as many more as it takes for the writers
+    // to commit 100 writes during the scans (each write is a synced commit:
+    // beside other tests' syncs that took more than three rounds once).
+    let before = written.load(Ordering::Relaxed);
+    let mut round = 0;
+    while round < 3 || (written.load(Ordering::Relaxed) - before < 100 && round < 200) {
         let forward = round % 2 == 0;
         let it = t.iter();
         let entries: Vec<_> = if forward {
@@ -183,9 +190,14 @@ fn concurrent_writers_never_hide_an_untouched_key_or_repeat_one() {
             next_stable, n,
             "round {round}: stable keys missing at the end"
         );
+        round += 1;
     }
+    let during = written.load(Ordering::Relaxed) - before;
     stop.store(true, Ordering::Release);
     let ops: u64 = writers.into_iter().map(|w| w.join().unwrap()).sum();
-    assert!(ops > 100, "the writers ran ({ops} writes)");
+    assert!(
+        during >= 100,
+        "the writers ran ({during} writes during {round} rounds of scans, {ops} in all)"
+    );
     db.close().unwrap();
 }

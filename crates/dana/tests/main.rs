@@ -17,6 +17,8 @@ mod common;
 mod page_writes;
 #[path = "common/sim_rig.rs"]
 mod sim_rig;
+#[path = "common/test_files.rs"]
+mod test_files;
 
 mod async_durability;
 mod btree;
@@ -52,20 +54,6 @@ mod worker_logs;
 /// finds them on its own).
 #[test]
 fn every_test_file_is_a_module() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
-    let main = std::fs::read_to_string(dir.join("main.rs")).unwrap();
-    let mut missing = Vec::new();
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let name = entry.unwrap().file_name().into_string().unwrap();
-        let Some(module) = name.strip_suffix(".rs") else {
-            continue;
-        };
-        if module != "main" && !main.lines().any(|l| l == format!("mod {module};")) {
-            missing.push(name);
-        }
-    }
-    assert!(
-        missing.is_empty(),
-        "tests/main.rs does not name {missing:?}: add `mod <file>;` or they never run"
-    );
+    let tests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    test_files::assert_every_test_file_is_a_module(&tests);
 }
