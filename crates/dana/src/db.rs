@@ -275,22 +275,13 @@ impl Db {
                 .targets()
                 .first()
                 .ok_or_else(|| Error::InvalidArgument("an array without devices".into()))?;
-            let facts = match open::identify_target(first, &opts) {
-                Ok(f) => f,
-                Err(e) => {
-                    open::torn_meta_fallback(&e, logs.first(), array.width(), &opts).ok_or(e)?
-                }
-            };
-            if facts.width != array.width() {
-                return Err(Error::NotADatabase {
-                    path: PathBuf::from("device 0"),
-                    what: format!(
-                        "the database is striped over {} devices; {} were given",
-                        facts.width,
-                        array.width()
-                    ),
-                });
-            }
+            let facts = open::meta_of(
+                first,
+                Path::new("device 0"),
+                array.width(),
+                || logs.first().cloned(),
+                &opts,
+            )?;
             Some(facts)
         };
         // A database with a log always uses it; one without gets one only

@@ -334,11 +334,6 @@ fn per_device_bytes(opts: &Options, devices: usize) -> Result<u64> {
     Ok(((total / devices as u64) / ps * ps).max(ps))
 }
 
-/// Reads the first 4096 bytes of `t` synchronously.
-fn read_first_page(t: &Target) -> Result<Vec<u8>> {
-    read_first_bytes(t, 4096)
-}
-
 /// Reads the first `len` bytes of `t` (a multiple of 4096) synchronously.
 fn read_first_bytes(t: &Target, len: usize) -> Result<Vec<u8>> {
     let mut q = open_queue(t, &Backend::Blocking, 4)?;
@@ -352,63 +347,29 @@ fn read_first_bytes(t: &Target, len: usize) -> Result<Vec<u8>> {
     Ok(b[..len].to_vec())
 }
 
-/// Checks the checksum of the meta page whose first 4096 bytes are
-/// `first` (they hold the magic), before any of its fields is believed:
-/// a flipped bit in its version, page size, width or log identity would
-/// otherwise read as another format, wrong options or another database's
-/// log, not as damage. [`Error::Corrupt`] of page 0 if it fails (which
-/// [`torn_meta_fallback`] repairs from the log where the log holds the
-/// page's image).
-fn check_meta_checksum(t: &Target, first: &[u8], path: &Path) -> Result<()> {
-    let damaged = |what: String| Error::Corrupt {
-        page: 0,
-        what: format!(
-            "the meta page (the first page of {}) is damaged: {what}",
-            path.display()
-        ),
-    };
+/// Why the meta page whose first bytes are `first` (they hold the magic)
+/// fails its checksum, or None if it passes. Reads the rest of the page
+/// if `first` is shorter than the page size it names.
+fn meta_damage(t: &Target, first: &[u8]) -> Result<Option<String>> {
+    let read;
     let page = match crate::buffer::alloc::meta_page_size(first) {
-        Some(4096) => first.to_vec(),
-        Some(size) if t.size() >= size as u64 => read_first_bytes(t, size)?,
+        Some(size) if size <= first.len() => &first[..size],
+        Some(size) if t.size() >= size as u64 => {
+            read = read_first_bytes(t, size)?;
+            &read[..]
+        }
         Some(size) => {
-            return Err(damaged(format!(
+            return Ok(Some(format!(
                 "it names {size}-byte pages, longer than the file ({} bytes)",
                 t.size()
             )))
         }
-        None => return Err(damaged("it names no valid page size".into())),
+        None => return Ok(Some("it names no valid page size".into())),
     };
-    crate::buffer::page::verify(&page, 0).map_err(|e| match e {
-        Error::Corrupt { what, .. } => damaged(what),
-        e => e,
-    })
-}
-
-/// When the meta page does not identify the database, a meta page torn
-/// by a crash (its first sector garbage) is still ours if the log beside
-/// it is valid: recovery repairs the page from the log's full image, and
-/// the pool checks it after. Returns the facts to go on with, or None.
-pub(crate) fn torn_meta_fallback(
-    e: &Error,
-    log: Option<&Target>,
-    width: usize,
-    opts: &Options,
-) -> Option<MetaFacts> {
-    match e {
-        Error::NotADatabase { what, .. } if what.contains("no DANAMETA magic") => {}
-        // Torn past its first sector, or flipped: the log's image of it,
-        // if recovery finds one, repairs it; else the pool's read of page 0
-        // reports the damage.
-        Error::Corrupt { page: 0, .. } => {}
-        _ => return None,
-    }
-    let ctl = crate::wal::recover::read_control(log?).ok()??;
-    Some(MetaFacts {
-        page_size: opts.page_size_value(),
-        width,
-        log_id: ctl.log_id,
-        logs: ctl.count,
-    })
+    Ok(crate::buffer::page::verify(page, 0).err().map(|e| match e {
+        Error::Corrupt { what, .. } => what,
+        e => e.to_string(),
+    }))
 }
 
 /// Opens `path` read-only, unlocked, to look at a log's control block
@@ -439,52 +400,91 @@ fn peek_log(path: &Path, index: usize, copies: usize) -> Option<Target> {
         .map(Target::Mirror)
 }
 
-/// The meta page facts of an array's first device (no path known: a
-/// simulated or caller-owned device), checked against `opts`.
-pub(crate) fn identify_target(t: &Target, opts: &Options) -> Result<MetaFacts> {
-    let paths = [PathBuf::from("device 0")];
-    identify(std::slice::from_ref(t), &paths, opts).or_else(|e| match e {
-        // The width is checked by the caller against the whole array.
-        Error::NotADatabase { what, .. } if what.contains("striped over") => {
-            meta_facts(&read_first_page(t)?).map_err(|what| Error::NotADatabase {
-                path: paths[0].clone(),
-                what,
-            })
-        }
-        e => Err(e),
-    })
-}
-
-/// Checks that device 0 of `devices` holds the meta page of a dana
-/// database opened with `opts`, striped over `devices.len()` files.
-fn identify(devices: &[Target], paths: &[PathBuf], opts: &Options) -> Result<MetaFacts> {
+/// The facts of the meta page on `device` (device 0, at `path`, of an
+/// array `width` devices wide) for an open with `opts`; `log` gives the
+/// (first) log beside it, if there is one, when the page is in doubt.
+///
+/// - A page that passes its checksum is believed, and must match the
+///   open: this build's format, the options' page size, the width.
+/// - A page with the magic that fails its checksum is believed only if
+///   its fields agree with the open and name the log beside it: a write
+///   of the page torn after its first sector (which holds all of them)
+///   leaves exactly that, and recovery repairs the page from the log's
+///   full image of it (else the pool's read of page 0 reports it). Any
+///   other such page is damage, [`Error::Corrupt`] of page 0 before
+///   anything is written: a flipped bit in those fields read as another
+///   format, wrong options or another database's log.
+/// - A page without the magic is not a database, unless a valid log is
+///   beside it: a write torn in its first sector, repaired the same way.
+pub(crate) fn meta_of(
+    device: &Target,
+    path: &Path,
+    width: usize,
+    log: impl FnOnce() -> Option<Target>,
+    opts: &Options,
+) -> Result<MetaFacts> {
     let not_ours = |what: String| Error::NotADatabase {
-        path: paths[0].clone(),
+        path: path.to_path_buf(),
         what,
     };
-    if devices[0].size() < 4096 {
+    if device.size() < 4096 {
         return Err(not_ours(format!(
             "not a dana database: {} bytes, shorter than a page",
-            devices[0].size()
+            device.size()
         )));
     }
-    let first = read_first_page(&devices[0])?;
-    if crate::buffer::alloc::has_meta_magic(&first) {
-        check_meta_checksum(&devices[0], &first, &paths[0])?;
+    // The whole page where the options' page size fits: a mirrored device
+    // compares its copies page by page, and would judge every copy of a
+    // larger page bad from a read of its first 4 KiB.
+    let ps = opts.page_size_value();
+    let first = read_first_bytes(device, if device.size() >= ps as u64 { ps } else { 4096 })?;
+    let log_control = || log().and_then(|l| crate::wal::recover::read_control(&l).ok().flatten());
+    if !crate::buffer::alloc::has_meta_magic(&first) {
+        let what = meta_facts(&first).err().unwrap_or_default();
+        return match log_control() {
+            Some(ctl) => Ok(MetaFacts {
+                page_size: ps,
+                width,
+                log_id: ctl.log_id,
+                logs: ctl.count,
+            }),
+            None => Err(not_ours(what)),
+        };
     }
-    let facts = meta_facts(&first).map_err(not_ours)?;
-    if facts.page_size != opts.page_size_value() {
+    let facts = meta_facts(&first);
+    if let Some(why) = meta_damage(device, &first)? {
+        let damaged = |more: String| Error::Corrupt {
+            page: 0,
+            what: format!(
+                "the meta page (the first page of {}) is damaged: {why}{more}",
+                path.display()
+            ),
+        };
+        let facts = facts.map_err(|e| damaged(format!("; it reads: {e}")))?;
+        if facts.page_size != ps || facts.width != width {
+            return Err(damaged(format!(
+                "; it names {}-byte pages over {} devices",
+                facts.page_size, facts.width
+            )));
+        }
+        return match log_control() {
+            Some(ctl) if facts.log_id != 0 && ctl.log_id == facts.log_id => Ok(facts),
+            _ => Err(damaged(
+                "; no log beside it names its log identity, so none can repair it".into(),
+            )),
+        };
+    }
+    let facts = facts.map_err(not_ours)?;
+    if facts.page_size != ps {
         return Err(not_ours(format!(
-            "the database has {}-byte pages; the options ask for {} (Options::page_size)",
-            facts.page_size,
-            opts.page_size_value()
+            "the database has {}-byte pages; the options ask for {ps} (Options::page_size)",
+            facts.page_size
         )));
     }
-    if facts.width != devices.len() {
+    if facts.width != width {
         return Err(not_ours(format!(
-            "the database is striped over {} devices; {} were given",
-            facts.width,
-            devices.len()
+            "the database is striped over {} devices; {width} were given",
+            facts.width
         )));
     }
     Ok(facts)
@@ -772,13 +772,13 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
     let array = Array::new(targets, opts.page_size_value() as u64)?;
     arm_mirrors(&array);
     let meta = if exists {
-        match identify(array.targets(), &paths, opts) {
-            Ok(m) => Some(m),
-            Err(e) => Some(
-                torn_meta_fallback(&e, peek_log(&log_path, count, copies).as_ref(), count, opts)
-                    .ok_or(e)?,
-            ),
-        }
+        Some(meta_of(
+            &array.targets()[0],
+            &paths[0],
+            count,
+            || peek_log(&log_path, count, copies),
+            opts,
+        )?)
     } else {
         None
     };
@@ -864,13 +864,13 @@ pub(crate) fn open_paths(
     let meta = if create {
         None
     } else {
-        match identify(array.targets(), &firsts, opts) {
-            Ok(m) => Some(m),
-            Err(e) => Some(
-                torn_meta_fallback(&e, peek_log(&log_path, width, copies).as_ref(), width, opts)
-                    .ok_or(e)?,
-            ),
-        }
+        Some(meta_of(
+            &array.targets()[0],
+            &firsts[0],
+            width,
+            || peek_log(&log_path, width, copies),
+            opts,
+        )?)
     };
     let logs = open_logs(
         &log_path,

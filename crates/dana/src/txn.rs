@@ -317,6 +317,12 @@ impl Committer {
             // The commit depends on what it read, and on what it validated.
             let mut dep = read_gsn;
             if let Some(r) = reads.filter(|r| !r.is_empty()) {
+                // Validation reads the trees read: a dropped one's pages may
+                // be another tree's by now.
+                let read_trees = r.points.iter().map(|p| p.tree);
+                for tree in read_trees.chain(r.ranges.iter().map(|r| r.tree)) {
+                    self.tree_alive(tree)?;
+                }
                 dep = dep.max(validate::validate(&self.pool, &self.in_flight, r, &writes).await?);
             }
             for (tree, key, expect) in &checks {

@@ -294,6 +294,52 @@ fn a_flipped_meta_page_field_is_reported_as_damage() {
     db.close().unwrap();
 }
 
+/// In a crashed database whose log holds the meta page's image: a
+/// damaged byte outside the fields the open believes is repaired by
+/// recovery (a write torn after the first sector looks the same), while a
+/// flipped log identity is refused as damage before anything is written.
+#[test]
+fn a_damaged_meta_page_is_repaired_from_the_log_or_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db_dir, pristine) = (dir.path().join("db"), dir.path().join("pristine"));
+    crashed_copy(&db_dir, &pristine, 20);
+    // A fresh copy of the crashed database with one byte of its meta page
+    // flipped.
+    let damaged = |name: &str, offset: usize, mask: u8| {
+        let to = dir.path().join(name);
+        std::fs::create_dir_all(&to).unwrap();
+        for e in std::fs::read_dir(&pristine).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+        let mut bytes = std::fs::read(to.join("dana.0")).unwrap();
+        bytes[offset] ^= mask;
+        std::fs::write(to.join("dana.0"), &bytes).unwrap();
+        to
+    };
+    // The log identity (bytes 80..88): refused, no file touched.
+    let copy = damaged("log-id", 80, 1);
+    let before = snapshot(&copy);
+    let e = Db::open(&copy, opts()).err().unwrap();
+    assert!(matches!(&e, Error::Corrupt { page: 0, .. }), "{e}");
+    assert_eq!(snapshot(&copy), before, "the refused open changed a file");
+    // A byte past the believed fields, and the page's last byte: repaired.
+    for offset in [200, 4095] {
+        let copy = damaged(&format!("at-{offset}"), offset, 0x10);
+        let db = Db::open(&copy, opts()).unwrap();
+        let t = db.tree("t").unwrap();
+        for i in 0..20u32 {
+            assert_eq!(
+                t.get(&key(i)).unwrap(),
+                Some(vec![i as u8; 64]),
+                "byte {offset}"
+            );
+        }
+        assert!(db.check().unwrap().is_ok());
+        db.close().unwrap();
+    }
+}
+
 #[test]
 fn a_failed_create_leaves_no_trace() {
     let parent = tempfile::tempdir().unwrap();
