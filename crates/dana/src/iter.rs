@@ -85,6 +85,8 @@ pub struct Iter {
     back: End,
     /// The ends met, the range ran out, or an error was returned.
     done: bool,
+    /// Entries the caller said it will take ([`Iter::with_len_hint`]).
+    len_hint: Option<usize>,
 }
 
 impl Iter {
@@ -96,7 +98,30 @@ impl Iter {
             front: End::default(),
             back: End::default(),
             done: false,
+            len_hint: None,
         }
+    }
+
+    /// Tells the iterator its caller will take about `n` entries (a
+    /// `take(n)` it cannot see): it then reads ahead only the leaves those
+    /// need ([`crate::btree::Cursor::with_len_hint`]), where it would read
+    /// ahead 1, 2, 4, 8 leaves as it goes. A hint only: the iterator still
+    /// returns its whole range.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// for i in 0u32..1000 {
+    ///     t.put(&i.to_be_bytes(), b"v").unwrap();
+    /// }
+    /// let first: Vec<_> = t.iter().with_len_hint(10).take(10).collect::<dana::Result<_>>().unwrap();
+    /// assert_eq!(first.len(), 10);
+    /// assert_eq!(t.iter().with_len_hint(10).count(), 1000);
+    /// ```
+    pub fn with_len_hint(mut self, n: usize) -> Iter {
+        self.len_hint = Some(n);
+        self
     }
 
     /// Reads the next leaf's entries for one end (on a worker).
@@ -109,11 +134,17 @@ impl Iter {
         };
         let cursor = match end.cursor.take() {
             Some(c) => c,
-            None => tree.cursor(
-                self.lower.as_ref().map(Vec::as_slice),
-                self.upper.as_ref().map(Vec::as_slice),
-                forward,
-            )?,
+            None => {
+                let c = tree.cursor(
+                    self.lower.as_ref().map(Vec::as_slice),
+                    self.upper.as_ref().map(Vec::as_slice),
+                    forward,
+                )?;
+                match self.len_hint {
+                    Some(n) => c.with_len_hint(n),
+                    None => c,
+                }
+            }
         };
         let (cursor, batch) = tree.db().block_on(async move {
             let mut c = cursor;

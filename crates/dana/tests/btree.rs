@@ -488,6 +488,47 @@ fn a_scan_with_a_limit_reads_ahead_only_the_leaves_it_needs() {
     db.close().unwrap();
 }
 
+/// The streaming iterator with a length hint reads ahead only what a
+/// `take(n)` needs; without it, it reads ahead past what it returns.
+#[test]
+fn an_iterator_with_a_length_hint_reads_ahead_only_what_it_takes() {
+    let cold = scan_data();
+    let scans = 40u64;
+    let mut read = [0u64; 2];
+    let mut wanted = 0usize;
+    for (hinted, total) in read.iter_mut().enumerate() {
+        let (db, t) = cold();
+        for s in 0..scans {
+            let from = (s * 491).to_be_bytes();
+            let limit = 1 + (s as usize * 7) % 100;
+            let it = t.range(&from[..]..);
+            let it = if hinted == 1 {
+                it.with_len_hint(limit)
+            } else {
+                it
+            };
+            let before = pages_read(&db);
+            let got: Vec<_> = it.take(limit).map(|e| e.unwrap().0).collect();
+            *total += pages_read(&db) - before;
+            assert_eq!(got.len(), limit);
+            assert_eq!(got[0], from);
+            wanted += limit * hinted;
+        }
+        db.close().unwrap();
+    }
+    let [unhinted, hinted] = read;
+    // As for the scans above: ~28 entries per leaf, plus inner nodes.
+    let leaves_needed = wanted as u64 / 25 + scans + 8;
+    assert!(
+        hinted <= leaves_needed,
+        "hinted iterators read {hinted} pages for {leaves_needed} needed"
+    );
+    assert!(
+        unhinted > hinted + scans,
+        "unhinted iterators read {unhinted} pages, hinted {hinted}"
+    );
+}
+
 /// Read-ahead stays within a range's bounds, however many entries the
 /// caller wants, in both directions; backward cursors read ahead too; a
 /// caller that reads past its hint still gets read-ahead; and a hint
