@@ -340,6 +340,39 @@ fn a_damaged_meta_page_is_repaired_from_the_log_or_refused_untouched() {
     }
 }
 
+/// A crashed database's log file cut short (not at a size the log grows
+/// to) is damage, not the end of the log: an outside probe's truncations
+/// opened without an error, the commits past the cut gone.
+#[test]
+fn a_log_file_cut_short_is_corrupt_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db_dir, copy) = (dir.path().join("db"), dir.path().join("copy"));
+    crashed_copy(&db_dir, &copy, 20);
+    let log = copy.join("dana.wal");
+    let full = std::fs::metadata(&log).unwrap().len();
+    assert_eq!((full - CONTROL_BYTES) % (1 << 20), 0, "{full}");
+    for cut in [CONTROL_BYTES + 65536, CONTROL_BYTES + 4096, full - 512] {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&log)
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+        for read_only in [true, false] {
+            let o = if read_only {
+                opts().read_only()
+            } else {
+                opts()
+            };
+            let e = Db::open(&copy, o).err().expect("a cut log opened");
+            assert!(
+                matches!(&e, Error::CorruptLog { .. }),
+                "cut at {cut} (read-only {read_only}): {e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_failed_create_leaves_no_trace() {
     let parent = tempfile::tempdir().unwrap();

@@ -272,6 +272,10 @@ impl Device {
             })
         });
         if let Err(source) = grown {
+            // The file back to its old size (what a growth that never
+            // started leaves): a log's file holds whole MiB of stream, and
+            // recovery takes any other length for a file cut short.
+            let _ = self.file.set_len(old);
             if source.raw_os_error() == Some(libc::ENOSPC) {
                 return Err(Error::NoSpace(format!(
                     "the file system of {} is full (growing it from {old} to {new_size} bytes)",

@@ -249,6 +249,20 @@ fn read_stream(log: &Target, ctl: &Control) -> Result<Vec<u8>> {
     // past the file's end included: a database created with a 64 GiB log
     // needed 64 GiB of memory at every open.)
     let have = log.size().saturating_sub(CONTROL_BYTES).min(cap);
+    // A growing log's file holds whole MiB of stream (its first MiB, then
+    // growths rounded to MiB; a growth that fails puts the old size back)
+    // or its capacity: any other length is a file cut short, and the
+    // records past the cut would be lost without a word.
+    if is_growable(log) && have < cap && have % super::INITIAL_LOG_BYTES != 0 {
+        return Err(Error::CorruptLog {
+            offset: CONTROL_BYTES + have,
+            what: format!(
+                "the log file ends {have} bytes into its stream, not at a size it grows to \
+                 (whole MiB, or its capacity of {cap} bytes): it was cut short, and the \
+                 records past its end are missing"
+            ),
+        });
+    }
     let (from, wraps) = if have < cap && ctl.redo <= have {
         (ctl.redo, false)
     } else {
