@@ -1675,7 +1675,7 @@ impl Tree {
         forward: bool,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        self.live(false)?;
+        // The guarded cursor checks the tree before its first leaf.
         let mut c = self
             .guarded_cursor(lower, upper, forward)
             .with_len_hint(limit);

@@ -174,7 +174,7 @@ pub struct MetaFacts {
 /// (the magic) and the size is one dana uses; None otherwise. Read before
 /// the checksum is checked: the checksum covers the whole page.
 pub fn meta_page_size(first: &[u8]) -> Option<usize> {
-    if first.len() < 4096 || &first[OFF_MAGIC..OFF_MAGIC + 8] != MAGIC {
+    if first.len() < 4096 || !has_meta_magic(first) {
         return None;
     }
     let page_size = get_u32(first, OFF_PAGE_SIZE) as usize;
