@@ -1,8 +1,8 @@
 //! Checkpoints: what one does, one at a time, and the system task that
 //! starts one when the log asks.
 //!
-//! Owns: the order of a checkpoint (full images from the log end, write
-//! back, sync, record, control block), the flag that keeps checkpoints
+//! Owns: the order of a checkpoint (full images from the log end, the
+//! data files' checkpoint stamp, write back, sync, record, control block), the flag that keeps checkpoints
 //! one at a time, and [`Checkpointer`], the system task every worker
 //! steps, which checkpoints continuously: one shard of the pages (page
 //! id modulo [`crate::Options::checkpoint_shards`]) each time, round
@@ -16,6 +16,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::buffer::alloc::META_PAGE;
 use crate::buffer::BufferPool;
 use crate::sched::{self, SystemTask};
 use crate::wal::record;
@@ -40,7 +41,12 @@ pub(crate) async fn checkpoint(
 ) -> Result<()> {
     let (bound, redo) = wal.begin_checkpoint(scope);
     let shards = wal.checkpoint_shards();
-    pool.flush_where(|pid| scope.holds(pid, shards)).await?;
+    // The data files' stamp of this moment, written with every shard
+    // (`buffer::alloc`'s module doc): synced before any control block
+    // names the redo GSN.
+    pool.stamp_checkpoint(redo).await?;
+    pool.flush_where(|pid| pid == META_PAGE || scope.holds(pid, shards))
+        .await?;
     let mut ends = Vec::with_capacity(wal.logs().len());
     for l in wal.logs() {
         let (_, end) = l.append_checkpoint(record::checkpoint(bound).into_unsealed())?;

@@ -447,6 +447,7 @@ pub(crate) fn meta_of(
                 width,
                 log_id: ctl.log_id,
                 logs: ctl.count,
+                checkpoint_stamp: 0,
             }),
             None => Err(not_ours(what)),
         };
@@ -468,7 +469,12 @@ pub(crate) fn meta_of(
             )));
         }
         return match log_control() {
-            Some(ctl) if facts.log_id != 0 && ctl.log_id == facts.log_id => Ok(facts),
+            // Its checkpoint stamp is not believed (nothing is checked
+            // against it): recovery rebuilds the page.
+            Some(ctl) if facts.log_id != 0 && ctl.log_id == facts.log_id => Ok(MetaFacts {
+                checkpoint_stamp: 0,
+                ..facts
+            }),
             _ => Err(damaged(
                 "; no log beside it names its log identity, so none can repair it".into(),
             )),

@@ -53,14 +53,17 @@ pub(crate) struct LogStart {
 /// Finds the logs and runs recovery's first part (the redo of page
 /// records): formats the logs of a new database (or one that never had
 /// any), checks the identity and place of existing ones against
-/// `db_log_id` (the meta page's) and their number, refuses a read-only
-/// open that would need recovery. Returns where the logs resume (None: no
+/// `db_log_id` (the meta page's) and their number, and the data files'
+/// `checkpoint_stamp` (the meta page's; 0: unknown) against their moment
+/// (`buffer::alloc`'s module doc), refuses a read-only open that would
+/// need recovery. Returns where the logs resume (None: no
 /// log to use), what recovery found, and the identity of logs it
 /// formatted.
 pub(crate) fn prepare_logs(
     array: &Array,
     logs: &[Target],
     db_log_id: u64,
+    checkpoint_stamp: u64,
     create: bool,
     opts: &Options,
 ) -> Result<(Option<LogStart>, Option<Recovered>, Option<u64>)> {
@@ -122,17 +125,31 @@ pub(crate) fn prepare_logs(
         }
         ctls.push((t.clone(), ctl));
     }
+    // Data files older than the log: the pages lack commits the log no
+    // longer holds (recovery would start past them).
+    let redo_gsn = ctls.iter().map(|(_, c)| c.redo_gsn).max().unwrap_or(0);
+    if checkpoint_stamp != 0 && checkpoint_stamp < redo_gsn {
+        return Err(recover::different_moments(format!(
+            "the data files are older than the log: their last checkpoint began at GSN \
+             {checkpoint_stamp}, the log's at GSN {redo_gsn}, and the log no longer holds \
+             the commits in between"
+        )));
+    }
     if opts.read_only {
         for (i, (t, ctl)) in ctls.iter().enumerate() {
-            if recover::needs_recovery(t, *ctl)? {
+            if recover::needs_recovery(array, t, *ctl)? {
                 return Err(Error::NeedsRecovery(format!(
                     "log {i} holds changes after the last checkpoint"
                 )));
             }
         }
+        // Nothing past the checkpoint records: the log ends before the
+        // GSN its newest control block names as next.
+        let end = ctls.iter().map(|(_, c)| c.next_gsn).max().unwrap_or(0);
+        recover::check_not_newer(checkpoint_stamp, end)?;
         return Ok((None, None, None));
     }
-    let r = recover::recover(array, &ctls, cut_leaf)?;
+    let r = recover::recover(array, &ctls, cut_leaf, checkpoint_stamp)?;
     let start = LogStart {
         resume: r.resume.clone(),
         next_gsn: r.next_gsn,

@@ -71,8 +71,14 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         )));
     }
     let array = array.with_max_bytes(opts.capacity_bytes);
-    let (start, mut recovered, new_id) =
-        recovery::prepare_logs(&array, &logs, meta.map_or(0, |m| m.log_id), create, &opts)?;
+    let (start, mut recovered, new_id) = recovery::prepare_logs(
+        &array,
+        &logs,
+        meta.map_or(0, |m| m.log_id),
+        meta.map_or(0, |m| m.checkpoint_stamp),
+        create,
+        &opts,
+    )?;
     let frames = opts.pool_bytes / opts.page_size;
     let mut pool_config = PoolConfig::with_frames(frames);
     pool_config.read_only = read_only;

@@ -37,6 +37,7 @@ mod large_values;
 mod layers;
 mod log_admission;
 mod mirror;
+mod moments;
 mod open;
 mod out_of_place;
 mod partial_commit_crash;

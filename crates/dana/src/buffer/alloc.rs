@@ -24,6 +24,7 @@
 //! | 72..80   | free pages below the high-water mark         |
 //! | 80..88   | log identity (0: the database has no log)    |
 //! | 88..92   | number of logs (one per worker at creation)  |
+//! | 96..104  | checkpoint stamp: the redo GSN of the last checkpoint whose write-back began (0: none yet) |
 //! | 128..384 | 32 root slots (u64 page ids) for upper layers|
 //!
 //! (Upper layers give the slots their meaning: the catalogue in slot 0,
@@ -42,7 +43,19 @@
 //! GSN in every record and in the page LSN field, control blocks naming
 //! their log's place and a GSN); version 8 the leaf-cut page entry (a
 //! split's left half logged as its cut key, `wal::record::CUT`); version
-//! 9 the compressed full page image (`wal::record::LZ4`).
+//! 9 the compressed full page image (`wal::record::LZ4`); version 10 the
+//! checkpoint stamp at bytes 96..104.
+//!
+//! The checkpoint stamp ties the data files to a moment of the log. Every
+//! checkpoint sets it to its redo GSN (a logged change of the meta page)
+//! before its write-back, and writes the meta page with its shard's pages,
+//! so the devices hold the stamp before any control block names that redo
+//! GSN: in files that belong together, the stamp read from an intact meta
+//! page is at least the newest control block's redo GSN and below the GSN
+//! after the log's last record. The open checks both (`recovery.rs`):
+//! data files older than the log (their stamp below its redo GSN) would
+//! lose the commits in between, data files newer than it (their stamp past
+//! its end) hold pages whose changes it never logged.
 //!
 //! When the pages run low the array grows (`grow.rs`); a reservation or an
 //! allocation short of pages waits for that growth, or fails with
@@ -62,7 +75,7 @@ use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"DANAMETA";
 /// The on-disk format this build reads and writes (see the module doc).
-pub const FORMAT_VERSION: u32 = 9;
+pub const FORMAT_VERSION: u32 = 10;
 const OFF_MAGIC: usize = 32;
 const OFF_VERSION: usize = 40;
 const OFF_PAGE_SIZE: usize = 44;
@@ -73,6 +86,7 @@ const OFF_LARGE_VALUES: usize = 64;
 const OFF_FREE_COUNT: usize = 72;
 const OFF_LOG_ID: usize = 80;
 const OFF_LOG_COUNT: usize = 88;
+const OFF_CHECKPOINT_STAMP: usize = 96;
 const OFF_ROOTS: usize = 128;
 /// Number of root slots in the meta page.
 pub const ROOT_SLOTS: usize = 32;
@@ -168,6 +182,10 @@ pub struct MetaFacts {
     pub log_id: u64,
     /// Number of logs (0: no log).
     pub logs: u32,
+    /// The checkpoint stamp (the module doc): the redo GSN of the last
+    /// checkpoint whose write-back began; 0 if none did, or if the page
+    /// failed its checksum (nothing to check against then).
+    pub checkpoint_stamp: u64,
 }
 
 /// The page size a meta page names, if `first` starts like a meta page
@@ -219,6 +237,7 @@ pub fn meta_facts(first: &[u8]) -> std::result::Result<MetaFacts, String> {
         width,
         log_id: get_u64(first, OFF_LOG_ID),
         logs: get_u32(first, OFF_LOG_COUNT),
+        checkpoint_stamp: get_u64(first, OFF_CHECKPOINT_STAMP),
     })
 }
 
@@ -408,6 +427,22 @@ impl BufferPool {
         let mut m = self.fix_exclusive(META_PAGE).await?;
         put_u64(&mut m, OFF_LOG_ID, id);
         m[OFF_LOG_COUNT..OFF_LOG_COUNT + 4].copy_from_slice(&logs.to_le_bytes());
+        Ok(())
+    }
+
+    /// Sets the checkpoint stamp (the module doc) to `redo_gsn` if it is
+    /// older: a change of the meta page, logged like any, so recovery
+    /// redoes it wherever the page is rebuilt from the log.
+    pub async fn stamp_checkpoint(&self, redo_gsn: u64) -> Result<()> {
+        if get_u64(&self.fix_shared(META_PAGE).await?, OFF_CHECKPOINT_STAMP) >= redo_gsn {
+            return Ok(());
+        }
+        let mut m = self.fix_exclusive(META_PAGE).await?;
+        if get_u64(&m, OFF_CHECKPOINT_STAMP) < redo_gsn {
+            put_u64(&mut m, OFF_CHECKPOINT_STAMP, redo_gsn);
+        } else {
+            m.unchanged();
+        }
         Ok(())
     }
 

@@ -1605,7 +1605,9 @@ impl BufferPool {
         // the only one touching frame f.
         let result = c.result.and_then(|_| {
             // SAFETY: frame f is this worker's alone until published.
-            page::verify(unsafe { self.frame_bytes(f) }, pid)
+            let bytes = unsafe { self.frame_bytes(f) };
+            page::verify(bytes, pid)?;
+            self.check_lsn_logged(pid, page::page_lsn(bytes))
         });
         // The entry goes before the page's state is published: once the
         // page is UNLOCKED (or EVICTED) another worker may evict it and
@@ -1632,6 +1634,29 @@ impl BufferPool {
         if let Some(w) = waiters {
             w.complete(result, t.reaped);
         }
+    }
+
+    /// A page read with an LSN the log never assigned was written by
+    /// changes this log does not hold: the data files are newer than the
+    /// log (restored from different moments). An error on its read,
+    /// before a change logged below its LSN could go over it (which the
+    /// page LSN's order forbids) or its write-back waited for a durable
+    /// point the log never reaches.
+    fn check_lsn_logged(&self, pid: u64, lsn: u64) -> Result<()> {
+        let Some(wal) = self.wal.get() else {
+            return Ok(());
+        };
+        let next = wal.next_lsn();
+        if lsn >= next {
+            return Err(Error::Corrupt {
+                page: pid,
+                what: format!(
+                    "its LSN {lsn} is past the log's end (the next LSN is {next}): the data \
+                     files are newer than the log (restored from different moments?)"
+                ),
+            });
+        }
+        Ok(())
     }
 
     fn complete_write(&self, f: u32, c: Completion) {

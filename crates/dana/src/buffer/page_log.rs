@@ -94,6 +94,10 @@ pub trait PageLog: Send + Sync {
     fn admit(&self, bytes: u64) -> Admission<'_>;
     /// Everything before this LSN is on stable storage.
     fn durable(&self) -> u64;
+    /// The LSN the next record will get: every LSN assigned so far lies
+    /// below it, so a page read with an LSN at or past it was written by
+    /// changes this log never held (data files newer than the log).
+    fn next_lsn(&self) -> u64;
     /// Asks for a flush up to `lsn` without waiting.
     fn want(&self, lsn: u64);
     /// Parks `waker` until [`PageLog::durable`] next moves or the log

@@ -1900,10 +1900,16 @@ impl Wal {
 
     /// The running checkpoint's redo LSN in this log, once its record is
     /// sealed (the record's GSN is past the bound, so the watch found one).
+    /// Never before the last checkpoint's: a watched redo LSN lies inside
+    /// a flush, and the next checkpoint, with the same redo GSN, finds
+    /// that flush's start; the records there from before the last redo
+    /// LSN have lower GSNs (a log's GSNs rise along it), and its finish
+    /// trims them (a power-cut test found a control block naming trimmed
+    /// log once the checkpoint stamp made watched redo points common).
     fn checkpoint_redo(&self) -> u64 {
         let st = self.lock();
         match st.redo_at {
-            RedoAt::Fixed(lsn) | RedoAt::Watch(Some(lsn)) => lsn,
+            RedoAt::Fixed(lsn) | RedoAt::Watch(Some(lsn)) => lsn.max(st.redo),
             // Not reached; the previous redo point is always safe.
             RedoAt::Idle | RedoAt::Watch(None) => {
                 debug_assert!(false, "a checkpoint finished before its record was sealed");

@@ -278,10 +278,20 @@ fn read_stream(log: &Target, ctl: &Control) -> Result<Vec<u8>> {
              bytes (Options::log_bytes sets its size)"
         ))
     })?;
-    let mut at = from;
+    // The redo LSN is where a record starts, inside a flush block when
+    // the checkpoint's redo point is the first record sealed after it
+    // began (`Wal::begin_checkpoint_in`): reads start at the 4 KiB below.
+    let mut at = from - from % control::BLOCK;
+    let skip = (from - at) as usize;
     while at < have {
         let n = chunk.min(have - at);
-        area.extend_from_slice(&read_at(lq.as_mut(), CONTROL_BYTES + at, n as usize)?);
+        let bytes = read_at(lq.as_mut(), CONTROL_BYTES + at, n as usize)?;
+        let bytes = if at < from {
+            &bytes[skip..]
+        } else {
+            &bytes[..]
+        };
+        area.extend_from_slice(bytes);
         at += n;
     }
     if wraps {
@@ -549,13 +559,44 @@ pub fn compare_mirror(m: &Arc<Mirror>) -> Vec<String> {
     out
 }
 
-/// True if the log holds page changes or commits after the last
-/// checkpoint's redo LSN (a read-only open cannot use the database then).
+/// True if the log holds commits after the last checkpoint's redo LSN,
+/// or page changes there that `array`'s pages do not hold yet (a page
+/// damaged, or with a lower LSN): a read-only open cannot use the
+/// database then. A cleanly closed database's log holds one such change
+/// past its redo LSN, the checkpoint stamp of its last checkpoint
+/// (`buffer::alloc`), which that checkpoint wrote to its meta page.
 /// Reads only.
-pub fn needs_recovery(log: &Target, ctl: Control) -> Result<bool> {
+pub fn needs_recovery(array: &Array, log: &Target, ctl: Control) -> Result<bool> {
     let stream = read_stream(log, &ctl)?;
     let s = scan(&stream, &ctl)?;
-    Ok(!s.changes.is_empty())
+    if s.changes.is_empty() {
+        return Ok(false);
+    }
+    let mut queues: Vec<Option<Box<dyn IoQueue>>> = array.targets().iter().map(|_| None).collect();
+    let ps = array.page_size() as usize;
+    for &(lsn, off) in &s.changes {
+        let Parsed::Record(r) = record::parse(&stream[off..], lsn) else {
+            return Ok(true);
+        };
+        if r.kind == Kind::Commit {
+            return Ok(true);
+        }
+        for e in record::page_entries(&r)? {
+            if e.pid >= array.pages() {
+                return Ok(true);
+            }
+            let (dev, offset) = array.locate(e.pid);
+            let q = match &mut queues[dev] {
+                Some(q) => q,
+                none => none.insert(open_queue(&array.targets()[dev], &Backend::Blocking, 1)?),
+            };
+            let page = read_at(q.as_mut(), offset, ps)?;
+            if page::verify(&page, e.pid).is_err() || page::page_lsn(&page) < r.gsn {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// For each page with log entries that a committed large value took: the
@@ -627,11 +668,41 @@ struct Found {
 /// Returns the number of keys left out.
 pub type CutLeaf = fn(&mut [u8], &[u8], &dyn Fn(&[u8]) -> bool) -> std::result::Result<u64, String>;
 
-/// Scans every log (`logs[i]`: log `i` and its newest control block) and
+/// The error of data files and a log that do not belong together: files
+/// restored from different moments (`what` says how they differ).
+pub fn different_moments(what: String) -> Error {
+    Error::Log(format!(
+        "the data files and the log are from different moments (restored from different \
+         copies?): {what}; nothing was changed"
+    ))
+}
+
+/// Data files newer than the log: their checkpoint `stamp` (the meta
+/// page's, 0: unknown) at or past `end`, the GSN after the log's last
+/// record. The stamp's own change is logged before the meta page that
+/// holds it is written, so in files that belong together it lies below.
+pub fn check_not_newer(stamp: u64, end: u64) -> Result<()> {
+    if stamp != 0 && stamp >= end {
+        return Err(different_moments(format!(
+            "the data files are newer than the log: their last checkpoint began at GSN \
+             {stamp}, and the log ends before GSN {end}"
+        )));
+    }
+    Ok(())
+}
+
+/// Scans every log (`logs[i]`: log `i` and its newest control block),
+/// checks the data files' checkpoint `stamp` (0: unknown) against where
+/// the logs end ([`check_not_newer`]) before anything is written, and
 /// redoes page changes onto `array`'s devices in GSN order (leaf cuts
-/// through `cut`), then syncs them. Returns the commits to re-apply (in GSN order) and where each
-/// log resumes.
-pub fn recover(array: &Array, logs: &[(Target, Control)], cut: CutLeaf) -> Result<Recovered> {
+/// through `cut`), then syncs them. Returns the commits to re-apply (in
+/// GSN order) and where each log resumes.
+pub fn recover(
+    array: &Array,
+    logs: &[(Target, Control)],
+    cut: CutLeaf,
+    stamp: u64,
+) -> Result<Recovered> {
     let mut found = Vec::with_capacity(logs.len());
     for (t, ctl) in logs {
         if ctl.next_gsn >= u64::MAX / 2 || ctl.redo_gsn >= u64::MAX / 2 {
@@ -702,6 +773,9 @@ pub fn recover(array: &Array, logs: &[(Target, Control)], cut: CutLeaf) -> Resul
     for entries in by_page.values_mut() {
         entries.sort_by_key(|e| e.0);
     }
+    // Nothing is written before this (the stamp's record is a page
+    // record, so `next_gsn` has passed it).
+    check_not_newer(stamp, out.next_gsn)?;
 
     // Growth is durable before a page past the old end is used, so this
     // finds nothing to do unless the files were shrunk behind dana's back

@@ -248,6 +248,10 @@ impl PageLog for LogSet {
         })
     }
 
+    fn next_lsn(&self) -> u64 {
+        self.shared.next_gsn()
+    }
+
     fn durable(&self) -> u64 {
         self.shared.durable_below()
     }
