@@ -95,6 +95,7 @@ pub fn run(args: &RebuildArgs) -> CliResult<()> {
     }
     print_status(&status);
     let started = Instant::now();
+    let repairs_before = db.pool_stats().blob_repairs;
     let reports = std::thread::scope(|s| {
         let job = s.spawn(|| db.rebuild());
         let mut last = Instant::now();
@@ -125,6 +126,10 @@ pub fn run(args: &RebuildArgs) -> CliResult<()> {
             },
             r.seconds
         );
+    }
+    let repaired = db.pool_stats().blob_repairs - repairs_before;
+    if repaired > 0 {
+        println!("large values whose damaged copies were written from a whole one: {repaired}");
     }
     let status = db.mirror_status();
     print_status(&status);

@@ -31,8 +31,10 @@
 //! Only a meta page that cannot be read stops it (an `Err`).
 //!
 //! Never: modifies the database (it only takes shared latches and reads;
-//! it never allocates, frees or writes a page), or panics on corrupted
-//! input. It reads through the buffer pool, so it sees pages changed in
+//! it never allocates, frees or writes a page), except in
+//! `repair_value_copies`, which `Db::rebuild` runs: it writes a large
+//! value's whole copy over its damaged copies on mirrored devices; or
+//! panics on corrupted input. It reads through the buffer pool, so it sees pages changed in
 //! memory but not yet written back; run it on a quiescent database (writes
 //! running at the same time can produce spurious findings).
 //!
@@ -364,6 +366,11 @@ struct Checker {
     /// tree: their bytes are checked against their checksums after the
     /// walk.
     values: Vec<(u64, String, BlobRef)>,
+    /// Write a whole copy of a large value over its damaged copies
+    /// (`repair_value_copies`) instead of reporting them.
+    repair: bool,
+    /// Large values repaired so.
+    repaired: u64,
 }
 
 /// Accumulates one tree's statistics.
@@ -406,52 +413,72 @@ impl Checker {
     /// Reads every large value found and checks its bytes against its
     /// checksum, a megabyte at a time (a value damaged on the device reads
     /// as `Corrupt` at `get`; the check names its leaf and key's tree). On
-    /// mirrored devices a value that fails is read again from each copy
-    /// alone: whole on one copy, it is not damaged data (a read repairs the
-    /// others, and the comparison of the copies names their differing
-    /// pages); the first version reported a byte flipped in copy 1 as a
-    /// damaged value whenever the mirror read that copy.
+    /// mirrored devices every copy is read alone: a value whole on no copy
+    /// is damaged data; one whole on some copies only is a mirror finding
+    /// (the data is intact), which [`Checker::repair`] mends by writing a
+    /// whole copy over the others. A large value's pages carry no header,
+    /// so a mirror cannot judge their copies page by page, and a read
+    /// served by the whole copy never repairs the other (an outside probe:
+    /// the redundancy went silently, and the value with it when the good
+    /// copy was lost later). (The first version reported a byte flipped in
+    /// copy 1 as a damaged value whenever the mirror read that copy.)
     async fn check_values(&mut self) {
         let values = std::mem::take(&mut self.values);
         let mut buf = vec![0u8; VALUE_CHUNK];
-        let copies = self.pool.array().copies().min(u8::MAX as usize) as u8;
         for (pid, tree, r) in values {
-            let mut failed = match self.value_crc(&r, &mut buf, None).await {
-                Err(e) => Some(format!("a large value could not be read: {e}")),
-                Ok(crc) if crc != r.crc => Some(format!(
-                    "the {} bytes of a large value (first page {}) do not match their checksum",
+            let whole = self.pool.blob_copies_whole(&r, &mut buf).await;
+            let first = r.extents.first().map_or(0, |e| e.start);
+            let Some(good) = whole.iter().position(|&w| w) else {
+                let what = format!(
+                    "the {} bytes of a large value (first page {first}) do not match their \
+                     checksum{}",
                     r.len,
-                    r.extents.first().map_or(0, |e| e.start)
-                )),
-                Ok(_) => None,
-            };
-            if failed.is_some() && copies > 1 {
-                for c in 0..copies {
-                    if matches!(self.value_crc(&r, &mut buf, Some(c)).await, Ok(crc) if crc == r.crc)
-                    {
-                        failed = None;
-                        break;
-                    }
-                }
-            }
-            if let Some(what) = failed {
+                    if whole.len() > 1 { " on any copy" } else { "" }
+                );
                 self.find(Some(pid), Some(&tree), what);
+                continue;
+            };
+            let damaged: Vec<u8> = (0..whole.len())
+                .filter(|&c| !whole[c])
+                .map(|c| c as u8)
+                .collect();
+            if damaged.is_empty() {
+                continue;
             }
+            let role = crate::io::mirror::Role::Data(self.pool.array().locate(first).0);
+            if self.repair {
+                match self
+                    .pool
+                    .repair_blob_copies(&r, good as u8, &damaged, &mut buf)
+                    .await
+                {
+                    Ok(()) => {
+                        self.repaired += 1;
+                        continue;
+                    }
+                    Err(e) => self.findings.push(Finding {
+                        page: Some(pid),
+                        tree: Some(tree.clone()),
+                        what: format!(
+                            "a large value (first page {first}) could not be repaired on \
+                             copies {damaged:?}: {e}"
+                        ),
+                        mirror: Some(role),
+                    }),
+                }
+                continue;
+            }
+            self.findings.push(Finding {
+                page: Some(pid),
+                tree: Some(tree),
+                what: format!(
+                    "a large value of {} bytes (first page {first}) is damaged on copies \
+                     {damaged:?} and whole on copy {good} (dana rebuild repairs it)",
+                    r.len
+                ),
+                mirror: Some(role),
+            });
         }
-    }
-
-    /// The checksum of the value at `r` as read (from `copy` alone, if
-    /// given), through `buf` a chunk at a time.
-    async fn value_crc(&self, r: &BlobRef, buf: &mut [u8], copy: Option<u8>) -> Result<u32> {
-        let mut crc = 0u32;
-        let mut at = 0u64;
-        while at < r.len {
-            let n = (r.len - at).min(buf.len() as u64) as usize;
-            self.pool.read_blob_from(r, at, &mut buf[..n], copy).await?;
-            crc = crc32c::crc32c_append(crc, &buf[..n]);
-            at += n as u64;
-        }
-        Ok(crc)
     }
 
     fn find(&mut self, page: Option<u64>, tree: Option<&str>, what: String) {
@@ -878,6 +905,28 @@ pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
 pub(crate) async fn check_pool_and_free(
     pool: &Arc<BufferPool>,
 ) -> Result<(CheckReport, Vec<bool>)> {
+    run(pool, false)
+        .await
+        .map(|(report, free, _)| (report, free))
+}
+
+/// Writes a whole copy of every large value over its damaged copies on
+/// mirrored devices (the check's value pass, repairing instead of
+/// reporting); returns how many values it repaired. The one write the
+/// checker makes: `Db::rebuild` runs it.
+pub(crate) async fn repair_value_copies(pool: &Arc<BufferPool>) -> Result<u64> {
+    if pool.array().copies() < 2 {
+        return Ok(0);
+    }
+    run(pool, true).await.map(|(_, _, repaired)| repaired)
+}
+
+/// The check, repairing large values' damaged copies if `repair`.
+async fn run(pool: &Arc<BufferPool>, repair: bool) -> Result<(CheckReport, Vec<bool>, u64)> {
+    // Held from before any reference is read until every value is read:
+    // no extent freed meanwhile is handed out again, so a value read (or
+    // repaired) is never another's.
+    let _values_held = pool.blob_reader();
     let space = pool.space().await?;
     let mut c = Checker {
         pool: pool.clone(),
@@ -887,6 +936,8 @@ pub(crate) async fn check_pool_and_free(
         findings: Vec::new(),
         large_values: 0,
         values: Vec::new(),
+        repair,
+        repaired: 0,
     };
     if space.next_unused > space.total_pages || space.next_unused == 0 {
         c.find(
@@ -1023,7 +1074,7 @@ pub(crate) async fn check_pool_and_free(
             })
             .collect(),
     };
-    Ok((report, free))
+    Ok((report, free, c.repaired))
 }
 
 /// Compares the copies of every mirrored device: a data device page by
@@ -1117,10 +1168,16 @@ pub fn check_mirrors(
                     .iter()
                     .map(|b| page::verify(&b[at.clone()], pid).is_ok())
                     .collect();
+                let repair = if valid.iter().any(|&v| v) {
+                    "a read from a damaged copy repairs it"
+                } else {
+                    "no copy is a page with a header, as a large value's pages: the value's \
+                     own finding, if any, names its damaged copies, which dana rebuild repairs"
+                };
                 report.findings.push(finding(
                     format!(
-                        "the copies of {} differ here (copies {healthy:?} valid: {valid:?}); a \
-                         read from a damaged copy repairs it",
+                        "the copies of {} differ here (copies {healthy:?} valid: {valid:?}); \
+                         {repair}",
                         m.role()
                     ),
                     Some(pid),

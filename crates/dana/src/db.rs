@@ -378,7 +378,13 @@ impl Db {
     /// caller-owned device onto the device given with
     /// [`crate::io::mirror::Mirror::replace_copy`]. Progress is recorded
     /// in the labels as it goes: a rebuild cut by a crash or a close
-    /// resumes when the database opens again. `dana rebuild` runs this.
+    /// resumes when the database opens again. Then, every copy healthy,
+    /// it reads every large value from each copy and writes a whole copy
+    /// over the damaged ones (a large value's pages carry no header, so
+    /// the mirror cannot judge their copies page by page as it does the
+    /// others'): `blob_repairs` in [`Db::pool_stats`] counts them, and
+    /// [`Db::check`] reports a value damaged on some copies. `dana
+    /// rebuild` runs this.
     pub fn rebuild(&self) -> Result<Vec<RebuildReport>> {
         self.live(true)?;
         if crate::sched::on_worker() {
@@ -386,7 +392,10 @@ impl Db {
                 "Db::rebuild blocks: call it from a thread of its own, not a worker".into(),
             ));
         }
-        self.inner.rebuilds.rebuild_all()
+        let reports = self.inner.rebuilds.rebuild_all()?;
+        let pool = self.inner.pool.clone();
+        self.block_on(async move { crate::check::repair_value_copies(&pool).await })??;
+        Ok(reports)
     }
 
     /// What recovery did when this database opened (None: no log, or a

@@ -497,6 +497,74 @@ fn large_values_damaged_on_one_copy_are_not_reported_as_damaged_data() {
     db.close().unwrap();
 }
 
+/// A large value damaged on one copy only: its pages carry no header, so
+/// neither a read served by the whole copy nor the page comparison
+/// repairs it (an outside probe: the redundancy went silently, and the
+/// value with it once the whole copy was lost). `check` names it as a
+/// mirror finding, `rebuild` writes the whole copy over the damaged one,
+/// and the values then survive the loss of copy 0.
+#[test]
+fn a_large_value_damaged_on_one_copy_is_repaired_by_rebuild() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = closed_with_large_values(dir.path());
+    let m1 = dir.path().join("dana.0.m1");
+    // The values' pages: those whose copies differ and neither is a page
+    // with a header, once a byte of every page of copy 1 is flipped.
+    let pristine = std::fs::read(&m1).unwrap();
+    flip_bytes(&m1, LABEL_BYTES + 4096 + 999, 0x21);
+    let db = Db::open(dir.path(), opts.clone().read_only()).unwrap();
+    let report = db.check().unwrap();
+    db.close().unwrap();
+    let value_pages: Vec<u64> = report.mirrors[0]
+        .divergent
+        .iter()
+        .filter(|(_, valid)| valid.iter().all(|v| !v))
+        .map(|(pid, _)| *pid)
+        .collect();
+    assert_eq!(
+        value_pages.len(),
+        8 * 16,
+        "{:?}",
+        report.mirrors[0].divergent
+    );
+    // Copy 1 as it was, but for one byte of every value page.
+    let mut damaged = pristine;
+    for pid in &value_pages {
+        damaged[(LABEL_BYTES + pid * 4096 + 999) as usize] ^= 0x21;
+    }
+    std::fs::write(&m1, &damaged).unwrap();
+
+    let db = Db::open(dir.path(), opts.clone()).unwrap();
+    let report = db.check().unwrap();
+    assert!(report.data_ok() && !report.is_ok(), "{:?}", report.findings);
+    let named: Vec<_> = report
+        .findings
+        .iter()
+        .filter(|f| f.what.contains("damaged on copies [1]"))
+        .collect();
+    assert_eq!(named.len(), 8, "{:?}", report.findings);
+    assert!(named.iter().all(|f| f.mirror.is_some()));
+    let before = db.pool_stats().blob_repairs;
+    db.rebuild().unwrap();
+    assert_eq!(db.pool_stats().blob_repairs - before, 8);
+    let report = db.check().unwrap();
+    assert!(report.is_ok(), "{:?}", report.findings);
+    db.close().unwrap();
+
+    // Copy 0 lost to damage: every page past the meta page.
+    flip_bytes(&dir.path().join("dana.0"), LABEL_BYTES + 4096 + 999, 0x21);
+    let db = Db::open(dir.path(), opts).unwrap();
+    let t = db.tree("t").unwrap();
+    for v in 0..8u32 {
+        assert_eq!(
+            t.get(&v.to_be_bytes()).unwrap().as_deref(),
+            Some(&large_value(v)[..]),
+            "value {v}"
+        );
+    }
+    db.close().unwrap();
+}
+
 /// Free pages are not compared: their bytes mean nothing (a large value a
 /// crash kept from its commit leaves its extent free and written on one
 /// copy only, which `dana crashtest --mirrored` took for damage). Here a

@@ -475,14 +475,16 @@ impl BufferPool {
     /// extents back then, and a write still in flight must not land in
     /// pages that another value has taken meanwhile.
     async fn write_blob(&self, extents: &[Extent], bytes: &[u8]) -> Result<u32> {
-        self.write_blob_to(extents, bytes, None).await
+        self.write_blob_to(extents, 0, bytes, None).await
     }
 
     /// [`BufferPool::write_blob`] to one copy of mirrored devices (`copy`),
-    /// or to every copy (`None`).
+    /// or to every copy (`None`), of the value's pages from its page
+    /// `first` on (`bytes` starts there).
     async fn write_blob_to(
         &self,
         extents: &[Extent],
+        first: u64,
         bytes: &[u8],
         copy: Option<u8>,
     ) -> Result<u32> {
@@ -490,8 +492,8 @@ impl BufferPool {
         let crc = crc32c::crc32c(bytes);
         let mut inflight = VecDeque::new();
         let issued: Result<()> = async {
-            for (dev, offset, pieces) in self.blob_ios(extents, 0, bytes.len().div_ceil(ps) as u64)
-            {
+            let last = first + bytes.len().div_ceil(ps) as u64;
+            for (dev, offset, pieces) in self.blob_ios(extents, first, last) {
                 let len = pieces.len() * ps;
                 if inflight.len() == DEPTH {
                     if let Some((f, region)) = inflight.pop_front() {
@@ -501,7 +503,7 @@ impl BufferPool {
                 }
                 let mut buf = self.stage(len)?;
                 for (k, &page_no) in pieces.iter().enumerate() {
-                    let from = page_no as usize * ps;
+                    let from = (page_no - first) as usize * ps;
                     let to = (from + ps).min(bytes.len());
                     buf[k * ps..k * ps + (to - from)].copy_from_slice(&bytes[from..to]);
                     // A reused buffer holds old bytes past a value's end.
@@ -565,7 +567,7 @@ impl BufferPool {
             for other in (0..copies as u8).filter(|&o| o != c) {
                 // A copy that cannot take the repair is failed by the
                 // mirror; the value is whole on this one either way.
-                let _ = self.write_blob_to(&r.extents, out, Some(other)).await;
+                let _ = self.write_blob_to(&r.extents, 0, out, Some(other)).await;
             }
             let _ = self.sync_devices().await;
             return Ok(());
@@ -578,6 +580,77 @@ impl BufferPool {
                 if copies > 1 { " on any copy" } else { "" }
             ),
         })
+    }
+
+    /// Whether each copy of mirrored devices holds the value at `r` whole
+    /// (its checksum), read through `buf` a chunk at a time; one entry
+    /// without mirrors. An unreadable copy does not hold it.
+    pub(crate) async fn blob_copies_whole(&self, r: &BlobRef, buf: &mut [u8]) -> Vec<bool> {
+        let copies = self.array.copies().clamp(1, u8::MAX as usize);
+        let mut whole = Vec::with_capacity(copies);
+        for c in 0..copies {
+            let copy = (copies > 1).then_some(c as u8);
+            whole.push(matches!(self.blob_crc(r, buf, copy).await, Ok(crc) if crc == r.crc));
+        }
+        whole
+    }
+
+    /// The checksum of the value at `r` as read (from `copy` alone, if
+    /// given), through `buf` a chunk at a time.
+    pub(crate) async fn blob_crc(
+        &self,
+        r: &BlobRef,
+        buf: &mut [u8],
+        copy: Option<u8>,
+    ) -> Result<u32> {
+        let mut crc = 0u32;
+        let mut at = 0u64;
+        while at < r.len {
+            let n = (r.len - at).min(buf.len() as u64) as usize;
+            self.read_blob_from(r, at, &mut buf[..n], copy).await?;
+            crc = crc32c::crc32c_append(crc, &buf[..n]);
+            at += n as u64;
+        }
+        Ok(crc)
+    }
+
+    /// Writes copy `from`'s bytes of the value at `r` (which holds it
+    /// whole) over copies `to` of mirrored devices, through `buf` (a
+    /// multiple of the page size) a chunk at a time, and syncs them: the
+    /// repair of a large value's damaged copy, which a mirror cannot judge
+    /// page by page (its pages carry no header). The caller holds a
+    /// [`BlobReadGuard`] taken before it read the reference: no extent is
+    /// freed and reused meanwhile, so the repair cannot land on another
+    /// value.
+    pub(crate) async fn repair_blob_copies(
+        &self,
+        r: &BlobRef,
+        from: u8,
+        to: &[u8],
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let ps = self.page_size as u64;
+        let chunk = (buf.len() as u64 / ps).max(1) * ps;
+        if buf.len() < ps as usize {
+            return Err(Error::InvalidArgument(format!(
+                "a repair buffer of {} bytes, under a page",
+                buf.len()
+            )));
+        }
+        let mut at = 0u64;
+        while at < r.len {
+            let n = (r.len - at).min(chunk) as usize;
+            self.read_blob_from(r, at, &mut buf[..n], Some(from))
+                .await?;
+            for &c in to {
+                self.write_blob_to(&r.extents, at / ps, &buf[..n], Some(c))
+                    .await?;
+            }
+            at += n as u64;
+        }
+        self.sync_devices().await?;
+        self.stats.blob_repairs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// [`BufferPool::read_blob`] from one copy of mirrored devices
