@@ -488,12 +488,34 @@ pub(crate) fn meta_of(
         )));
     }
     if facts.width != width {
+        let given = match width {
+            1 => "1 was".to_string(),
+            w if w < facts.width => format!("only {w} were"),
+            w => format!("{w} were"),
+        };
         return Err(not_ours(format!(
-            "the database is striped over {} devices; {width} were given",
-            facts.width
+            "the database is striped over {} devices; {given} given (in a directory: dana.0 \
+             to dana.{}{})",
+            facts.width,
+            facts.width - 1,
+            if width < facts.width {
+                format!(", and dana.{width} is missing")
+            } else {
+                String::new()
+            }
         )));
     }
     Ok(facts)
+}
+
+/// True if `a` and `b` name one file (the same inode), or one path when
+/// neither exists yet.
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => a == b,
+    }
 }
 
 /// Tells the kernel how long the writes to device `d` of `role` live: a
@@ -775,6 +797,13 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
         .log_path_value()
         .cloned()
         .unwrap_or_else(|| dir.join("dana.wal"));
+    if let Some(p) = paths.iter().find(|p| same_file(p, &log_path)) {
+        return Err(Error::InvalidArgument(format!(
+            "Options::log_path {} is the database's data file {}",
+            log_path.display(),
+            p.display()
+        )));
+    }
     let array = Array::new(targets, opts.page_size_value() as u64)?;
     arm_mirrors(&array);
     let meta = if exists {

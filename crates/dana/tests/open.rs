@@ -887,3 +887,32 @@ fn odd_calls_get_clear_answers() {
     assert!(matches!(it.next(), Some(Err(Error::Closed))));
     assert!(it.next().is_none());
 }
+
+/// Messages an outside probe found unclear: a missing stripe file read
+/// "striped over 2 devices; 1 were given", and `log_path` naming the
+/// database's own data file answered `Locked`.
+#[test]
+fn a_missing_stripe_and_a_log_path_on_a_data_file_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    Db::open(dir.path(), opts().devices(2))
+        .unwrap()
+        .close()
+        .unwrap();
+    let (one, away) = (dir.path().join("dana.1"), dir.path().join("away"));
+    std::fs::rename(&one, &away).unwrap();
+    let e = Db::open(dir.path(), opts()).err().unwrap();
+    assert!(
+        matches!(&e, Error::NotADatabase { what, .. }
+            if what.contains("1 was given") && what.contains("dana.1 is missing")),
+        "{e}"
+    );
+    std::fs::rename(&away, &one).unwrap();
+    let e = Db::open(dir.path(), opts().log_path(dir.path().join("dana.0")))
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("log_path") && m.contains("dana.0")),
+        "{e}"
+    );
+    Db::open(dir.path(), opts()).unwrap().close().unwrap();
+}
