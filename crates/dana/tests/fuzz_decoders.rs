@@ -193,9 +193,9 @@ proptest! {
     #[test]
     fn mutated_control_blocks_never_validate_wrongly(
         seq in any::<u64>(),
-        flip in (0usize..84, 1u8..=255),
+        flip in (0usize..92, 1u8..=255),
     ) {
-        let c = Control { seq, checkpoint: 1, redo: 4096, capacity: 1 << 20, block: 512, log_id: 9, next_gsn: 5, index: 0, count: 2, redo_gsn: 3 };
+        let c = Control { seq, checkpoint: 1, redo: 4096, capacity: 1 << 20, block: 512, log_id: 9, next_gsn: 5, index: 0, count: 2, redo_gsn: 3, stream_bytes: 1 << 20 };
         let mut b = c.encode();
         b[flip.0] ^= flip.1;
         // A flipped block is rejected (its checksum), never misread.
@@ -222,6 +222,7 @@ proptest! {
             index: 0,
             count: 1,
             redo_gsn: 0,
+            stream_bytes: 0,
         };
         stream.rotate_left((ctl.redo % ctl.capacity) as usize);
         let _ = recover::scan(&stream, &ctl);

@@ -916,3 +916,48 @@ fn a_missing_stripe_and_a_log_path_on_a_data_file_are_named() {
     );
     Db::open(dir.path(), opts()).unwrap().close().unwrap();
 }
+
+/// A growing log's file cut on a whole MiB, below the size its control
+/// block records (format version 10): `CorruptLog`, where it once opened
+/// with the commits past the cut gone.
+#[test]
+fn a_log_file_cut_on_a_whole_mib_is_corrupt_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db_dir, copy) = (dir.path().join("db"), dir.path().join("copy"));
+    let o = || opts().log_bytes(8 << 20);
+    let db = Db::open(&db_dir, o()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for i in 0..4000u32 {
+        t.put(&key(i), &[i as u8; 500]).unwrap();
+    }
+    db.checkpoint().unwrap();
+    for i in 0..20u32 {
+        t.put(&key(i), &[7; 64]).unwrap();
+    }
+    std::fs::create_dir_all(&copy).unwrap();
+    for e in std::fs::read_dir(&db_dir).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+    }
+    drop(db);
+    let log = copy.join("dana.wal");
+    let full = std::fs::metadata(&log).unwrap().len();
+    assert!(
+        full >= CONTROL_BYTES + (2 << 20),
+        "the log grew to {full} bytes only"
+    );
+    assert!(control(&log).stream_bytes >= 2 << 20, "{:?}", control(&log));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(CONTROL_BYTES + (1 << 20))
+        .unwrap();
+    for o in [o().read_only(), o()] {
+        let e = Db::open(&copy, o).err().expect("a cut log opened");
+        assert!(
+            matches!(&e, Error::CorruptLog { what, .. } if what.contains("cut short")),
+            "{e}"
+        );
+    }
+}

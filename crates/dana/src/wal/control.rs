@@ -20,16 +20,17 @@
 //! | 64..68 | this log's index among the database's logs     |
 //! | 68..72 | number of logs of the database                 |
 //! | 72..80 | redo GSN: commits from it on are re-applied    |
-//! | 80..84 | crc32c of bytes 0..80                          |
+//! | 80..88 | stream bytes the file held, durable (0: not recorded) |
+//! | 88..92 | crc32c of bytes 0..88                          |
 //!
 //! Never: trusts a block whose checksum or magic does not match.
 
 /// Bytes reserved for each control block (and the largest flush block).
 pub const BLOCK: u64 = 4096;
 const MAGIC: &[u8; 8] = b"DANAWAL1";
-const VERSION: u32 = 3;
-const LEN: usize = 84;
-const CRC_AT: usize = 80;
+const VERSION: u32 = 4;
+const LEN: usize = 92;
+const CRC_AT: usize = 88;
 
 /// One control block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +59,12 @@ pub struct Control {
     /// blocks, since the checkpoint's pages were synced before any
     /// control block was written).
     pub redo_gsn: u64,
+    /// Stream bytes the log file held, zero-filled and durable, when the
+    /// block was written (0: not recorded). A growing log's file never
+    /// shrinks, so a file holding less was cut short, and the records
+    /// past its end are lost (version 4; a cut on a whole MiB was
+    /// undetected before).
+    pub stream_bytes: u64,
 }
 
 impl Control {
@@ -76,6 +83,7 @@ impl Control {
         b.extend_from_slice(&self.index.to_le_bytes());
         b.extend_from_slice(&self.count.to_le_bytes());
         b.extend_from_slice(&self.redo_gsn.to_le_bytes());
+        b.extend_from_slice(&self.stream_bytes.to_le_bytes());
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
         b
@@ -103,6 +111,7 @@ impl Control {
             index: u32_at(64),
             count: u32_at(68),
             redo_gsn: u64_at(72),
+            stream_bytes: u64_at(80),
         })
     }
 
@@ -136,6 +145,7 @@ mod tests {
             index: 1,
             count: 2,
             redo_gsn: seq * 2,
+            stream_bytes: seq << 20,
         };
         let mut area = vec![0u8; 2 * BLOCK as usize];
         area[..LEN].copy_from_slice(&c(4).encode());

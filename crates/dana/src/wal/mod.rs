@@ -1944,6 +1944,9 @@ impl Wal {
             index: self.index as u32,
             count: self.shared.unflushed.len() as u32,
             redo_gsn,
+            stream_bytes: self.growth.as_ref().map_or(self.capacity, |g| {
+                g.allocated.load(Ordering::Acquire).min(self.capacity)
+            }),
         }
         .encode();
         let offset = (seq % 2) * control::BLOCK;

@@ -150,6 +150,7 @@ pub fn format(
         index: place.index,
         count: place.count,
         redo_gsn: 0,
+        stream_bytes: 0,
     };
     let mut area = vec![0u8; CONTROL_BYTES as usize];
     area[..c.encode().len()].copy_from_slice(&c.encode());
@@ -253,6 +254,17 @@ fn read_stream(log: &Target, ctl: &Control) -> Result<Vec<u8>> {
     // growths rounded to MiB; a growth that fails puts the old size back)
     // or its capacity: any other length is a file cut short, and the
     // records past the cut would be lost without a word.
+    if is_growable(log) && have < ctl.stream_bytes.min(cap) {
+        return Err(Error::CorruptLog {
+            offset: CONTROL_BYTES + have,
+            what: format!(
+                "the log file holds {have} bytes of stream, and its control block (sequence \
+                 {}) says it had {}: it was cut short, and the records past its end are \
+                 missing",
+                ctl.seq, ctl.stream_bytes
+            ),
+        });
+    }
     if is_growable(log) && have < cap && have % super::INITIAL_LOG_BYTES != 0 {
         return Err(Error::CorruptLog {
             offset: CONTROL_BYTES + have,
@@ -944,6 +956,7 @@ mod tests {
             index: 0,
             count: 1,
             redo_gsn: 1,
+            stream_bytes: 64 << 10,
         };
         (stream, ctl)
     }
