@@ -923,10 +923,12 @@ pub(crate) async fn repair_value_copies(pool: &Arc<BufferPool>) -> Result<u64> {
 
 /// The check, repairing large values' damaged copies if `repair`.
 async fn run(pool: &Arc<BufferPool>, repair: bool) -> Result<(CheckReport, Vec<bool>, u64)> {
-    // Held from before any reference is read until every value is read:
-    // no extent freed meanwhile is handed out again, so a value read (or
-    // repaired) is never another's.
-    let _values_held = pool.blob_reader();
+    // A repair holds it from before any reference is read until every
+    // value is repaired: no extent freed meanwhile is handed out again,
+    // so a repair never writes over another value (while it lasts, large
+    // values freed do not make room). A check needs none: it reads a
+    // quiescent database (module doc).
+    let _values_held = repair.then(|| pool.blob_reader());
     let space = pool.space().await?;
     let mut c = Checker {
         pool: pool.clone(),

@@ -767,6 +767,9 @@ impl Db {
             self.inner.committer.clone(),
         );
         self.block_on(async move { catalog::begin_drop(&c, &catalog, &key, root).await })??;
+        // Every read that passed the tree's liveness check before it was
+        // marked dropped ends before its pages are freed (`read_fence.rs`).
+        self.inner.committer.readers.wait_readers()?;
         // No commit record from before this point may be re-applied to the
         // tree's pages once they are freed (and maybe reused).
         self.checkpoint()?;
@@ -1053,13 +1056,16 @@ impl Tree {
 
     /// [`Tree::live`] for a read (iterators check it at every entry).
     pub(crate) fn live_for_read(&self) -> Result<()> {
-        self.live(false)
+        self.live(false).map(drop)
     }
 
     /// [`Db::live`], and [`Error::NoSuchTree`] once the tree was dropped.
-    fn live(&self, write: bool) -> Result<()> {
+    /// The guard fences the read (or write) against a drop that would free
+    /// the tree's pages under it (`read_fence.rs`): hold it until the
+    /// tree's pages are read.
+    fn live(&self, write: bool) -> Result<crate::read_fence::FenceGuard<'_>> {
         self.db.live(write)?;
-        self.db.inner.committer.tree_alive(self.btree.root())
+        self.db.inner.committer.read_tree(self.btree.root())
     }
 
     /// The tree's B+tree, bypassing transactions and the log's commit
@@ -1185,7 +1191,7 @@ impl Tree {
     /// assert_eq!(n, Some(3));
     /// ```
     pub async fn value_len_async(&self, key: &[u8]) -> Result<Option<u64>> {
-        self.live(false)?;
+        let _fence = self.live(false)?;
         self.btree.value_len(key).await
     }
 
@@ -1209,7 +1215,7 @@ impl Tree {
     /// assert_eq!(t.read_value(b"k", 199_995, &mut buf).unwrap(), Some(5)); // the end
     /// ```
     pub fn read_value(&self, key: &[u8], offset: u64, buf: &mut [u8]) -> Result<Option<usize>> {
-        self.live(false)?;
+        let _fence = self.live(false)?;
         let (t, key, len) = (self.clone(), key.to_vec(), buf.len());
         let (n, bytes) = self.db.block_on(async move {
             let mut tmp = vec![0u8; len];
@@ -1241,7 +1247,7 @@ impl Tree {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<Option<usize>> {
-        self.live(false)?;
+        let _fence = self.live(false)?;
         self.btree.read_value(key, offset, buf).await
     }
 
@@ -1276,7 +1282,7 @@ impl Tree {
     /// assert_eq!(miss, None);
     /// ```
     pub async fn get_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.live(false)?;
+        let _fence = self.live(false)?;
         self.btree.get(key).await
     }
 
@@ -1287,7 +1293,7 @@ impl Tree {
         &self,
         key: &[u8],
     ) -> Result<(Option<Vec<u8>>, u64, Option<PageStamp>)> {
-        self.live(false)?;
+        let _fence = self.live(false)?;
         self.btree.get_stamped(key).await
     }
 
@@ -1298,7 +1304,7 @@ impl Tree {
         T: Send + 'static,
         F: Future<Output = Result<T>> + Send + 'static,
     {
-        self.live(false)?;
+        let _fence = self.live(false)?;
         self.db.block_on(fut)?
     }
 
@@ -1331,7 +1337,7 @@ impl Tree {
     /// assert_eq!(n, 100);
     /// ```
     pub async fn put_async(&self, key: &[u8], value: &[u8]) -> Result<bool> {
-        self.live(true)?;
+        let _fence = self.live(true)?;
         if self.commits(Some(value)) {
             return self.commit_one_async(key, Some(value), vec![]).await;
         }
@@ -1351,7 +1357,7 @@ impl Tree {
     /// assert!(matches!(second, Err(dana::Error::KeyExists)));
     /// ```
     pub async fn insert_async(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.live(true)?;
+        let _fence = self.live(true)?;
         if self.commits(Some(value)) {
             let check = (self.btree.root(), key.to_vec(), Expect::Absent);
             return self
@@ -1375,7 +1381,7 @@ impl Tree {
     /// assert!(first && !second);
     /// ```
     pub async fn delete_async(&self, key: &[u8]) -> Result<bool> {
-        self.live(true)?;
+        let _fence = self.live(true)?;
         if self.commits(None) {
             return self.commit_one_async(key, None, vec![]).await;
         }
@@ -1404,7 +1410,7 @@ impl Tree {
         key: &[u8],
         f: impl Fn(&[u8]) -> Vec<u8> + Send + Sync,
     ) -> Result<bool> {
-        self.live(true)?;
+        let _fence = self.live(true)?;
         if !self.commits(None) {
             return self.btree.update(key, &f).await;
         }
@@ -1445,7 +1451,7 @@ impl Tree {
     /// assert_eq!(n, 2);
     /// ```
     pub async fn count_async(&self, lower: Bound<&[u8]>, upper: Bound<&[u8]>) -> Result<u64> {
-        self.live(false)?;
+        let _fence = self.live(false)?;
         self.btree.count(lower, upper).await
     }
 
@@ -1476,7 +1482,7 @@ impl Tree {
         upper: Bound<&[u8]>,
         forward: bool,
     ) -> Result<Cursor> {
-        self.live(false)?;
+        let _fence = self.live(false)?;
         Ok(self.guarded_cursor(lower, upper, forward))
     }
 
@@ -1485,10 +1491,14 @@ impl Tree {
     /// database closed): a dropped tree's pages may be another tree's by
     /// then.
     fn guarded_cursor(&self, lower: Bound<&[u8]>, upper: Bound<&[u8]>, forward: bool) -> Cursor {
-        let tree = self.clone();
+        let (db, root) = (self.db.clone(), self.btree.root());
         self.btree
             .cursor(lower, upper, forward)
-            .guarded(Arc::new(move || tree.live(false)))
+            .guarded(Arc::new(move || {
+                db.live(false)?;
+                let fence = db.inner.committer.read_tree_owned(root)?;
+                Ok(Box::new(fence) as Box<dyn Send>)
+            }))
     }
 
     /// True if a write of `value` (None: a delete or an update) is a
@@ -1532,7 +1542,7 @@ impl Tree {
         F: Fn(BTree) -> Fut,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
-        self.live(false)?;
+        let _fence = self.live(false)?;
         let mut fut = Box::pin(op(self.btree.clone()));
         let mut cx = Context::from_waker(Waker::noop());
         match fut.as_mut().poll(&mut cx) {
@@ -1570,7 +1580,7 @@ impl Tree {
     /// assert!(matches!(t.insert(b"k", b"w"), Err(dana::Error::KeyExists)));
     /// ```
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.live(true)?;
+        let _fence = self.live(true)?;
         if self.commits(Some(value)) {
             let check = (self.btree.root(), key.to_vec(), Expect::Absent);
             return self.commit_one(key, Some(value), vec![check]).map(|_| ());
@@ -1592,7 +1602,7 @@ impl Tree {
     /// assert!(t.put(b"k", b"v2").unwrap());
     /// ```
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<bool> {
-        self.live(true)?;
+        let _fence = self.live(true)?;
         if self.commits(Some(value)) {
             return self.commit_one(key, Some(value), vec![]);
         }
@@ -1622,7 +1632,7 @@ impl Tree {
         key: &[u8],
         f: impl Fn(&[u8]) -> Vec<u8> + Send + Sync + Clone + 'static,
     ) -> Result<bool> {
-        self.live(true)?;
+        let _fence = self.live(true)?;
         if self.commits(None) {
             return self.db.transaction(|tx| {
                 let Some(old) = tx.get(self, key)? else {
@@ -1650,7 +1660,7 @@ impl Tree {
     /// assert!(!t.delete(b"k").unwrap());
     /// ```
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
-        self.live(true)?;
+        let _fence = self.live(true)?;
         if self.commits(None) {
             return self.commit_one(key, None, vec![]);
         }
@@ -1803,7 +1813,7 @@ impl Tree {
     /// assert_eq!(got, vec![Some(b"1".to_vec()), None]);
     /// ```
     pub fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
-        self.live(false)?;
+        let _fence = self.live(false)?;
         let (tx, rx) = std::sync::mpsc::channel();
         for (i, k) in keys.iter().enumerate() {
             let (t, k, tx) = (self.btree.clone(), k.clone(), tx.clone());
@@ -1822,5 +1832,44 @@ impl Tree {
             return Err(Error::Shutdown);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A read that passed a tree's liveness check before the tree was
+    /// dropped holds the drop until it ends: the pages it may still read
+    /// are freed only then (`read_fence.rs`). Here the read is a fence
+    /// guard taken as `Tree::get` takes it, held across the drop.
+    #[test]
+    fn a_drop_frees_no_page_while_a_read_of_the_tree_is_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options::default()
+            .pool_bytes(8 << 20)
+            .capacity_bytes(64 << 20);
+        let db = Db::open(dir.path(), opts).unwrap();
+        let t = db.create_tree("t").unwrap();
+        for i in 0u32..2000 {
+            t.put(&i.to_be_bytes(), &[1; 100]).unwrap();
+        }
+        let free_before = db.check().unwrap().free_pages;
+        let read = t.live(false).unwrap();
+        std::thread::scope(|s| {
+            let dropping = s.spawn(|| db.drop_tree("t"));
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(
+                !dropping.is_finished(),
+                "the drop went on with a read of the tree in flight"
+            );
+            assert_eq!(db.check().unwrap().free_pages, free_before);
+            drop(read);
+            assert!(dropping.join().unwrap().unwrap());
+        });
+        assert!(db.check().unwrap().free_pages > free_before);
+        assert!(matches!(t.get(b"k"), Err(Error::NoSuchTree(_))));
+        db.close().unwrap();
     }
 }

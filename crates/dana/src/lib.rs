@@ -40,6 +40,7 @@ pub mod io;
 pub mod iter;
 mod open;
 pub mod options;
+mod read_fence;
 mod recovery;
 pub mod sched;
 mod start;

@@ -136,16 +136,20 @@ pub(crate) fn prepare_logs(
         )));
     }
     if opts.read_only {
+        // The log's end: past its newest control block's next GSN and
+        // every change record after the redo LSN (a checkpoint cut before
+        // its control block leaves its stamp's record there).
+        let mut end = ctls.iter().map(|(_, c)| c.next_gsn).max().unwrap_or(0);
         for (i, (t, ctl)) in ctls.iter().enumerate() {
-            if recover::needs_recovery(array, t, *ctl)? {
-                return Err(Error::NeedsRecovery(format!(
-                    "log {i} holds changes after the last checkpoint"
-                )));
+            match recover::needs_recovery(array, t, *ctl)? {
+                Some(e) => end = end.max(e),
+                None => {
+                    return Err(Error::NeedsRecovery(format!(
+                        "log {i} holds changes after the last checkpoint"
+                    )))
+                }
             }
         }
-        // Nothing past the checkpoint records: the log ends before the
-        // GSN its newest control block names as next.
-        let end = ctls.iter().map(|(_, c)| c.next_gsn).max().unwrap_or(0);
         recover::check_not_newer(checkpoint_stamp, end)?;
         return Ok((None, None, None));
     }

@@ -252,6 +252,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         closed: AtomicBool::new(false),
         dropped: Mutex::new(HashSet::new()),
         any_dropped: AtomicBool::new(false),
+        readers: crate::read_fence::ReadFence::new(opts.workers),
         in_flight: InFlight::new(),
         runtime: rt.id(),
     });

@@ -157,6 +157,21 @@ pub(crate) enum Expect {
 }
 
 /// What commits need from the database.
+/// A read of a tree in flight ([`Committer::read_tree_owned`]); leaves
+/// the fence when dropped.
+pub(crate) struct OwnedReadGuard {
+    committer: Arc<Committer>,
+    at: Option<crate::read_fence::Entered>,
+}
+
+impl Drop for OwnedReadGuard {
+    fn drop(&mut self) {
+        if let Some(at) = self.at.take() {
+            self.committer.readers.leave(at);
+        }
+    }
+}
+
 pub(crate) struct Committer {
     pub(crate) pool: Arc<BufferPool>,
     pub(crate) wal: Option<Arc<LogSet>>,
@@ -173,6 +188,9 @@ pub(crate) struct Committer {
     /// True once `dropped` has an entry (false, the common case: no lock
     /// taken).
     pub(crate) any_dropped: AtomicBool,
+    /// Reads of trees in flight, which a drop waits for before it frees
+    /// the tree's pages (`read_fence.rs`).
+    pub(crate) readers: crate::read_fence::ReadFence,
     /// Keys of the commits between validation and the end of their
     /// apply, for serializable transactions.
     pub(crate) in_flight: InFlight,
@@ -218,6 +236,27 @@ impl Committer {
             )));
         }
         Ok(())
+    }
+
+    /// Enters a read of the tree at `root` (see `read_fence.rs`): hold
+    /// the guard until its pages are read. [`Error::NoSuchTree`] if the
+    /// tree was dropped.
+    pub(crate) fn read_tree(&self, root: u64) -> Result<crate::read_fence::FenceGuard<'_>> {
+        let fence = self.readers.enter();
+        self.tree_alive(root)?;
+        Ok(fence)
+    }
+
+    /// [`Committer::read_tree`] as a guard that owns the committer (for
+    /// cursors, which ask at every leaf).
+    pub(crate) fn read_tree_owned(self: &Arc<Self>, root: u64) -> Result<OwnedReadGuard> {
+        let at = self.readers.enter_at();
+        let guard = OwnedReadGuard {
+            committer: self.clone(),
+            at: Some(at),
+        };
+        self.tree_alive(root)?;
+        Ok(guard)
     }
 
     /// True if the tree at `root` was dropped since open.

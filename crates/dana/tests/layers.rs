@@ -1,5 +1,5 @@
 //! The layers import downward only: io < sched < buffer < btree, wal <
-//! validate < txn < options, catalog, checkpoint < check, open, recovery < start <
+//! validate, read_fence < txn < options, catalog, checkpoint < check, open, recovery < start <
 //! db, transaction (error and
 //! stats serve every layer).
 //! This test reads every source file of the library and fails on an
@@ -18,7 +18,7 @@ fn rank(module: &str) -> Option<u32> {
         "sched" => 2,
         "buffer" => 3,
         "btree" | "wal" => 4,
-        "validate" => 5,
+        "validate" | "read_fence" => 5,
         "txn" => 6,
         "options" => 7,
         "catalog" | "checkpoint" => 7,

@@ -703,3 +703,44 @@ fn open_devices_takes_each_devices_copies_in_turn() {
         "{err}"
     );
 }
+
+/// A read-only open needs recovery when one copy lacks a change the log
+/// holds past its redo point (a write that reached the other copy only),
+/// even though the copy recovery would pick holds it: the open repairs
+/// nothing, and later reads take one copy (a review found the check
+/// judging the best copy alone).
+#[test]
+fn a_read_only_open_needs_recovery_when_one_copy_lacks_a_change() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default().pool_bytes(2 << 20).mirrored();
+    let db = Db::open(dir.path(), opts.clone()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for i in 0..100u32 {
+        t.put(&i.to_be_bytes(), b"v").unwrap();
+    }
+    db.checkpoint().unwrap();
+    let m1 = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.path().join("dana.0.m1"))
+        .unwrap();
+    let mut meta = vec![0u8; 4096];
+    m1.read_exact_at(&mut meta, LABEL_BYTES).unwrap();
+    db.close().unwrap();
+    // Copy 1's meta page as it was before the close's checkpoint.
+    m1.write_all_at(&meta, LABEL_BYTES).unwrap();
+    m1.sync_all().unwrap();
+    let e = Db::open(dir.path(), opts.clone().read_only())
+        .err()
+        .unwrap();
+    assert!(matches!(e, dana::Error::NeedsRecovery(_)), "{e}");
+    // A writable open makes the copies identical; then read-only works.
+    Db::open(dir.path(), opts.clone()).unwrap().close().unwrap();
+    let db = Db::open(dir.path(), opts.read_only()).unwrap();
+    assert_eq!(
+        db.tree("t").unwrap().get(&7u32.to_be_bytes()).unwrap(),
+        Some(b"v".to_vec())
+    );
+    db.close().unwrap();
+}

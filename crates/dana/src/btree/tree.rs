@@ -1233,8 +1233,9 @@ pub struct Cursor {
 /// What a cursor asks before it moves to a leaf: an error stops it (its
 /// tree was dropped, its database closed). A dropped tree's pages go back
 /// to the free space, and another tree may hold them by the time a stale
-/// cursor would read them.
-pub(crate) type CursorGuard = Arc<dyn Fn() -> Result<()> + Send + Sync>;
+/// cursor would read them. The token it returns is held until the leaf
+/// is read and copied: the drop waits for it before it frees the pages.
+pub(crate) type CursorGuard = Arc<dyn Fn() -> Result<Box<dyn Send>> + Send + Sync>;
 
 impl Cursor {
     /// The next entry, or None at the end of the range.
@@ -1366,9 +1367,11 @@ impl Cursor {
             if self.done {
                 return Ok(false);
             }
-            if let Some(guard) = &self.guard {
-                guard()?;
-            }
+            // Held until the leaf is read and copied (a drop waits for it).
+            let _fence = match &self.guard {
+                Some(guard) => Some(guard()?),
+                None => None,
+            };
             let start: Vec<u8> = match (&self.next_key, self.forward) {
                 (Some(k), _) => k.clone(),
                 (None, true) => match &self.lower {

@@ -576,39 +576,53 @@ pub fn compare_mirror(m: &Arc<Mirror>) -> Vec<String> {
 /// damaged, or with a lower LSN): a read-only open cannot use the
 /// database then. A cleanly closed database's log holds one such change
 /// past its redo LSN, the checkpoint stamp of its last checkpoint
-/// (`buffer::alloc`), which that checkpoint wrote to its meta page.
-/// Reads only.
-pub fn needs_recovery(array: &Array, log: &Target, ctl: Control) -> Result<bool> {
+/// (`buffer::alloc`), which that checkpoint wrote to its meta page. On a
+/// mirrored device every healthy copy must hold it (a read-only open
+/// repairs nothing, and reads one copy). Returns None if recovery is
+/// needed, else the GSN after the last change record past the redo LSN
+/// (0 if none): the log's end, which the data files' stamp must lie
+/// below. Reads only.
+pub fn needs_recovery(array: &Array, log: &Target, ctl: Control) -> Result<Option<u64>> {
     let stream = read_stream(log, &ctl)?;
     let s = scan(&stream, &ctl)?;
-    if s.changes.is_empty() {
-        return Ok(false);
-    }
     let mut queues: Vec<Option<Box<dyn IoQueue>>> = array.targets().iter().map(|_| None).collect();
     let ps = array.page_size() as usize;
+    let mut end = 0;
     for &(lsn, off) in &s.changes {
         let Parsed::Record(r) = record::parse(&stream[off..], lsn) else {
-            return Ok(true);
+            return Ok(None);
         };
         if r.kind == Kind::Commit {
-            return Ok(true);
+            return Ok(None);
         }
+        end = end.max(r.gsn.saturating_add(1));
         for e in record::page_entries(&r)? {
             if e.pid >= array.pages() {
-                return Ok(true);
+                return Ok(None);
             }
             let (dev, offset) = array.locate(e.pid);
+            let holds =
+                |page: &[u8]| page::verify(page, e.pid).is_ok() && page::page_lsn(page) >= r.gsn;
+            if let Target::Mirror(m) = &array.targets()[dev] {
+                for (c, state) in m.states().into_iter().enumerate() {
+                    if state == crate::io::mirror::CopyState::Healthy
+                        && !holds(&m.read_copy(c, offset, ps)?)
+                    {
+                        return Ok(None);
+                    }
+                }
+                continue;
+            }
             let q = match &mut queues[dev] {
                 Some(q) => q,
                 none => none.insert(open_queue(&array.targets()[dev], &Backend::Blocking, 1)?),
             };
-            let page = read_at(q.as_mut(), offset, ps)?;
-            if page::verify(&page, e.pid).is_err() || page::page_lsn(&page) < r.gsn {
-                return Ok(true);
+            if !holds(&read_at(q.as_mut(), offset, ps)?) {
+                return Ok(None);
             }
         }
     }
-    Ok(false)
+    Ok(Some(end))
 }
 
 /// For each page with log entries that a committed large value took: the

@@ -1,0 +1,160 @@
+//! The fence between reads of a tree and the drop that frees its pages.
+//!
+//! Owns: per-slot counts of reads in flight, in two epochs. A read enters
+//! ([`ReadFence::enter`]: counts itself in its slot's count for the
+//! current epoch), then checks that its tree is alive, reads, and leaves
+//! when its guard drops. A drop marks the tree dropped, then
+//! [`ReadFence::wait_readers`] moves the epoch on and waits until every
+//! read that entered in the old epoch has left: a read that passed the
+//! liveness check before the mark is among them, and one that enters
+//! after the move sees the mark. Only then are the tree's pages freed, so
+//! no read of a dropped tree meets one of its pages reused by another
+//! tree (a review found reads in flight across a drop reading freed
+//! pages, even another tree's leaves).
+//!
+//! Slots: one per worker and one for every other thread, each on its own
+//! cache line, so entering costs two uncontended atomic increments and
+//! two loads of an epoch that moves only at a drop.
+//!
+//! Never: blocks a read; waits on a worker (drops run from a thread of
+//! their own); waits without bound (a read stuck longer than
+//! [`WAIT_LIMIT`] fails the wait, and the drop's pages stay until the
+//! next open completes it).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::{Error, Result};
+
+/// The longest a drop waits for the reads in flight.
+pub(crate) const WAIT_LIMIT: Duration = Duration::from_secs(60);
+
+/// Reads in flight of one slot, per epoch parity, on a cache line of its
+/// own.
+#[repr(align(128))]
+#[derive(Default)]
+struct Slot([AtomicU64; 2]);
+
+/// See the module doc.
+pub(crate) struct ReadFence {
+    epoch: AtomicU64,
+    slots: Box<[Slot]>,
+}
+
+/// Where a read in flight is counted: give it back with
+/// [`ReadFence::leave`] (or hold a [`FenceGuard`]).
+#[must_use]
+pub(crate) struct Entered {
+    slot: usize,
+    parity: usize,
+}
+
+/// A read in flight; leaves the fence when dropped.
+pub(crate) struct FenceGuard<'a> {
+    fence: &'a ReadFence,
+    at: Option<Entered>,
+}
+
+impl Drop for FenceGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(at) = self.at.take() {
+            self.fence.leave(at);
+        }
+    }
+}
+
+impl ReadFence {
+    /// A fence for `workers` workers (and every other thread).
+    pub(crate) fn new(workers: usize) -> ReadFence {
+        ReadFence {
+            epoch: AtomicU64::new(0),
+            slots: (0..=workers).map(|_| Slot::default()).collect(),
+        }
+    }
+
+    /// Enters a read: hold the guard from before the tree's liveness check
+    /// until the read of its pages is done.
+    pub(crate) fn enter(&self) -> FenceGuard<'_> {
+        FenceGuard {
+            fence: self,
+            at: Some(self.enter_at()),
+        }
+    }
+
+    /// [`ReadFence::enter`] for a guard that owns the fence's holder.
+    pub(crate) fn enter_at(&self) -> Entered {
+        let last = self.slots.len() - 1;
+        let slot = crate::sched::current_worker().map_or(last, |w| w.min(last));
+        // Bounded: the epoch moves only at a drop, one at a time.
+        loop {
+            let e = self.epoch.load(Ordering::SeqCst);
+            let parity = (e % 2) as usize;
+            self.slots[slot].0[parity].fetch_add(1, Ordering::SeqCst);
+            if self.epoch.load(Ordering::SeqCst) == e {
+                return Entered { slot, parity };
+            }
+            self.slots[slot].0[parity].fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Leaves a read entered with [`ReadFence::enter_at`].
+    pub(crate) fn leave(&self, at: Entered) {
+        self.slots[at.slot].0[at.parity].fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Moves the epoch on and waits until every read that entered before
+    /// has left. One caller at a time (drops hold the catalogue's lock);
+    /// never on a worker. A read still in flight after [`WAIT_LIMIT`] is
+    /// an error naming the wait.
+    pub(crate) fn wait_readers(&self) -> Result<()> {
+        let old = self.epoch.fetch_add(1, Ordering::SeqCst);
+        let parity = (old % 2) as usize;
+        let started = Instant::now();
+        while self
+            .slots
+            .iter()
+            .any(|s| s.0[parity].load(Ordering::SeqCst) != 0)
+        {
+            if started.elapsed() > WAIT_LIMIT {
+                return Err(Error::InvalidArgument(format!(
+                    "a read of the dropped tree was still in flight after {} s: its pages \
+                     stay allocated until the next open completes the drop",
+                    WAIT_LIMIT.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_wait_waits_for_reads_that_entered_before_it_only() {
+        let f = Arc::new(ReadFence::new(2));
+        let before = f.enter();
+        let f2 = f.clone();
+        let waiter = std::thread::spawn(move || {
+            let t = Instant::now();
+            f2.wait_readers().unwrap();
+            t.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        // A read entering after the wait began does not hold it up.
+        let after = f.enter();
+        assert!(
+            !waiter.is_finished(),
+            "the wait ended with a read in flight"
+        );
+        drop(before);
+        let waited = waiter.join().unwrap();
+        assert!(waited >= Duration::from_millis(50), "{waited:?}");
+        drop(after);
+        // Nothing in flight: the next wait ends at once.
+        f.wait_readers().unwrap();
+    }
+}
