@@ -306,6 +306,7 @@ impl Db {
                 meta,
                 locks: Locks::default(),
                 sync_dirs: Vec::new(),
+                creating: None,
             },
             opts,
         )

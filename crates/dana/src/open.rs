@@ -147,6 +147,61 @@ pub(crate) struct Opened {
     pub(crate) locks: Locks,
     /// Directories to sync once the new database is formatted.
     pub(crate) sync_dirs: Vec<PathBuf>,
+    /// The creation marker of a new database in a directory, removed
+    /// once it is formatted and synced ([`CREATING`]).
+    pub(crate) creating: Option<PathBuf>,
+}
+
+/// The file that marks a database directory whose creation has not
+/// finished: written and synced before any file of the database is
+/// created, removed once the new database is formatted and synced. An
+/// open that finds it knows that no write was ever acknowledged there
+/// (a create returns only after the removal): it removes the files the
+/// creation left (every name a creation makes: `dana.N`, the logs, their
+/// mirror copies; none existed when it began, or it would have refused)
+/// and creates the database again. Before, a creation killed part-way
+/// left a zero-filled `dana.0` that no open accepted (an outside probe).
+pub(crate) const CREATING: &str = "dana.creating";
+
+/// Removes what a creation cut short left in `dir` (its marker says one
+/// was), then the marker; syncs the directories.
+fn remove_cut_creation(dir: &Path, log_path: &Path) -> Result<()> {
+    let remove = |p: &Path| match std::fs::remove_file(p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Open {
+            action: "remove a file of a creation cut short",
+            path: p.to_path_buf(),
+            source: e,
+        }),
+        _ => Ok(()),
+    };
+    let mut firsts: Vec<PathBuf> = (0..256).map(|i| device_path(dir, i)).collect();
+    firsts.extend((0..crate::wal::MAX_LOGS).map(|i| log_file_path(log_path, i)));
+    for p in &firsts {
+        for c in 0..crate::io::mirror::MAX_COPIES {
+            remove(&copy_path(p, c))?;
+        }
+    }
+    remove(&dir.join(CREATING))?;
+    let mut dirs = vec![dir.to_path_buf()];
+    if let Some(parent) = log_path.parent().filter(|p| *p != dir && p.is_dir()) {
+        dirs.push(parent.to_path_buf());
+    }
+    sync_dirs(&dirs)
+}
+
+/// Writes and syncs the creation marker ([`CREATING`]) in `dir`.
+fn mark_creation(dir: &Path, undo: &mut Undo) -> Result<PathBuf> {
+    let marker = dir.join(CREATING);
+    let failed = |source| Error::Open {
+        action: "create the creation marker",
+        path: marker.clone(),
+        source,
+    };
+    let f = File::create(&marker).map_err(failed)?;
+    undo.created_file(&marker);
+    f.sync_all().map_err(failed)?;
+    sync_dirs(&[dir.to_path_buf()])?;
+    Ok(marker)
 }
 
 fn device_path(dir: &Path, i: usize) -> PathBuf {
@@ -751,6 +806,22 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
         dir: Some(dir_file),
         devices: Vec::new(),
     };
+    let log_path = opts
+        .log_path_value()
+        .cloned()
+        .unwrap_or_else(|| dir.join("dana.wal"));
+    if dir.join(CREATING).exists() {
+        if read_only {
+            return Err(Error::NotADatabase {
+                path: dir.to_path_buf(),
+                what: format!(
+                    "its creation was cut short ({CREATING} is there; no write was ever \
+                     acknowledged in it): a writable open creates it again"
+                ),
+            });
+        }
+        remove_cut_creation(dir, &log_path)?;
+    }
     let exists = device_exists(&device_path(dir, 0));
     if !exists {
         refuse_partial_database(dir)?;
@@ -774,6 +845,11 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
         check_copies(opts)?
     };
     let paths: Vec<PathBuf> = (0..count).map(|i| device_path(dir, i)).collect();
+    let creating = if exists {
+        None
+    } else {
+        Some(mark_creation(dir, undo)?)
+    };
     let size = if exists {
         0
     } else {
@@ -793,10 +869,6 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
             &mut locks,
         )?);
     }
-    let log_path = opts
-        .log_path_value()
-        .cloned()
-        .unwrap_or_else(|| dir.join("dana.wal"));
     if let Some(p) = paths.iter().find(|p| same_file(p, &log_path)) {
         return Err(Error::InvalidArgument(format!(
             "Options::log_path {} is the database's data file {}",
@@ -840,6 +912,7 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
         meta,
         locks,
         sync_dirs,
+        creating,
     })
 }
 
@@ -934,6 +1007,7 @@ pub(crate) fn open_paths(
         meta,
         locks,
         sync_dirs,
+        creating: None,
     })
 }
 

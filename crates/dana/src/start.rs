@@ -59,6 +59,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         meta,
         locks,
         sync_dirs,
+        creating,
     } = opened;
     let read_only = opts.read_only;
     if create && read_only {
@@ -220,6 +221,17 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
     // the open database).
     pool.records().clear();
     open::sync_dirs(&sync_dirs)?;
+    // The new database is formatted and durable: its creation is done.
+    if let Some(marker) = creating {
+        std::fs::remove_file(&marker).map_err(|source| Error::Open {
+            action: "remove the creation marker",
+            path: marker.clone(),
+            source,
+        })?;
+        if let Some(dir) = marker.parent() {
+            open::sync_dirs(&[dir.to_path_buf()])?;
+        }
+    }
     // Recovery read every page a crash could have left different on two
     // copies (and repaired them): reads go to one copy from now on.
     let mirrors = mirrors_of(&array, &logs);

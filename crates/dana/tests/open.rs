@@ -427,12 +427,17 @@ fn crashed_copy(dir: &Path, to: &Path, commits: u32) {
     for i in 0..commits {
         t.put(&key(i), &[i as u8; 64]).unwrap();
     }
+    copy_files(dir, to);
+    drop(db);
+}
+
+/// Copies every file of `from` into `to` (created), as they are now.
+fn copy_files(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(dir).unwrap() {
+    for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
         std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
     }
-    drop(db);
 }
 
 #[test]
@@ -521,11 +526,7 @@ fn damage_within_the_last_flush_is_a_torn_tail() {
     }
     let last_flush = next_flush_at(&db_dir.join("dana.wal"));
     t.put(&key(10), b"v").unwrap();
-    std::fs::create_dir_all(&copy).unwrap();
-    for e in std::fs::read_dir(&db_dir).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
-    }
+    copy_files(&db_dir, &copy);
     drop(db);
     let log = copy.join("dana.wal");
     let c = control(&log);
@@ -934,11 +935,7 @@ fn a_log_file_cut_on_a_whole_mib_is_corrupt_log() {
     for i in 0..20u32 {
         t.put(&key(i), &[7; 64]).unwrap();
     }
-    std::fs::create_dir_all(&copy).unwrap();
-    for e in std::fs::read_dir(&db_dir).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
-    }
+    copy_files(&db_dir, &copy);
     drop(db);
     let log = copy.join("dana.wal");
     let full = std::fs::metadata(&log).unwrap().len();
@@ -960,4 +957,51 @@ fn a_log_file_cut_on_a_whole_mib_is_corrupt_log() {
             "{e}"
         );
     }
+}
+
+/// A creation cut short (a kill during `Db::open` of a new database)
+/// leaves its marker: the next writable open removes what it left and
+/// creates the database again, a read-only one says so. An outside probe
+/// killed creations part-way and found a zero-filled `dana.0` that no
+/// open accepted.
+#[test]
+fn a_creation_cut_short_is_created_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let db_dir = dir.path().join("db");
+    Db::open(&db_dir, opts()).unwrap().close().unwrap();
+    assert!(
+        !db_dir.join("dana.creating").exists(),
+        "a finished creation left its marker"
+    );
+    // What a creation killed after its files were made leaves.
+    let cut = dir.path().join("cut");
+    std::fs::create_dir_all(&cut).unwrap();
+    std::fs::write(cut.join("dana.creating"), b"").unwrap();
+    std::fs::write(cut.join("dana.0"), vec![0u8; 1 << 20]).unwrap();
+    std::fs::write(cut.join("dana.1"), vec![0u8; 1 << 20]).unwrap();
+    std::fs::write(cut.join("dana.wal"), vec![0u8; 8192]).unwrap();
+    let e = Db::open(&cut, opts().read_only()).err().unwrap();
+    assert!(
+        matches!(&e, Error::NotADatabase { what, .. } if what.contains("cut short")),
+        "{e}"
+    );
+    let db = Db::open(&cut, opts()).unwrap();
+    db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    db.close().unwrap();
+    assert!(!cut.join("dana.creating").exists() && !cut.join("dana.1").exists());
+    let db = Db::open(&cut, opts().read_only()).unwrap();
+    assert_eq!(
+        db.tree("t").unwrap().get(b"k").unwrap(),
+        Some(b"v".to_vec())
+    );
+    db.close().unwrap();
+    // Without the marker, the same files are refused, never replaced.
+    let other = dir.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("dana.0"), vec![0u8; 1 << 20]).unwrap();
+    assert!(Db::open(&other, opts()).is_err());
+    assert_eq!(
+        std::fs::read(other.join("dana.0")).unwrap(),
+        vec![0u8; 1 << 20]
+    );
 }
