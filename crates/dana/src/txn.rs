@@ -357,7 +357,10 @@ impl Committer {
             let mut dep = read_gsn;
             if let Some(r) = reads.filter(|r| !r.is_empty()) {
                 // Validation reads the trees read: a dropped one's pages may
-                // be another tree's by now.
+                // be another tree's by now. Fenced like any read
+                // (`read_fence.rs`): a drop frees none of their pages
+                // until the validation is done.
+                let _fence = self.readers.enter();
                 let read_trees = r.points.iter().map(|p| p.tree);
                 for tree in read_trees.chain(r.ranges.iter().map(|r| r.tree)) {
                     self.tree_alive(tree)?;
