@@ -425,28 +425,46 @@ impl Checker {
     async fn check_values(&mut self) {
         let values = std::mem::take(&mut self.values);
         let mut buf = vec![0u8; VALUE_CHUNK];
+        let copies = self.pool.array().copies().clamp(1, u8::MAX as usize);
         for (pid, tree, r) in values {
-            let whole = self.pool.blob_copies_whole(&r, &mut buf).await;
+            // Each copy's checksum of the value (any copy's, unmirrored).
+            let mut crcs = Vec::with_capacity(copies);
+            for c in 0..copies {
+                let copy = (copies > 1).then_some(c as u8);
+                crcs.push(self.pool.blob_crc(&r, &mut buf, copy).await);
+            }
+            let whole: Vec<bool> = crcs
+                .iter()
+                .map(|c| matches!(c, Ok(crc) if *crc == r.crc))
+                .collect();
             let first = r.extents.first().map_or(0, |e| e.start);
             let Some(good) = whole.iter().position(|&w| w) else {
-                let what = format!(
-                    "the {} bytes of a large value (first page {first}) do not match their \
-                     checksum{}",
-                    r.len,
-                    if whole.len() > 1 { " on any copy" } else { "" }
-                );
+                let what = match &crcs[..] {
+                    [Err(e)] => format!("a large value could not be read: {e}"),
+                    _ => format!(
+                        "the {} bytes of a large value (first page {first}) do not match \
+                         their checksum{}",
+                        r.len,
+                        if copies > 1 { " on any copy" } else { "" }
+                    ),
+                };
                 self.find(Some(pid), Some(&tree), what);
                 continue;
             };
-            let damaged: Vec<u8> = (0..whole.len())
+            let damaged: Vec<u8> = (0..copies)
                 .filter(|&c| !whole[c])
                 .map(|c| c as u8)
                 .collect();
             if damaged.is_empty() {
                 continue;
             }
-            let role = crate::io::mirror::Role::Data(self.pool.array().locate(first).0);
-            if self.repair {
+            let what = if !self.repair {
+                format!(
+                    "a large value of {} bytes (first page {first}) is damaged on copies \
+                     {damaged:?} and whole on copy {good} (dana rebuild repairs it)",
+                    r.len
+                )
+            } else {
                 match self
                     .pool
                     .repair_blob_copies(&r, good as u8, &damaged, &mut buf)
@@ -456,27 +474,19 @@ impl Checker {
                         self.repaired += 1;
                         continue;
                     }
-                    Err(e) => self.findings.push(Finding {
-                        page: Some(pid),
-                        tree: Some(tree.clone()),
-                        what: format!(
-                            "a large value (first page {first}) could not be repaired on \
-                             copies {damaged:?}: {e}"
-                        ),
-                        mirror: Some(role),
-                    }),
+                    Err(e) => format!(
+                        "a large value (first page {first}) could not be repaired on copies \
+                         {damaged:?}: {e}"
+                    ),
                 }
-                continue;
-            }
+            };
             self.findings.push(Finding {
                 page: Some(pid),
                 tree: Some(tree),
-                what: format!(
-                    "a large value of {} bytes (first page {first}) is damaged on copies \
-                     {damaged:?} and whole on copy {good} (dana rebuild repairs it)",
-                    r.len
-                ),
-                mirror: Some(role),
+                what,
+                mirror: Some(crate::io::mirror::Role::Data(
+                    self.pool.array().locate(first).0,
+                )),
             });
         }
     }

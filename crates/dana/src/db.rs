@@ -1064,7 +1064,10 @@ impl Tree {
     /// The guard fences the read (or write) against a drop that would free
     /// the tree's pages under it (`read_fence.rs`): hold it until the
     /// tree's pages are read.
-    fn live(&self, write: bool) -> Result<crate::read_fence::FenceGuard<'_>> {
+    fn live(
+        &self,
+        write: bool,
+    ) -> Result<crate::read_fence::FenceGuard<&crate::read_fence::ReadFence>> {
         self.db.live(write)?;
         self.db.inner.committer.read_tree(self.btree.root())
     }

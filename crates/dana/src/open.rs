@@ -189,6 +189,20 @@ fn remove_cut_creation(dir: &Path, log_path: &Path) -> Result<()> {
     sync_dirs(&dirs)
 }
 
+/// Ends a creation: removes its marker ([`CREATING`]) once the new
+/// database is formatted and synced, and syncs its directory.
+pub(crate) fn finish_creation(marker: &Path) -> Result<()> {
+    std::fs::remove_file(marker).map_err(|source| Error::Open {
+        action: "remove the creation marker",
+        path: marker.to_path_buf(),
+        source,
+    })?;
+    match marker.parent() {
+        Some(dir) => sync_dirs(&[dir.to_path_buf()]),
+        None => Ok(()),
+    }
+}
+
 /// Writes and syncs the creation marker ([`CREATING`]) in `dir`.
 fn mark_creation(dir: &Path, undo: &mut Undo) -> Result<PathBuf> {
     let marker = dir.join(CREATING);
@@ -563,13 +577,22 @@ pub(crate) fn meta_of(
     Ok(facts)
 }
 
-/// True if `a` and `b` name one file (the same inode), or one path when
-/// neither exists yet.
-fn same_file(a: &Path, b: &Path) -> bool {
+/// `InvalidArgument` if the log's path names one of the data files
+/// `paths` (the same inode, or the same path when either is missing):
+/// once answered `Locked`, the log's lock meeting the data file's.
+fn refuse_log_on_data(paths: &[PathBuf], log_path: &Path) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
+    let same = |a: &Path| match (std::fs::metadata(a), std::fs::metadata(log_path)) {
         (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
-        _ => a == b,
+        _ => a == log_path,
+    };
+    match paths.iter().find(|p| same(p)) {
+        Some(p) => Err(Error::InvalidArgument(format!(
+            "Options::log_path {} is the database's data file {}",
+            log_path.display(),
+            p.display()
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -869,13 +892,7 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
             &mut locks,
         )?);
     }
-    if let Some(p) = paths.iter().find(|p| same_file(p, &log_path)) {
-        return Err(Error::InvalidArgument(format!(
-            "Options::log_path {} is the database's data file {}",
-            log_path.display(),
-            p.display()
-        )));
-    }
+    refuse_log_on_data(&paths, &log_path)?;
     let array = Array::new(targets, opts.page_size_value() as u64)?;
     arm_mirrors(&array);
     let meta = if exists {
@@ -967,6 +984,7 @@ pub(crate) fn open_paths(
         p.push(".wal");
         PathBuf::from(p)
     });
+    refuse_log_on_data(paths, &log_path)?;
     let array = Array::new(targets, opts.page_size_value() as u64)?;
     arm_mirrors(&array);
     let meta = if create {

@@ -1,7 +1,7 @@
 //! The fence between reads of a tree and the drop that frees its pages.
 //!
 //! Owns: per-slot counts of reads in flight, in two epochs. A read enters
-//! ([`ReadFence::enter`]: counts itself in its slot's count for the
+//! ([`FenceGuard::enter`]: counts itself in its slot's count for the
 //! current epoch), then checks that its tree is alive, reads, and leaves
 //! when its guard drops. A drop marks the tree dropped, then
 //! [`ReadFence::wait_readers`] moves the epoch on and waits until every
@@ -21,6 +21,7 @@
 //! [`WAIT_LIMIT`] fails the wait, and the drop's pages stay until the
 //! next open completes it).
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -41,25 +42,33 @@ pub(crate) struct ReadFence {
     slots: Box<[Slot]>,
 }
 
-/// Where a read in flight is counted: give it back with
-/// [`ReadFence::leave`] (or hold a [`FenceGuard`]).
-#[must_use]
-pub(crate) struct Entered {
+/// Where a read in flight is counted.
+#[derive(Clone, Copy)]
+struct Entered {
     slot: usize,
     parity: usize,
 }
 
-/// A read in flight; leaves the fence when dropped.
-pub(crate) struct FenceGuard<'a> {
-    fence: &'a ReadFence,
-    at: Option<Entered>,
+/// A read in flight, entered through `F` (a borrow of the fence, or an
+/// `Arc` of it for a guard that outlives the borrow: a cursor's, held per
+/// leaf); leaves the fence when dropped.
+pub(crate) struct FenceGuard<F: Deref<Target = ReadFence>> {
+    fence: F,
+    at: Entered,
 }
 
-impl Drop for FenceGuard<'_> {
+impl<F: Deref<Target = ReadFence>> FenceGuard<F> {
+    /// Enters a read: hold the guard from before the tree's liveness
+    /// check until the read of its pages is done.
+    pub(crate) fn enter(fence: F) -> FenceGuard<F> {
+        let at = fence.enter_at();
+        FenceGuard { fence, at }
+    }
+}
+
+impl<F: Deref<Target = ReadFence>> Drop for FenceGuard<F> {
     fn drop(&mut self) {
-        if let Some(at) = self.at.take() {
-            self.fence.leave(at);
-        }
+        self.fence.slots[self.at.slot].0[self.at.parity].fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -72,17 +81,8 @@ impl ReadFence {
         }
     }
 
-    /// Enters a read: hold the guard from before the tree's liveness check
-    /// until the read of its pages is done.
-    pub(crate) fn enter(&self) -> FenceGuard<'_> {
-        FenceGuard {
-            fence: self,
-            at: Some(self.enter_at()),
-        }
-    }
-
-    /// [`ReadFence::enter`] for a guard that owns the fence's holder.
-    pub(crate) fn enter_at(&self) -> Entered {
+    /// Counts a read in its slot for the current epoch.
+    fn enter_at(&self) -> Entered {
         let last = self.slots.len() - 1;
         let slot = crate::sched::current_worker().map_or(last, |w| w.min(last));
         // Bounded: the epoch moves only at a drop, one at a time.
@@ -95,11 +95,6 @@ impl ReadFence {
             }
             self.slots[slot].0[parity].fetch_sub(1, Ordering::SeqCst);
         }
-    }
-
-    /// Leaves a read entered with [`ReadFence::enter_at`].
-    pub(crate) fn leave(&self, at: Entered) {
-        self.slots[at.slot].0[at.parity].fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Moves the epoch on and waits until every read that entered before
@@ -136,7 +131,7 @@ mod tests {
     #[test]
     fn a_wait_waits_for_reads_that_entered_before_it_only() {
         let f = Arc::new(ReadFence::new(2));
-        let before = f.enter();
+        let before = FenceGuard::enter(&*f);
         let f2 = f.clone();
         let waiter = std::thread::spawn(move || {
             let t = Instant::now();
@@ -145,7 +140,7 @@ mod tests {
         });
         std::thread::sleep(Duration::from_millis(50));
         // A read entering after the wait began does not hold it up.
-        let after = f.enter();
+        let after = FenceGuard::enter(f.clone());
         assert!(
             !waiter.is_finished(),
             "the wait ended with a read in flight"

@@ -125,16 +125,7 @@ pub(crate) fn prepare_logs(
         }
         ctls.push((t.clone(), ctl));
     }
-    // Data files older than the log: the pages lack commits the log no
-    // longer holds (recovery would start past them).
-    let redo_gsn = ctls.iter().map(|(_, c)| c.redo_gsn).max().unwrap_or(0);
-    if checkpoint_stamp != 0 && checkpoint_stamp < redo_gsn {
-        return Err(recover::different_moments(format!(
-            "the data files are older than the log: their last checkpoint began at GSN \
-             {checkpoint_stamp}, the log's at GSN {redo_gsn}, and the log no longer holds \
-             the commits in between"
-        )));
-    }
+    recover::check_not_older(checkpoint_stamp, &ctls)?;
     if opts.read_only {
         // The log's end: past its newest control block's next GSN and
         // every change record after the redo LSN (a checkpoint cut before

@@ -223,14 +223,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
     open::sync_dirs(&sync_dirs)?;
     // The new database is formatted and durable: its creation is done.
     if let Some(marker) = creating {
-        std::fs::remove_file(&marker).map_err(|source| Error::Open {
-            action: "remove the creation marker",
-            path: marker.clone(),
-            source,
-        })?;
-        if let Some(dir) = marker.parent() {
-            open::sync_dirs(&[dir.to_path_buf()])?;
-        }
+        open::finish_creation(&marker)?;
     }
     // Recovery read every page a crash could have left different on two
     // copies (and repaired them): reads go to one copy from now on.
@@ -264,7 +257,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         closed: AtomicBool::new(false),
         dropped: Mutex::new(HashSet::new()),
         any_dropped: AtomicBool::new(false),
-        readers: crate::read_fence::ReadFence::new(opts.workers),
+        readers: Arc::new(crate::read_fence::ReadFence::new(opts.workers)),
         in_flight: InFlight::new(),
         runtime: rt.id(),
     });

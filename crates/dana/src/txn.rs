@@ -52,6 +52,7 @@ use crate::btree::{node, BTree};
 use crate::buffer::alloc::Reservation;
 use crate::buffer::blob::{self, BlobHold, BlobRef, Extent};
 use crate::buffer::BufferPool;
+use crate::read_fence::{FenceGuard, ReadFence};
 use crate::sched;
 use crate::validate::{self, InFlight, ReadSet};
 use crate::wal::record::{self, Write};
@@ -157,21 +158,6 @@ pub(crate) enum Expect {
 }
 
 /// What commits need from the database.
-/// A read of a tree in flight ([`Committer::read_tree_owned`]); leaves
-/// the fence when dropped.
-pub(crate) struct OwnedReadGuard {
-    committer: Arc<Committer>,
-    at: Option<crate::read_fence::Entered>,
-}
-
-impl Drop for OwnedReadGuard {
-    fn drop(&mut self) {
-        if let Some(at) = self.at.take() {
-            self.committer.readers.leave(at);
-        }
-    }
-}
-
 pub(crate) struct Committer {
     pub(crate) pool: Arc<BufferPool>,
     pub(crate) wal: Option<Arc<LogSet>>,
@@ -190,7 +176,7 @@ pub(crate) struct Committer {
     pub(crate) any_dropped: AtomicBool,
     /// Reads of trees in flight, which a drop waits for before it frees
     /// the tree's pages (`read_fence.rs`).
-    pub(crate) readers: crate::read_fence::ReadFence,
+    pub(crate) readers: Arc<ReadFence>,
     /// Keys of the commits between validation and the end of their
     /// apply, for serializable transactions.
     pub(crate) in_flight: InFlight,
@@ -241,22 +227,18 @@ impl Committer {
     /// Enters a read of the tree at `root` (see `read_fence.rs`): hold
     /// the guard until its pages are read. [`Error::NoSuchTree`] if the
     /// tree was dropped.
-    pub(crate) fn read_tree(&self, root: u64) -> Result<crate::read_fence::FenceGuard<'_>> {
-        let fence = self.readers.enter();
+    pub(crate) fn read_tree(&self, root: u64) -> Result<FenceGuard<&ReadFence>> {
+        let fence = FenceGuard::enter(&*self.readers);
         self.tree_alive(root)?;
         Ok(fence)
     }
 
-    /// [`Committer::read_tree`] as a guard that owns the committer (for
+    /// [`Committer::read_tree`] with a guard that owns the fence (for
     /// cursors, which ask at every leaf).
-    pub(crate) fn read_tree_owned(self: &Arc<Self>, root: u64) -> Result<OwnedReadGuard> {
-        let at = self.readers.enter_at();
-        let guard = OwnedReadGuard {
-            committer: self.clone(),
-            at: Some(at),
-        };
+    pub(crate) fn read_tree_owned(&self, root: u64) -> Result<FenceGuard<Arc<ReadFence>>> {
+        let fence = FenceGuard::enter(self.readers.clone());
         self.tree_alive(root)?;
-        Ok(guard)
+        Ok(fence)
     }
 
     /// True if the tree at `root` was dropped since open.
@@ -360,7 +342,7 @@ impl Committer {
                 // be another tree's by now. Fenced like any read
                 // (`read_fence.rs`): a drop frees none of their pages
                 // until the validation is done.
-                let _fence = self.readers.enter();
+                let _fence = FenceGuard::enter(&*self.readers);
                 let read_trees = r.points.iter().map(|p| p.tree);
                 for tree in read_trees.chain(r.ranges.iter().map(|r| r.tree)) {
                     self.tree_alive(tree)?;

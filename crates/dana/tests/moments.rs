@@ -82,29 +82,28 @@ fn all_keys_there(dir: &Path) {
     db.close().unwrap();
 }
 
-#[test]
-fn older_data_files_beside_a_newer_log_are_refused() {
+/// [`two_moments`], with the older copy of the file `name` put back:
+/// refused with an error that `says`; with the newer one back, the files
+/// that belong together still open whole.
+fn old_file_put_back(name: &str, says: &str) {
     let dir = tempfile::tempdir().unwrap();
     let (live, old) = (dir.path().join("db"), dir.path().join("old"));
     two_moments(&live, &old);
-    let newer = std::fs::read(live.join("dana.0")).unwrap();
-    std::fs::copy(old.join("dana.0"), live.join("dana.0")).unwrap();
-    refused(&live, "older than the log");
-    // The files that belong together still open whole.
-    std::fs::write(live.join("dana.0"), newer).unwrap();
+    let newer = std::fs::read(live.join(name)).unwrap();
+    std::fs::copy(old.join(name), live.join(name)).unwrap();
+    refused(&live, says);
+    std::fs::write(live.join(name), newer).unwrap();
     all_keys_there(&live);
 }
 
 #[test]
+fn older_data_files_beside_a_newer_log_are_refused() {
+    old_file_put_back("dana.0", "older than the log");
+}
+
+#[test]
 fn newer_data_files_beside_an_older_log_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let (live, old) = (dir.path().join("db"), dir.path().join("old"));
-    two_moments(&live, &old);
-    let newer = std::fs::read(live.join("dana.wal")).unwrap();
-    std::fs::copy(old.join("dana.wal"), live.join("dana.wal")).unwrap();
-    refused(&live, "newer than the log");
-    std::fs::write(live.join("dana.wal"), newer).unwrap();
-    all_keys_there(&live);
+    old_file_put_back("dana.wal", "newer than the log");
 }
 
 /// The log copied right after an open, the data files later in the same

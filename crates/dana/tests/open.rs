@@ -310,11 +310,7 @@ fn a_damaged_meta_page_is_repaired_from_the_log_or_refused_untouched() {
     // flipped.
     let damaged = |name: &str, offset: usize, mask: u8| {
         let to = dir.path().join(name);
-        std::fs::create_dir_all(&to).unwrap();
-        for e in std::fs::read_dir(&pristine).unwrap() {
-            let e = e.unwrap();
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
+        copy_files(&pristine, &to);
         let mut bytes = std::fs::read(to.join("dana.0")).unwrap();
         bytes[offset] ^= mask;
         std::fs::write(to.join("dana.0"), &bytes).unwrap();
@@ -913,6 +909,15 @@ fn a_missing_stripe_and_a_log_path_on_a_data_file_are_named() {
         .unwrap();
     assert!(
         matches!(&e, Error::InvalidArgument(m) if m.contains("log_path") && m.contains("dana.0")),
+        "{e}"
+    );
+    // The same through the devices' paths.
+    let paths = [dir.path().join("dana.0"), one.clone()];
+    let e = Db::open_devices(&paths, opts().log_path(&one), false)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("log_path") && m.contains("dana.1")),
         "{e}"
     );
     Db::open(dir.path(), opts()).unwrap().close().unwrap();

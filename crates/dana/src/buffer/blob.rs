@@ -582,19 +582,6 @@ impl BufferPool {
         })
     }
 
-    /// Whether each copy of mirrored devices holds the value at `r` whole
-    /// (its checksum), read through `buf` a chunk at a time; one entry
-    /// without mirrors. An unreadable copy does not hold it.
-    pub(crate) async fn blob_copies_whole(&self, r: &BlobRef, buf: &mut [u8]) -> Vec<bool> {
-        let copies = self.array.copies().clamp(1, u8::MAX as usize);
-        let mut whole = Vec::with_capacity(copies);
-        for c in 0..copies {
-            let copy = (copies > 1).then_some(c as u8);
-            whole.push(matches!(self.blob_crc(r, buf, copy).await, Ok(crc) if crc == r.crc));
-        }
-        whole
-    }
-
     /// The checksum of the value at `r` as read (from `copy` alone, if
     /// given), through `buf` a chunk at a time.
     pub(crate) async fn blob_crc(
@@ -630,8 +617,8 @@ impl BufferPool {
         buf: &mut [u8],
     ) -> Result<()> {
         let ps = self.page_size as u64;
-        let chunk = (buf.len() as u64 / ps).max(1) * ps;
-        if buf.len() < ps as usize {
+        let chunk = buf.len() as u64 / ps * ps;
+        if chunk == 0 {
             return Err(Error::InvalidArgument(format!(
                 "a repair buffer of {} bytes, under a page",
                 buf.len()

@@ -703,6 +703,22 @@ pub fn different_moments(what: String) -> Error {
     ))
 }
 
+/// Data files older than the log: their checkpoint `stamp` (the meta
+/// page's, 0: unknown) below the newest control block's redo GSN. The
+/// pages lack commits the log no longer holds (recovery starts past
+/// them).
+pub fn check_not_older(stamp: u64, logs: &[(Target, Control)]) -> Result<()> {
+    let redo_gsn = logs.iter().map(|(_, c)| c.redo_gsn).max().unwrap_or(0);
+    if stamp != 0 && stamp < redo_gsn {
+        return Err(different_moments(format!(
+            "the data files are older than the log: their last checkpoint began at GSN \
+             {stamp}, the log's at GSN {redo_gsn}, and the log no longer holds the commits \
+             in between"
+        )));
+    }
+    Ok(())
+}
+
 /// Data files newer than the log: their checkpoint `stamp` (the meta
 /// page's, 0: unknown) at or past `end`, the GSN after the log's last
 /// record. The stamp's own change is logged before the meta page that
