@@ -964,6 +964,65 @@ fn a_log_file_cut_on_a_whole_mib_is_corrupt_log() {
     }
 }
 
+/// The same cut within the log's growth since the last checkpoint: each
+/// growth records the file's new size in a control block before a flush
+/// writes past the old one (before, only checkpoints did, and a log cut
+/// back to the size of the last one opened without the commits past the
+/// cut).
+#[test]
+fn a_log_file_cut_back_to_before_a_growth_is_corrupt_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db_dir, copy, whole) = (
+        dir.path().join("db"),
+        dir.path().join("copy"),
+        dir.path().join("whole"),
+    );
+    let o = || opts().log_bytes(64 << 20).checkpoint_shards(1);
+    let db = Db::open(&db_dir, o()).unwrap();
+    let log = db_dir.join("dana.wal");
+    let t = db.create_tree("t").unwrap();
+    let created = control(&log);
+    // Commits past the first MiB of stream, none of them checkpointed.
+    let mut n = 0u32;
+    while next_flush_at(&log) < (1 << 20) + (64 << 10) {
+        assert!(n < 20_000, "the log did not grow: {:?}", control(&log));
+        for _ in 0..100 {
+            t.put(&key(n), &[n as u8; 500]).unwrap();
+            n += 1;
+        }
+    }
+    let c = control(&log);
+    assert!(c.stream_bytes >= 2 << 20, "{c:?}");
+    assert_eq!(
+        (c.checkpoint, c.redo),
+        (created.checkpoint, created.redo),
+        "a checkpoint ran: {c:?}"
+    );
+    copy_files(&db_dir, &copy);
+    copy_files(&db_dir, &whole);
+    drop(db);
+    // Uncut, every commit is there.
+    let db = Db::open(&whole, o()).unwrap();
+    let t = db.tree("t").unwrap();
+    for i in 0..n {
+        assert_eq!(t.get(&key(i)).unwrap(), Some(vec![i as u8; 500]), "{i}");
+    }
+    db.close().unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(copy.join("dana.wal"))
+        .unwrap()
+        .set_len(CONTROL_BYTES + (1 << 20))
+        .unwrap();
+    for o in [o().read_only(), o()] {
+        let e = Db::open(&copy, o).err().expect("a cut log opened");
+        assert!(
+            matches!(&e, Error::CorruptLog { what, .. } if what.contains("cut short")),
+            "{e}"
+        );
+    }
+}
+
 /// A creation cut short (a kill during `Db::open` of a new database)
 /// leaves its marker: the next writable open removes what it left and
 /// creates the database again, a read-only one says so. An outside probe

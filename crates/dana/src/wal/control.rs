@@ -23,7 +23,23 @@
 //! | 80..88 | stream bytes the file held, durable (0: not recorded) |
 //! | 88..92 | crc32c of bytes 0..88                          |
 //!
-//! Never: trusts a block whose checksum or magic does not match.
+//! A growing log's file also writes a block, after each growth and before
+//! any flush writes into the new range, so that the size the file held
+//! durably is on record before records lie past the old one (a file cut
+//! back to it would otherwise lose them without a word). Such a block
+//! repeats the last block's checkpoint. Both writers go through one
+//! [`Writer`], one at a time: each writes the slot its sequence number
+//! selects, so the other slot always holds the block before it.
+//!
+//! Never: trusts a block whose checksum or magic does not match; writes a
+//! block while another write of one is in flight.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::sched::WakerList;
+use crate::{Error, Result};
 
 /// Bytes reserved for each control block (and the largest flush block).
 pub const BLOCK: u64 = 4096;
@@ -115,6 +131,12 @@ impl Control {
         })
     }
 
+    /// Where this block goes in the log file: the slot its sequence
+    /// number selects.
+    pub fn offset(&self) -> u64 {
+        (self.seq % 2) * BLOCK
+    }
+
     /// The newer of the two blocks at the start of the log file.
     pub fn newest(area: &[u8]) -> Option<Control> {
         let a = area.get(..BLOCK as usize).and_then(Control::decode);
@@ -125,6 +147,95 @@ impl Control {
             (Some(a), Some(b)) => Some(if a.seq >= b.seq { a } else { b }),
             (a, b) => a.or(b),
         }
+    }
+}
+
+/// Who writes the next control block, and the last one written.
+///
+/// A checkpoint's finish (a task on a worker) and a growth of the log file
+/// (its own thread) both write control blocks; they take turns here. A
+/// block is written with the sequence number after the last one's, into
+/// the slot that number selects, and recorded as the last once it is
+/// durable.
+pub struct Writer {
+    last: Mutex<Control>,
+    busy: AtomicBool,
+    /// Bumped at each release (what a waiting task watches).
+    released: AtomicU64,
+    waiters: WakerList,
+}
+
+/// The right to write the next control block (released on drop).
+pub struct Turn<'a>(&'a Writer);
+
+impl Writer {
+    /// A writer whose last durable block is `last`.
+    pub fn new(last: Control) -> Writer {
+        Writer {
+            last: Mutex::new(last),
+            busy: AtomicBool::new(false),
+            released: AtomicU64::new(0),
+            waiters: WakerList::default(),
+        }
+    }
+
+    fn try_take(&self) -> Option<Turn<'_>> {
+        self.busy
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+            .then_some(Turn(self))
+    }
+
+    /// Waits (a task: it parks, never blocks its worker) for the turn.
+    pub async fn turn(&self) -> Turn<'_> {
+        loop {
+            let seen = self.released.load(Ordering::SeqCst);
+            if let Some(t) = self.try_take() {
+                return t;
+            }
+            self.waiters.until_changed(&self.released, seen).await;
+        }
+    }
+
+    /// Waits (a thread: it sleeps) for the turn, at most `limit`.
+    pub fn turn_blocking(&self, limit: Duration) -> Result<Turn<'_>> {
+        let start = Instant::now();
+        loop {
+            if let Some(t) = self.try_take() {
+                return Ok(t);
+            }
+            if start.elapsed() > limit {
+                return Err(Error::Log(format!(
+                    "a control block write waited {limit:?} for the one before it"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Turn<'_> {
+    fn last_lock(&self) -> MutexGuard<'_, Control> {
+        self.0.last.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The last block written, durable.
+    pub fn last(&self) -> Control {
+        *self.last_lock()
+    }
+
+    /// Records `block`, written and synced, as the last one.
+    pub fn written(&self, block: Control) {
+        debug_assert_eq!(block.seq, self.last().seq + 1);
+        *self.last_lock() = block;
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0.busy.store(false, Ordering::Release);
+        self.0.released.fetch_add(1, Ordering::SeqCst);
+        self.0.waiters.wake_all();
     }
 }
 

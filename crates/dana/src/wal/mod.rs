@@ -50,12 +50,14 @@
 //! A log in a regular file starts with the first MiB of its stream
 //! ([`INITIAL_LOG_BYTES`]) and grows, on the first lap only, ahead of the
 //! flushes: a growth thread writes zeros over the next range and syncs it
-//! (so log writes stay plain overwrites), and a flush that would write
-//! past the grown range waits for it. After the first lap the file holds
+//! (so log writes stay plain overwrites), then records the new size in a
+//! control block (so a file cut back to the old size is damage, not a log
+//! that ends there), and a flush that would write past the recorded range
+//! waits for it. After the first lap the file holds
 //! the whole capacity and never changes size again.
 //!
 //! Never: writes a record into space the last completed checkpoint still
-//! needs, writes past the durable end of a growing log file, makes a
+//! needs, writes past the recorded end of a growing log file, makes a
 //! record durable before the records of other logs it depends on,
 //! acknowledges a commit before its flush completed, or retries after
 //! a failed log write or sync (the error is sticky: every later append and
@@ -691,7 +693,8 @@ pub struct Wal {
     space_waiters: Arc<WakerList>,
     poisoned: AtomicBool,
     poison: Mutex<Option<String>>,
-    control_seq: AtomicU64,
+    /// Writes the control blocks: a checkpoint's finish, a growth.
+    control: Arc<control::Writer>,
     checkpoint_wanted: AtomicBool,
     /// Between `begin_checkpoint` and `finish_checkpoint`.
     in_checkpoint: AtomicBool,
@@ -773,8 +776,8 @@ pub struct Resume {
     pub last_crc: u32,
     /// Redo LSN of the last completed checkpoint.
     pub redo: u64,
-    /// Sequence number of the last control block written.
-    pub control_seq: u64,
+    /// The last control block written (the newest valid one).
+    pub control: control::Control,
     /// Bytes of the circular record stream.
     pub capacity: u64,
     /// The log's identity (written into every control block).
@@ -883,14 +886,25 @@ impl Wal {
             space_waiters: Arc::default(),
             poisoned: AtomicBool::new(false),
             poison: Mutex::new(None),
-            control_seq: AtomicU64::new(resume.control_seq),
+            control: Arc::new(control::Writer::new(resume.control)),
             checkpoint_wanted: AtomicBool::new(false),
             in_checkpoint: AtomicBool::new(false),
             trim: file.as_ref().filter(|f| f.discards_cheaply()).cloned(),
             growth: file
                 .filter(|f| recover::is_growable(f) && f.size() < CONTROL_BYTES + resume.capacity)
                 .map(|f| LogGrowth {
-                    allocated: Arc::new(AtomicU64::new(f.size().saturating_sub(CONTROL_BYTES))),
+                    // What the control block records, if the file holds
+                    // more: a growth cut short before its block was
+                    // written is announced again before a flush goes
+                    // there (0: a log formatted before sizes were
+                    // recorded).
+                    allocated: Arc::new(AtomicU64::new({
+                        let file = f.size().saturating_sub(CONTROL_BYTES);
+                        match resume.control.stream_bytes {
+                            0 => file,
+                            recorded => file.min(recorded),
+                        }
+                    })),
                     file: f,
                     grower: Grower::default(),
                     blocked: AtomicBool::new(false),
@@ -934,6 +948,7 @@ impl Wal {
         // If the file system has no room for that, what this flush needs.
         let least = mib(end + margin);
         let (file, alloc, growths) = (g.file.clone(), g.allocated.clone(), g.growths.clone());
+        let control = self.control.clone();
         let work = move || {
             let grown = match file.grow_zeroed(CONTROL_BYTES + target) {
                 Err(Error::NoSpace(_)) if least < target => {
@@ -941,6 +956,10 @@ impl Wal {
                 }
                 r => r.map(|()| target),
             };
+            // The new size on record before any flush writes past the
+            // old one: a file cut back to it is then found cut short.
+            let grown = grown
+                .and_then(|grown| recover::record_growth(&file, &control, grown).map(|()| grown));
             grown.map_err(|e| e.to_string()).map(|grown| {
                 alloc.fetch_max(grown, Ordering::AcqRel);
                 growths.fetch_add(1, Ordering::Relaxed);
@@ -1932,9 +1951,10 @@ impl Wal {
             let st = self.lock();
             (st.checkpoint_lsn, st.redo_gsn)
         };
-        let seq = self.control_seq.fetch_add(1, Ordering::AcqRel) + 1;
+        let turn = self.control.turn().await;
+        let last = turn.last();
         let block = control::Control {
-            seq,
+            seq: last.seq + 1,
             checkpoint: lsn,
             redo,
             capacity: self.capacity,
@@ -1945,16 +1965,20 @@ impl Wal {
             count: self.shared.unflushed.len() as u32,
             redo_gsn,
             stream_bytes: self.growth.as_ref().map_or(self.capacity, |g| {
-                g.allocated.load(Ordering::Acquire).min(self.capacity)
+                g.allocated
+                    .load(Ordering::Acquire)
+                    .min(self.capacity)
+                    .max(last.stream_bytes)
             }),
-        }
-        .encode();
-        let offset = (seq % 2) * control::BLOCK;
+        };
+        let bytes = block.encode();
         let mut buf = AlignedBuf::new(control::BLOCK as usize, control::BLOCK as usize)?;
-        buf[..block.len()].copy_from_slice(&block);
-        self.op(Request::write(0, offset, IoBuf::owned(buf)))
+        buf[..bytes.len()].copy_from_slice(&bytes);
+        self.op(Request::write(0, block.offset(), IoBuf::owned(buf)))
             .await?;
         self.op(Request::flush(0)).await?;
+        turn.written(block);
+        drop(turn);
         let mut st = self.lock();
         // The stream before the previous checkpoint's redo LSN is dead
         // now: neither control block names it (this one replaced the block
@@ -2084,7 +2108,19 @@ mod tests {
                         end: 512,
                         last_crc: 0,
                         redo: 512,
-                        control_seq: 0,
+                        control: control::Control {
+                            seq: 0,
+                            checkpoint: 0,
+                            redo: 512,
+                            capacity: 1 << 20,
+                            block: 512,
+                            log_id: 1,
+                            next_gsn: 1,
+                            index: i as u32,
+                            count: n as u32,
+                            redo_gsn: 0,
+                            stream_bytes: 0,
+                        },
                         capacity: 1 << 20,
                         log_id: 1,
                         valid_end: 512,

@@ -103,6 +103,31 @@ fn sync(q: &mut dyn IoQueue) -> Result<()> {
     sync_io(q, Request::flush(0))?.result.map(|_| ())
 }
 
+/// Writes a control block recording that a growing log's file now holds
+/// `grown` bytes of stream, durable (the growth thread, after the zeros
+/// are synced and before any flush writes past the old size). It repeats
+/// the last block's checkpoint, in the slot its sequence number selects.
+/// Blocking.
+pub(super) fn record_growth(log: &Target, writer: &control::Writer, grown: u64) -> Result<()> {
+    let turn = writer.turn_blocking(std::time::Duration::from_secs(60))?;
+    let last = turn.last();
+    if grown <= last.stream_bytes {
+        return Ok(());
+    }
+    let block = Control {
+        seq: last.seq + 1,
+        stream_bytes: grown,
+        ..last
+    };
+    let mut bytes = block.encode();
+    bytes.resize(control::BLOCK as usize, 0);
+    let mut q = open_queue(log, &Backend::Blocking, 1)?;
+    write_at(q.as_mut(), block.offset(), &bytes, Placement::Unsorted)?;
+    sync(q.as_mut())?;
+    turn.written(block);
+    Ok(())
+}
+
 /// Which log of how many a control block belongs to, and the GSN the
 /// database's records start at.
 #[derive(Debug, Clone, Copy)]
@@ -150,7 +175,12 @@ pub fn format(
         index: place.index,
         count: place.count,
         redo_gsn: 0,
-        stream_bytes: 0,
+        // What the file holds (a file cut below it is found cut short).
+        stream_bytes: if growable {
+            (log.size() - CONTROL_BYTES).min(capacity)
+        } else {
+            capacity
+        },
     };
     let mut area = vec![0u8; CONTROL_BYTES as usize];
     area[..c.encode().len()].copy_from_slice(&c.encode());
@@ -190,7 +220,7 @@ pub fn format(
         end: start,
         last_crc: 0,
         redo: start,
-        control_seq: 1,
+        control: c,
         capacity,
         log_id,
         valid_end: start,
@@ -948,7 +978,7 @@ pub fn recover(
             end: valid_end.div_ceil(block) * block,
             last_crc: f.scan.last_crc.unwrap_or(0),
             redo: f.ctl.redo,
-            control_seq: f.ctl.seq,
+            control: f.ctl,
             capacity: f.ctl.capacity,
             log_id: f.ctl.log_id,
             valid_end,
