@@ -978,8 +978,8 @@ fn a_log_file_cut_back_to_before_a_growth_is_corrupt_log() {
         dir.path().join("whole"),
     );
     let o = || opts().log_bytes(64 << 20).checkpoint_shards(1);
-    let db = Db::open(&db_dir, o()).unwrap();
     let log = db_dir.join("dana.wal");
+    let db = Db::open(&db_dir, o()).unwrap();
     let t = db.create_tree("t").unwrap();
     let created = control(&log);
     // Commits past the first MiB of stream, none of them checkpointed.

@@ -893,18 +893,10 @@ impl Wal {
             growth: file
                 .filter(|f| recover::is_growable(f) && f.size() < CONTROL_BYTES + resume.capacity)
                 .map(|f| LogGrowth {
-                    // What the control block records, if the file holds
-                    // more: a growth cut short before its block was
-                    // written is announced again before a flush goes
-                    // there (0: a log formatted before sizes were
-                    // recorded).
-                    allocated: Arc::new(AtomicU64::new({
-                        let file = f.size().saturating_sub(CONTROL_BYTES);
-                        match resume.control.stream_bytes {
-                            0 => file,
-                            recorded => file.min(recorded),
-                        }
-                    })),
+                    // More than the control block records after a growth
+                    // cut before its block: the open's checkpoint, before
+                    // any commit, records it.
+                    allocated: Arc::new(AtomicU64::new(f.size().saturating_sub(CONTROL_BYTES))),
                     file: f,
                     grower: Grower::default(),
                     blocked: AtomicBool::new(false),
