@@ -95,7 +95,7 @@ pub fn run(args: &RebuildArgs) -> CliResult<()> {
     }
     print_status(&status);
     let started = Instant::now();
-    let repairs_before = db.pool_stats().blob_repairs;
+    let stats_before = db.pool_stats();
     let reports = std::thread::scope(|s| {
         let job = s.spawn(|| db.rebuild());
         let mut last = Instant::now();
@@ -127,9 +127,16 @@ pub fn run(args: &RebuildArgs) -> CliResult<()> {
             r.seconds
         );
     }
-    let repaired = db.pool_stats().blob_repairs - repairs_before;
+    let stats = db.pool_stats();
+    let repaired = stats.blob_repairs - stats_before.blob_repairs;
     if repaired > 0 {
         println!("large values whose damaged copies were written from a whole one: {repaired}");
+    }
+    let repaired = stats.page_copy_repairs - stats_before.page_copy_repairs;
+    if repaired > 0 {
+        println!(
+            "pages whose damaged copies were written from the pool's clean version: {repaired}"
+        );
     }
     let status = db.mirror_status();
     print_status(&status);

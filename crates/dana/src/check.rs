@@ -922,13 +922,17 @@ pub(crate) async fn check_pool_and_free(
 
 /// Writes a whole copy of every large value over its damaged copies on
 /// mirrored devices (the check's value pass, repairing instead of
-/// reporting); returns how many values it repaired. The one write the
-/// checker makes: `Db::rebuild` runs it.
-pub(crate) async fn repair_value_copies(pool: &Arc<BufferPool>) -> Result<u64> {
+/// reporting; `blob_repairs` counts them). The one write the checker
+/// makes: `Db::rebuild` runs it. Returns the page accounting's free map
+/// and the high-water mark, for the comparison of the copies page by page
+/// that follows ([`check_mirrors`]).
+pub(crate) async fn repair_value_copies(pool: &Arc<BufferPool>) -> Result<(Vec<bool>, u64)> {
     if pool.array().copies() < 2 {
-        return Ok(0);
+        return Ok((Vec::new(), 0));
     }
-    run(pool, true).await.map(|(_, _, repaired)| repaired)
+    run(pool, true)
+        .await
+        .map(|(report, free, _)| (free, report.space.next_unused))
 }
 
 /// The check, repairing large values' damaged copies if `repair`.
@@ -1110,8 +1114,23 @@ pub fn check_mirrors(
     free: &[bool],
     report: &mut CheckReport,
 ) -> Result<()> {
+    let (findings, compared) = compare_mirrors(mirrors, width, page_size, next_unused, free)?;
+    report.findings.extend(findings);
+    report.mirrors.extend(compared);
+    Ok(())
+}
+
+/// [`check_mirrors`]' comparison: its findings, and what it compared.
+pub(crate) fn compare_mirrors(
+    mirrors: &[Arc<crate::io::mirror::Mirror>],
+    width: u64,
+    page_size: u64,
+    next_unused: u64,
+    free: &[bool],
+) -> Result<(Vec<Finding>, Vec<MirrorCheck>)> {
     use crate::io::mirror::{CopyState, Role};
     let ps = page_size;
+    let (mut findings, mut compared) = (Vec::new(), Vec::new());
     for m in mirrors {
         let finding = |what: String, page: Option<u64>| Finding {
             page,
@@ -1126,7 +1145,7 @@ pub fn check_mirrors(
         let states = m.states();
         for (c, s) in states.iter().enumerate() {
             if *s != CopyState::Healthy {
-                report.findings.push(finding(
+                findings.push(finding(
                     format!(
                         "{} copy {c} is {s:?}: the device is degraded (dana rebuild)",
                         m.role()
@@ -1146,13 +1165,13 @@ pub fn check_mirrors(
         };
         let Some(device) = device else {
             for what in crate::wal::recover::compare_mirror(m) {
-                report.findings.push(finding(what, None));
+                findings.push(finding(what, None));
             }
-            report.mirrors.push(mc);
+            compared.push(mc);
             continue;
         };
         if healthy.len() < 2 {
-            report.mirrors.push(mc);
+            compared.push(mc);
             continue;
         }
         // Pages of this device below the high-water mark: p = k * width + device.
@@ -1181,12 +1200,12 @@ pub fn check_mirrors(
                     .map(|b| page::verify(&b[at.clone()], pid).is_ok())
                     .collect();
                 let repair = if valid.iter().any(|&v| v) {
-                    "a read from a damaged copy repairs it"
+                    "dana rebuild repairs it (and so does a read that meets the damaged copy)"
                 } else {
                     "no copy is a page with a header, as a large value's pages: the value's \
                      own finding, if any, names its damaged copies, which dana rebuild repairs"
                 };
-                report.findings.push(finding(
+                findings.push(finding(
                     format!(
                         "the copies of {} differ here (copies {healthy:?} valid: {valid:?}); \
                          {repair}",
@@ -1198,7 +1217,7 @@ pub fn check_mirrors(
             }
             k += n;
         }
-        report.mirrors.push(mc);
+        compared.push(mc);
     }
-    Ok(())
+    Ok((findings, compared))
 }

@@ -384,8 +384,11 @@ impl Db {
     /// over the damaged ones (a large value's pages carry no header, so
     /// the mirror cannot judge their copies page by page as it does the
     /// others'): `blob_repairs` in [`Db::pool_stats`] counts them, and
-    /// [`Db::check`] reports a value damaged on some copies. `dana
-    /// rebuild` runs this.
+    /// [`Db::check`] reports a value damaged on some copies. Last, it
+    /// compares the copies page by page and writes the pool's clean version
+    /// of each page over its copies that are not a valid page
+    /// (`page_copy_repairs` counts them; a read repairs only the copy it
+    /// happens to read). `dana rebuild` runs this.
     pub fn rebuild(&self) -> Result<Vec<RebuildReport>> {
         self.live(true)?;
         if crate::sched::on_worker() {
@@ -395,8 +398,59 @@ impl Db {
         }
         let reports = self.inner.rebuilds.rebuild_all()?;
         let pool = self.inner.pool.clone();
-        self.block_on(async move { crate::check::repair_value_copies(&pool).await })??;
+        let (free, next_unused) =
+            self.block_on(async move { crate::check::repair_value_copies(&pool).await })??;
+        self.repair_page_copies(&free, next_unused)?;
         Ok(reports)
+    }
+
+    /// Compares the copies of every mirrored data device page by page (as
+    /// [`Db::check`] does) and writes the pool's clean version of each page
+    /// over its copies that are not a valid page, where another copy is
+    /// ([`BufferPool::repair_page_copies`]: a dirty page is left to its
+    /// write-back, which writes every copy). Copies that differ while each
+    /// is a valid page are left to the check's finding: which one is right
+    /// is not known here.
+    fn repair_page_copies(&self, free: &[bool], next_unused: u64) -> Result<()> {
+        use crate::io::mirror::CopyState;
+        let mirrors = &self.inner.rebuilds.mirrors;
+        if mirrors.is_empty() || next_unused == 0 {
+            return Ok(());
+        }
+        let pool = &self.inner.pool;
+        let (_, compared) = crate::check::compare_mirrors(
+            mirrors,
+            pool.array().width() as u64,
+            pool.page_size() as u64,
+            next_unused,
+            free,
+        )?;
+        let mut repaired = false;
+        for mc in &compared {
+            let healthy: Vec<u8> = (0..mc.states.len())
+                .filter(|&c| mc.states[c] == CopyState::Healthy)
+                .map(|c| c as u8)
+                .collect();
+            for (pid, valid) in &mc.divergent {
+                if !valid.iter().any(|&v| v) {
+                    continue;
+                }
+                let damaged: Vec<u8> = healthy
+                    .iter()
+                    .zip(valid)
+                    .filter(|(_, &v)| !v)
+                    .map(|(&c, _)| c)
+                    .collect();
+                let (pool, pid) = (pool.clone(), *pid);
+                repaired |=
+                    self.block_on(async move { pool.repair_page_copies(pid, &damaged).await })??;
+            }
+        }
+        if repaired {
+            let pool = pool.clone();
+            self.block_on(async move { pool.sync_devices().await })??;
+        }
+        Ok(())
     }
 
     /// What recovery did when this database opened (None: no log, or a

@@ -40,6 +40,7 @@ pub mod page_log;
 mod page_table;
 pub mod policy;
 pub mod records;
+mod scrub;
 pub mod space_map;
 mod stall;
 mod trim;
@@ -160,6 +161,7 @@ pub struct PoolStats {
     blob_writes: AtomicU64,
     blob_write_bytes: AtomicU64,
     blob_repairs: AtomicU64,
+    page_copy_repairs: AtomicU64,
     /// Data-file syncs ([`BufferPool::sync_devices`], one per device).
     device_syncs: AtomicU64,
     flush_log_waits: AtomicU64,
@@ -227,6 +229,9 @@ pub struct PoolStatsSnapshot {
     /// Large values found damaged on one copy of mirrored devices, read
     /// whole from another and written back over the damaged one.
     pub blob_repairs: u64,
+    /// Pages whose damaged copies on mirrored devices were written from
+    /// the pool's clean version (`Db::rebuild`).
+    pub page_copy_repairs: u64,
     /// Syncs of the data files (one per device per
     /// [`BufferPool::sync_devices`]: large values before their commit,
     /// checkpoints).
@@ -428,6 +433,7 @@ impl BufferPool {
             blob_writes: l(&s.blob_writes),
             blob_write_bytes: l(&s.blob_write_bytes),
             blob_repairs: l(&s.blob_repairs),
+            page_copy_repairs: l(&s.page_copy_repairs),
             device_syncs: l(&s.device_syncs),
             flush_log_waits: l(&s.flush_log_waits),
             eviction_writes_in_flight_max: l(&s.eviction_writes_in_flight_max),
