@@ -119,7 +119,18 @@ impl Mirror {
                 self.record_progress(c, done, to.as_mut())?;
                 return Err(Error::Shutdown);
             }
-            let size = self.size();
+            // The healthy copies' size, grown onto this copy first: a
+            // growth between `prepare_copy` and the Rebuilding state left
+            // it out (a failed copy is not grown), and a copy rebuilt to
+            // the old size alone would make the device that much shorter
+            // (a growing log's file then reads as cut short).
+            let size = self.healthy_size();
+            if target.size() < LABEL_BYTES + size {
+                if let Err(e) = target.grow(LABEL_BYTES + size) {
+                    self.fail_copy(c, &e);
+                    return Err(e);
+                }
+            }
             if done >= size {
                 break;
             }
@@ -207,6 +218,20 @@ impl Mirror {
             target.grow(want)?;
         }
         Ok(())
+    }
+
+    /// Bytes of the healthy copies, less the label (the smallest one's:
+    /// they grow together): what a rebuilt copy must hold.
+    fn healthy_size(&self) -> u64 {
+        let s = self.lock();
+        s.targets
+            .iter()
+            .zip(&s.states)
+            .filter(|(_, st)| **st == CopyState::Healthy)
+            .filter_map(|(t, _)| t.as_ref())
+            .map(|t| t.size().saturating_sub(LABEL_BYTES))
+            .min()
+            .unwrap_or(0)
     }
 
     /// Fences `[lo, hi)` and waits for the writes to the rebuilding copy

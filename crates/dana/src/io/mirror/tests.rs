@@ -317,3 +317,41 @@ fn a_rebuild_stopped_records_its_progress_and_resumes() {
     );
     assert_eq!(m.states()[1], CopyState::Healthy);
 }
+
+/// A copy rebuilt while the healthy ones grew (a growth between the
+/// rebuild's preparation and its first range leaves the failed copy out)
+/// is grown to their size and copied whole: rebuilt to the old size, the
+/// device would have shrunk to it (a growing log then reads as cut short).
+#[test]
+fn a_rebuild_copies_what_the_healthy_copies_grew_to() {
+    const BLOCKS: u64 = 64;
+    let d = disks(2, LABEL_BYTES + BLOCKS * 4096);
+    for d in &d {
+        d.set_space_limit(LABEL_BYTES + 4 * BLOCKS * 4096);
+    }
+    let m = mirror(&d);
+    m.set_state(1, CopyState::Rebuilding { done: 0 }).unwrap();
+    // Copy 0 grows alone, and holds a block in its new range.
+    d[0].grow(LABEL_BYTES + 2 * BLOCKS * 4096).unwrap();
+    let t0 = Target::Sim(d[0].clone());
+    let mut q0 = crate::io::open_queue(&t0, &Backend::Blocking, 1).unwrap();
+    let mut b = AlignedBuf::new(BLOCK, 4096).unwrap();
+    b.copy_from_slice(&block(3, 7));
+    let at = LABEL_BYTES + (BLOCKS + 5) * 4096;
+    sync_io(q0.as_mut(), Request::write(1, at, IoBuf::owned(b)))
+        .unwrap()
+        .result
+        .unwrap();
+    sync_io(q0.as_mut(), Request::flush(0))
+        .unwrap()
+        .result
+        .unwrap();
+    m.rebuild(1, &AtomicBool::new(false)).unwrap();
+    assert_eq!(m.states()[1], CopyState::Healthy);
+    assert_eq!(d[1].size(), d[0].size());
+    assert_eq!(m.size(), 2 * BLOCKS * 4096);
+    assert!(
+        on_disk(&d[1], at - LABEL_BYTES, BLOCK) == block(3, 7),
+        "the grown range"
+    );
+}
