@@ -1609,12 +1609,22 @@ impl BufferPool {
         );
         // The page is LOADING and its read has completed: this worker is
         // the only one touching frame f.
-        let result = c.result.and_then(|_| {
-            // SAFETY: frame f is this worker's alone until published.
-            let bytes = unsafe { self.frame_bytes(f) };
-            page::verify(bytes, pid)?;
-            self.check_lsn_logged(pid, page::page_lsn(bytes))
-        });
+        let result = c
+            .result
+            .and_then(|_| {
+                // SAFETY: frame f is this worker's alone until published.
+                let bytes = unsafe { self.frame_bytes(f) };
+                page::verify(bytes, pid)?;
+                self.check_lsn_logged(pid, page::page_lsn(bytes))
+            })
+            .map_err(|e| match e {
+                // Where it was read from, for whoever has to look at it.
+                Error::Corrupt { page, what } => Error::Corrupt {
+                    page,
+                    what: format!("{what} (read from {})", self.array.describe_page(page)),
+                },
+                e => e,
+            });
         // The entry goes before the page's state is published: once the
         // page is UNLOCKED (or EVICTED) another worker may evict it and
         // start a new read of it, whose entry this one must not be (a

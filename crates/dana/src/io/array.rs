@@ -153,6 +153,18 @@ impl Target {
         }
     }
 
+    /// What the target is, for messages: a file's path, a simulated
+    /// device's index, a mirrored group's role, an out-of-place device's
+    /// file.
+    pub fn describe(&self) -> String {
+        match self {
+            Target::File(d) => d.path().display().to_string(),
+            Target::Sim(d) => format!("simulated device {}", d.index()),
+            Target::Mirror(m) => format!("{} (mirrored)", m.role()),
+            Target::Remap(r) => format!("{} (out of place)", r.inner().describe()),
+        }
+    }
+
     /// The mirrored group, if this target is one.
     pub fn mirror(&self) -> Option<&Arc<Mirror>> {
         match self {
@@ -334,6 +346,16 @@ impl Array {
     pub fn locate(&self, page: u64) -> (usize, u64) {
         let n = self.targets.len() as u64;
         ((page % n) as usize, (page / n) * self.page_size)
+    }
+
+    /// Where page `page` lies, for messages: "<device> at byte <offset>"
+    /// (an out-of-place device's offset is the page's logical one).
+    pub fn describe_page(&self, page: u64) -> String {
+        let (device, offset) = self.locate(page);
+        match self.targets.get(device) {
+            Some(t) => format!("{} at byte {offset}", t.describe()),
+            None => format!("device {device} at byte {offset}"),
+        }
     }
 
     /// Opens one queue per device for one worker, with room for `depth`
