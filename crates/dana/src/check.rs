@@ -45,7 +45,7 @@ use std::sync::Arc;
 
 use crate::btree::node::{self, Node};
 use crate::buffer::alloc::{self, SpaceInfo, ROOT_SLOTS};
-use crate::buffer::blob::{BlobRef, Extent};
+use crate::buffer::blob::{BlobRef, CopyPick, Extent};
 use crate::buffer::{page, BufferPool, PageType};
 use crate::catalog::{CATALOG_SLOT, CREATING_SLOT, DROPPING_SLOT};
 use crate::{Error, Result};
@@ -430,26 +430,41 @@ impl Checker {
             // Each copy's checksum of the value (any copy's, unmirrored).
             let mut crcs = Vec::with_capacity(copies);
             for c in 0..copies {
-                let copy = (copies > 1).then_some(c as u8);
-                crcs.push(self.pool.blob_crc(&r, &mut buf, copy).await);
+                let pick = if copies > 1 {
+                    CopyPick::One(c as u8)
+                } else {
+                    CopyPick::Any
+                };
+                crcs.push(self.pool.blob_crc(&r, &mut buf, pick).await);
             }
             let whole: Vec<bool> = crcs
                 .iter()
                 .map(|c| matches!(c, Ok(crc) if *crc == r.crc))
                 .collect();
             let first = r.extents.first().map_or(0, |e| e.start);
-            let Some(good) = whole.iter().position(|&w| w) else {
-                let what = match &crcs[..] {
-                    [Err(e)] => format!("a large value could not be read: {e}"),
-                    _ => format!(
-                        "the {} bytes of a large value (first page {first}) do not match \
-                         their checksum{}",
-                        r.len,
-                        if copies > 1 { " on any copy" } else { "" }
-                    ),
-                };
-                self.find(Some(pid), Some(&tree), what);
-                continue;
+            // Where the value is whole: one copy, or (striped over devices,
+            // damaged on a different copy of each) a mix of one per device.
+            let (from, source) = match whole.iter().position(|&w| w) {
+                Some(good) => (vec![good as u8], format!("whole on copy {good}")),
+                None => match self.pool.whole_mix(&r, &mut buf).await {
+                    Some(mix) => {
+                        let what = format!("whole in a mix of copies, by device {mix:?}");
+                        (mix, what)
+                    }
+                    None => {
+                        let what = match &crcs[..] {
+                            [Err(e)] => format!("a large value could not be read: {e}"),
+                            _ => format!(
+                                "the {} bytes of a large value (first page {first}) do not \
+                                 match their checksum{}",
+                                r.len,
+                                if copies > 1 { " on any copy" } else { "" }
+                            ),
+                        };
+                        self.find(Some(pid), Some(&tree), what);
+                        continue;
+                    }
+                },
             };
             let damaged: Vec<u8> = (0..copies)
                 .filter(|&c| !whole[c])
@@ -458,16 +473,20 @@ impl Checker {
             if damaged.is_empty() {
                 continue;
             }
+            let pick = match &from[..] {
+                [c] => CopyPick::One(*c),
+                mix => CopyPick::PerDevice(mix),
+            };
             let what = if !self.repair {
                 format!(
                     "a large value of {} bytes (first page {first}) is damaged on copies \
-                     {damaged:?} and whole on copy {good} (dana rebuild repairs it)",
+                     {damaged:?} and {source} (dana rebuild repairs it)",
                     r.len
                 )
             } else {
                 match self
                     .pool
-                    .repair_blob_copies(&r, good as u8, &damaged, &mut buf)
+                    .repair_blob_copies(&r, pick, &damaged, &mut buf)
                     .await
                 {
                     Ok(()) => {

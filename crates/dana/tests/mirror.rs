@@ -616,6 +616,70 @@ fn a_large_value_damaged_on_one_copy_is_repaired_by_rebuild() {
     db.close().unwrap();
 }
 
+/// A large value striped over two mirrored devices, damaged on copy 0 of
+/// one device and copy 1 of the other, is whole on no copy but whole in a
+/// mix of one copy per device: a read returns it and repairs both copies,
+/// and `check` names it as a mirror finding that `rebuild` repairs (the
+/// first version reported it as damaged data: lost).
+#[test]
+fn a_striped_large_value_damaged_on_different_copies_is_read_from_a_mix() {
+    for read_first in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options::default().pool_bytes(2 << 20).devices(2).mirrored();
+        let db = Db::open(dir.path(), opts.clone()).unwrap();
+        let t = db.create_tree("t").unwrap();
+        for v in 0..8u32 {
+            t.put(&v.to_be_bytes(), &large_value(v)).unwrap();
+        }
+        db.close().unwrap();
+        // Every page but each file's first: device 0's copy 0, device 1's
+        // copy 1. The pages with a header read from the other copy.
+        flip_bytes(&dir.path().join("dana.0"), LABEL_BYTES + 4096 + 999, 0x21);
+        flip_bytes(
+            &dir.path().join("dana.1.m1"),
+            LABEL_BYTES + 4096 + 999,
+            0x21,
+        );
+        let db = Db::open(dir.path(), opts.clone()).unwrap();
+        let t = db.tree("t").unwrap();
+        if read_first {
+            let before = db.pool_stats().blob_repairs;
+            for v in 0..8u32 {
+                let got = t.get(&v.to_be_bytes()).unwrap();
+                assert!(got.as_deref() == Some(&large_value(v)[..]), "value {v}");
+            }
+            assert_eq!(db.pool_stats().blob_repairs - before, 8);
+        } else {
+            let report = db.check().unwrap();
+            assert!(report.data_ok(), "{:?}", report.findings);
+            let mixed = report
+                .findings
+                .iter()
+                .filter(|f| f.what.contains("whole in a mix of copies"))
+                .count();
+            assert_eq!(mixed, 8, "{:?}", report.findings);
+            let before = db.pool_stats().blob_repairs;
+            db.rebuild().unwrap();
+            assert_eq!(db.pool_stats().blob_repairs - before, 8);
+        }
+        db.checkpoint().unwrap();
+        db.close().unwrap();
+        // Copy 0 of both devices lost to damage: copy 1 holds every value.
+        flip_bytes(&dir.path().join("dana.0"), LABEL_BYTES + 4096 + 999, 0x21);
+        flip_bytes(&dir.path().join("dana.1"), LABEL_BYTES + 4096 + 1999, 0x21);
+        let db = Db::open(dir.path(), opts).unwrap();
+        let t = db.tree("t").unwrap();
+        for v in 0..8u32 {
+            let got = t.get(&v.to_be_bytes()).unwrap();
+            assert!(
+                got.as_deref() == Some(&large_value(v)[..]),
+                "value {v} (read first: {read_first})"
+            );
+        }
+        db.close().unwrap();
+    }
+}
+
 /// Free pages are not compared: their bytes mean nothing (a large value a
 /// crash kept from its commit leaves its extent free and written on one
 /// copy only, which `dana crashtest --mirrored` took for damage). Here a

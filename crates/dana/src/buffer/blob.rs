@@ -51,6 +51,32 @@ const SMALL_IO: usize = 64 << 10;
 /// the value): short runs would cost an extent and an I/O each.
 const MIN_RUN_BYTES: u64 = 1 << 20;
 
+/// Mixes of one copy per device tried at most for a value of mirrored
+/// devices that no copy holds whole (copies ^ devices: 256 is two copies
+/// of eight devices).
+const MIXES: u64 = 256;
+
+/// Which copy of mirrored devices each read of a large value goes to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum CopyPick<'a> {
+    /// The mirror's choice (any healthy copy).
+    Any,
+    /// Copy `c` of every device.
+    One(u8),
+    /// Copy `picks[d]` of device `d`.
+    PerDevice(&'a [u8]),
+}
+
+impl CopyPick<'_> {
+    fn on(self, device: usize) -> Option<u8> {
+        match self {
+            CopyPick::Any => None,
+            CopyPick::One(c) => Some(c),
+            CopyPick::PerDevice(p) => p.get(device).copied(),
+        }
+    }
+}
+
 /// A run of consecutive pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extent {
@@ -539,7 +565,7 @@ impl BufferPool {
     /// `out`: only the pages covering the range, 1 MiB per I/O. The caller
     /// holds a [`BlobReadGuard`] taken before it read the reference.
     pub async fn read_blob(&self, r: &BlobRef, offset: u64, out: &mut [u8]) -> Result<()> {
-        self.read_blob_from(r, offset, out, None).await
+        self.read_blob_from(r, offset, out, CopyPick::Any).await
     }
 
     /// Reads the whole value at `r` into `out` (`r.len` bytes) and checks
@@ -549,22 +575,39 @@ impl BufferPool {
     /// (synced) before this returns: a large value's pages carry no header
     /// the mirror could check page by page. The caller holds a
     /// [`BlobReadGuard`] (no extent is freed and reused meanwhile, so the
-    /// repair cannot land on another value). `Corrupt` if no copy holds
-    /// it.
+    /// repair cannot land on another value). A value striped over devices
+    /// may be whole only in a mix: one copy of each device
+    /// ([`BufferPool::whole_mix`]); its bytes then go to every copy.
+    /// `Corrupt` if neither a copy nor a mix holds it.
     pub async fn read_blob_checked(&self, r: &BlobRef, out: &mut [u8]) -> Result<()> {
-        self.read_blob_from(r, 0, out, None).await?;
+        self.read_blob_from(r, 0, out, CopyPick::Any).await?;
         if crc32c::crc32c(out) == r.crc {
             return Ok(());
         }
-        let copies = self.array.copies();
-        for c in 0..copies.min(u8::MAX as usize) as u8 {
-            if self.read_blob_from(r, 0, out, Some(c)).await.is_err()
-                || crc32c::crc32c(out) != r.crc
+        let copies = self.array.copies().min(u8::MAX as usize) as u8;
+        let mut whole = None;
+        for c in 0..copies {
+            if self
+                .read_blob_from(r, 0, out, CopyPick::One(c))
+                .await
+                .is_ok()
+                && crc32c::crc32c(out) == r.crc
             {
-                continue;
+                whole = Some(c);
+                break;
             }
+        }
+        if whole.is_none() && copies > 1 {
+            if let Some(mix) = self.whole_mix(r, out).await {
+                self.read_blob_from(r, 0, out, CopyPick::PerDevice(&mix))
+                    .await?;
+                // Every copy takes the mix (each holds only a part whole).
+                whole = (crc32c::crc32c(out) == r.crc).then_some(copies);
+            }
+        }
+        if let Some(c) = whole {
             self.stats.blob_repairs.fetch_add(1, Ordering::Relaxed);
-            for other in (0..copies as u8).filter(|&o| o != c) {
+            for other in (0..copies).filter(|&o| o != c) {
                 // A copy that cannot take the repair is failed by the
                 // mirror; the value is whole on this one either way.
                 let _ = self.write_blob_to(&r.extents, 0, out, Some(other)).await;
@@ -582,27 +625,70 @@ impl BufferPool {
         })
     }
 
-    /// The checksum of the value at `r` as read (from `copy` alone, if
-    /// given), through `buf` a chunk at a time.
+    /// The checksum of the value at `r` as read from the copies `pick`
+    /// names, through `buf` a chunk at a time.
     pub(crate) async fn blob_crc(
         &self,
         r: &BlobRef,
         buf: &mut [u8],
-        copy: Option<u8>,
+        pick: CopyPick<'_>,
     ) -> Result<u32> {
         let mut crc = 0u32;
         let mut at = 0u64;
         while at < r.len {
             let n = (r.len - at).min(buf.len() as u64) as usize;
-            self.read_blob_from(r, at, &mut buf[..n], copy).await?;
+            self.read_blob_from(r, at, &mut buf[..n], pick).await?;
             crc = crc32c::crc32c_append(crc, &buf[..n]);
             at += n as u64;
         }
         Ok(crc)
     }
 
-    /// Writes copy `from`'s bytes of the value at `r` (which holds it
-    /// whole) over copies `to` of mirrored devices, through `buf` (a
+    /// A mix of one copy per device (`picks[d]` for device `d`) that holds
+    /// the value at `r` whole, when no copy alone does: a value striped
+    /// over devices damaged on a different copy of each. Tries each mix
+    /// that is not one copy throughout, up to [`MIXES`] of them, through
+    /// `buf`; None if none matches the checksum (or the value lies on one
+    /// device).
+    pub(crate) async fn whole_mix(&self, r: &BlobRef, buf: &mut [u8]) -> Option<Vec<u8>> {
+        let copies = self.array.copies().min(u8::MAX as usize) as u64;
+        let pages = r.len.div_ceil(self.page_size as u64);
+        let mut devices: Vec<usize> = self
+            .blob_ios(&r.extents, 0, pages)
+            .into_iter()
+            .map(|(d, _, _)| d)
+            .collect();
+        devices.sort_unstable();
+        devices.dedup();
+        if copies < 2 || devices.len() < 2 || buf.is_empty() {
+            return None;
+        }
+        let mixes = u32::try_from(devices.len())
+            .ok()
+            .and_then(|d| copies.checked_pow(d))
+            .unwrap_or(u64::MAX)
+            .min(MIXES);
+        let mut picks = vec![0u8; self.array.width()];
+        for mix in 0..mixes {
+            let mut m = mix;
+            for &d in &devices {
+                picks[d] = (m % copies) as u8;
+                m /= copies;
+            }
+            let first = picks[devices[0]];
+            if devices.iter().all(|&d| picks[d] == first) {
+                continue;
+            }
+            let crc = self.blob_crc(r, buf, CopyPick::PerDevice(&picks)).await;
+            if matches!(crc, Ok(c) if c == r.crc) {
+                return Some(picks);
+            }
+        }
+        None
+    }
+
+    /// Writes the bytes of the value at `r` read from the copies `from`
+    /// names (which hold it whole) over copies `to` of mirrored devices, through `buf` (a
     /// multiple of the page size) a chunk at a time, and syncs them: the
     /// repair of a large value's damaged copy, which a mirror cannot judge
     /// page by page (its pages carry no header). The caller holds a
@@ -612,7 +698,7 @@ impl BufferPool {
     pub(crate) async fn repair_blob_copies(
         &self,
         r: &BlobRef,
-        from: u8,
+        from: CopyPick<'_>,
         to: &[u8],
         buf: &mut [u8],
     ) -> Result<()> {
@@ -627,8 +713,7 @@ impl BufferPool {
         let mut at = 0u64;
         while at < r.len {
             let n = (r.len - at).min(chunk) as usize;
-            self.read_blob_from(r, at, &mut buf[..n], Some(from))
-                .await?;
+            self.read_blob_from(r, at, &mut buf[..n], from).await?;
             for &c in to {
                 self.write_blob_to(&r.extents, at / ps, &buf[..n], Some(c))
                     .await?;
@@ -640,15 +725,15 @@ impl BufferPool {
         Ok(())
     }
 
-    /// [`BufferPool::read_blob`] from one copy of mirrored devices
-    /// (`copy`), or from any (`None`). The checker reads a value that
-    /// fails from each copy alone, to tell one damaged copy from all.
+    /// [`BufferPool::read_blob`] from the copies of mirrored devices that
+    /// `pick` names. The checker reads a value that fails from each copy
+    /// alone, to tell one damaged copy from all.
     pub(crate) async fn read_blob_from(
         &self,
         r: &BlobRef,
         offset: u64,
         out: &mut [u8],
-        copy: Option<u8>,
+        pick: CopyPick<'_>,
     ) -> Result<()> {
         let end = offset
             .checked_add(out.len() as u64)
@@ -681,7 +766,7 @@ impl BufferPool {
                 }
             }
             let mut req = Request::read(0, off, buf);
-            req.copy = copy;
+            req.copy = pick.on(dev);
             inflight.push_back((sched::perform(dev, req), region, pieces));
         }
         for (f, rg, p) in inflight {
