@@ -949,19 +949,7 @@ fn a_log_file_cut_on_a_whole_mib_is_corrupt_log() {
         "the log grew to {full} bytes only"
     );
     assert!(control(&log).stream_bytes >= 2 << 20, "{:?}", control(&log));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&log)
-        .unwrap()
-        .set_len(CONTROL_BYTES + (1 << 20))
-        .unwrap();
-    for o in [o().read_only(), o()] {
-        let e = Db::open(&copy, o).err().expect("a cut log opened");
-        assert!(
-            matches!(&e, Error::CorruptLog { what, .. } if what.contains("cut short")),
-            "{e}"
-        );
-    }
+    assert_cut_back_to_one_mib_is_refused(&copy, o());
 }
 
 /// The same cut within the log's growth since the last checkpoint: each
@@ -1008,14 +996,21 @@ fn a_log_file_cut_back_to_before_a_growth_is_corrupt_log() {
         assert_eq!(t.get(&key(i)).unwrap(), Some(vec![i as u8; 500]), "{i}");
     }
     db.close().unwrap();
+    assert_cut_back_to_one_mib_is_refused(&copy, o());
+}
+
+/// Cuts the log file of the database in `dir` to its first MiB of stream
+/// and asserts that read-only and writable opens (with `o`) refuse it as
+/// cut short.
+fn assert_cut_back_to_one_mib_is_refused(dir: &Path, o: Options) {
     std::fs::OpenOptions::new()
         .write(true)
-        .open(copy.join("dana.wal"))
+        .open(dir.join("dana.wal"))
         .unwrap()
         .set_len(CONTROL_BYTES + (1 << 20))
         .unwrap();
-    for o in [o().read_only(), o()] {
-        let e = Db::open(&copy, o).err().expect("a cut log opened");
+    for o in [o.clone().read_only(), o] {
+        let e = Db::open(dir, o).err().expect("a cut log opened");
         assert!(
             matches!(&e, Error::CorruptLog { what, .. } if what.contains("cut short")),
             "{e}"
