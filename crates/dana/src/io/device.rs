@@ -46,8 +46,8 @@ pub struct Device {
     /// `RWF_ATOMIC` writes of a power-of-two length in this range, aligned
     /// to their length), if any.
     atomic_write: Option<(u64, u64)>,
-    /// A sync made outside the I/O queues (a growth's, [`Device::sync`])
-    /// failed. The kernel reports a failed write-back once per open file,
+    /// A sync of this device failed: in a queue, or outside them (a
+    /// growth's, [`Device::sync`]). The kernel reports a failed write-back once per open file,
     /// to whichever sync asks first, so a later fdatasync of the queues
     /// may return 0 over lost writes: every write and flush of this
     /// device fails from now on ([`Device::vetted`]).
@@ -171,8 +171,15 @@ impl Device {
 
     /// The kernel's result `res` of a request of kind `op` on this
     /// device, as the queues report it: `-EIO` for a write or a flush once
-    /// a sync outside the queues failed (see the field), else `res`.
+    /// a sync failed, in a queue or outside them (see the field), else
+    /// `res`. A failed flush is recorded here: the kernel may answer the
+    /// next fdatasync with success although the data the failed one
+    /// should have made durable is lost, and another queue's (the log
+    /// growth's control block, a recovery) must not take that success.
     pub(crate) fn vetted(&self, op: crate::OpKind, res: i64) -> i64 {
+        if op == crate::OpKind::Flush && res < 0 {
+            self.sync_failed.store(true, Ordering::Release);
+        }
         if op != crate::OpKind::Read && self.sync_failed.load(Ordering::Acquire) {
             -(libc::EIO as i64)
         } else {
@@ -631,6 +638,32 @@ mod tests {
             let flush = crate::io::sync_io(q.as_mut(), Request::flush(0)).unwrap();
             assert!(flush.result.is_err());
         }
+    }
+
+    /// A flush that failed in one queue fails the writes and flushes of
+    /// every other queue of the device after it (the log growth's control
+    /// block is synced through a queue of its own; a review found that its
+    /// failed sync left the log's next fdatasync free to succeed).
+    #[test]
+    fn a_flush_failed_in_one_queue_fails_the_others_writes() {
+        use crate::io::{AlignedBuf, Backend, IoBuf, Request, Target};
+        let dir = tempfile::tempdir().unwrap();
+        let (_, dev) = new_device(&dir);
+        let dev = std::sync::Arc::new(dev);
+        let t = Target::File(dev.clone());
+        let mut q = crate::io::array::open_queue(&t, &Backend::default(), 4).unwrap();
+        let buf = || IoBuf::owned(AlignedBuf::new(4096, 4096).unwrap());
+        let write = crate::io::sync_io(q.as_mut(), Request::write(0, 0, buf())).unwrap();
+        assert!(write.result.is_ok(), "{:?}", write.result);
+        // What another queue's failed fdatasync reports.
+        assert_eq!(
+            dev.vetted(crate::OpKind::Flush, -(libc::EIO as i64)),
+            -(libc::EIO as i64)
+        );
+        let write = crate::io::sync_io(q.as_mut(), Request::write(0, 0, buf())).unwrap();
+        assert!(write.result.is_err());
+        let flush = crate::io::sync_io(q.as_mut(), Request::flush(0)).unwrap();
+        assert!(flush.result.is_err());
     }
 
     #[test]

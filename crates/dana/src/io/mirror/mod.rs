@@ -559,18 +559,39 @@ impl Mirror {
     /// Grows every working copy so that the device holds `bytes` (see
     /// [`Target::grow`]).
     pub fn grow(&self, bytes: u64) -> Result<()> {
-        for t in self.writable_targets() {
-            t.grow(bytes + LABEL_BYTES)?;
-        }
-        Ok(())
+        self.grow_each(bytes, Target::grow)
     }
 
     /// Grows every working copy with zeros over the new range.
     pub fn grow_zeroed(&self, bytes: u64) -> Result<()> {
-        for t in self.writable_targets() {
-            t.grow_zeroed(bytes + LABEL_BYTES)?;
+        self.grow_each(bytes, Target::grow_zeroed)
+    }
+
+    /// Grows each working copy shorter than `bytes` (plus its label) with
+    /// `grow`, then looks again: a copy whose rebuild started meanwhile
+    /// (a failed copy is not grown) may have been rebuilt to the old size
+    /// while the others grew, and would leave the device that short (a
+    /// growing log then reads as cut short, and its next flush there is
+    /// refused). One more round than there are copies at most.
+    fn grow_each(&self, bytes: u64, grow: impl Fn(&Target, u64) -> Result<()>) -> Result<()> {
+        let want = bytes + LABEL_BYTES;
+        for _ in 0..=MAX_COPIES {
+            let short: Vec<Target> = self
+                .writable_targets()
+                .into_iter()
+                .filter(|t| t.size() < want)
+                .collect();
+            if short.is_empty() {
+                return Ok(());
+            }
+            for t in short {
+                grow(&t, want)?;
+            }
         }
-        Ok(())
+        Err(Error::Mirror(format!(
+            "{}: copies kept coming short of {bytes} bytes while it grew",
+            self.role
+        )))
     }
 
     /// True if every working copy is a regular file (the log grows it).

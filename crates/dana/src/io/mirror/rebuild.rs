@@ -124,7 +124,12 @@ impl Mirror {
             // it out (a failed copy is not grown), and a copy rebuilt to
             // the old size alone would make the device that much shorter
             // (a growing log's file then reads as cut short).
-            let size = self.healthy_size();
+            let size = self.healthy_size().ok_or_else(|| {
+                Error::Mirror(format!(
+                    "{}: no healthy copy to rebuild copy {c} from",
+                    self.role
+                ))
+            })?;
             if target.size() < LABEL_BYTES + size {
                 if let Err(e) = target.grow(LABEL_BYTES + size) {
                     self.fail_copy(c, &e);
@@ -221,8 +226,9 @@ impl Mirror {
     }
 
     /// Bytes of the healthy copies, less the label (the smallest one's:
-    /// they grow together): what a rebuilt copy must hold.
-    fn healthy_size(&self) -> u64 {
+    /// they grow together): what a rebuilt copy must hold. None without a
+    /// healthy copy.
+    fn healthy_size(&self) -> Option<u64> {
         let s = self.lock();
         s.targets
             .iter()
@@ -231,7 +237,6 @@ impl Mirror {
             .filter_map(|(t, _)| t.as_ref())
             .map(|t| t.size().saturating_sub(LABEL_BYTES))
             .min()
-            .unwrap_or(0)
     }
 
     /// Fences `[lo, hi)` and waits for the writes to the rebuilding copy
