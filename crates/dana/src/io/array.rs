@@ -160,7 +160,14 @@ impl Target {
         match self {
             Target::File(d) => d.path().display().to_string(),
             Target::Sim(d) => format!("simulated device {}", d.index()),
-            Target::Mirror(m) => format!("{} (mirrored)", m.role()),
+            Target::Mirror(m) => {
+                let copies: Vec<String> = m
+                    .targets()
+                    .iter()
+                    .map(|t| t.as_ref().map_or("(none)".into(), Target::describe))
+                    .collect();
+                format!("{}, mirrored on {}", m.role(), copies.join(", "))
+            }
             Target::Remap(r) => format!("{} (out of place)", r.inner().describe()),
         }
     }
@@ -353,6 +360,11 @@ impl Array {
     pub fn describe_page(&self, page: u64) -> String {
         let (device, offset) = self.locate(page);
         match self.targets.get(device) {
+            Some(t @ Target::Mirror(_)) => format!(
+                "{} at byte {offset} of the device (byte {} of each copy's file)",
+                t.describe(),
+                offset + crate::io::mirror::LABEL_BYTES
+            ),
             Some(t) => format!("{} at byte {offset}", t.describe()),
             None => format!("device {device} at byte {offset}"),
         }

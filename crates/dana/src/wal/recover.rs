@@ -182,11 +182,13 @@ pub fn format(
             capacity
         },
     };
+    // Each block in the slot its sequence number selects, as every later
+    // one is written.
     let mut area = vec![0u8; CONTROL_BYTES as usize];
-    area[..c.encode().len()].copy_from_slice(&c.encode());
-    let c0 = Control { seq: 0, ..c };
-    let at = control::BLOCK as usize;
-    area[at..at + c0.encode().len()].copy_from_slice(&c0.encode());
+    for b in [Control { seq: 0, ..c }, c] {
+        let (at, bytes) = (b.offset() as usize, b.encode());
+        area[at..at + bytes.len()].copy_from_slice(&bytes);
+    }
     write_at(q.as_mut(), 0, &area, Placement::Unsorted)?;
     if growable {
         // Write the log area the file has once (the log grows the rest
