@@ -859,3 +859,23 @@ fn a_read_only_open_needs_recovery_when_one_copy_lacks_a_change() {
     );
     db.close().unwrap();
 }
+
+/// A copy damaged (its pages fail their checksum) does not lack a change:
+/// no read takes a damaged copy, so a read-only open of a cleanly closed
+/// database whose copy 0 is damaged throughout, meta page included, opens
+/// and reads everything from copy 1, and `dana check` (read-only) can
+/// report the damage. (An outside run found `dana check` refusing such a
+/// database: "needs recovery".) Nothing is written.
+#[test]
+fn a_read_only_open_takes_a_damaged_copy_for_damage_not_a_missing_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = closed_mirrored(dir.path(), 0, 4000);
+    flip_bytes(&dir.path().join("dana.0"), LABEL_BYTES + 777, 0x5A);
+    let before = std::fs::read(dir.path().join("dana.0")).unwrap();
+    let db = Db::open(dir.path(), opts.read_only()).unwrap();
+    assert_values(&db, 0, 4000);
+    let report = db.check().unwrap();
+    assert!(report.data_ok() && !report.is_ok(), "{:?}", report.findings);
+    db.close().unwrap();
+    assert!(std::fs::read(dir.path().join("dana.0")).unwrap() == before);
+}

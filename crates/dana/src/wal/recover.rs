@@ -609,8 +609,9 @@ pub fn compare_mirror(m: &Arc<Mirror>) -> Vec<String> {
 /// database then. A cleanly closed database's log holds one such change
 /// past its redo LSN, the checkpoint stamp of its last checkpoint
 /// (`buffer::alloc`), which that checkpoint wrote to its meta page. On a
-/// mirrored device every healthy copy must hold it (a read-only open
-/// repairs nothing, and reads one copy). Returns None if recovery is
+/// mirrored device every healthy copy whose version is a valid page must
+/// hold it, and one must (a read-only open repairs nothing, and reads one
+/// copy, never a damaged one). Returns None if recovery is
 /// needed, else the GSN after the last change record past the redo LSN
 /// (0 if none): the log's end, which the data files' stamp must lie
 /// below. Reads only.
@@ -636,12 +637,27 @@ pub fn needs_recovery(array: &Array, log: &Target, ctl: Control) -> Result<Optio
             let holds =
                 |page: &[u8]| page::verify(page, e.pid).is_ok() && page::page_lsn(page) >= r.gsn;
             if let Target::Mirror(m) = &array.targets()[dev] {
+                // Every healthy copy holding a valid page must hold the
+                // change, and one must: a copy that fails its checksum is
+                // damage, which no read takes (the mirror reads another
+                // copy), not a version lacking the change (`dana check`
+                // refused a cleanly closed database with a damaged copy).
+                let mut held = false;
                 for (c, state) in m.states().into_iter().enumerate() {
-                    if state == crate::io::mirror::CopyState::Healthy
-                        && !holds(&m.read_copy(c, offset, ps)?)
-                    {
+                    if state != crate::io::mirror::CopyState::Healthy {
+                        continue;
+                    }
+                    let page = m.read_copy(c, offset, ps)?;
+                    if page::verify(&page, e.pid).is_err() {
+                        continue;
+                    }
+                    if !holds(&page) {
                         return Ok(None);
                     }
+                    held = true;
+                }
+                if !held {
+                    return Ok(None);
                 }
                 continue;
             }
