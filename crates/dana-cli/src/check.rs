@@ -228,6 +228,14 @@ pub fn run_check(args: &CheckArgs) -> CliResult<()> {
     }
     if r.is_ok() {
         Ok(())
+    } else if r.data_ok() {
+        // Still an error (exit 1): the redundancy is not whole.
+        Err(CliError(format!(
+            "{}: the data is whole, but {} findings are about mirror copies \
+             (failed, rebuilding or damaged; dana rebuild repairs them)",
+            args.path.display(),
+            r.findings.len()
+        )))
     } else {
         Err(CliError(format!(
             "{} is damaged: {} findings",
