@@ -577,7 +577,7 @@ impl BufferPool {
     /// [`BlobReadGuard`] (no extent is freed and reused meanwhile, so the
     /// repair cannot land on another value). A value striped over devices
     /// may be whole only in a mix: one copy of each device
-    /// ([`BufferPool::whole_mix`]); its bytes then go to every copy.
+    /// (`BufferPool::whole_mix`); its bytes then go to every copy.
     /// `Corrupt` if neither a copy nor a mix holds it.
     pub async fn read_blob_checked(&self, r: &BlobRef, out: &mut [u8]) -> Result<()> {
         self.read_blob_from(r, 0, out, CopyPick::Any).await?;

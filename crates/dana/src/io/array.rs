@@ -355,7 +355,7 @@ impl Array {
         ((page % n) as usize, (page / n) * self.page_size)
     }
 
-    /// Where page `page` lies, for messages: "<device> at byte <offset>"
+    /// Where page `page` lies, for messages: `<device> at byte <offset>`
     /// (an out-of-place device's offset is the page's logical one).
     pub fn describe_page(&self, page: u64) -> String {
         let (device, offset) = self.locate(page);
