@@ -160,6 +160,9 @@ impl Control {
 pub struct Writer {
     last: Mutex<Control>,
     busy: AtomicBool,
+    /// The log stopped (a failed write or sync): no block is written
+    /// after it.
+    stopped: AtomicBool,
     /// Bumped at each release (what a waiting task watches).
     released: AtomicU64,
     waiters: WakerList,
@@ -174,6 +177,7 @@ impl Writer {
         Writer {
             last: Mutex::new(last),
             busy: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
             released: AtomicU64::new(0),
             waiters: WakerList::default(),
         }
@@ -184,6 +188,11 @@ impl Writer {
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
             .then_some(Turn(self))
+    }
+
+    /// The log stopped: every later turn says so ([`Turn::stopped`]).
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
     }
 
     /// Waits (a task: it parks, never blocks its worker) for the turn.
@@ -217,6 +226,11 @@ impl Writer {
 impl Turn<'_> {
     fn last_lock(&self) -> MutexGuard<'_, Control> {
         self.0.last.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// True once the log stopped: the turn's holder writes nothing.
+    pub fn stopped(&self) -> bool {
+        self.0.stopped.load(Ordering::Acquire)
     }
 
     /// The last block written, durable.

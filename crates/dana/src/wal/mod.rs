@@ -1051,6 +1051,7 @@ impl Wal {
         }
         self.poisoned.store(true, Ordering::Release);
         self.shared.poisoned.store(true, Ordering::Release);
+        self.control.stop();
         self.wake_waiters(true);
         self.space_waiters.wake_all();
     }

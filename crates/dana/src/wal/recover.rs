@@ -110,6 +110,12 @@ fn sync(q: &mut dyn IoQueue) -> Result<()> {
 /// Blocking.
 pub(super) fn record_growth(log: &Target, writer: &control::Writer, grown: u64) -> Result<()> {
     let turn = writer.turn_blocking(std::time::Duration::from_secs(60))?;
+    if turn.stopped() {
+        // A stopped log writes nothing more, not even this.
+        return Err(Error::Poisoned(
+            "the log stopped after a failed write or sync: its growth is not recorded".into(),
+        ));
+    }
     let last = turn.last();
     if grown <= last.stream_bytes {
         return Ok(());
@@ -1009,6 +1015,43 @@ pub fn recover(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A growth's control block takes the next slot and repeats the last
+    /// block but for its size; once the log stopped none is written.
+    #[test]
+    fn growths_are_recorded_until_the_log_stops() {
+        use crate::io::sim::{SimConfig, SimDisk};
+        let d = SimDisk::new(0, 4 << 20, SimConfig::default());
+        let t = Target::Sim(d.clone());
+        let last = Control {
+            seq: 1,
+            checkpoint: 0,
+            redo: 4096,
+            capacity: 64 << 20,
+            block: 512,
+            log_id: 9,
+            next_gsn: 3,
+            index: 0,
+            count: 1,
+            redo_gsn: 0,
+            stream_bytes: 1 << 20,
+        };
+        let w = control::Writer::new(last);
+        let newest = || Control::newest(&d.read_current(0, CONTROL_BYTES as usize)).unwrap();
+        record_growth(&t, &w, 2 << 20).unwrap();
+        let grown = Control {
+            seq: 2,
+            stream_bytes: 2 << 20,
+            ..last
+        };
+        assert_eq!(newest(), grown);
+        w.stop();
+        assert!(matches!(
+            record_growth(&t, &w, 4 << 20),
+            Err(Error::Poisoned(_))
+        ));
+        assert_eq!(newest(), grown);
+    }
 
     /// A stream (rotated to LSN 4096) holding one commit record there,
     /// and a control block naming `checkpoint` as its checkpoint record.
