@@ -187,7 +187,10 @@ impl Writer {
         self.busy
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
-            .then_some(Turn(self))
+            // Lazily: a `Turn` made and dropped for a failed attempt
+            // would release the holder's turn (`then_some` did, and a
+            // growth's block and a checkpoint's were written at once).
+            .then(|| Turn(self))
     }
 
     /// The log stopped: every later turn says so ([`Turn::stopped`]).
@@ -256,6 +259,31 @@ impl Drop for Turn<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One turn at a time: an attempt while it is held fails and leaves
+    /// it held; its release lets the next one in.
+    #[test]
+    fn a_failed_attempt_leaves_the_turn_held() {
+        let w = Writer::new(Control {
+            seq: 1,
+            checkpoint: 0,
+            redo: 4096,
+            capacity: 1 << 20,
+            block: 512,
+            log_id: 1,
+            next_gsn: 1,
+            index: 0,
+            count: 1,
+            redo_gsn: 0,
+            stream_bytes: 1 << 20,
+        });
+        let held = w.try_take().expect("a free turn");
+        assert!(w.try_take().is_none());
+        assert!(w.try_take().is_none(), "a failed attempt released the turn");
+        assert!(w.turn_blocking(Duration::from_millis(5)).is_err());
+        drop(held);
+        assert!(w.try_take().is_some());
+    }
 
     #[test]
     fn newest_valid_block_wins() {
