@@ -122,7 +122,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
                 targets.push(t.clone());
                 // The log's own block, as its control block says: the
                 // records on it are padded to that.
-                let block = resume.block;
+                let block = resume.control.block;
                 if block < t.alignment().io {
                     return Err(Error::Log(format!(
                         "log {i} pads its flushes to {block} bytes; its device needs {}-byte \
@@ -298,7 +298,7 @@ fn reserve_for_logs(pool: &BufferPool, array: &Array, logs: &[Target], resume: &
         .iter()
         .zip(resume)
         .filter(|(t, _)| matches!(t, Target::File(l) if l.file_system() == Some(fs)))
-        .map(|(t, r)| (t.clone(), crate::wal::CONTROL_BYTES + r.capacity))
+        .map(|(t, r)| (t.clone(), crate::wal::CONTROL_BYTES + r.control.capacity))
         .filter(|(t, full)| t.size() < *full)
         .collect();
     if !files.is_empty() {

@@ -652,6 +652,9 @@ impl BufferPool {
     /// device).
     pub(crate) async fn whole_mix(&self, r: &BlobRef, buf: &mut [u8]) -> Option<Vec<u8>> {
         let copies = self.array.copies().min(u8::MAX as usize) as u64;
+        if copies < 2 || buf.is_empty() {
+            return None;
+        }
         let pages = r.len.div_ceil(self.page_size as u64);
         let mut devices: Vec<usize> = self
             .blob_ios(&r.extents, 0, pages)
@@ -660,7 +663,7 @@ impl BufferPool {
             .collect();
         devices.sort_unstable();
         devices.dedup();
-        if copies < 2 || devices.len() < 2 || buf.is_empty() {
+        if devices.len() < 2 {
             return None;
         }
         let mixes = u32::try_from(devices.len())

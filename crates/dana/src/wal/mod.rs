@@ -774,20 +774,13 @@ pub struct Resume {
     pub end: u64,
     /// Checksum of the last valid record.
     pub last_crc: u32,
-    /// Redo LSN of the last completed checkpoint.
-    pub redo: u64,
-    /// The last control block written (the newest valid one).
+    /// The last control block written (the newest valid one): the redo
+    /// LSN of the last completed checkpoint, the stream's capacity, the
+    /// log's identity, the unit flushes are padded to.
     pub control: control::Control,
-    /// Bytes of the circular record stream.
-    pub capacity: u64,
-    /// The log's identity (written into every control block).
-    pub log_id: u64,
     /// The end of the valid records found (at or below `end`: the bytes in
     /// between are whatever a torn flush left, skipped by recovery).
     pub valid_end: u64,
-    /// The unit flushes are padded to, as the log's control block records
-    /// it (chosen when the log was formatted).
-    pub block: u64,
 }
 
 /// How many records at the head of `queue` a flush may take when every
@@ -838,7 +831,7 @@ impl Wal {
                 "log flushes in flight: {max_in_flight}, must be 1 to {MAX_FLUSHES_IN_FLIGHT}"
             )));
         }
-        let capacity = resume.capacity;
+        let capacity = resume.control.capacity;
         if !block.is_power_of_two() || block > control::BLOCK || capacity % control::BLOCK != 0 {
             return Err(Error::InvalidArgument(format!(
                 "log block {block} / capacity {capacity}: the block must be a power of two up to \
@@ -851,7 +844,7 @@ impl Wal {
             index,
             shared,
             device,
-            log_id: resume.log_id,
+            log_id: resume.control.log_id,
             resumed_at: resume.end,
             resumed_valid_end: resume.valid_end.min(resume.end),
             block,
@@ -867,7 +860,7 @@ impl Wal {
                 flushing: VecDeque::new(),
                 next_flush: 0,
                 since: None,
-                redo: resume.redo,
+                redo: resume.control.redo,
                 trimmed_to: 0,
                 applying: BTreeSet::new(),
                 redo_at: RedoAt::Idle,
@@ -891,7 +884,9 @@ impl Wal {
             in_checkpoint: AtomicBool::new(false),
             trim: file.as_ref().filter(|f| f.discards_cheaply()).cloned(),
             growth: file
-                .filter(|f| recover::is_growable(f) && f.size() < CONTROL_BYTES + resume.capacity)
+                .filter(|f| {
+                    recover::is_growable(f) && f.size() < CONTROL_BYTES + resume.control.capacity
+                })
                 .map(|f| LogGrowth {
                     // More than the control block records after a growth
                     // cut before its block: the open's checkpoint, before
@@ -2100,7 +2095,6 @@ mod tests {
                     Resume {
                         end: 512,
                         last_crc: 0,
-                        redo: 512,
                         control: control::Control {
                             seq: 0,
                             checkpoint: 0,
@@ -2114,10 +2108,7 @@ mod tests {
                             redo_gsn: 0,
                             stream_bytes: 0,
                         },
-                        capacity: 1 << 20,
-                        log_id: 1,
                         valid_end: 512,
-                        block: 512,
                     },
                     None,
                 )

@@ -227,12 +227,8 @@ pub fn format(
     Ok(Resume {
         end: start,
         last_crc: 0,
-        redo: start,
         control: c,
-        capacity,
-        log_id,
         valid_end: start,
-        block,
     })
 }
 
@@ -1001,12 +997,8 @@ pub fn recover(
         out.resume.push(Resume {
             end: valid_end.div_ceil(block) * block,
             last_crc: f.scan.last_crc.unwrap_or(0),
-            redo: f.ctl.redo,
             control: f.ctl,
-            capacity: f.ctl.capacity,
-            log_id: f.ctl.log_id,
             valid_end,
-            block,
         });
     }
     Ok(out)
