@@ -134,9 +134,7 @@ pub fn run(args: &RebuildArgs) -> CliResult<()> {
     }
     let repaired = stats.page_copy_repairs - stats_before.page_copy_repairs;
     if repaired > 0 {
-        println!(
-            "pages whose damaged copies were written from the pool's clean version: {repaired}"
-        );
+        println!("pages whose damaged copies were written from a valid version: {repaired}");
     }
     let status = db.mirror_status();
     print_status(&status);

@@ -385,11 +385,11 @@ impl Db {
     /// the mirror cannot judge their copies page by page as it does the
     /// others'): `blob_repairs` in [`Db::pool_stats`] counts them, and
     /// [`Db::check`] reports a value damaged on some copies. Last, it
-    /// compares the copies page by page and writes the pool's clean version
-    /// of each page over its copies that are not a valid page
-    /// (`page_copy_repairs` counts them; a read repairs only the copy it
-    /// happens to read), for the pages in the pool: the check's walk just
-    /// read every page of the trees through it. `dana rebuild` runs this.
+    /// compares the copies page by page and writes a valid version of each
+    /// page over its copies that are not a valid page (`page_copy_repairs`
+    /// counts them; a read repairs only the copy it happens to read): the
+    /// pool's clean version of a page in the pool, the one its valid copies
+    /// agree on for a page that is not. `dana rebuild` runs this.
     pub fn rebuild(&self) -> Result<Vec<RebuildReport>> {
         self.live(true)?;
         if crate::sched::on_worker() {
@@ -399,21 +399,26 @@ impl Db {
         }
         let reports = self.inner.rebuilds.rebuild_all()?;
         let pool = self.inner.pool.clone();
+        // Before the walk: a page it finds in use and no freed page handed
+        // over since is still a tree page (`buffer/scrub.rs`).
+        let handovers = pool.handovers();
         let (free, next_unused) =
             self.block_on(async move { crate::check::repair_value_copies(&pool).await })??;
-        self.repair_page_copies(&free, next_unused)?;
+        self.repair_page_copies(&free, next_unused, handovers)?;
         Ok(reports)
     }
 
     /// Compares the copies of every mirrored data device page by page (as
-    /// [`Db::check`] does) and writes the pool's clean version of each page
-    /// in the pool over its copies that are not a valid page, where another
-    /// copy is ([`BufferPool::repair_page_copies`]: a dirty page is left to
-    /// its write-back, which writes every copy; a page not in the pool, to
-    /// the first read that meets its damaged copy). Copies that differ while each
-    /// is a valid page are left to the check's finding: which one is right
-    /// is not known here.
-    fn repair_page_copies(&self, free: &[bool], next_unused: u64) -> Result<()> {
+    /// [`Db::check`] does) and writes a valid version of each page over its
+    /// copies that are not a valid page, where another copy is
+    /// ([`BufferPool::repair_page_copies`]): for a page in the pool, the
+    /// pool's clean version (a dirty page is left to its write-back, which
+    /// writes every copy); for one not in the pool, the version its valid
+    /// copies agree on, unless a freed page changed hands since
+    /// `handovers` (the page may then hold something else now). Copies
+    /// that differ while each is a valid page are left to the check's
+    /// finding: which one is right is not known here.
+    fn repair_page_copies(&self, free: &[bool], next_unused: u64, handovers: u64) -> Result<()> {
         use crate::io::mirror::CopyState;
         let mirrors = &self.inner.rebuilds.mirrors;
         if mirrors.is_empty() || next_unused == 0 {
@@ -437,17 +442,13 @@ impl Db {
                 if !valid.iter().any(|&v| v) {
                     continue;
                 }
-                let damaged: Vec<u8> = healthy
-                    .iter()
-                    .zip(valid)
-                    .filter(|(_, &v)| !v)
-                    .map(|(&c, _)| c)
-                    .collect();
-                let (pool, pid) = (pool.clone(), *pid);
+                let (pool, pid, healthy) = (pool.clone(), *pid, healthy.clone());
                 // A page the repair cannot write (its copy failed meanwhile)
                 // stays as the check will report it; the rest go on.
                 repaired |= matches!(
-                    self.block_on(async move { pool.repair_page_copies(pid, &damaged).await }),
+                    self.block_on(async move {
+                        pool.repair_page_copies(pid, &healthy, handovers).await
+                    }),
                     Ok(Ok(true))
                 );
             }

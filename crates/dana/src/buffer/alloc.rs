@@ -123,6 +123,13 @@ pub(crate) struct AllocState {
     pub(super) freed_dropped: AtomicU64,
     /// Pages trimmed.
     pub(super) trimmed: AtomicU64,
+    /// Bumped each time pages freed in memory change hands around the
+    /// pool: taken again for a large value, or held for a trim (both drop
+    /// the pages' frames next, [`BufferPool::discard`]). The repair of an
+    /// evicted page's copies (`scrub.rs`) claims the page and then reads
+    /// this: unchanged since its check's walk, no page the walk saw in use
+    /// has been written around the pool since.
+    pub(super) handovers: AtomicU64,
 }
 
 /// Pages reserved for one commit's apply; released on drop.
@@ -790,6 +797,20 @@ impl BufferPool {
 
     fn took_page(&self) {
         self.took_pages(1);
+    }
+
+    /// Freed pages change hands around the pool (see
+    /// [`AllocState::handovers`]): called after they left the in-memory
+    /// map and before their frames are dropped. The fence pairs with the
+    /// one in the repair's claim (a store then a load on each side).
+    pub(super) fn note_handover(&self) {
+        self.alloc.handovers.fetch_add(1, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// How many times freed pages changed hands around the pool.
+    pub(crate) fn handovers(&self) -> u64 {
+        self.alloc.handovers.load(Ordering::SeqCst)
     }
 
     /// `n` pages were handed out.

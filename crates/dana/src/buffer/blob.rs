@@ -345,6 +345,7 @@ impl BufferPool {
         }
         self.took_pages(pages);
         if hold.reused {
+            self.note_handover();
             for e in &hold.extents {
                 for pid in e.page_ids() {
                     self.discard(pid).await?;

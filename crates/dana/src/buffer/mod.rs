@@ -229,8 +229,8 @@ pub struct PoolStatsSnapshot {
     /// Large values found damaged on one copy of mirrored devices, read
     /// whole from another and written back over the damaged one.
     pub blob_repairs: u64,
-    /// Pages whose damaged copies on mirrored devices were written from
-    /// the pool's clean version (`Db::rebuild`).
+    /// Pages whose damaged copies on mirrored devices were written from a
+    /// valid version: the pool's clean one, or the valid copies' (`Db::rebuild`).
     pub page_copy_repairs: u64,
     /// Syncs of the data files (one per device per
     /// [`BufferPool::sync_devices`]: large values before their commit,

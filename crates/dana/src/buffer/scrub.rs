@@ -1,54 +1,98 @@
-//! Repair of a page's damaged copies on mirrored devices, through the pool.
+//! Repair of a page's damaged copies on mirrored devices.
 //!
 //! Owns: [`BufferPool::repair_page_copies`], which `Db::rebuild` runs for
 //! every page whose healthy copies differ while some copy is a valid page.
 //! A mirrored read repairs a damaged copy only when it happens to read
 //! that copy; otherwise the damage stays until the other copy is lost too.
 //!
-//! The repair writes the pool's own version of a page already in the
-//! pool, under its exclusive latch, and only while the page is clean and
-//! no write-back of it is in flight: then the frame holds what every
-//! healthy copy held when the page was last written, and no write-back
-//! can start (it takes the exclusive latch) and land a newer version that
-//! the repair would then overwrite with an older one on one copy. A dirty
+//! A page in the pool: the repair writes the pool's own version, under
+//! its exclusive latch, and only while the page is clean and no
+//! write-back of it is in flight: then the frame holds what every healthy
+//! copy held when the page was last written, and no write-back can start
+//! (it takes the exclusive latch) and land a newer version that the
+//! repair would then overwrite with an older one on one copy. A dirty
 //! page, or one being written, needs nothing: its write-back writes every
-//! copy. A page not in the pool is left alone (the first read that meets
-//! its damaged copy repairs it): read in for the repair, it could be one
-//! freed since the comparison and taken by a large value whose write has
-//! not landed yet (a review's finding), whereas a resident frame, latched,
-//! holds off the discard that precedes such a write.
+//! copy.
 //!
-//! Never: reads a page in, writes a version other than the pool's clean
-//! one, writes a copy that holds a valid page (only the damaged ones
-//! named), or marks a page dirty without a logged change (a write with no
-//! record since the checkpoint could tear the good copies with nothing to
-//! rebuild them).
+//! A page not in the pool: the repair claims it as being read (EVICTED ->
+//! LOADING, with an in-flight entry, so every fault, allocation and frame
+//! drop of it waits), reads each healthy copy alone, and writes the
+//! valid version over the copies that are not a valid page, then lets it
+//! go (EVICTED). While claimed, nothing can be written to it through the
+//! pool. Around the pool, a freed page can be taken by a large value or
+//! trimmed; both drop the page's frame first ([`BufferPool::discard`],
+//! which waits for the claim), and both count a handover before that
+//! (`alloc.rs`). So the repair, once it holds the claim, compares the
+//! handover count with the one from before its check's walk: unchanged,
+//! the page holds a tree page's versions only (the walk found it in use,
+//! and no freed page changed hands since), and every later handover
+//! waits for the claim; changed, it leaves the page (a review's finding:
+//! a page freed since the comparison and taken by a large value whose
+//! write has not landed yet would get an old tree page over the value's
+//! bytes on one copy).
+//!
+//! Never: writes a version other than the pool's clean one or the one
+//! valid version the copies hold (copies valid and different are left to
+//! the check's finding), writes a copy that holds a valid page, or marks a
+//! page dirty without a logged change (a write with no record since the
+//! checkpoint could tear the good copies with nothing to rebuild them).
 
 use std::sync::atomic::Ordering;
 
+use std::sync::Arc;
+
 use super::page_table::{lock_of, EVICTED, LOADING};
 use super::{page, BufferPool, PageMut};
-use crate::io::{AlignedBuf, IoBuf, Placement, Request};
-use crate::sched;
-use crate::Result;
+use crate::io::{AlignedBuf, IoBuf, Placement, Request, ReusableBuf};
+use crate::sched::{self, IoWait};
+use crate::{Error, Result};
 
 /// Times the repair looks again at a page latched by someone else before
 /// it leaves it (yielding between looks).
 const LATCH_TRIES: usize = 1000;
 
 impl BufferPool {
-    /// Writes the pool's clean version of page `pid` over its copies
-    /// `damaged` (copy numbers of the page's mirrored device), if the page
-    /// is in the pool, clean, not being written and a valid page; returns
-    /// whether it wrote them. Holds the page's exclusive latch until the
-    /// writes are done (one page: the readers of it wait that long).
-    pub(crate) async fn repair_page_copies(&self, pid: u64, damaged: &[u8]) -> Result<bool> {
-        if damaged.is_empty() || self.read_only || self.check_pid(pid).is_err() {
+    /// Writes a valid version of page `pid` over its copies that are not a
+    /// valid page, among the copies `healthy` (copy numbers of the page's
+    /// mirrored device); returns whether it wrote any. A page in the pool
+    /// gets the pool's version if it is clean and not being written; a page
+    /// not in the pool, the version its valid copies hold, if they agree
+    /// and no freed page changed hands since `handovers` (the count
+    /// [`BufferPool::handovers`] gave before the check's walk that found
+    /// the page in use). Holds the page's latch, or its claim, until the
+    /// writes are done (one page: whoever wants it waits that long).
+    pub(crate) async fn repair_page_copies(
+        &self,
+        pid: u64,
+        healthy: &[u8],
+        handovers: u64,
+    ) -> Result<bool> {
+        if healthy.len() < 2 || self.read_only || self.check_pid(pid).is_err() {
             return Ok(false);
         }
-        let Some(guard) = self.latch_resident(pid).await else {
-            return Ok(false);
-        };
+        for _ in 0..LATCH_TRIES {
+            if self.table.try_lock_exclusive(pid) {
+                let guard = self.guard_of(pid, self.table.frame(pid));
+                return self.repair_from_frame(guard, healthy).await;
+            }
+            match lock_of(self.table.state(pid).load(Ordering::Acquire)) {
+                EVICTED => {
+                    if let Some(wait) = self.claim_evicted(pid) {
+                        let result = self.repair_from_copies(pid, healthy, handovers).await;
+                        self.release_claim(pid, wait);
+                        return result;
+                    }
+                }
+                LOADING => self.read_settled(pid).await,
+                _ => sched::yield_now().await,
+            }
+        }
+        Ok(false)
+    }
+
+    /// The repair of a page in the pool, latched by `guard`.
+    async fn repair_from_frame(&self, guard: PageMut<'_>, healthy: &[u8]) -> Result<bool> {
+        let pid = guard.pid();
         let meta = &self.frames[guard.frame as usize];
         if meta.dirty.load(Ordering::Acquire) || meta.writing.load(Ordering::Acquire) {
             return Ok(false);
@@ -57,31 +101,176 @@ impl BufferPool {
         if page::verify(bytes, pid).is_err() {
             return Ok(false);
         }
+        let copies = self.read_copies(pid, healthy).await?;
+        let damaged: Vec<u8> = copies
+            .iter()
+            .filter(|(_, b)| page::verify(b, pid).is_err())
+            .map(|&(c, _)| c)
+            .collect();
+        self.write_copies(pid, bytes, &damaged).await?;
+        drop(guard);
+        Ok(!damaged.is_empty())
+    }
+
+    /// The repair of a page claimed by [`BufferPool::claim_evicted`].
+    async fn repair_from_copies(&self, pid: u64, healthy: &[u8], handovers: u64) -> Result<bool> {
+        if self.handovers() != handovers {
+            return Ok(false);
+        }
+        let copies = self.read_copies(pid, healthy).await?;
+        let (valid, damaged): (Vec<_>, Vec<_>) = copies
+            .iter()
+            .partition(|(_, b)| page::verify(b, pid).is_ok());
+        let Some((_, good)) = valid.first() else {
+            return Ok(false);
+        };
+        if damaged.is_empty() || valid.iter().any(|(_, b)| b[..] != good[..]) {
+            return Ok(false);
+        }
+        let damaged: Vec<u8> = damaged.iter().map(|&&(c, _)| c).collect();
+        self.write_copies(pid, good, &damaged).await?;
+        Ok(true)
+    }
+
+    /// Page `pid`'s bytes on each of `copies`, read from that copy alone.
+    async fn read_copies(&self, pid: u64, copies: &[u8]) -> Result<Vec<(u8, Vec<u8>)>> {
         let (device, offset) = self.array.locate(pid);
-        for &c in damaged {
+        let mut out = Vec::with_capacity(copies.len());
+        for &c in copies {
+            let mut buf = ReusableBuf::new(self.page_size, self.page_size)?;
+            let mut req = Request::read(0, offset, buf.lend(0, self.page_size)?);
+            req.copy = Some(c);
+            sched::perform(device, req).await?;
+            let bytes = buf.get_mut().ok_or_else(|| {
+                Error::Poisoned(format!(
+                    "the read of page {pid}'s copy {c} still holds its buffer once done"
+                ))
+            })?;
+            out.push((c, bytes.to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Writes `bytes` as page `pid` to each of `copies`, alone (one page
+    /// repaired, if any).
+    async fn write_copies(&self, pid: u64, bytes: &[u8], copies: &[u8]) -> Result<()> {
+        let (device, offset) = self.array.locate(pid);
+        for &c in copies {
             let mut buf = AlignedBuf::new(self.page_size, self.page_size)?;
             buf.copy_from_slice(bytes);
             let mut req = Request::write(0, offset, IoBuf::owned(buf)).placed(Placement::Unsorted);
             req.copy = Some(c);
             sched::perform(device, req).await?;
         }
-        drop(guard);
-        self.stats.page_copy_repairs.fetch_add(1, Ordering::Relaxed);
-        Ok(true)
+        if !copies.is_empty() {
+            self.stats.page_copy_repairs.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
-    /// Page `pid`'s exclusive latch if the page is in the pool (never a
-    /// read); None if it is not, or stays latched by others.
-    async fn latch_resident(&self, pid: u64) -> Option<PageMut<'_>> {
-        for _ in 0..LATCH_TRIES {
-            if self.table.try_lock_exclusive(pid) {
-                return Some(self.guard_of(pid, self.table.frame(pid)));
-            }
-            match lock_of(self.table.state(pid).load(Ordering::Acquire)) {
-                EVICTED | LOADING => return None,
-                _ => sched::yield_now().await,
-            }
+    /// Claims evicted page `pid` as being read, without a frame: every
+    /// fault, allocation and frame drop of it waits until
+    /// [`BufferPool::release_claim`]. None if it is not evicted now.
+    fn claim_evicted(&self, pid: u64) -> Option<Arc<IoWait>> {
+        if !self.table.try_transition(pid, EVICTED, LOADING) {
+            return None;
         }
-        None
+        // Pairs with the fence of `note_handover`: a handover counted
+        // after this load finds the page claimed in its frame drop.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Some(self.inflight.insert(pid))
+    }
+
+    /// Lets a claimed page go, evicted as it was; its waiters look again.
+    fn release_claim(&self, pid: u64, wait: Arc<IoWait>) {
+        // As a read's completion: the entry goes before the state.
+        self.inflight.remove(pid);
+        self.table.set_lock(pid, EVICTED);
+        wait.complete(Ok(()), std::time::Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buffer::{PageType, PoolConfig};
+    use crate::io::mirror::{CopySpec, Mirror, Role};
+    use crate::io::sim::{SimConfig, SimDisk};
+    use crate::io::{Array, Backend, Target};
+    use crate::sched::{Runtime, RuntimeConfig};
+
+    const PAGE: usize = 4096;
+
+    /// The repair of a page not in the pool writes its valid copy over
+    /// the damaged one, unless freed pages changed hands since the count
+    /// it is given (the page may be a large value's by then), and never
+    /// when no copy is valid.
+    #[test]
+    fn an_evicted_page_is_repaired_only_if_no_freed_page_changed_hands() {
+        let disks: Vec<_> = (0..2)
+            .map(|i| SimDisk::new(i, 1 << 20, SimConfig::default()))
+            .collect();
+        let copies = disks
+            .iter()
+            .map(|d| CopySpec::of(Target::Sim(d.clone())))
+            .collect();
+        let mirror = Mirror::create(Role::Data(0), 0, copies).unwrap();
+        let array = Array::new(vec![Target::Mirror(mirror.clone())], PAGE as u64).unwrap();
+        let pool = Arc::new(BufferPool::new(array.clone(), &PoolConfig::with_frames(16)).unwrap());
+        let rt = Runtime::start(
+            &RuntimeConfig {
+                workers: 1,
+                ..Default::default()
+            },
+            array.targets(),
+            &Backend::default(),
+            pool.services(),
+            Some(pool.memory()),
+        )
+        .unwrap();
+        let pid = 5u64;
+        let mut good = vec![0u8; PAGE];
+        page::init_page(&mut good, pid, PageType::Leaf);
+        good[PAGE - 1] = 0x77;
+        page::seal(&mut good);
+        let at = pid * PAGE as u64;
+        let damage = |m: &Mirror| {
+            let mut bad = good.clone();
+            bad[100] ^= 0xFF;
+            m.write_copy(0, at, &bad).unwrap();
+        };
+        let copy_valid =
+            |m: &Mirror, c| page::verify(&m.read_copy(c, at, PAGE).unwrap(), pid).is_ok();
+        mirror.write_copy(1, at, &good).unwrap();
+        damage(&mirror);
+        let repair = |pid: u64, handovers: u64| {
+            let pool = pool.clone();
+            rt.block_on(async move { pool.repair_page_copies(pid, &[0, 1], handovers).await })
+                .unwrap()
+                .unwrap()
+        };
+        let now = pool.handovers();
+        pool.note_handover();
+        assert!(!repair(pid, now), "a freed page changed hands since");
+        assert!(!copy_valid(&mirror, 0));
+        assert!(repair(pid, pool.handovers()));
+        assert!(copy_valid(&mirror, 0) && copy_valid(&mirror, 1));
+        assert_eq!(mirror.read_copy(0, at, PAGE).unwrap()[..], good[..]);
+        // Released: the page reads through the pool as any other.
+        let p = pool.clone();
+        let last = rt
+            .block_on(async move { p.fix_shared(pid).await.map(|g| g[PAGE - 1]) })
+            .unwrap()
+            .unwrap();
+        assert_eq!(last, 0x77);
+        // No valid copy: nothing written.
+        let other = 7u64;
+        let at = other * PAGE as u64;
+        mirror.write_copy(0, at, &[1; PAGE]).unwrap();
+        mirror.write_copy(1, at, &[2; PAGE]).unwrap();
+        assert!(!repair(other, pool.handovers()));
+        assert_eq!(mirror.read_copy(0, at, PAGE).unwrap()[..], [1; PAGE]);
+        assert_eq!(mirror.read_copy(1, at, PAGE).unwrap()[..], [2; PAGE]);
+        rt.shutdown();
     }
 }
