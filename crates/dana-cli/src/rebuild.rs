@@ -136,6 +136,12 @@ pub fn run(args: &RebuildArgs) -> CliResult<()> {
     if repaired > 0 {
         println!("pages whose damaged copies were written from a valid version: {repaired}");
     }
+    let left = stats.page_copy_repairs_left - stats_before.page_copy_repairs_left;
+    if left > 0 {
+        println!(
+            "pages with a damaged copy left as they are (freed pages changed hands while the repair looked; rebuild again): {left}"
+        );
+    }
     let status = db.mirror_status();
     print_status(&status);
     db.close()?;

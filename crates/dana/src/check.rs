@@ -101,6 +101,32 @@ pub const CREATING_TREE: &str = "(tree being created)";
 /// ```
 pub const DROPPING_TREE: &str = "(tree being dropped)";
 
+/// What the copies of each page below the high-water mark must agree on,
+/// as the check found the pages: nothing of a free page (its bytes mean
+/// nothing), the value's bytes of a large value's last page (the rest of
+/// that page is never read, and a damaged byte there fails no checksum,
+/// so no repair would ever make the copies agree), the whole of any other.
+#[derive(Debug, Default, Clone)]
+pub struct PagesInUse {
+    free: Vec<bool>,
+    /// Last pages of large values that the value does not fill: the bytes
+    /// of the value in each.
+    tails: std::collections::HashMap<u64, usize>,
+}
+
+impl PagesInUse {
+    /// Bytes at the start of page `pid` that mean something (of
+    /// `page_size`): 0 for a free page.
+    pub fn bytes(&self, pid: u64, page_size: usize) -> usize {
+        if self.free.get(pid as usize) == Some(&true) {
+            return 0;
+        }
+        self.tails
+            .get(&pid)
+            .map_or(page_size, |&n| n.min(page_size))
+    }
+}
+
 /// Owner value for the pages the free-space map marks free.
 const FREE_OWNER: u32 = u32::MAX;
 /// Owner value for the meta page and the map pages.
@@ -929,33 +955,33 @@ pub async fn check_pool(pool: &Arc<BufferPool>) -> Result<CheckReport> {
     check_pool_and_free(pool).await.map(|(report, _)| report)
 }
 
-/// [`check_pool`], and for each page below the high-water mark whether
-/// it found it free, which [`check_mirrors`] does not compare.
+/// [`check_pool`], and what of each page below the high-water mark
+/// [`check_mirrors`] compares.
 pub(crate) async fn check_pool_and_free(
     pool: &Arc<BufferPool>,
-) -> Result<(CheckReport, Vec<bool>)> {
+) -> Result<(CheckReport, PagesInUse)> {
     run(pool, false)
         .await
-        .map(|(report, free, _)| (report, free))
+        .map(|(report, in_use, _)| (report, in_use))
 }
 
 /// Writes a whole copy of every large value over its damaged copies on
 /// mirrored devices (the check's value pass, repairing instead of
 /// reporting; `blob_repairs` counts them). The one write the checker
-/// makes: `Db::rebuild` runs it. Returns the page accounting's free map
-/// and the high-water mark, for the comparison of the copies page by page
-/// that follows ([`check_mirrors`]).
-pub(crate) async fn repair_value_copies(pool: &Arc<BufferPool>) -> Result<(Vec<bool>, u64)> {
+/// makes: `Db::rebuild` runs it. Returns what of each page the copies
+/// must agree on and the high-water mark, for the comparison of the
+/// copies page by page that follows ([`check_mirrors`]).
+pub(crate) async fn repair_value_copies(pool: &Arc<BufferPool>) -> Result<(PagesInUse, u64)> {
     if pool.array().copies() < 2 {
-        return Ok((Vec::new(), 0));
+        return Ok((PagesInUse::default(), 0));
     }
     run(pool, true)
         .await
-        .map(|(report, free, _)| (free, report.space.next_unused))
+        .map(|(report, in_use, _)| (in_use, report.space.next_unused))
 }
 
 /// The check, repairing large values' damaged copies if `repair`.
-async fn run(pool: &Arc<BufferPool>, repair: bool) -> Result<(CheckReport, Vec<bool>, u64)> {
+async fn run(pool: &Arc<BufferPool>, repair: bool) -> Result<(CheckReport, PagesInUse, u64)> {
     // A repair holds it from before any reference is read until every
     // value is repaired: no extent freed meanwhile is handed out again,
     // so a repair never writes over another value (while it lasts, large
@@ -1068,6 +1094,16 @@ async fn run(pool: &Arc<BufferPool>, repair: bool) -> Result<(CheckReport, Vec<b
         let _ = c.walk(owner, r, false, holes).await;
     }
 
+    let ps = pool.page_size() as u64;
+    let tails = c
+        .values
+        .iter()
+        .filter_map(|(_, _, r)| {
+            let last = r.len.checked_sub(1)? / ps;
+            let used = r.len - last * ps;
+            (used < ps).then_some((value_page(r, last)?, used as usize))
+        })
+        .collect();
     c.check_values().await;
     if c.large_values != space.large_values {
         c.find(
@@ -1081,7 +1117,10 @@ async fn run(pool: &Arc<BufferPool>, repair: bool) -> Result<(CheckReport, Vec<b
     }
     let free_pages = c.check_map(space.free_pages).await;
     let lost_pages = c.lost_pages();
-    let free = c.owners.iter().map(|&o| o == FREE_OWNER).collect();
+    let in_use = PagesInUse {
+        free: c.owners.iter().map(|&o| o == FREE_OWNER).collect(),
+        tails,
+    };
     let report = CheckReport {
         page_size: pool.page_size(),
         space,
@@ -1109,7 +1148,18 @@ async fn run(pool: &Arc<BufferPool>, repair: bool) -> Result<(CheckReport, Vec<b
             })
             .collect(),
     };
-    Ok((report, free, c.repaired))
+    Ok((report, in_use, c.repaired))
+}
+
+/// The page id of page `k` of large value `r` (None past its extents).
+fn value_page(r: &BlobRef, mut k: u64) -> Option<u64> {
+    for e in &r.extents {
+        if k < u64::from(e.pages) {
+            return Some(e.start + k);
+        }
+        k -= u64::from(e.pages);
+    }
+    None
 }
 
 /// Compares the copies of every mirrored device: a data device page by
@@ -1119,21 +1169,23 @@ async fn run(pool: &Arc<BufferPool>, repair: bool) -> Result<(CheckReport, Vec<b
 /// differ, and every log whose copies disagree. Blocking reads from the
 /// calling thread (never a worker); run it on a quiescent database, as
 /// the rest of the check (a write between two copies' reads is a false
-/// difference). Pages `p` with `free[p]` (as the checker found them) are
-/// not compared: their
-/// bytes mean nothing, and a large value a crash kept from its commit
-/// leaves its extent free and written on one copy only (`dana crashtest
-/// --mirrored` met that: six pages of a value that differed between the
-/// copies, both versions values' bytes).
+/// difference). Only the bytes `in_use` names are compared: none of a
+/// free page (a large value a crash kept from its commit leaves its
+/// extent free and written on one copy only: `dana crashtest --mirrored`
+/// met six pages of a value that differed between the copies, both
+/// versions values' bytes), and of a large value's last page only the
+/// value's bytes (a damaged byte past them failed no checksum, so no
+/// repair made the copies agree, and the finding stayed for ever: an
+/// outside probe's).
 pub fn check_mirrors(
     mirrors: &[Arc<crate::io::mirror::Mirror>],
     width: u64,
     page_size: u64,
     next_unused: u64,
-    free: &[bool],
+    in_use: &PagesInUse,
     report: &mut CheckReport,
 ) -> Result<()> {
-    let (findings, compared) = compare_mirrors(mirrors, width, page_size, next_unused, free)?;
+    let (findings, compared) = compare_mirrors(mirrors, width, page_size, next_unused, in_use)?;
     report.findings.extend(findings);
     report.mirrors.extend(compared);
     Ok(())
@@ -1145,7 +1197,7 @@ pub(crate) fn compare_mirrors(
     width: u64,
     page_size: u64,
     next_unused: u64,
-    free: &[bool],
+    in_use: &PagesInUse,
 ) -> Result<(Vec<Finding>, Vec<MirrorCheck>)> {
     use crate::io::mirror::{CopyState, Role};
     let ps = page_size;
@@ -1205,13 +1257,15 @@ pub(crate) fn compare_mirrors(
                 .collect::<Result<Vec<_>>>()?;
             for j in 0..n as usize {
                 let pid = (k + j as u64) * width + device;
-                if free.get(pid as usize) == Some(&true) {
+                let bytes = in_use.bytes(pid, ps as usize);
+                if bytes == 0 {
                     continue;
                 }
                 let at = j * ps as usize..(j + 1) * ps as usize;
-                let first = &copies[0][at.clone()];
+                let meant = at.start..at.start + bytes;
+                let first = &copies[0][meant.clone()];
                 mc.pages_compared += 1;
-                if copies[1..].iter().all(|b| b[at.clone()] == *first) {
+                if copies[1..].iter().all(|b| b[meant.clone()] == *first) {
                     continue;
                 }
                 let valid: Vec<bool> = copies

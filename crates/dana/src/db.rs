@@ -122,6 +122,11 @@ pub struct Db {
     inner: Arc<DbInner>,
 }
 
+/// Walks of the trees `Db::rebuild` makes at most to repair pages whose
+/// copies differ: another walk only while freed pages changed hands
+/// during the last one's repairs (a database writing large values).
+const PAGE_REPAIR_ROUNDS: usize = 3;
+
 impl Db {
     /// Opens the database in directory `dir`, creating the directory and
     /// its files (`dana.0`, `dana.1`, ..., `dana.wal`, `dana.wal.1`, ...)
@@ -399,12 +404,23 @@ impl Db {
         }
         let reports = self.inner.rebuilds.rebuild_all()?;
         let pool = self.inner.pool.clone();
-        // Before the walk: a page it finds in use and no freed page handed
-        // over since is still a tree page (`buffer/scrub.rs`).
-        let handovers = pool.handovers();
-        let (free, next_unused) =
+        // Before each walk: a page it finds in use, with no freed page
+        // handed over since, is still a tree page (`buffer/scrub.rs`).
+        let mut handovers = pool.handovers();
+        let (mut in_use, mut next_unused) =
             self.block_on(async move { crate::check::repair_value_copies(&pool).await })??;
-        self.repair_page_copies(&free, next_unused, handovers)?;
+        for round in 1..=PAGE_REPAIR_ROUNDS {
+            let left = self.repair_page_copies(&in_use, next_unused, handovers)?;
+            if left == 0 || round == PAGE_REPAIR_ROUNDS {
+                self.inner.pool.page_repairs_left(left);
+                break;
+            }
+            let pool = self.inner.pool.clone();
+            handovers = pool.handovers();
+            let (report, walked) =
+                self.block_on(async move { check_pool_and_free(&pool).await })??;
+            (in_use, next_unused) = (walked, report.space.next_unused);
+        }
         Ok(reports)
     }
 
@@ -414,15 +430,22 @@ impl Db {
     /// ([`BufferPool::repair_page_copies`]): for a page in the pool, the
     /// pool's clean version (a dirty page is left to its write-back, which
     /// writes every copy); for one not in the pool, the version its valid
-    /// copies agree on, unless a freed page changed hands since
-    /// `handovers` (the page may then hold something else now). Copies
-    /// that differ while each is a valid page are left to the check's
-    /// finding: which one is right is not known here.
-    fn repair_page_copies(&self, free: &[bool], next_unused: u64, handovers: u64) -> Result<()> {
+    /// copies agree on; neither if a freed page changed hands since
+    /// `handovers` (the page may then hold something else now): returns
+    /// how many were left so. Copies that differ while each is a valid
+    /// page are left to the check's finding: which one is right is not
+    /// known here.
+    fn repair_page_copies(
+        &self,
+        in_use: &crate::check::PagesInUse,
+        next_unused: u64,
+        handovers: u64,
+    ) -> Result<u64> {
+        use crate::buffer::PageRepair;
         use crate::io::mirror::CopyState;
         let mirrors = &self.inner.rebuilds.mirrors;
         if mirrors.is_empty() || next_unused == 0 {
-            return Ok(());
+            return Ok(0);
         }
         let pool = &self.inner.pool;
         let (_, compared) = crate::check::compare_mirrors(
@@ -430,9 +453,9 @@ impl Db {
             pool.array().width() as u64,
             pool.page_size() as u64,
             next_unused,
-            free,
+            in_use,
         )?;
-        let mut repaired = false;
+        let (mut repaired, mut left) = (false, 0);
         for mc in &compared {
             let healthy: Vec<u8> = (0..mc.states.len())
                 .filter(|&c| mc.states[c] == CopyState::Healthy)
@@ -445,19 +468,20 @@ impl Db {
                 let (pool, pid, healthy) = (pool.clone(), *pid, healthy.clone());
                 // A page the repair cannot write (its copy failed meanwhile)
                 // stays as the check will report it; the rest go on.
-                repaired |= matches!(
-                    self.block_on(async move {
-                        pool.repair_page_copies(pid, &healthy, handovers).await
-                    }),
-                    Ok(Ok(true))
-                );
+                match self.block_on(async move {
+                    pool.repair_page_copies(pid, &healthy, handovers).await
+                }) {
+                    Ok(Ok(PageRepair::Repaired)) => repaired = true,
+                    Ok(Ok(PageRepair::Moved)) => left += 1,
+                    _ => {}
+                }
             }
         }
         if repaired {
             let pool = pool.clone();
             self.block_on(async move { pool.sync_devices().await })??;
         }
-        Ok(())
+        Ok(left)
     }
 
     /// What recovery did when this database opened (None: no log, or a
@@ -785,7 +809,7 @@ impl Db {
     /// ```
     pub fn check(&self) -> Result<CheckReport> {
         let pool = self.inner.pool.clone();
-        let (mut report, free) =
+        let (mut report, in_use) =
             self.block_on(async move { check_pool_and_free(&pool).await })??;
         let mirrors = &self.inner.rebuilds.mirrors;
         if !mirrors.is_empty() {
@@ -797,7 +821,7 @@ impl Db {
                 p.array().width() as u64,
                 p.page_size() as u64,
                 report.space.next_unused,
-                &free,
+                &in_use,
                 &mut report,
             )?;
         }

@@ -525,9 +525,10 @@ fn rebuild_repairs_pages_damaged_on_one_copy_that_no_read_meets() {
 /// `rebuild` repairs pages damaged on one copy that are not in the pool
 /// too (the first version left them to a read that happened to meet the
 /// damage): a database of ~4x the pool, a byte flipped on copy 0 of every
-/// odd page (which reads served by alternating copies leave on copy 1),
-/// and every damaged page is written over from its valid copy. More are
-/// repaired than the pool has frames, so most were evicted.
+/// odd page (which reads served by alternating copies mostly leave on
+/// copy 1), and every damaged page is written over from its valid copy.
+/// (`rebuild`'s own walk may meet a few damaged copies and repair them as
+/// reads: the count is not compared with the check's.)
 #[test]
 fn rebuild_repairs_damaged_copies_of_pages_not_in_the_pool() {
     use std::os::unix::fs::FileExt;
@@ -565,11 +566,55 @@ fn rebuild_repairs_damaged_copies_of_pages_not_in_the_pool() {
     assert!(diverging > frames, "{diverging} pages differ");
     let before = db.pool_stats();
     db.rebuild().unwrap();
-    let repaired = db.pool_stats().page_copy_repairs - before.page_copy_repairs;
-    assert_eq!(repaired, diverging);
+    let after = db.pool_stats();
+    let repaired = after.page_copy_repairs - before.page_copy_repairs;
+    assert!(
+        repaired > 0 && repaired <= diverging,
+        "{repaired} of {diverging}"
+    );
+    assert_eq!(after.page_copy_repairs_left, 0);
     let report = db.check().unwrap();
     assert!(report.is_ok(), "{:?}", report.findings);
     assert_values(&db, 0, 60_000);
+    db.close().unwrap();
+}
+
+/// A byte damaged past a large value's end, in its last page, is not a
+/// difference between the copies: nothing reads it and no checksum covers
+/// it, so no repair would ever make the copies agree (an outside probe:
+/// `check` kept naming such pages after every `rebuild`, and exited 1 for
+/// good). Only the value's bytes of that page are compared.
+#[test]
+fn bytes_past_a_large_values_end_are_not_compared() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default().pool_bytes(2 << 20).mirrored();
+    let db = Db::open(dir.path(), opts.clone()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    let big = |v: u32| -> Vec<u8> { (0..3000u32).map(|i| (i * 13 + v) as u8).collect() };
+    for v in 0..4u32 {
+        t.put(&v.to_be_bytes(), &big(v)).unwrap();
+    }
+    db.close().unwrap();
+    // The last byte of every page past the meta page, on copy 0: the
+    // tree pages fail their checksums there, the values' one page each
+    // does not (3,000 bytes of 4,096).
+    flip_bytes(&dir.path().join("dana.0"), LABEL_BYTES + 4096 + 4095, 0x81);
+    let db = Db::open(dir.path(), opts).unwrap();
+    let report = db.check().unwrap();
+    assert!(report.data_ok(), "{:?}", report.findings);
+    let divergent = &report.mirrors[0].divergent;
+    assert!(!divergent.is_empty());
+    assert!(
+        divergent.iter().all(|(_, valid)| valid.iter().any(|&v| v)),
+        "only tree pages differ: {divergent:?}"
+    );
+    db.rebuild().unwrap();
+    let report = db.check().unwrap();
+    assert!(report.is_ok(), "{:?}", report.findings);
+    let t = db.tree("t").unwrap();
+    for v in 0..4u32 {
+        assert_eq!(t.get(&v.to_be_bytes()).unwrap(), Some(big(v)));
+    }
     db.close().unwrap();
 }
 

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::alloc::SpaceGuard;
-use super::page_table::{lock_of, EVICTED, UNLOCKED};
+use super::page_table::{lock_of, EVICTED, LOADING, UNLOCKED};
 use super::BufferPool;
 use crate::io::{AlignedBuf, IoBuf, Placement, Request};
 use crate::{sched, Error, Result};
@@ -398,6 +398,9 @@ impl BufferPool {
                     self.return_frames(&[f]);
                     return Ok(());
                 }
+                // Being read (a stale reader's fault, or a rebuild's
+                // repair holding it: `scrub.rs`): wait for that to end.
+                LOADING => self.read_settled(pid).await,
                 _ => sched::yield_now().await,
             }
         }

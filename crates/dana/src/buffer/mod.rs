@@ -41,6 +41,7 @@ mod page_table;
 pub mod policy;
 pub mod records;
 mod scrub;
+pub(crate) use scrub::PageRepair;
 pub mod space_map;
 mod stall;
 mod trim;
@@ -162,6 +163,7 @@ pub struct PoolStats {
     blob_write_bytes: AtomicU64,
     blob_repairs: AtomicU64,
     page_copy_repairs: AtomicU64,
+    page_copy_repairs_left: AtomicU64,
     /// Data-file syncs ([`BufferPool::sync_devices`], one per device).
     device_syncs: AtomicU64,
     flush_log_waits: AtomicU64,
@@ -232,6 +234,11 @@ pub struct PoolStatsSnapshot {
     /// Pages whose damaged copies on mirrored devices were written from a
     /// valid version: the pool's clean one, or the valid copies' (`Db::rebuild`).
     pub page_copy_repairs: u64,
+    /// Pages with a damaged copy that `Db::rebuild` left because freed
+    /// pages kept changing hands while it looked (large values written,
+    /// trims): a later rebuild, or a read that meets the damaged copy,
+    /// repairs them.
+    pub page_copy_repairs_left: u64,
     /// Syncs of the data files (one per device per
     /// [`BufferPool::sync_devices`]: large values before their commit,
     /// checkpoints).
@@ -434,6 +441,7 @@ impl BufferPool {
             blob_write_bytes: l(&s.blob_write_bytes),
             blob_repairs: l(&s.blob_repairs),
             page_copy_repairs: l(&s.page_copy_repairs),
+            page_copy_repairs_left: l(&s.page_copy_repairs_left),
             device_syncs: l(&s.device_syncs),
             flush_log_waits: l(&s.flush_log_waits),
             eviction_writes_in_flight_max: l(&s.eviction_writes_in_flight_max),

@@ -54,82 +54,120 @@ const LATCH_TRIES: usize = 1000;
 impl BufferPool {
     /// Writes a valid version of page `pid` over its copies that are not a
     /// valid page, among the copies `healthy` (copy numbers of the page's
-    /// mirrored device); returns whether it wrote any. A page in the pool
-    /// gets the pool's version if it is clean and not being written; a page
-    /// not in the pool, the version its valid copies hold, if they agree
-    /// and no freed page changed hands since `handovers` (the count
-    /// [`BufferPool::handovers`] gave before the check's walk that found
-    /// the page in use). Holds the page's latch, or its claim, until the
+    /// mirrored device), unless a freed page changed hands since
+    /// `handovers` (the count [`BufferPool::handovers`] gave before the
+    /// check's walk that found the page in use). A page in the pool gets
+    /// the pool's version if it is clean, not being written, and what a
+    /// valid copy holds; a page not in the pool, the version its valid
+    /// copies agree on. Holds the page's latch, or its claim, until the
     /// writes are done (one page: whoever wants it waits that long).
     pub(crate) async fn repair_page_copies(
         &self,
         pid: u64,
         healthy: &[u8],
         handovers: u64,
-    ) -> Result<bool> {
+    ) -> Result<PageRepair> {
         if healthy.len() < 2 || self.read_only || self.check_pid(pid).is_err() {
-            return Ok(false);
+            return Ok(PageRepair::Nothing);
         }
         for _ in 0..LATCH_TRIES {
             if self.table.try_lock_exclusive(pid) {
                 let guard = self.guard_of(pid, self.table.frame(pid));
-                return self.repair_from_frame(guard, healthy).await;
+                return self.repair_from_frame(guard, healthy, handovers).await;
             }
             match lock_of(self.table.state(pid).load(Ordering::Acquire)) {
                 EVICTED => {
-                    if let Some(wait) = self.claim_evicted(pid) {
-                        let result = self.repair_from_copies(pid, healthy, handovers).await;
-                        self.release_claim(pid, wait);
-                        return result;
+                    if let Some(claim) = self.claim_evicted(pid) {
+                        return self.repair_from_copies(claim, healthy, handovers).await;
                     }
                 }
                 LOADING => self.read_settled(pid).await,
                 _ => sched::yield_now().await,
             }
         }
-        Ok(false)
+        Ok(PageRepair::Nothing)
     }
 
-    /// The repair of a page in the pool, latched by `guard`.
-    async fn repair_from_frame(&self, guard: PageMut<'_>, healthy: &[u8]) -> Result<bool> {
+    /// Counts pages `Db::rebuild` left with a damaged copy
+    /// ([`PageRepair::Moved`] in its last round).
+    pub(crate) fn page_repairs_left(&self, n: u64) {
+        self.stats
+            .page_copy_repairs_left
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Whether freed pages changed hands since `handovers`, asked once
+    /// the page is latched or claimed. The fence pairs with the one of
+    /// `note_handover`: a handover counted after this load finds the page
+    /// latched or claimed in its frame drop, and waits.
+    fn handed_over_since(&self, handovers: u64) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.handovers() != handovers
+    }
+
+    /// The repair of a page in the pool, latched by `guard`. Its frame may
+    /// be a stale reader's fault of a page freed and taken by a large
+    /// value since the walk (a review's finding: the value's bytes on
+    /// every copy, then overwritten by the old tree page): hence the
+    /// handover count here too, and a write only when a valid copy holds
+    /// what the frame does.
+    async fn repair_from_frame(
+        &self,
+        guard: PageMut<'_>,
+        healthy: &[u8],
+        handovers: u64,
+    ) -> Result<PageRepair> {
+        if self.handed_over_since(handovers) {
+            return Ok(PageRepair::Moved);
+        }
         let pid = guard.pid();
         let meta = &self.frames[guard.frame as usize];
         if meta.dirty.load(Ordering::Acquire) || meta.writing.load(Ordering::Acquire) {
-            return Ok(false);
+            return Ok(PageRepair::Nothing);
         }
         let bytes: &[u8] = &guard;
         if page::verify(bytes, pid).is_err() {
-            return Ok(false);
-        }
-        let copies = self.read_copies(pid, healthy).await?;
-        let damaged: Vec<u8> = copies
-            .iter()
-            .filter(|(_, b)| page::verify(b, pid).is_err())
-            .map(|&(c, _)| c)
-            .collect();
-        self.write_copies(pid, bytes, &damaged).await?;
-        drop(guard);
-        Ok(!damaged.is_empty())
-    }
-
-    /// The repair of a page claimed by [`BufferPool::claim_evicted`].
-    async fn repair_from_copies(&self, pid: u64, healthy: &[u8], handovers: u64) -> Result<bool> {
-        if self.handovers() != handovers {
-            return Ok(false);
+            return Ok(PageRepair::Nothing);
         }
         let copies = self.read_copies(pid, healthy).await?;
         let (valid, damaged): (Vec<_>, Vec<_>) = copies
             .iter()
             .partition(|(_, b)| page::verify(b, pid).is_ok());
+        if damaged.is_empty() || !valid.iter().any(|(_, b)| b[..] == *bytes) {
+            return Ok(PageRepair::Nothing);
+        }
+        let damaged: Vec<u8> = damaged.iter().map(|&&(c, _)| c).collect();
+        self.write_copies(pid, bytes, &damaged).await?;
+        drop(guard);
+        Ok(PageRepair::Repaired)
+    }
+
+    /// The repair of a page not in the pool, claimed by `claim` (let go
+    /// when this returns, or is dropped).
+    async fn repair_from_copies(
+        &self,
+        claim: Claim<'_>,
+        healthy: &[u8],
+        handovers: u64,
+    ) -> Result<PageRepair> {
+        if self.handed_over_since(handovers) {
+            return Ok(PageRepair::Moved);
+        }
+        let pid = claim.pid;
+        let copies = self.read_copies(pid, healthy).await?;
+        let (valid, damaged): (Vec<_>, Vec<_>) = copies
+            .iter()
+            .partition(|(_, b)| page::verify(b, pid).is_ok());
         let Some((_, good)) = valid.first() else {
-            return Ok(false);
+            return Ok(PageRepair::Nothing);
         };
         if damaged.is_empty() || valid.iter().any(|(_, b)| b[..] != good[..]) {
-            return Ok(false);
+            return Ok(PageRepair::Nothing);
         }
         let damaged: Vec<u8> = damaged.iter().map(|&&(c, _)| c).collect();
         self.write_copies(pid, good, &damaged).await?;
-        Ok(true)
+        drop(claim);
+        Ok(PageRepair::Repaired)
     }
 
     /// Page `pid`'s bytes on each of `copies`, read from that copy alone.
@@ -169,24 +207,50 @@ impl BufferPool {
     }
 
     /// Claims evicted page `pid` as being read, without a frame: every
-    /// fault, allocation and frame drop of it waits until
-    /// [`BufferPool::release_claim`]. None if it is not evicted now.
-    fn claim_evicted(&self, pid: u64) -> Option<Arc<IoWait>> {
+    /// fault, allocation and frame drop of it waits until the claim is
+    /// dropped. None if it is not evicted now.
+    fn claim_evicted(&self, pid: u64) -> Option<Claim<'_>> {
         if !self.table.try_transition(pid, EVICTED, LOADING) {
             return None;
         }
-        // Pairs with the fence of `note_handover`: a handover counted
-        // after this load finds the page claimed in its frame drop.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        Some(self.inflight.insert(pid))
+        Some(Claim {
+            pool: self,
+            pid,
+            wait: self.inflight.insert(pid),
+        })
     }
+}
 
-    /// Lets a claimed page go, evicted as it was; its waiters look again.
-    fn release_claim(&self, pid: u64, wait: Arc<IoWait>) {
+/// What [`BufferPool::repair_page_copies`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PageRepair {
+    /// Wrote a valid version over the damaged copies.
+    Repaired,
+    /// Nothing to do, or nothing it may do: no damaged copy now, no valid
+    /// one, valid copies that differ, a dirty page, or one that stays
+    /// latched.
+    Nothing,
+    /// Left alone: freed pages changed hands since the walk, so the page
+    /// may hold something else now (a later walk may repair it).
+    Moved,
+}
+
+/// An evicted page held as being read, without a frame (EVICTED ->
+/// LOADING, with an in-flight entry its waiters wait on); let go, evicted
+/// as it was, when dropped (a repair cut short included: a page left
+/// LOADING would hang its readers).
+struct Claim<'a> {
+    pool: &'a BufferPool,
+    pid: u64,
+    wait: Arc<IoWait>,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
         // As a read's completion: the entry goes before the state.
-        self.inflight.remove(pid);
-        self.table.set_lock(pid, EVICTED);
-        wait.complete(Ok(()), std::time::Instant::now());
+        self.pool.inflight.remove(self.pid);
+        self.pool.table.set_lock(self.pid, EVICTED);
+        self.wait.complete(Ok(()), std::time::Instant::now());
     }
 }
 
@@ -201,12 +265,12 @@ mod tests {
 
     const PAGE: usize = 4096;
 
-    /// The repair of a page not in the pool writes its valid copy over
-    /// the damaged one, unless freed pages changed hands since the count
-    /// it is given (the page may be a large value's by then), and never
-    /// when no copy is valid.
+    /// The repair writes a page's valid version over its damaged copy, in
+    /// the pool or not, unless freed pages changed hands since the count
+    /// it is given (the page may be a large value's by then); never when
+    /// no copy is valid, nor a frame that no valid copy holds.
     #[test]
-    fn an_evicted_page_is_repaired_only_if_no_freed_page_changed_hands() {
+    fn a_page_is_repaired_only_if_no_freed_page_changed_hands() {
         let disks: Vec<_> = (0..2)
             .map(|i| SimDisk::new(i, 1 << 20, SimConfig::default()))
             .collect();
@@ -249,11 +313,12 @@ mod tests {
                 .unwrap()
                 .unwrap()
         };
+        use PageRepair::{Moved, Nothing, Repaired};
         let now = pool.handovers();
         pool.note_handover();
-        assert!(!repair(pid, now), "a freed page changed hands since");
+        assert_eq!(repair(pid, now), Moved, "a freed page changed hands since");
         assert!(!copy_valid(&mirror, 0));
-        assert!(repair(pid, pool.handovers()));
+        assert_eq!(repair(pid, pool.handovers()), Repaired);
         assert!(copy_valid(&mirror, 0) && copy_valid(&mirror, 1));
         assert_eq!(mirror.read_copy(0, at, PAGE).unwrap()[..], good[..]);
         // Released: the page reads through the pool as any other.
@@ -263,12 +328,28 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(last, 0x77);
+        // In the pool now, clean: the same rules, from the frame.
+        damage(&mirror);
+        let now = pool.handovers();
+        pool.note_handover();
+        assert_eq!(repair(pid, now), Moved);
+        assert!(!copy_valid(&mirror, 0));
+        assert_eq!(repair(pid, pool.handovers()), Repaired);
+        assert_eq!(mirror.read_copy(0, at, PAGE).unwrap()[..], good[..]);
+        // A frame that no valid copy holds (as a stale fault of a page a
+        // large value took since, both copies the value's): nothing is
+        // written over the copies.
+        mirror.write_copy(0, at, &[3; PAGE]).unwrap();
+        mirror.write_copy(1, at, &[4; PAGE]).unwrap();
+        assert_eq!(repair(pid, pool.handovers()), Nothing);
+        assert_eq!(mirror.read_copy(0, at, PAGE).unwrap()[..], [3; PAGE]);
+        assert_eq!(mirror.read_copy(1, at, PAGE).unwrap()[..], [4; PAGE]);
         // No valid copy: nothing written.
         let other = 7u64;
         let at = other * PAGE as u64;
         mirror.write_copy(0, at, &[1; PAGE]).unwrap();
         mirror.write_copy(1, at, &[2; PAGE]).unwrap();
-        assert!(!repair(other, pool.handovers()));
+        assert_eq!(repair(other, pool.handovers()), Nothing);
         assert_eq!(mirror.read_copy(0, at, PAGE).unwrap()[..], [1; PAGE]);
         assert_eq!(mirror.read_copy(1, at, PAGE).unwrap()[..], [2; PAGE]);
         rt.shutdown();
