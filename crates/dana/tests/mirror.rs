@@ -615,6 +615,22 @@ fn bytes_past_a_large_values_end_are_not_compared() {
     for v in 0..4u32 {
         assert_eq!(t.get(&v.to_be_bytes()).unwrap(), Some(big(v)));
     }
+    // A byte within the values' bytes is still compared (and repaired).
+    flip_bytes(&dir.path().join("dana.0"), LABEL_BYTES + 4096 + 10, 0x81);
+    let report = db.check().unwrap();
+    assert!(
+        report.mirrors[0]
+            .divergent
+            .iter()
+            .filter(|(_, valid)| valid.iter().all(|&v| !v))
+            .count()
+            >= 4,
+        "{:?}",
+        report.mirrors[0].divergent
+    );
+    db.rebuild().unwrap();
+    let report = db.check().unwrap();
+    assert!(report.is_ok(), "{:?}", report.findings);
     db.close().unwrap();
 }
 

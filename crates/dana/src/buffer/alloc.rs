@@ -125,10 +125,10 @@ pub(crate) struct AllocState {
     pub(super) trimmed: AtomicU64,
     /// Bumped each time pages freed in memory change hands around the
     /// pool: taken again for a large value, or held for a trim (both drop
-    /// the pages' frames next, [`BufferPool::discard`]). The repair of an
-    /// evicted page's copies (`scrub.rs`) claims the page and then reads
-    /// this: unchanged since its check's walk, no page the walk saw in use
-    /// has been written around the pool since.
+    /// the pages' frames next, [`BufferPool::discard`]). The repair of a
+    /// page's copies (`scrub.rs`) latches or claims the page and then
+    /// reads this: unchanged since its check's walk, no page the walk saw
+    /// in use has been written around the pool since.
     pub(super) handovers: AtomicU64,
 }
 

@@ -93,6 +93,9 @@ impl Extent {
     }
 }
 
+/// How long dropping a freed page's frame waits for whoever latches it.
+const DISCARD_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What a leaf stores for a large value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlobRef {
@@ -374,8 +377,11 @@ impl BufferPool {
     /// flight (it would land after the value, or the trim).
     pub(super) async fn discard(&self, pid: u64) -> Result<()> {
         // Bounded: a freed page is latched only briefly (a write-back, a
-        // stale optimistic reader).
-        for _ in 0..1_000_000 {
+        // stale optimistic reader, a rebuild's repair of its copies: a few
+        // I/Os), but an I/O can take long on a throttled device, so the
+        // bound is time rather than a count of yields.
+        let started = std::time::Instant::now();
+        while started.elapsed() < DISCARD_PATIENCE {
             let state = self.table.state(pid).load(Ordering::Acquire);
             match lock_of(state) {
                 EVICTED => return Ok(()),
@@ -405,7 +411,7 @@ impl BufferPool {
             }
         }
         Err(Error::Poisoned(format!(
-            "page {pid}, freed, stayed latched while a large value took it"
+            "page {pid}, freed, stayed latched for {DISCARD_PATIENCE:?} while a large value took it"
         )))
     }
 

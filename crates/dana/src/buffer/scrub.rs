@@ -12,24 +12,29 @@
 //! (it takes the exclusive latch) and land a newer version that the
 //! repair would then overwrite with an older one on one copy. A dirty
 //! page, or one being written, needs nothing: its write-back writes every
-//! copy.
+//! copy. The frame is written only over copies that fail, and only when a
+//! valid copy holds exactly what it holds.
 //!
 //! A page not in the pool: the repair claims it as being read (EVICTED ->
 //! LOADING, with an in-flight entry, so every fault, allocation and frame
 //! drop of it waits), reads each healthy copy alone, and writes the
 //! valid version over the copies that are not a valid page, then lets it
-//! go (EVICTED). While claimed, nothing can be written to it through the
-//! pool. Around the pool, a freed page can be taken by a large value or
-//! trimmed; both drop the page's frame first ([`BufferPool::discard`],
-//! which waits for the claim), and both count a handover before that
-//! (`alloc.rs`). So the repair, once it holds the claim, compares the
-//! handover count with the one from before its check's walk: unchanged,
-//! the page holds a tree page's versions only (the walk found it in use,
-//! and no freed page changed hands since), and every later handover
-//! waits for the claim; changed, it leaves the page (a review's finding:
-//! a page freed since the comparison and taken by a large value whose
-//! write has not landed yet would get an old tree page over the value's
-//! bytes on one copy).
+//! go (EVICTED).
+//!
+//! Either way, while latched or claimed nothing can be written to the
+//! page through the pool. Around the pool, a freed page can be taken by a
+//! large value or trimmed; both drop the page's frame first
+//! ([`BufferPool::discard`], which waits for the latch or the claim), and
+//! both count a handover before that (`alloc.rs`). So the repair, before
+//! it writes, compares the handover count with the one from before its
+//! check's walk: unchanged, the page holds a tree page's versions only
+//! (the walk found it in use, and no freed page changed hands since), and
+//! every later handover waits for it; changed, it leaves the page. Two
+//! review findings: a page freed since the comparison and taken by a
+//! large value whose write has not landed yet would get an old tree page
+//! over the value's bytes; and a stale reader's fault of such a page puts
+//! the old tree page in a frame, which the first version wrote over both
+//! copies of the value.
 //!
 //! Never: writes a version other than the pool's clean one or the one
 //! valid version the copies hold (copies valid and different are left to
@@ -96,8 +101,10 @@ impl BufferPool {
             .fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Whether freed pages changed hands since `handovers`, asked once
-    /// the page is latched or claimed. The fence pairs with the one of
+    /// Whether freed pages changed hands since `handovers`, asked while
+    /// the page is latched or claimed, after its copies were read and
+    /// before anything is written (so a page with nothing to repair is
+    /// never counted as left). The fence pairs with the one of
     /// `note_handover`: a handover counted after this load finds the page
     /// latched or claimed in its frame drop, and waits.
     fn handed_over_since(&self, handovers: u64) -> bool {
@@ -117,9 +124,6 @@ impl BufferPool {
         healthy: &[u8],
         handovers: u64,
     ) -> Result<PageRepair> {
-        if self.handed_over_since(handovers) {
-            return Ok(PageRepair::Moved);
-        }
         let pid = guard.pid();
         let meta = &self.frames[guard.frame as usize];
         if meta.dirty.load(Ordering::Acquire) || meta.writing.load(Ordering::Acquire) {
@@ -136,6 +140,9 @@ impl BufferPool {
         if damaged.is_empty() || !valid.iter().any(|(_, b)| b[..] == *bytes) {
             return Ok(PageRepair::Nothing);
         }
+        if self.handed_over_since(handovers) {
+            return Ok(PageRepair::Moved);
+        }
         let damaged: Vec<u8> = damaged.iter().map(|&&(c, _)| c).collect();
         self.write_copies(pid, bytes, &damaged).await?;
         drop(guard);
@@ -150,9 +157,6 @@ impl BufferPool {
         healthy: &[u8],
         handovers: u64,
     ) -> Result<PageRepair> {
-        if self.handed_over_since(handovers) {
-            return Ok(PageRepair::Moved);
-        }
         let pid = claim.pid;
         let copies = self.read_copies(pid, healthy).await?;
         let (valid, damaged): (Vec<_>, Vec<_>) = copies
@@ -163,6 +167,9 @@ impl BufferPool {
         };
         if damaged.is_empty() || valid.iter().any(|(_, b)| b[..] != good[..]) {
             return Ok(PageRepair::Nothing);
+        }
+        if self.handed_over_since(handovers) {
+            return Ok(PageRepair::Moved);
         }
         let damaged: Vec<u8> = damaged.iter().map(|&&(c, _)| c).collect();
         self.write_copies(pid, good, &damaged).await?;
@@ -329,6 +336,9 @@ mod tests {
             .unwrap();
         assert_eq!(last, 0x77);
         // In the pool now, clean: the same rules, from the frame.
+        let resident =
+            |pool: &BufferPool| lock_of(pool.table.state(pid).load(Ordering::Acquire)) != EVICTED;
+        assert!(resident(&pool));
         damage(&mirror);
         let now = pool.handovers();
         pool.note_handover();
@@ -342,6 +352,7 @@ mod tests {
         mirror.write_copy(0, at, &[3; PAGE]).unwrap();
         mirror.write_copy(1, at, &[4; PAGE]).unwrap();
         assert_eq!(repair(pid, pool.handovers()), Nothing);
+        assert!(resident(&pool));
         assert_eq!(mirror.read_copy(0, at, PAGE).unwrap()[..], [3; PAGE]);
         assert_eq!(mirror.read_copy(1, at, PAGE).unwrap()[..], [4; PAGE]);
         // No valid copy: nothing written.
