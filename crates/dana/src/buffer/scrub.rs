@@ -133,20 +133,11 @@ impl BufferPool {
         if page::verify(bytes, pid).is_err() {
             return Ok(PageRepair::Nothing);
         }
-        let copies = self.read_copies(pid, healthy).await?;
-        let (valid, damaged): (Vec<_>, Vec<_>) = copies
-            .iter()
-            .partition(|(_, b)| page::verify(b, pid).is_ok());
-        if damaged.is_empty() || !valid.iter().any(|(_, b)| b[..] == *bytes) {
-            return Ok(PageRepair::Nothing);
-        }
-        if self.handed_over_since(handovers) {
-            return Ok(PageRepair::Moved);
-        }
-        let damaged: Vec<u8> = damaged.iter().map(|&&(c, _)| c).collect();
-        self.write_copies(pid, bytes, &damaged).await?;
+        let repair = self
+            .repair_copies(pid, healthy, handovers, Some(bytes))
+            .await;
         drop(guard);
-        Ok(PageRepair::Repaired)
+        repair
     }
 
     /// The repair of a page not in the pool, claimed by `claim` (let go
@@ -157,23 +148,42 @@ impl BufferPool {
         healthy: &[u8],
         handovers: u64,
     ) -> Result<PageRepair> {
-        let pid = claim.pid;
+        let repair = self
+            .repair_copies(claim.pid, healthy, handovers, None)
+            .await;
+        drop(claim);
+        repair
+    }
+
+    /// Both paths' repair, the page latched or claimed: reads the copies
+    /// `healthy` and writes over those that are not a valid page `frame`
+    /// (a resident page's version) if a valid copy holds it, or, for a
+    /// page not in the pool, the version the valid copies agree on; asks
+    /// for handovers just before it writes.
+    async fn repair_copies(
+        &self,
+        pid: u64,
+        healthy: &[u8],
+        handovers: u64,
+        frame: Option<&[u8]>,
+    ) -> Result<PageRepair> {
         let copies = self.read_copies(pid, healthy).await?;
         let (valid, damaged): (Vec<_>, Vec<_>) = copies
             .iter()
             .partition(|(_, b)| page::verify(b, pid).is_ok());
-        let Some((_, good)) = valid.first() else {
-            return Ok(PageRepair::Nothing);
+        let source: &[u8] = match (frame, valid.first()) {
+            (Some(f), _) if valid.iter().any(|(_, b)| b[..] == *f) => f,
+            (None, Some((_, good))) if valid.iter().all(|(_, b)| b == good) => good,
+            _ => return Ok(PageRepair::Nothing),
         };
-        if damaged.is_empty() || valid.iter().any(|(_, b)| b[..] != good[..]) {
+        if damaged.is_empty() {
             return Ok(PageRepair::Nothing);
         }
         if self.handed_over_since(handovers) {
             return Ok(PageRepair::Moved);
         }
         let damaged: Vec<u8> = damaged.iter().map(|&&(c, _)| c).collect();
-        self.write_copies(pid, good, &damaged).await?;
-        drop(claim);
+        self.write_copies(pid, source, &damaged).await?;
         Ok(PageRepair::Repaired)
     }
 
