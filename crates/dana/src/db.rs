@@ -122,9 +122,29 @@ pub struct Db {
     inner: Arc<DbInner>,
 }
 
+/// A watcher of the pages handed over around the pool
+/// ([`BufferPool::watch_handovers`]) for as long as it lives.
+struct HandoverWatch {
+    pool: Arc<BufferPool>,
+    slot: usize,
+}
+
+impl HandoverWatch {
+    fn new(pool: Arc<BufferPool>) -> HandoverWatch {
+        let slot = pool.watch_handovers();
+        HandoverWatch { pool, slot }
+    }
+}
+
+impl Drop for HandoverWatch {
+    fn drop(&mut self) {
+        self.pool.unwatch_handovers(self.slot);
+    }
+}
+
 /// Walks of the trees `Db::rebuild` makes at most to repair pages whose
-/// copies differ: another walk only while freed pages changed hands
-/// during the last one's repairs (a database writing large values).
+/// copies differ: another walk only while pages to repair changed hands
+/// during the last one (a database writing large values, or trimming).
 const PAGE_REPAIR_ROUNDS: usize = 3;
 
 impl Db {
@@ -404,19 +424,19 @@ impl Db {
         }
         let reports = self.inner.rebuilds.rebuild_all()?;
         let pool = self.inner.pool.clone();
-        // Before each walk: a page it finds in use, with no freed page
-        // handed over since, is still a tree page (`buffer/scrub.rs`).
-        let mut handovers = pool.handovers();
+        // From before each walk: a page it finds in use and not handed
+        // over since is still a tree page (`buffer/scrub.rs`).
+        let watch = HandoverWatch::new(pool.clone());
         let (mut in_use, mut next_unused) =
             self.block_on(async move { crate::check::repair_value_copies(&pool).await })??;
         for round in 1..=PAGE_REPAIR_ROUNDS {
-            let left = self.repair_page_copies(&in_use, next_unused, handovers)?;
+            let left = self.repair_page_copies(&in_use, next_unused, watch.slot)?;
             if left == 0 || round == PAGE_REPAIR_ROUNDS {
                 self.inner.pool.page_repairs_left(left);
                 break;
             }
             let pool = self.inner.pool.clone();
-            handovers = pool.handovers();
+            pool.rewatch_handovers(watch.slot);
             let (report, walked) =
                 self.block_on(async move { check_pool_and_free(&pool).await })??;
             (in_use, next_unused) = (walked, report.space.next_unused);
@@ -430,8 +450,8 @@ impl Db {
     /// ([`BufferPool::repair_page_copies`]): for a page in the pool, the
     /// pool's clean version (a dirty page is left to its write-back, which
     /// writes every copy); for one not in the pool, the version its valid
-    /// copies agree on; neither if a freed page changed hands since
-    /// `handovers` (the page may then hold something else now): returns
+    /// copies agree on; neither if the page changed hands since watcher
+    /// `watch` began (it may then hold something else now): returns
     /// how many were left so. Copies that differ while each is a valid
     /// page are left to the check's finding: which one is right is not
     /// known here.
@@ -439,7 +459,7 @@ impl Db {
         &self,
         in_use: &crate::check::PagesInUse,
         next_unused: u64,
-        handovers: u64,
+        watch: usize,
     ) -> Result<u64> {
         use crate::buffer::PageRepair;
         use crate::io::mirror::CopyState;
@@ -468,9 +488,9 @@ impl Db {
                 let (pool, pid, healthy) = (pool.clone(), *pid, healthy.clone());
                 // A page the repair cannot write (its copy failed meanwhile)
                 // stays as the check will report it; the rest go on.
-                match self.block_on(async move {
-                    pool.repair_page_copies(pid, &healthy, handovers).await
-                }) {
+                match self
+                    .block_on(async move { pool.repair_page_copies(pid, &healthy, watch).await })
+                {
                     Ok(Ok(PageRepair::Repaired)) => repaired = true,
                     Ok(Ok(PageRepair::Moved)) => left += 1,
                     _ => {}

@@ -123,14 +123,28 @@ pub(crate) struct AllocState {
     pub(super) freed_dropped: AtomicU64,
     /// Pages trimmed.
     pub(super) trimmed: AtomicU64,
-    /// Bumped each time pages freed in memory change hands around the
-    /// pool: taken again for a large value, or held for a trim (both drop
-    /// the pages' frames next, [`BufferPool::discard`]). The repair of a
-    /// page's copies (`scrub.rs`) latches or claims the page and then
-    /// reads this: unchanged since its check's walk, no page the walk saw
-    /// in use has been written around the pool since.
-    pub(super) handovers: AtomicU64,
+    /// Pages freed in memory that changed hands around the pool since
+    /// each watcher began (or began again): taken for a large value, or
+    /// held for a trim (both drop the pages' frames next,
+    /// [`BufferPool::discard`]). A slot per watcher; nothing is recorded
+    /// while none watches. The repair of a page's copies (`scrub.rs`)
+    /// latches or claims the page and then asks whether it is here: not
+    /// here since its check's walk began, the page the walk saw in use has
+    /// not been written around the pool since.
+    pub(super) handovers: Mutex<Vec<Option<Handovers>>>,
 }
+
+/// The pages one watcher saw change hands (see [`AllocState::handovers`]).
+#[derive(Debug, Default)]
+pub(super) struct Handovers {
+    pages: std::collections::HashSet<u64>,
+    /// More than [`MAX_HANDOVERS`] were noted: every page counts as moved.
+    overflowed: bool,
+}
+
+/// Pages one watcher records at most (8 bytes and some each); past it,
+/// every page counts as handed over.
+const MAX_HANDOVERS: usize = 1 << 20;
 
 /// Pages reserved for one commit's apply; released on drop.
 ///
@@ -799,18 +813,86 @@ impl BufferPool {
         self.took_pages(1);
     }
 
-    /// Freed pages change hands around the pool (see
+    /// Freed pages `pids` change hands around the pool (see
     /// [`AllocState::handovers`]): called after they left the in-memory
-    /// map and before their frames are dropped. The fence pairs with the
-    /// one in the repair's claim (a store then a load on each side).
-    pub(super) fn note_handover(&self) {
-        self.alloc.handovers.fetch_add(1, Ordering::SeqCst);
-        std::sync::atomic::fence(Ordering::SeqCst);
+    /// map and before their frames are dropped. The lock orders it with a
+    /// repair's question: asked before this, the repair's latch or claim
+    /// was taken before, and the frame drop that follows waits for it.
+    pub(super) fn note_handover(&self, pids: impl IntoIterator<Item = u64> + Clone) {
+        let mut w = self
+            .alloc
+            .handovers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for h in w.iter_mut().flatten() {
+            if h.overflowed {
+                continue;
+            }
+            h.pages.extend(pids.clone());
+            if h.pages.len() > MAX_HANDOVERS {
+                h.pages = Default::default();
+                h.overflowed = true;
+            }
+        }
     }
 
-    /// How many times freed pages changed hands around the pool.
-    pub(crate) fn handovers(&self) -> u64 {
-        self.alloc.handovers.load(Ordering::SeqCst)
+    /// Starts recording the pages handed over; returns the watcher's slot
+    /// (give it back with [`BufferPool::unwatch_handovers`]).
+    pub(crate) fn watch_handovers(&self) -> usize {
+        let mut w = self
+            .alloc
+            .handovers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let fresh = Some(Handovers::default());
+        match w.iter().position(Option::is_none) {
+            Some(slot) => {
+                w[slot] = fresh;
+                slot
+            }
+            None => {
+                w.push(fresh);
+                w.len() - 1
+            }
+        }
+    }
+
+    /// Forgets what watcher `slot` recorded so far (a new walk begins).
+    pub(crate) fn rewatch_handovers(&self, slot: usize) {
+        let mut w = self
+            .alloc
+            .handovers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = w.get_mut(slot) {
+            *h = Some(Handovers::default());
+        }
+    }
+
+    /// Stops watcher `slot`.
+    pub(crate) fn unwatch_handovers(&self, slot: usize) {
+        let mut w = self
+            .alloc
+            .handovers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = w.get_mut(slot) {
+            *h = None;
+        }
+    }
+
+    /// Whether page `pid` changed hands since watcher `slot` began (true
+    /// for a slot that does not watch: nothing is known).
+    pub(crate) fn handed_over(&self, slot: usize, pid: u64) -> bool {
+        let w = self
+            .alloc
+            .handovers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match w.get(slot) {
+            Some(Some(h)) => h.overflowed || h.pages.contains(&pid),
+            _ => true,
+        }
     }
 
     /// `n` pages were handed out.

@@ -348,7 +348,7 @@ impl BufferPool {
         }
         self.took_pages(pages);
         if hold.reused {
-            self.note_handover();
+            self.note_handover(hold.extents.iter().flat_map(Extent::page_ids));
             for e in &hold.extents {
                 for pid in e.page_ids() {
                     self.discard(pid).await?;

@@ -23,18 +23,19 @@
 //!
 //! Either way, while latched or claimed nothing can be written to the
 //! page through the pool. Around the pool, a freed page can be taken by a
-//! large value or trimmed; both drop the page's frame first
-//! ([`BufferPool::discard`], which waits for the latch or the claim), and
-//! both count a handover before that (`alloc.rs`). So the repair, before
-//! it writes, compares the handover count with the one from before its
-//! check's walk: unchanged, the page holds a tree page's versions only
-//! (the walk found it in use, and no freed page changed hands since), and
-//! every later handover waits for it; changed, it leaves the page. Two
-//! review findings: a page freed since the comparison and taken by a
+//! large value or trimmed; both note the pages as handed over
+//! (`alloc.rs`, under a lock, for each watcher) before they drop the
+//! pages' frames ([`BufferPool::discard`], which waits for the latch or
+//! the claim). So the repair, before it writes, asks whether the page was
+//! handed over since its check's walk began: not, the page holds a tree
+//! page's versions only (the walk found it in use), and any later
+//! handover of it waits for the repair; handed over, it leaves the page.
+//! (Two review findings: a page freed since the comparison and taken by a
 //! large value whose write has not landed yet would get an old tree page
 //! over the value's bytes; and a stale reader's fault of such a page puts
 //! the old tree page in a frame, which the first version wrote over both
-//! copies of the value.
+//! copies of the value. The first guard was one count for the whole
+//! database, and a database writing large values left every page.)
 //!
 //! Never: writes a version other than the pool's clean one or the one
 //! valid version the copies hold (copies valid and different are left to
@@ -59,9 +60,9 @@ const LATCH_TRIES: usize = 1000;
 impl BufferPool {
     /// Writes a valid version of page `pid` over its copies that are not a
     /// valid page, among the copies `healthy` (copy numbers of the page's
-    /// mirrored device), unless a freed page changed hands since
-    /// `handovers` (the count [`BufferPool::handovers`] gave before the
-    /// check's walk that found the page in use). A page in the pool gets
+    /// mirrored device), unless the page changed hands since watcher
+    /// `watch` ([`BufferPool::watch_handovers`]) began, before the check's
+    /// walk that found the page in use. A page in the pool gets
     /// the pool's version if it is clean, not being written, and what a
     /// valid copy holds; a page not in the pool, the version its valid
     /// copies agree on. Holds the page's latch, or its claim, until the
@@ -70,7 +71,7 @@ impl BufferPool {
         &self,
         pid: u64,
         healthy: &[u8],
-        handovers: u64,
+        watch: usize,
     ) -> Result<PageRepair> {
         if healthy.len() < 2 || self.read_only || self.check_pid(pid).is_err() {
             return Ok(PageRepair::Nothing);
@@ -78,12 +79,12 @@ impl BufferPool {
         for _ in 0..LATCH_TRIES {
             if self.table.try_lock_exclusive(pid) {
                 let guard = self.guard_of(pid, self.table.frame(pid));
-                return self.repair_from_frame(guard, healthy, handovers).await;
+                return self.repair_from_frame(guard, healthy, watch).await;
             }
             match lock_of(self.table.state(pid).load(Ordering::Acquire)) {
                 EVICTED => {
                     if let Some(claim) = self.claim_evicted(pid) {
-                        return self.repair_from_copies(claim, healthy, handovers).await;
+                        return self.repair_from_copies(claim, healthy, watch).await;
                     }
                 }
                 LOADING => self.read_settled(pid).await,
@@ -101,28 +102,17 @@ impl BufferPool {
             .fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Whether freed pages changed hands since `handovers`, asked while
-    /// the page is latched or claimed, after its copies were read and
-    /// before anything is written (so a page with nothing to repair is
-    /// never counted as left). The fence pairs with the one of
-    /// `note_handover`: a handover counted after this load finds the page
-    /// latched or claimed in its frame drop, and waits.
-    fn handed_over_since(&self, handovers: u64) -> bool {
-        std::sync::atomic::fence(Ordering::SeqCst);
-        self.handovers() != handovers
-    }
-
     /// The repair of a page in the pool, latched by `guard`. Its frame may
     /// be a stale reader's fault of a page freed and taken by a large
     /// value since the walk (a review's finding: the value's bytes on
     /// every copy, then overwritten by the old tree page): hence the
-    /// handover count here too, and a write only when a valid copy holds
-    /// what the frame does.
+    /// handover question here too, and a write only when a valid copy
+    /// holds what the frame does.
     async fn repair_from_frame(
         &self,
         guard: PageMut<'_>,
         healthy: &[u8],
-        handovers: u64,
+        watch: usize,
     ) -> Result<PageRepair> {
         let pid = guard.pid();
         let meta = &self.frames[guard.frame as usize];
@@ -133,9 +123,7 @@ impl BufferPool {
         if page::verify(bytes, pid).is_err() {
             return Ok(PageRepair::Nothing);
         }
-        let repair = self
-            .repair_copies(pid, healthy, handovers, Some(bytes))
-            .await;
+        let repair = self.repair_copies(pid, healthy, watch, Some(bytes)).await;
         drop(guard);
         repair
     }
@@ -146,11 +134,9 @@ impl BufferPool {
         &self,
         claim: Claim<'_>,
         healthy: &[u8],
-        handovers: u64,
+        watch: usize,
     ) -> Result<PageRepair> {
-        let repair = self
-            .repair_copies(claim.pid, healthy, handovers, None)
-            .await;
+        let repair = self.repair_copies(claim.pid, healthy, watch, None).await;
         drop(claim);
         repair
     }
@@ -159,12 +145,12 @@ impl BufferPool {
     /// `healthy` and writes over those that are not a valid page `frame`
     /// (a resident page's version) if a valid copy holds it, or, for a
     /// page not in the pool, the version the valid copies agree on; asks
-    /// for handovers just before it writes.
+    /// whether the page was handed over just before it writes.
     async fn repair_copies(
         &self,
         pid: u64,
         healthy: &[u8],
-        handovers: u64,
+        watch: usize,
         frame: Option<&[u8]>,
     ) -> Result<PageRepair> {
         let copies = self.read_copies(pid, healthy).await?;
@@ -179,7 +165,9 @@ impl BufferPool {
         if damaged.is_empty() {
             return Ok(PageRepair::Nothing);
         }
-        if self.handed_over_since(handovers) {
+        // Asked after the copies are read (a page with nothing to repair
+        // is never counted as left), before anything is written.
+        if self.handed_over(watch, pid) {
             return Ok(PageRepair::Moved);
         }
         let damaged: Vec<u8> = damaged.iter().map(|&&(c, _)| c).collect();
@@ -283,9 +271,10 @@ mod tests {
     const PAGE: usize = 4096;
 
     /// The repair writes a page's valid version over its damaged copy, in
-    /// the pool or not, unless freed pages changed hands since the count
-    /// it is given (the page may be a large value's by then); never when
-    /// no copy is valid, nor a frame that no valid copy holds.
+    /// the pool or not, unless the page changed hands since its watcher
+    /// began (it may be a large value's by then; other pages' handovers
+    /// do not matter); never when no copy is valid, nor a frame that no
+    /// valid copy holds.
     #[test]
     fn a_page_is_repaired_only_if_no_freed_page_changed_hands() {
         let disks: Vec<_> = (0..2)
@@ -324,18 +313,20 @@ mod tests {
             |m: &Mirror, c| page::verify(&m.read_copy(c, at, PAGE).unwrap(), pid).is_ok();
         mirror.write_copy(1, at, &good).unwrap();
         damage(&mirror);
-        let repair = |pid: u64, handovers: u64| {
+        let watch = pool.watch_handovers();
+        let repair = |pid: u64| {
             let pool = pool.clone();
-            rt.block_on(async move { pool.repair_page_copies(pid, &[0, 1], handovers).await })
+            rt.block_on(async move { pool.repair_page_copies(pid, &[0, 1], watch).await })
                 .unwrap()
                 .unwrap()
         };
         use PageRepair::{Moved, Nothing, Repaired};
-        let now = pool.handovers();
-        pool.note_handover();
-        assert_eq!(repair(pid, now), Moved, "a freed page changed hands since");
+        pool.note_handover([pid]);
+        assert_eq!(repair(pid), Moved, "the page changed hands since");
         assert!(!copy_valid(&mirror, 0));
-        assert_eq!(repair(pid, pool.handovers()), Repaired);
+        pool.rewatch_handovers(watch);
+        pool.note_handover([pid + 1, pid + 2]);
+        assert_eq!(repair(pid), Repaired, "other pages changed hands");
         assert!(copy_valid(&mirror, 0) && copy_valid(&mirror, 1));
         assert_eq!(mirror.read_copy(0, at, PAGE).unwrap()[..], good[..]);
         // Released: the page reads through the pool as any other.
@@ -350,18 +341,18 @@ mod tests {
             |pool: &BufferPool| lock_of(pool.table.state(pid).load(Ordering::Acquire)) != EVICTED;
         assert!(resident(&pool));
         damage(&mirror);
-        let now = pool.handovers();
-        pool.note_handover();
-        assert_eq!(repair(pid, now), Moved);
+        pool.note_handover([pid]);
+        assert_eq!(repair(pid), Moved);
         assert!(!copy_valid(&mirror, 0));
-        assert_eq!(repair(pid, pool.handovers()), Repaired);
+        pool.rewatch_handovers(watch);
+        assert_eq!(repair(pid), Repaired);
         assert_eq!(mirror.read_copy(0, at, PAGE).unwrap()[..], good[..]);
         // A frame that no valid copy holds (as a stale fault of a page a
         // large value took since, both copies the value's): nothing is
         // written over the copies.
         mirror.write_copy(0, at, &[3; PAGE]).unwrap();
         mirror.write_copy(1, at, &[4; PAGE]).unwrap();
-        assert_eq!(repair(pid, pool.handovers()), Nothing);
+        assert_eq!(repair(pid), Nothing);
         assert!(resident(&pool));
         assert_eq!(mirror.read_copy(0, at, PAGE).unwrap()[..], [3; PAGE]);
         assert_eq!(mirror.read_copy(1, at, PAGE).unwrap()[..], [4; PAGE]);
@@ -370,9 +361,13 @@ mod tests {
         let at = other * PAGE as u64;
         mirror.write_copy(0, at, &[1; PAGE]).unwrap();
         mirror.write_copy(1, at, &[2; PAGE]).unwrap();
-        assert_eq!(repair(other, pool.handovers()), Nothing);
+        assert_eq!(repair(other), Nothing);
         assert_eq!(mirror.read_copy(0, at, PAGE).unwrap()[..], [1; PAGE]);
         assert_eq!(mirror.read_copy(1, at, PAGE).unwrap()[..], [2; PAGE]);
+        // A slot that does not watch knows nothing: every page counts as
+        // handed over.
+        pool.unwatch_handovers(watch);
+        assert!(pool.handed_over(watch, pid));
         rt.shutdown();
     }
 }

@@ -193,9 +193,7 @@ impl BufferPool {
             // its bytes matter to nobody (a crash may leave a trimmed page
             // reading as anything; recovery rewrites a free page that fails
             // its checksum). A frame that stays latched is trimmed anyway.
-            if !held.is_empty() {
-                self.note_handover();
-            }
+            self.note_handover(held.iter().copied());
             for &pid in &held {
                 let _ = self.discard(pid).await;
             }
