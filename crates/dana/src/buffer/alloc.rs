@@ -144,7 +144,7 @@ pub(super) struct Handovers {
 
 /// Pages one watcher records at most (8 bytes and some each); past it,
 /// every page counts as handed over.
-const MAX_HANDOVERS: usize = 1 << 20;
+pub(super) const MAX_HANDOVERS: usize = 1 << 20;
 
 /// Pages reserved for one commit's apply; released on drop.
 ///
@@ -828,10 +828,13 @@ impl BufferPool {
             if h.overflowed {
                 continue;
             }
-            h.pages.extend(pids.clone());
-            if h.pages.len() > MAX_HANDOVERS {
-                h.pages = Default::default();
-                h.overflowed = true;
+            for pid in pids.clone() {
+                if h.pages.len() >= MAX_HANDOVERS {
+                    h.pages = Default::default();
+                    h.overflowed = true;
+                    break;
+                }
+                h.pages.insert(pid);
             }
         }
     }

@@ -30,6 +30,11 @@
 //! handed over since its check's walk began: not, the page holds a tree
 //! page's versions only (the walk found it in use), and any later
 //! handover of it waits for the repair; handed over, it leaves the page.
+//! This leans on a freed page being unreachable from the trees when it is
+//! freed (a merge frees it under its parent's exclusive latch, a drop
+//! unlinks it in the same log group), and free in the map until a large
+//! value taking it commits, after its write is synced on every copy: a
+//! walk that sees such a page in use sees the value's, not a tree's.
 //! (Two review findings: a page freed since the comparison and taken by a
 //! large value whose write has not landed yet would get an old tree page
 //! over the value's bytes; and a stale reader's fault of such a page puts
@@ -276,7 +281,7 @@ mod tests {
     /// do not matter); never when no copy is valid, nor a frame that no
     /// valid copy holds.
     #[test]
-    fn a_page_is_repaired_only_if_no_freed_page_changed_hands() {
+    fn a_page_is_repaired_only_if_it_did_not_change_hands() {
         let disks: Vec<_> = (0..2)
             .map(|i| SimDisk::new(i, 1 << 20, SimConfig::default()))
             .collect();
@@ -367,6 +372,13 @@ mod tests {
         // A slot that does not watch knows nothing: every page counts as
         // handed over.
         pool.unwatch_handovers(watch);
+        assert!(pool.handed_over(watch, pid));
+        // A watcher that noted more pages than it keeps counts every page
+        // as handed over.
+        let watch = pool.watch_handovers();
+        pool.note_handover(100..100 + super::super::alloc::MAX_HANDOVERS as u64);
+        assert!(!pool.handed_over(watch, pid));
+        pool.note_handover([1]);
         assert!(pool.handed_over(watch, pid));
         rt.shutdown();
     }
