@@ -132,6 +132,14 @@ pub(crate) struct AllocState {
     /// here since its check's walk began, the page the walk saw in use has
     /// not been written around the pool since.
     pub(super) handovers: Mutex<Vec<Option<Handovers>>>,
+    /// Runs of freed pages a large value took, while its write is under
+    /// way (`blob.rs`): a fault of one of them (a stale reader's, a
+    /// read-ahead's) is read without the mirror's page check, whose
+    /// repair would write the old tree page found on a copy the value's
+    /// write has not reached over a copy it has. With the count of runs,
+    /// so a fault looks at the list only while there are some.
+    pub(super) taken_runs: Mutex<Vec<super::blob::Extent>>,
+    pub(super) taken_run_count: std::sync::atomic::AtomicUsize,
 }
 
 /// The pages one watcher saw change hands (see [`AllocState::handovers`]).

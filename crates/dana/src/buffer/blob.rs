@@ -224,6 +224,9 @@ pub struct BlobHold<'a> {
     kept: bool,
     /// A write of the value is under way ([`BlobHold::write`]).
     writing: bool,
+    /// The extents are listed as being taken (reused pages, until the
+    /// value's write is done: [`BufferPool::being_taken`]).
+    guarded: bool,
 }
 
 impl BlobHold<'_> {
@@ -252,7 +255,17 @@ impl BlobHold<'_> {
         let crc = self.pool.write_blob(&self.extents, bytes).await;
         // No write of it is in flight any more, failed or not.
         self.writing = false;
+        self.unguard();
         crc
+    }
+
+    /// The value's write is done (or never comes): faults of its pages
+    /// may be checked and repaired again.
+    fn unguard(&mut self) {
+        if self.guarded {
+            self.pool.being_taken(&self.extents, false);
+            self.guarded = false;
+        }
     }
 }
 
@@ -265,6 +278,12 @@ impl Drop for BlobHold<'_> {
         // bytes a late write would overwrite.
         if !self.kept && !self.writing {
             self.pool.unhold(&self.extents);
+        }
+        // Writes still in flight (the future dropped mid-way) keep their
+        // runs listed, as the pages stay used in memory, until the next
+        // open.
+        if !self.writing {
+            self.unguard();
         }
     }
 }
@@ -303,6 +322,7 @@ impl BufferPool {
             reused: false,
             kept: false,
             writing: false,
+            guarded: false,
         };
         if pages == 0 {
             return Ok(hold);
@@ -349,6 +369,8 @@ impl BufferPool {
         self.took_pages(pages);
         if hold.reused {
             self.note_handover(hold.extents.iter().flat_map(Extent::page_ids));
+            self.being_taken(&hold.extents, true);
+            hold.guarded = true;
             for e in &hold.extents {
                 for pid in e.page_ids() {
                     self.discard(pid).await?;
@@ -356,6 +378,43 @@ impl BufferPool {
             }
         }
         Ok(hold)
+    }
+
+    /// Lists (`on`) or unlists runs `extents` of freed pages a large
+    /// value took, for the time of its write (see
+    /// [`super::alloc::AllocState::taken_runs`]).
+    pub(super) fn being_taken(&self, extents: &[Extent], on: bool) {
+        let mut runs = self
+            .alloc
+            .taken_runs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if on {
+            runs.extend_from_slice(extents);
+        } else {
+            for e in extents {
+                if let Some(i) = runs.iter().position(|r| r == e) {
+                    runs.swap_remove(i);
+                }
+            }
+        }
+        self.alloc
+            .taken_run_count
+            .store(runs.len(), Ordering::SeqCst);
+    }
+
+    /// Whether page `pid` lies in a run a large value took and is still
+    /// writing: read it without the mirror's page check and repair.
+    pub(super) fn being_written_around(&self, pid: u64) -> bool {
+        if self.alloc.taken_run_count.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        let runs = self
+            .alloc
+            .taken_runs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        runs.iter().any(|e| e.page_ids().contains(&pid))
     }
 
     /// Gives held extents back (their commit never came).

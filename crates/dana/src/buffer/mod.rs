@@ -988,8 +988,15 @@ impl BufferPool {
         };
         let tag = RequestKind::PageRead.tag(f as u64);
         let queued = buf.and_then(|b| {
-            sched::enqueue(device, Request::read_pages(tag, offset, b))
-                .map_err(|_| Error::WouldBlock)
+            // A page a large value is being written over is read plain:
+            // the mirror's repair of a checked read could put the old tree
+            // page found on one copy over the value's bytes on another.
+            let req = if self.being_written_around(pid) {
+                Request::read(tag, offset, b)
+            } else {
+                Request::read_pages(tag, offset, b)
+            };
+            sched::enqueue(device, req).map_err(|_| Error::WouldBlock)
         });
         if let Err(e) = queued {
             self.inflight.remove(pid);

@@ -275,13 +275,9 @@ mod tests {
 
     const PAGE: usize = 4096;
 
-    /// The repair writes a page's valid version over its damaged copy, in
-    /// the pool or not, unless the page changed hands since its watcher
-    /// began (it may be a large value's by then; other pages' handovers
-    /// do not matter); never when no copy is valid, nor a frame that no
-    /// valid copy holds.
-    #[test]
-    fn a_page_is_repaired_only_if_it_did_not_change_hands() {
+    /// A pool of 16 frames over a mirrored pair of simulated devices, on
+    /// one worker.
+    fn mirrored_pool() -> (Arc<BufferPool>, Runtime, Arc<Mirror>) {
         let disks: Vec<_> = (0..2)
             .map(|i| SimDisk::new(i, 1 << 20, SimConfig::default()))
             .collect();
@@ -290,8 +286,13 @@ mod tests {
             .map(|d| CopySpec::of(Target::Sim(d.clone())))
             .collect();
         let mirror = Mirror::create(Role::Data(0), 0, copies).unwrap();
+        mirror.set_page_check(Arc::new(page::MirrorPageCheck {
+            width: 1,
+            device: 0,
+            page_size: PAGE,
+        }));
         let array = Array::new(vec![Target::Mirror(mirror.clone())], PAGE as u64).unwrap();
-        let pool = Arc::new(BufferPool::new(array.clone(), &PoolConfig::with_frames(16)).unwrap());
+        let pool = BufferPool::new(array.clone(), &PoolConfig::with_frames(16)).unwrap();
         let rt = Runtime::start(
             &RuntimeConfig {
                 workers: 1,
@@ -303,11 +304,71 @@ mod tests {
             Some(pool.memory()),
         )
         .unwrap();
-        let pid = 5u64;
+        (pool, rt, mirror)
+    }
+
+    /// A valid tree page `pid` whose last byte is `last`.
+    fn tree_page(pid: u64, last: u8) -> Vec<u8> {
         let mut good = vec![0u8; PAGE];
         page::init_page(&mut good, pid, PageType::Leaf);
-        good[PAGE - 1] = 0x77;
+        good[PAGE - 1] = last;
         page::seal(&mut good);
+        good
+    }
+
+    /// A fault of a page in a run a large value took and is writing (a
+    /// stale reader's) is read without the mirror's check: the copy the
+    /// value reached keeps the value's bytes, where a checked read would
+    /// have written the old tree page of the other copy over them (a
+    /// review's finding). Once the write is done, faults are checked and
+    /// repaired again.
+    #[test]
+    fn a_fault_of_a_page_a_large_value_is_taking_repairs_no_copy() {
+        let (pool, rt, mirror) = mirrored_pool();
+        let pid = 8u64; // even: a lone read goes to copy 0 first
+        let at = pid * PAGE as u64;
+        let old = tree_page(pid, 0x55);
+        mirror.write_copy(0, at, &[0xAB; PAGE]).unwrap(); // the value's
+        mirror.write_copy(1, at, &old).unwrap(); // not reached yet
+        let run = [super::super::blob::Extent {
+            start: pid,
+            pages: 1,
+        }];
+        pool.being_taken(&run, true);
+        let fault = |pool: &Arc<BufferPool>| {
+            let p = pool.clone();
+            rt.block_on(async move { p.fix_shared(pid).await.map(|g| g[PAGE - 1]) })
+                .unwrap()
+        };
+        let _ = fault(&pool); // the old page, or Corrupt: either way ...
+        assert!(
+            mirror
+                .read_copy(0, at, PAGE)
+                .unwrap()
+                .iter()
+                .all(|&b| b == 0xAB),
+            "copy 0 lost the value's bytes"
+        );
+        pool.being_taken(&run, false);
+        let p = pool.clone();
+        rt.block_on(async move { p.discard(pid).await })
+            .unwrap()
+            .unwrap();
+        assert_eq!(fault(&pool).unwrap(), 0x55);
+        assert!(mirror.read_copy(0, at, PAGE).unwrap()[..] == old[..]);
+        rt.shutdown();
+    }
+
+    /// The repair writes a page's valid version over its damaged copy, in
+    /// the pool or not, unless the page changed hands since its watcher
+    /// began (it may be a large value's by then; other pages' handovers
+    /// do not matter); never when no copy is valid, nor a frame that no
+    /// valid copy holds.
+    #[test]
+    fn a_page_is_repaired_only_if_it_did_not_change_hands() {
+        let (pool, rt, mirror) = mirrored_pool();
+        let pid = 5u64;
+        let good = tree_page(pid, 0x77);
         let at = pid * PAGE as u64;
         let damage = |m: &Mirror| {
             let mut bad = good.clone();
