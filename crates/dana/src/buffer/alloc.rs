@@ -827,11 +827,7 @@ impl BufferPool {
     /// repair's question: asked before this, the repair's latch or claim
     /// was taken before, and the frame drop that follows waits for it.
     pub(super) fn note_handover(&self, pids: impl IntoIterator<Item = u64> + Clone) {
-        let mut w = self
-            .alloc
-            .handovers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut w = self.watches();
         for h in w.iter_mut().flatten() {
             if h.overflowed {
                 continue;
@@ -850,11 +846,7 @@ impl BufferPool {
     /// Starts recording the pages handed over; returns the watcher's slot
     /// (give it back with [`BufferPool::unwatch_handovers`]).
     pub(crate) fn watch_handovers(&self) -> usize {
-        let mut w = self
-            .alloc
-            .handovers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut w = self.watches();
         let fresh = Some(Handovers::default());
         match w.iter().position(Option::is_none) {
             Some(slot) => {
@@ -870,36 +862,32 @@ impl BufferPool {
 
     /// Forgets what watcher `slot` recorded so far (a new walk begins).
     pub(crate) fn rewatch_handovers(&self, slot: usize) {
-        let mut w = self
-            .alloc
-            .handovers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(h) = w.get_mut(slot) {
-            *h = Some(Handovers::default());
-        }
+        self.set_watch(slot, Some(Handovers::default()));
     }
 
     /// Stops watcher `slot`.
     pub(crate) fn unwatch_handovers(&self, slot: usize) {
-        let mut w = self
-            .alloc
+        self.set_watch(slot, None);
+    }
+
+    fn set_watch(&self, slot: usize, to: Option<Handovers>) {
+        if let Some(h) = self.watches().get_mut(slot) {
+            *h = to;
+        }
+    }
+
+    /// The watchers' sets ([`AllocState::handovers`]).
+    fn watches(&self) -> std::sync::MutexGuard<'_, Vec<Option<Handovers>>> {
+        self.alloc
             .handovers
             .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(h) = w.get_mut(slot) {
-            *h = None;
-        }
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether page `pid` changed hands since watcher `slot` began (true
     /// for a slot that does not watch: nothing is known).
     pub(crate) fn handed_over(&self, slot: usize, pid: u64) -> bool {
-        let w = self
-            .alloc
-            .handovers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let w = self.watches();
         match w.get(slot) {
             Some(Some(h)) => h.overflowed || h.pages.contains(&pid),
             _ => true,

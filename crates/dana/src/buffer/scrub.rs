@@ -89,7 +89,11 @@ impl BufferPool {
             match lock_of(self.table.state(pid).load(Ordering::Acquire)) {
                 EVICTED => {
                     if let Some(claim) = self.claim_evicted(pid) {
-                        return self.repair_from_copies(claim, healthy, watch).await;
+                        // The claim is let go once the repair returns (or is
+                        // dropped).
+                        let repair = self.repair_copies(pid, healthy, watch, None).await;
+                        drop(claim);
+                        return repair;
                     }
                 }
                 LOADING => self.read_settled(pid).await,
@@ -130,19 +134,6 @@ impl BufferPool {
         }
         let repair = self.repair_copies(pid, healthy, watch, Some(bytes)).await;
         drop(guard);
-        repair
-    }
-
-    /// The repair of a page not in the pool, claimed by `claim` (let go
-    /// when this returns, or is dropped).
-    async fn repair_from_copies(
-        &self,
-        claim: Claim<'_>,
-        healthy: &[u8],
-        watch: usize,
-    ) -> Result<PageRepair> {
-        let repair = self.repair_copies(claim.pid, healthy, watch, None).await;
-        drop(claim);
         repair
     }
 
@@ -341,14 +332,13 @@ mod tests {
                 .unwrap()
         };
         let _ = fault(&pool); // the old page, or Corrupt: either way ...
-        assert!(
-            mirror
-                .read_copy(0, at, PAGE)
-                .unwrap()
-                .iter()
-                .all(|&b| b == 0xAB),
-            "copy 0 lost the value's bytes"
-        );
+        let value_bytes_kept = mirror
+            .read_copy(0, at, PAGE)
+            .unwrap()
+            .iter()
+            .filter(|&&b| b == 0xAB)
+            .count();
+        assert_eq!(value_bytes_kept, PAGE);
         pool.being_taken(&run, false);
         let p = pool.clone();
         rt.block_on(async move { p.discard(pid).await })
