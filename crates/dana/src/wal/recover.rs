@@ -379,6 +379,7 @@ pub fn scan(stream: &[u8], ctl: &Control) -> Result<Scan> {
     let mut pos = ctl.redo;
     let mut valid_end = pos;
     let mut last: Option<u32> = None;
+    let mut last_kind: Option<Kind> = None;
     // Whether what follows the last valid record is zero padding (the
     // flush's own) rather than other bytes (damage, or the gap a torn
     // flush left before the log resumed).
@@ -390,17 +391,34 @@ pub fn scan(stream: &[u8], ctl: &Control) -> Result<Scan> {
         let off = (pos - ctl.redo) as usize;
         let parsed = record::parse(&stream[off..], pos);
         match parsed {
-            Parsed::Record(r) if last.is_none_or(|c| c == r.prev) => {
+            // Only the record at the redo LSN is taken without its chain
+            // (the one before it is not read). Past a jump to the next
+            // block, a record must chain to the last valid one: taking one
+            // unchained there skipped a damaged record at a redo LSN
+            // inside a block, and every record up to the block's end, as
+            // if they had never been written (a review's finding).
+            Parsed::Record(r) if last.map_or(pos == ctl.redo, |c| c == r.prev) => {
                 out.records += 1;
                 if matches!(r.kind, Kind::Pages | Kind::Commit) {
                     out.changes.push((pos, off));
                 }
                 last = Some(r.crc);
+                last_kind = Some(r.kind);
                 pos += r.len as u64;
                 valid_end = pos;
                 continue;
             }
-            _ if pos == valid_end => padded = matches!(parsed, Parsed::Zero),
+            // Zero padding follows only a flush's marker, its last record.
+            // A zero length after any other record is damage (one flipped
+            // bit zeroes a length of 64, 128 or 256): counted as padding,
+            // the break moved to the next block, where the next flush
+            // starts and whose marker names exactly that block as durable,
+            // so damage to the flush before the last one was taken for a
+            // torn tail and both flushes' commits were dropped (a review's
+            // finding).
+            _ if pos == valid_end => {
+                padded = matches!(parsed, Parsed::Zero) && last_kind == Some(Kind::Flush)
+            }
             _ => {}
         }
         if pos % ctl.block == 0 {
@@ -1072,6 +1090,119 @@ mod tests {
             stream_bytes: 64 << 10,
         };
         (stream, ctl)
+    }
+
+    /// A log of three flushes from LSN 4096 (512-byte blocks), each of
+    /// `per_flush` commit records of ~100 bytes and its marker, padded to
+    /// its block; each marker names the end of the flush before it as
+    /// durable (one flush in flight). Returns the stream (from LSN 4096)
+    /// and each record's (LSN, kind).
+    fn three_flushes(per_flush: usize) -> (Vec<u8>, Vec<(u64, Kind)>) {
+        let mut stream = vec![0u8; 64 << 10];
+        let mut records = Vec::new();
+        let (mut lsn, mut prev, mut durable) = (4096u64, 0u32, 4096u64);
+        for f in 0..3u8 {
+            let mut bodies: Vec<Vec<u8>> = (0..per_flush)
+                .map(|i| {
+                    let w = vec![Write {
+                        tree: 5,
+                        key: vec![f, i as u8],
+                        value: Some(vec![i as u8; 60].into()),
+                        reference: false,
+                    }];
+                    record::commit(&w).into_unsealed()
+                })
+                .collect();
+            bodies.push(record::flush_marker(durable).into_unsealed());
+            let n = bodies.len();
+            for (i, mut rec) in bodies.into_iter().enumerate() {
+                prev = record::seal(&mut rec, lsn, prev);
+                let at = (lsn - 4096) as usize;
+                stream[at..at + rec.len()].copy_from_slice(&rec);
+                let kind = if i + 1 == n {
+                    Kind::Flush
+                } else {
+                    Kind::Commit
+                };
+                records.push((lsn, kind));
+                lsn += rec.len() as u64;
+            }
+            lsn = lsn.div_ceil(512) * 512;
+            durable = lsn;
+        }
+        (stream, records)
+    }
+
+    fn log_control(redo: u64) -> Control {
+        Control {
+            seq: 3,
+            checkpoint: 0,
+            redo,
+            capacity: 64 << 10,
+            block: 512,
+            log_id: 1,
+            next_gsn: 10,
+            index: 0,
+            count: 1,
+            redo_gsn: 1,
+            stream_bytes: 64 << 10,
+        }
+    }
+
+    /// A zero length in a durable record (one flipped bit zeroes a
+    /// length of 64, 128 or 256) is damage, not the padding that follows
+    /// a flush's marker: in the flush before the last one, it was taken
+    /// for a torn tail (the break moved to the next block, which the last
+    /// flush's marker names as durable), and both flushes' commits were
+    /// silently dropped.
+    #[test]
+    fn a_zeroed_length_in_a_durable_flush_is_damage_not_padding() {
+        let (stream, records) = three_flushes(3);
+        let whole = scan(&stream, &log_control(4096)).unwrap();
+        assert_eq!(whole.records, records.len() as u64);
+        // The second flush's second commit record, inside its block.
+        let (lsn, kind) = records[5];
+        assert!(kind == Kind::Commit && lsn % 512 != 0, "{lsn} {kind:?}");
+        let mut damaged = stream.clone();
+        let at = (lsn - 4096) as usize;
+        damaged[at + 4..at + 8].fill(0);
+        match scan(&damaged, &log_control(4096)) {
+            Err(Error::CorruptLog { offset, .. }) => {
+                assert_eq!(offset, CONTROL_BYTES + lsn % (64 << 10))
+            }
+            other => panic!("{other:?}"),
+        }
+        // The same damage in the last flush is a torn tail: the log ends
+        // at the record before it.
+        let (lsn, _) = records[9];
+        let mut torn = stream.clone();
+        let at = (lsn - 4096) as usize;
+        torn[at + 4..at + 8].fill(0);
+        let s = scan(&torn, &log_control(4096)).unwrap();
+        assert_eq!(s.end, lsn);
+        assert_eq!(s.records, 9);
+    }
+
+    /// A damaged record at a redo LSN inside a block is damage to durable
+    /// records, not a reason to start the log at the next block: the
+    /// record there does not chain to anything read, and taking it
+    /// skipped every record from the redo LSN to the block's end.
+    #[test]
+    fn a_damaged_record_at_a_redo_lsn_inside_a_block_is_damage() {
+        let (stream, records) = three_flushes(3);
+        let (redo, _) = records[1];
+        assert!(redo % 512 != 0);
+        let from = (redo - 4096) as usize;
+        let whole = scan(&stream[from..], &log_control(redo)).unwrap();
+        assert_eq!(whole.records, records.len() as u64 - 1);
+        let mut damaged = stream[from..].to_vec();
+        damaged[9] ^= 0x5a;
+        match scan(&damaged, &log_control(redo)) {
+            Err(Error::CorruptLog { offset, .. }) => {
+                assert_eq!(offset, CONTROL_BYTES + redo % (64 << 10))
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     /// A log whose valid records end before the checkpoint record its
