@@ -373,6 +373,9 @@ struct Segment {
     /// a failed barrier round): every intent names it until a round writes
     /// its summary whole.
     suspect: bool,
+    /// Summaries encoded for it so far: a barrier owes one to every
+    /// segment dirty when it started, paid once this count moves.
+    summaries: u64,
 }
 
 impl Segment {
@@ -388,6 +391,7 @@ impl Segment {
             summary_slot: 0,
             stream: 0,
             written: 0,
+            summaries: 0,
             suspect: false,
         }
     }
@@ -642,6 +646,11 @@ impl Remap {
 
     /// True if `inner` holds an out-of-place device's label (of any
     /// format: opening one this build does not read fails clearly).
+    /// [`Error::Corrupt`] if it holds a label whose magic is damaged (the
+    /// rest of the label still matches its checksum, which does not cover
+    /// the magic): taken for no label, the file was opened as an in-place
+    /// one, its raw pages read, and written, as the tree's (a review's
+    /// finding).
     pub fn is_formatted(inner: &Target) -> Result<bool> {
         let align = inner.alignment();
         if inner.size() < 4096 {
@@ -651,9 +660,23 @@ impl Remap {
         let len = (align.io.max(align.mem) as usize).max(4096);
         let buf = IoBuf::owned(AlignedBuf::new(len, align.mem as usize)?);
         let buf = read_at(&mut *q, 0, buf)?;
-        Ok(buf.as_owned().is_some_and(|b| {
-            &b[..8] == LABEL_MAGIC || OLD_LABEL_MAGICS.iter().any(|m| &b[..8] == *m)
-        }))
+        let Some(b) = buf.as_owned() else {
+            return Ok(false);
+        };
+        if &b[..8] == LABEL_MAGIC || OLD_LABEL_MAGICS.iter().any(|m| &b[..8] == *m) {
+            return Ok(true);
+        }
+        if label_checksum_matches(b) {
+            return Err(Error::Corrupt {
+                page: 0,
+                what: format!(
+                    "out-of-place label: its magic is damaged ({:02x?}) while the rest \
+                     matches its checksum; the file is not opened as an in-place one",
+                    &b[..8]
+                ),
+            });
+        }
+        Ok(false)
     }
 
     fn new(inner: Target, config: RemapConfig, pages: Option<u64>) -> Result<Remap> {
@@ -1273,15 +1296,29 @@ impl Remap {
     /// segments whose death the summaries made durable.
     pub fn barrier(&self) -> Result<()> {
         let mut q = self.own_queue();
-        self.barrier_on(&mut **q)
+        self.barrier_on(&mut **q, true)
     }
 
-    fn barrier_on(&self, q: &mut dyn IoQueue) -> Result<()> {
+    /// A barrier on queue `q`. With `durable`, it returns Ok only once
+    /// every segment dirty when it started has had its summary written
+    /// (a flush's, a durable write's: the caller is told its writes are
+    /// durable); without (a collection's own), it may end with summaries
+    /// left to write, freeing nothing, when writes on other queues keep
+    /// its rounds busy.
+    fn barrier_on(&self, q: &mut dyn IoQueue, durable: bool) -> Result<()> {
         let whole = self.inner.discard_reads_zeros();
-        let started = {
+        let (started, owed) = {
             let mut st = self.lock();
             st.barriers_started += 1;
             let started = st.barriers_started;
+            let owed: Vec<(usize, u64)> = if durable {
+                (st.segments.iter().enumerate())
+                    .filter(|(_, g)| g.dirty)
+                    .map(|(s, g)| (s, g.summaries))
+                    .collect()
+            } else {
+                Vec::new()
+            };
             if whole {
                 // The segments this barrier will free, named by its intents
                 // as being trimmed (durable before any trim runs: a crash
@@ -1306,7 +1343,7 @@ impl Remap {
                 let named: Vec<u32> = candidates.take(room).copied().collect();
                 trimming.extend(named.into_iter().map(|s| (s, false)));
             }
-            started
+            (started, owed)
         };
         // Bounded: each round writes the summaries of up to an intent's
         // worth of segments (all of them, nearly always, in one round).
@@ -1320,9 +1357,37 @@ impl Remap {
         }
         if !settled {
             // Summaries are left to write (writes on other queues kept the
-            // rounds busy): a dying segment's entries may lose only to one
-            // of them, so nothing is freed; a later barrier frees them.
-            return Ok(());
+            // rounds busy, re-dirtying low-numbered segments ahead of
+            // those this barrier owes): a dying segment's entries may lose
+            // only to one of them, so nothing is freed; a later barrier
+            // frees them. But a durable barrier's own summaries must be
+            // written: the caller is told its writes are durable, and a
+            // checkpoint moves its redo point past them. Bounded: each
+            // round writes up to an intent's worth, lowest numbers first.
+            let paid = || {
+                let st = self.lock();
+                owed.iter().all(|&(s, n)| st.segments[s].summaries > n)
+            };
+            for _ in 0..8 * rounds {
+                if paid() {
+                    break;
+                }
+                if !self.barrier_round(q)? {
+                    settled = true;
+                    break;
+                }
+            }
+            if !settled {
+                if paid() {
+                    return Ok(());
+                }
+                return Err(Error::Poisoned(format!(
+                    "an out-of-place barrier left summaries it owed unwritten after {} \
+                     rounds (writes on other queues kept it busy): its writes are not known \
+                     durable",
+                    9 * rounds
+                )));
+            }
         }
         let mut st = self.lock();
         // Free (not yet in the free list, so nobody opens them before
@@ -1527,6 +1592,7 @@ impl Remap {
                 st.clock += 1;
                 let seg = &mut st.segments[s];
                 seg.dirty = false;
+                seg.summaries += 1;
                 let slot = seg.summary_slot;
                 seg.summary_slot ^= 1;
                 let mut buf = bufs.pop().expect("a buffer per dirty segment");
@@ -1576,6 +1642,7 @@ impl Remap {
             for s in dirty {
                 let seg = &mut st.segments[s];
                 seg.dirty = true;
+                seg.summaries -= 1;
                 seg.summary_slot ^= 1;
                 seg.suspect |= intent_durable;
             }
@@ -1643,7 +1710,7 @@ impl Remap {
         let enough = goal + GC_BATCH;
         // Segments already dead need only a barrier.
         if self.dying() > 0 {
-            self.barrier_on(q)?;
+            self.barrier_on(q, false)?;
         }
         // Bounded: each pass empties a segment or frees the emptied ones;
         // a segment another worker's read still pins is waited for, up
@@ -1658,7 +1725,7 @@ impl Remap {
             // The emptied segments are freed by a barrier once there are
             // enough, or before the copies run out of room.
             if dying > 0 && (free + dying >= enough || free <= 1) {
-                self.barrier_on(q)?;
+                self.barrier_on(q, false)?;
                 let now = self.lock().free.len();
                 if now >= goal {
                     break;
@@ -1679,7 +1746,7 @@ impl Remap {
             self.copy_out(q, victim)?;
         }
         if self.dying() > 0 {
-            self.barrier_on(q)?;
+            self.barrier_on(q, false)?;
         }
         if self.lock().free.len() > GC_RESERVE {
             Ok(())
@@ -1798,7 +1865,7 @@ impl Remap {
                     }
                 }
                 None if dying > 0 => {
-                    self.barrier_on(q)?;
+                    self.barrier_on(q, false)?;
                     if self.lock().free.len() <= free {
                         break;
                     }
@@ -2194,6 +2261,14 @@ fn encode_label(b: &mut [u8], c: &RemapConfig, pages: u64) {
     b[8..12].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// Whether bytes 12..4096 of `b` match the label checksum at 8..12 (an
+/// in-place file's meta page keeps its checksum at 0..4, over 4..: a
+/// match there is a 2^-32 chance).
+fn label_checksum_matches(b: &[u8]) -> bool {
+    b.len() >= 4096
+        && u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")) == crc32c::crc32c(&b[12..4096])
+}
+
 fn decode_label(b: &[u8]) -> Result<(RemapConfig, u64)> {
     let bad = |what: &str| Error::Corrupt {
         page: 0,
@@ -2210,7 +2285,7 @@ fn decode_label(b: &[u8]) -> Result<(RemapConfig, u64)> {
         return Err(bad("no label (not an out-of-place device)"));
     }
     let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
-    if u32_at(8) != crc32c::crc32c(&b[12..4096]) {
+    if !label_checksum_matches(b) {
         return Err(bad("checksum mismatch"));
     }
     let compress = match u32_at(20) {

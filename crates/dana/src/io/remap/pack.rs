@@ -6,9 +6,15 @@
 //! one unit is stored as it is, in a page-sized extent; the extent's size
 //! tells the two apart.
 //!
-//! Never: hands back a page it could not rebuild to the last byte (a
-//! damaged extent is an error, not a wrong page), or panics on any bytes
-//! read from a device.
+//! Never: hands back a page of the wrong length (an extent whose length
+//! field or LZ4 structure is damaged is an error), or panics on any bytes
+//! read from a device. An LZ4 block carries no checksum: a flipped
+//! literal, or a match offset that still lands inside the page, rebuilds
+//! a page of the right length with wrong bytes, which this module cannot
+//! tell. The engine's page check (crc32c and page id,
+//! `buffer::page::verify`, on every read into the pool) rejects it; a
+//! reader that bypassed that check would get the wrong page (a review's
+//! point).
 
 /// Bytes of a compressed extent's length field.
 const LEN_BYTES: usize = 4;

@@ -709,6 +709,18 @@ fn opening_a_device_without_a_label_fails_clearly() {
     assert!(!Remap::is_formatted(&Target::Sim(d.clone())).unwrap());
     Remap::create(Target::Sim(d.clone()), config()).unwrap();
     assert!(Remap::is_formatted(&Target::Sim(d.clone())).unwrap());
+    // A flipped byte of the magic, which the label's checksum does not
+    // cover: damage, not a file without a label.
+    for at in [0, 7] {
+        let mut label = d.read_durable(0, PAGE);
+        label[at] ^= 0x10;
+        d.overwrite_durable(0, &label);
+        let err = Remap::is_formatted(&Target::Sim(d.clone())).unwrap_err();
+        assert!(matches!(err, Error::Corrupt { page: 0, .. }), "{err}");
+        label[at] ^= 0x10;
+        d.overwrite_durable(0, &label);
+        assert!(Remap::is_formatted(&Target::Sim(d.clone())).unwrap());
+    }
     let small = disk(4);
     let err = Remap::create(Target::Sim(small), config()).unwrap_err();
     assert!(err.to_string().contains("at least"), "{err}");
