@@ -424,6 +424,63 @@ fn a_stamp_holds_until_a_writer_or_an_eviction() {
     .unwrap();
 }
 
+/// A flush (a checkpoint's) waits for a clean page's exclusive latch
+/// rather than take the page for done: its writer may have logged a
+/// change it has not marked dirty yet (a page turns dirty only once its
+/// change is logged, under the latch), and a checkpoint that skipped it
+/// moved its redo point past the change (a review's finding). Here the
+/// flush starts while a writer holds the clean page; it must not end
+/// before the writer lets go, and must then write the change.
+#[test]
+fn a_flush_waits_for_a_clean_page_latched_by_a_writer() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let pages = 64;
+    let array = open_array(dir.path(), 1, pages);
+    let (pool, rt) = start(array, 32, 1);
+    let pids = fill(&pool, &rt, 8);
+    let pid = pids[3];
+    let p = pool.clone();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d = done.clone();
+    let (flushed_early, yields) = rt
+        .block_on(async move {
+            let mut g = p.fix_exclusive(pid).await?;
+            let (flusher, flag) = (p.clone(), d.clone());
+            dana::sched::spawn_here(async move {
+                flusher.flush_all().await.unwrap();
+                flag.store(true, Ordering::SeqCst);
+            })?;
+            // Give the flush every chance to run to its end.
+            for _ in 0..2_000 {
+                dana::sched::yield_now().await;
+            }
+            let early = d.load(Ordering::SeqCst);
+            let at = PAGE_HEADER_SIZE + 8;
+            g[at..at + 8].copy_from_slice(&77u64.to_le_bytes());
+            drop(g);
+            let mut yields = 0u32;
+            while !d.load(Ordering::SeqCst) && yields < 1_000_000 {
+                dana::sched::yield_now().await;
+                yields += 1;
+            }
+            Ok::<_, Error>((early, yields))
+        })
+        .unwrap()
+        .unwrap();
+    assert!(
+        !flushed_early,
+        "the flush ended while a writer held the page"
+    );
+    assert!(
+        done.load(Ordering::SeqCst),
+        "the flush never ended ({yields} yields)"
+    );
+    let file = std::fs::read(dir.path().join("dev0")).unwrap();
+    let on_disk = &file[(pid * PAGE) as usize..((pid + 1) * PAGE) as usize];
+    assert_eq!(counter(on_disk), (pid, 77));
+    rt.shutdown();
+}
+
 /// Page ids past the page table (a damaged pointer, a caller's bad id)
 /// are errors on every path that takes one, never an index out of range:
 /// an optimistic fix, a stamp's check, a tree opened at such a root.

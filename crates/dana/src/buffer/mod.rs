@@ -1543,9 +1543,25 @@ impl BufferPool {
             // way round, a write-back starting between the two loads
             // looked like a clean page that no write covered, and the
             // sync below went ahead without it (found in review).
+            // A clean page latched exclusively may hold a change already
+            // logged (before this checkpoint began) that its writer has
+            // not marked dirty yet: a page turns dirty only once its
+            // change is logged, still under the latch. Taken for done,
+            // the checkpoint skipped it and its redo point passed the
+            // change (a review's finding). The latch is read before the
+            // flags: read unlatched (Acquire, against the writer's
+            // release), the flag set before that release is seen.
+            let latched = pid != NO_PAGE
+                && lock_of(self.table.state(pid).load(Ordering::Acquire)) == EXCLUSIVE;
             let dirty = meta.dirty.load(Ordering::Acquire);
             let writing = meta.writing.load(Ordering::Acquire);
             if pid == NO_PAGE || (!writing && !dirty) {
+                if latched && self.table.frame(pid) == f {
+                    // Looked at again once the latch is let go: set aside
+                    // (without waiting for the log) or, holding others,
+                    // busy.
+                    return Ok(if hold { Look::Busy } else { Look::Blocked(0) });
+                }
                 return Ok(Look::Done);
             }
             // A failed log or write stops the flush (it could wait
