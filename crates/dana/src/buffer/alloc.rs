@@ -733,11 +733,19 @@ impl BufferPool {
     /// (nothing logged yet, nothing poisoned).
     pub async fn reserve(&self, pages: u64) -> Result<Reservation<'_>> {
         // Loops when a growth finished or another commit took the room.
+        let mut tries = 0u64;
         loop {
             self.release_retired();
             if let Some(r) = self.try_reserve(pages) {
                 return Ok(r);
             }
+            if tries > 0 {
+                // The room looked there and another commit took it first:
+                // let this worker's other tasks run before trying again
+                // (a loop that never yields stops the worker's I/O too).
+                crate::sched::yield_now().await;
+            }
+            tries += 1;
             self.wait_for_space(pages).await.map_err(|e| match e {
                 Error::NoSpace(why) => Error::NoSpace(format!(
                     "{why}; this write may need {pages} pages, {} are free and {} promised \
@@ -799,6 +807,19 @@ impl BufferPool {
     /// One attempt of [`BufferPool::reserve`]: None if the pages are not
     /// free now.
     fn try_reserve(&self, pages: u64) -> Option<Reservation<'_>> {
+        if pages == 0 {
+            // Nothing to promise. Compared as any other, a commit that
+            // needs no page (a delete) failed whenever pages were taken
+            // while still promised (a large value's, through its write and
+            // sync: the count falls below the promises for seconds), and
+            // its `reserve` spun without yielding, as the wait for space
+            // finds zero pages always there: the worker's I/O and log
+            // flushes stopped with it (a review's finding).
+            return Some(Reservation {
+                pool: self,
+                pages: 0,
+            });
+        }
         let a = &self.alloc;
         let mut cur = a.reserved.load(Ordering::Acquire);
         loop {

@@ -227,6 +227,10 @@ pub struct BlobHold<'a> {
     /// The extents are listed as being taken (reused pages, until the
     /// value's write is done: [`BufferPool::being_taken`]).
     guarded: bool,
+    /// Its pages were taken off the count of available pages (the hold
+    /// was made whole): given back unkept, they go back on it; a hold
+    /// that failed part-way never took them off.
+    counted: bool,
 }
 
 impl BlobHold<'_> {
@@ -277,7 +281,7 @@ impl Drop for BlobHold<'_> {
         // nothing leaks past it) rather than go to another value whose
         // bytes a late write would overwrite.
         if !self.kept && !self.writing {
-            self.pool.unhold(&self.extents);
+            self.pool.unhold(&self.extents, self.counted);
         }
         // Writes still in flight (the future dropped mid-way) keep their
         // runs listed, as the pages stay used in memory, until the next
@@ -323,6 +327,7 @@ impl BufferPool {
             kept: false,
             writing: false,
             guarded: false,
+            counted: false,
         };
         if pages == 0 {
             return Ok(hold);
@@ -367,6 +372,7 @@ impl BufferPool {
             )));
         }
         self.took_pages(pages);
+        hold.counted = true;
         if hold.reused {
             self.note_handover(hold.extents.iter().flat_map(Extent::page_ids));
             self.being_taken(&hold.extents, true);
@@ -417,8 +423,15 @@ impl BufferPool {
         runs.iter().any(|e| e.page_ids().contains(&pid))
     }
 
-    /// Gives held extents back (their commit never came).
-    fn unhold(&self, extents: &[Extent]) {
+    /// Gives held extents back (their commit never came, or the value
+    /// that held them is retired) and, if they had been taken off the
+    /// count of available pages (`counted`), puts them back on it. A
+    /// failed `blob_hold` (no room in its runs) took nothing off: adding
+    /// its pages back inflated the count by the value's size at every
+    /// failed attempt, until the next open, and commits admitted against
+    /// pages that did not exist failed in their apply, after their record
+    /// was logged, which stops the database (a review's finding).
+    fn unhold(&self, extents: &[Extent], counted: bool) {
         let mut m = self.mirror();
         let mut n = 0;
         for e in extents {
@@ -427,7 +440,9 @@ impl BufferPool {
             }
         }
         drop(m);
-        self.alloc.available.fetch_add(n, Ordering::AcqRel);
+        if counted {
+            self.alloc.available.fetch_add(n, Ordering::AcqRel);
+        }
     }
 
     /// Drops the frame of page `pid`, if resident, without writing it:
@@ -560,7 +575,7 @@ impl BufferPool {
             s.any_retired.store(!r.is_empty(), Ordering::Release);
         }
         if !ready.is_empty() {
-            self.unhold(&ready);
+            self.unhold(&ready, true);
         }
     }
 
@@ -1006,5 +1021,100 @@ mod tests {
         assert!(BlobRef::decode(&z, 4096).is_err());
         assert!(BlobRef::decode(&[], 4096).is_err());
         assert_eq!(max_extents(1024), 84);
+    }
+
+    /// A pool of 16 frames over one simulated device of 256 pages, on
+    /// one worker, formatted.
+    fn small_pool() -> (std::sync::Arc<BufferPool>, crate::sched::Runtime) {
+        use crate::buffer::PoolConfig;
+        use crate::io::sim::{SimConfig, SimDisk};
+        use crate::io::{Array, Backend, Target};
+        use crate::sched::{Runtime, RuntimeConfig};
+        let disk = SimDisk::new(0, 1 << 20, SimConfig::default());
+        let array = Array::new(vec![Target::Sim(disk)], 4096).unwrap();
+        let pool = BufferPool::new(array.clone(), &PoolConfig::with_frames(16)).unwrap();
+        let rt = Runtime::start(
+            &RuntimeConfig {
+                workers: 1,
+                ..Default::default()
+            },
+            array.targets(),
+            &Backend::default(),
+            pool.services(),
+            Some(pool.memory()),
+        )
+        .unwrap();
+        let p = pool.clone();
+        rt.block_on(async move { p.format().await })
+            .unwrap()
+            .unwrap();
+        (pool, rt)
+    }
+
+    /// A large value that does not fit in its runs of free pages fails
+    /// with NoSpace and leaves the count of available pages as it was:
+    /// its pages were never taken off it, and giving them back added
+    /// them (the value's size at every failed attempt), so that commits
+    /// were later admitted against pages that did not exist.
+    #[test]
+    fn a_failed_hold_leaves_the_count_of_free_pages() {
+        let (pool, rt) = small_pool();
+        let p = pool.clone();
+        let result = rt
+            .block_on(async move {
+                // Every page of the device used, then every other one
+                // freed: free space in runs of one page.
+                let mut pids = Vec::new();
+                loop {
+                    match p.allocate(crate::buffer::PageType::Raw).await {
+                        Ok(g) => pids.push(g.pid()),
+                        Err(Error::NoSpace(_)) => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+                for &pid in pids.iter().step_by(2) {
+                    let g = p.fix_exclusive(pid).await?;
+                    p.free_page(g).await?;
+                }
+                let before = p.alloc.available.load(Ordering::SeqCst);
+                let mut failures = 0;
+                for _ in 0..3 {
+                    if let Err(Error::NoSpace(_)) = p.blob_hold(8, 4).await {
+                        failures += 1;
+                    }
+                }
+                let after = p.alloc.available.load(Ordering::SeqCst);
+                // A hold that fits still takes its pages off, and gives
+                // them back unkept.
+                let hold = p.blob_hold(2, 4).await?;
+                let held = p.alloc.available.load(Ordering::SeqCst);
+                drop(hold);
+                let given_back = p.alloc.available.load(Ordering::SeqCst);
+                Ok((pids.len() as u64, failures, before, after, held, given_back))
+            })
+            .unwrap();
+        let (used, failures, before, after, held, given_back) = result.unwrap();
+        assert!(used > 100, "{used} pages used");
+        assert_eq!(failures, 3);
+        assert_eq!(after, before, "failed holds moved the count");
+        assert_eq!((held, given_back), (before - 2, before));
+        rt.shutdown();
+    }
+
+    /// A commit that needs no page (a delete) is admitted whatever the
+    /// count of available pages against the promises (pages taken while
+    /// still promised, as a large value's through its write): compared
+    /// as any other it failed, and its reserve spun without yielding.
+    #[test]
+    fn a_commit_needing_no_page_is_always_admitted() {
+        let (pool, rt) = small_pool();
+        let a = &pool.alloc;
+        let available = a.available.load(Ordering::SeqCst);
+        a.reserved.fetch_add(available + 10, Ordering::SeqCst);
+        assert!(pool.reserve_now(1).is_none());
+        let admitted = pool.reserve_now(0).map(|r| r.pages());
+        assert_eq!(admitted, Some(0));
+        a.reserved.fetch_sub(available + 10, Ordering::SeqCst);
+        rt.shutdown();
     }
 }

@@ -193,6 +193,18 @@ impl BufferPool {
             // its bytes matter to nobody (a crash may leave a trimmed page
             // reading as anything; recovery rewrites a free page that fails
             // its checksum). A frame that stays latched is trimmed anyway.
+            // Held as used in memory for the trim, so off the count of
+            // available pages too: counted while no allocation could find
+            // them, a commit promised them failed its apply (after its
+            // record was logged, which stops the database) on an array
+            // that cannot grow (a review's finding).
+            let a = &self.alloc.available;
+            let n = held.len() as u64;
+            let n = a
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                    Some(v.saturating_sub(n))
+                })
+                .map_or(0, |v| v.min(n));
             self.note_handover(held.iter().copied());
             for &pid in &held {
                 let _ = self.discard(pid).await;
@@ -203,6 +215,7 @@ impl BufferPool {
                 mirror.clear(pid);
             }
             drop(mirror);
+            a.fetch_add(n, Ordering::AcqRel);
             self.alloc.trimmed.fetch_add(trimmed, Ordering::Relaxed);
         }
         if !later.is_empty() {
