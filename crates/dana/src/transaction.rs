@@ -18,7 +18,13 @@ use crate::wal::Durability;
 use crate::Result;
 
 /// A transaction: reads see committed data and this transaction's own
-/// writes; writes stay private until [`crate::Db::commit`].
+/// writes; writes stay private until [`crate::Db::commit`]. What another
+/// commit wrote becomes visible key by key as it is applied (see
+/// [`crate::Isolation`]). A commit that fails after its record was logged
+/// (an I/O error while applying it or while waiting for the log) is in
+/// doubt: some of its writes may be visible, the database stops taking
+/// writes where part of it was applied (`Error::Poisoned`), and the next
+/// open completes or drops it as the log says.
 ///
 /// ```
 /// let dir = tempfile::tempdir().unwrap();
@@ -29,7 +35,9 @@ use crate::Result;
 /// db.transaction(|tx| {
 ///     let v = tx.get(&a, b"alice")?.unwrap();
 ///     let n = u64::from_le_bytes(v.try_into().unwrap());
-///     tx.put(&a, b"alice", &(n - 30).to_le_bytes())?;
+///     // The closure may run on a view its commit then refuses (and runs
+///     // again): it must not panic on values no serial order gives.
+///     tx.put(&a, b"alice", &n.saturating_sub(30).to_le_bytes())?;
 ///     tx.put(&b, b"bob", &30u64.to_le_bytes())?;
 ///     Ok(())
 /// }).unwrap();

@@ -287,9 +287,10 @@ impl Committer {
         read_gsn: u64,
         reads: Option<&ReadSet>,
     ) -> Result<(Vec<Applied>, u64)> {
-        // A serializable transaction that wrote nothing only validates:
-        // a read-only database allows it.
-        self.live(!writes.is_empty() || reads.is_none())?;
+        // A transaction that wrote nothing only validates (serializable)
+        // or does nothing at all (read committed): a read-only database
+        // allows it. (A read-committed one was refused as a write.)
+        self.live(!writes.is_empty())?;
         if !sched::on_worker() {
             return Err(Error::WouldBlock);
         }
@@ -393,6 +394,22 @@ impl Committer {
                 let space = self.pool.reserve(pages).await?;
                 let stored = self.store_large_values(&mut writes, &large).await?;
                 let head = commit_head(log.is_some(), &writes);
+                if let (Some(w), Some(h)) = (&log, &head) {
+                    // The log's limit, checked before the map pages change:
+                    // past that, a record the log refuses stops the
+                    // database (one oversized transaction with a large
+                    // value poisoned it; a review's finding). At most the
+                    // map pages and the meta page as images join it.
+                    let most = h.len() as u64 + (stored.map_pages + 1) * page_bytes;
+                    let max = w.capacity() / 8;
+                    if most > max {
+                        return Err(Error::TooLarge {
+                            what: "commit record",
+                            len: most as usize,
+                            max: max as usize,
+                        });
+                    }
+                }
                 let log_space = match (&log, &head) {
                     (Some(w), Some(_)) => {
                         // The map pages of large values may log images too.
@@ -460,8 +477,20 @@ impl Committer {
                 return Err(e);
             }
         };
-        if let (Some(w), Some((_, end)), Durability::Sync) = (&log, logged, durability) {
-            w.wait_durable(end).await?;
+        match (&log, logged, durability) {
+            (Some(w), Some((_, end)), Durability::Sync) => w.wait_durable(end).await?,
+            // Nothing logged (a transaction that only read): acknowledged
+            // once what it read is durable in every log, as a commit
+            // record depending on it would be. Returning at once answered
+            // a read of a commit a crash could still lose (a review's
+            // finding); a leaf changed only by durable commits waits for
+            // nothing.
+            (Some(_), None, Durability::Sync) if dep > 0 => {
+                if let Some(set) = &self.wal {
+                    set.wait_all_durable(dep + 1).await?;
+                }
+            }
+            _ => {}
         }
         Ok((applied, logged.map_or(0, |(_, end)| end)))
     }

@@ -46,7 +46,11 @@ pub enum Isolation {
     /// Reads see committed data; a key the transaction reads and then
     /// writes is validated at commit (no lost update). Neither other
     /// reads nor scans are validated: phantoms and write skew are
-    /// possible. Nothing is kept for keys only read.
+    /// possible. Nothing is kept for keys only read. Another commit's
+    /// writes become visible key by key as it applies them (after its
+    /// record is logged, in tree and key order): two reads can see one
+    /// of its writes and not another (a torn view of it), which only
+    /// serializable validation refuses.
     #[default]
     ReadCommitted,
     /// Every read and every scanned range is validated at commit: the
@@ -55,7 +59,10 @@ pub enum Isolation {
     /// The outcome is that of some serial order of the transactions
     /// (level 3 of ANSI SQL, what TPC-C asks of four of its five
     /// transactions). Read-only transactions are validated too: commit
-    /// them to learn whether what they read was consistent.
+    /// them to learn whether what they read was consistent. The
+    /// transaction's own code runs before that: it may see a torn view
+    /// of a commit being applied and is refused only at its commit, so it
+    /// must not fail (panic, overflow) on values no serial order gives.
     Serializable,
 }
 

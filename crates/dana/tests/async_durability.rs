@@ -102,3 +102,57 @@ fn async_writes_survive_kill_9() {
     );
     assert!(db.check().unwrap().is_ok());
 }
+
+/// A `Sync` transaction that only read returns once what it read is
+/// durable, as a commit record depending on it would: returning at once
+/// acknowledged a read of a commit a crash could still lose (a review's
+/// finding). The writer commits `Async` with a long window, so its
+/// record stays unflushed until something asks.
+#[test]
+fn a_read_only_sync_transaction_waits_for_what_it_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(
+        dir.path(),
+        opts()
+            .durability(Durability::Async)
+            .async_window(Duration::from_secs(30)),
+    )
+    .unwrap();
+    let t = db.create_tree("t").unwrap();
+    // Past the creation's own flushes.
+    db.checkpoint().unwrap();
+    let mut w = db.begin();
+    w.put(&t, b"k", b"unflushed").unwrap();
+    let written = db.commit_lsn(w).unwrap();
+    let durable_before = db.wal_stats().unwrap().durable;
+    let mut r = db.begin();
+    r.set_durability(Durability::Sync);
+    assert_eq!(r.get(&t, b"k").unwrap().as_deref(), Some(&b"unflushed"[..]));
+    db.commit(r).unwrap();
+    let durable_after = db.wal_stats().unwrap().durable;
+    assert!(
+        durable_before < written,
+        "the writer's record was flushed early"
+    );
+    assert!(
+        durable_after >= written,
+        "acknowledged at {durable_after}, the commit read ends at {written}"
+    );
+    db.close().unwrap();
+}
+
+/// A read-committed transaction that only reads commits on a read-only
+/// open: it writes nothing (it was refused with `ReadOnly`).
+#[test]
+fn a_read_only_transaction_commits_on_a_read_only_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    t.put(b"k", b"v").unwrap();
+    db.close().unwrap();
+    let db = Db::open(dir.path(), opts().read_only()).unwrap();
+    let t = db.tree("t").unwrap();
+    let got = db.transaction(|tx| tx.get(&t, b"k")).unwrap();
+    assert_eq!(got.as_deref(), Some(&b"v"[..]));
+    db.close().unwrap();
+}

@@ -440,3 +440,37 @@ fn a_lagging_log_never_redoes_old_images_over_large_values() {
     let r = db.check().unwrap();
     assert!(r.is_ok(), "{r:?}");
 }
+
+/// A transaction whose commit record would pass the log's limit is
+/// refused with `TooLarge` before anything changes, also when it writes
+/// a large value (whose map bits join the record): that path refused it
+/// only once the map pages had changed, and the database then refused
+/// every write until reopened (a review's finding).
+#[test]
+fn an_oversized_commit_with_a_large_value_is_refused_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts().log_bytes(1 << 20)).unwrap();
+    let t = db.create_tree("t").unwrap();
+    let mut tx = db.begin();
+    for i in 0..200u32 {
+        tx.put(&t, &i.to_be_bytes(), &value(i as u8, 1000)).unwrap();
+    }
+    tx.put(&t, b"large", &value(7, 5000)).unwrap();
+    let refused = db.commit(tx).unwrap_err();
+    assert!(
+        matches!(refused, dana::Error::TooLarge { len, max, .. } if len > max),
+        "{refused}"
+    );
+    // Nothing of it is there, and the database takes writes.
+    assert_eq!(t.get(&0u32.to_be_bytes()).unwrap(), None);
+    assert_eq!(t.get(b"large").unwrap(), None);
+    t.put(b"after", &value(9, 5000)).unwrap();
+    assert_eq!(t.get(b"after").unwrap(), Some(value(9, 5000)));
+    db.close().unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let t = db.tree("t").unwrap();
+    assert_eq!(t.get(b"after").unwrap(), Some(value(9, 5000)));
+    assert_eq!(t.get(b"large").unwrap(), None);
+    assert!(db.check().unwrap().is_ok());
+    db.close().unwrap();
+}
