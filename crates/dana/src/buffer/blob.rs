@@ -1026,24 +1026,11 @@ mod tests {
     /// A pool of 16 frames over one simulated device of 256 pages, on
     /// one worker, formatted.
     fn small_pool() -> (std::sync::Arc<BufferPool>, crate::sched::Runtime) {
-        use crate::buffer::PoolConfig;
         use crate::io::sim::{SimConfig, SimDisk};
-        use crate::io::{Array, Backend, Target};
-        use crate::sched::{Runtime, RuntimeConfig};
+        use crate::io::{Array, Target};
         let disk = SimDisk::new(0, 1 << 20, SimConfig::default());
         let array = Array::new(vec![Target::Sim(disk)], 4096).unwrap();
-        let pool = BufferPool::new(array.clone(), &PoolConfig::with_frames(16)).unwrap();
-        let rt = Runtime::start(
-            &RuntimeConfig {
-                workers: 1,
-                ..Default::default()
-            },
-            array.targets(),
-            &Backend::default(),
-            pool.services(),
-            Some(pool.memory()),
-        )
-        .unwrap();
+        let (pool, rt) = crate::buffer::test_pool(array, 16);
         let p = pool.clone();
         rt.block_on(async move { p.format().await })
             .unwrap()

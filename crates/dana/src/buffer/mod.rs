@@ -2163,3 +2163,22 @@ impl Drop for HeldLatches<'_> {
         }
     }
 }
+
+/// A pool of `frames` frames over `array`, on a runtime of one worker
+/// (the buffer modules' unit tests).
+#[cfg(test)]
+pub(crate) fn test_pool(array: Array, frames: usize) -> (Arc<BufferPool>, sched::Runtime) {
+    let pool = BufferPool::new(array.clone(), &PoolConfig::with_frames(frames)).unwrap();
+    let rt = sched::Runtime::start(
+        &sched::RuntimeConfig {
+            workers: 1,
+            ..Default::default()
+        },
+        array.targets(),
+        &crate::io::Backend::default(),
+        pool.services(),
+        Some(pool.memory()),
+    )
+    .unwrap();
+    (pool, rt)
+}

@@ -258,11 +258,11 @@ impl Drop for Claim<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::buffer::{PageType, PoolConfig};
+    use crate::buffer::PageType;
     use crate::io::mirror::{CopySpec, Mirror, Role};
     use crate::io::sim::{SimConfig, SimDisk};
-    use crate::io::{Array, Backend, Target};
-    use crate::sched::{Runtime, RuntimeConfig};
+    use crate::io::{Array, Target};
+    use crate::sched::Runtime;
 
     const PAGE: usize = 4096;
 
@@ -283,18 +283,7 @@ mod tests {
             page_size: PAGE,
         }));
         let array = Array::new(vec![Target::Mirror(mirror.clone())], PAGE as u64).unwrap();
-        let pool = BufferPool::new(array.clone(), &PoolConfig::with_frames(16)).unwrap();
-        let rt = Runtime::start(
-            &RuntimeConfig {
-                workers: 1,
-                ..Default::default()
-            },
-            array.targets(),
-            &Backend::default(),
-            pool.services(),
-            Some(pool.memory()),
-        )
-        .unwrap();
+        let (pool, rt) = crate::buffer::test_pool(array, 16);
         (pool, rt, mirror)
     }
 

@@ -1077,17 +1077,8 @@ mod tests {
         let mut stream = vec![0u8; 64 << 10];
         stream[..rec.len()].copy_from_slice(&rec);
         let ctl = Control {
-            seq: 3,
             checkpoint,
-            redo: 4096,
-            capacity: 64 << 10,
-            block: 512,
-            log_id: 1,
-            next_gsn: 10,
-            index: 0,
-            count: 1,
-            redo_gsn: 1,
-            stream_bytes: 64 << 10,
+            ..log_control(4096)
         };
         (stream, ctl)
     }
