@@ -401,7 +401,7 @@ impl Committer {
                     // value poisoned it; a review's finding). At most the
                     // map pages and the meta page as images join it.
                     let most = h.len() as u64 + (stored.map_pages + 1) * page_bytes;
-                    let max = w.capacity() / 8;
+                    let max = w.max_record();
                     if most > max {
                         return Err(Error::TooLarge {
                             what: "commit record",

@@ -733,19 +733,19 @@ impl BufferPool {
     /// (nothing logged yet, nothing poisoned).
     pub async fn reserve(&self, pages: u64) -> Result<Reservation<'_>> {
         // Loops when a growth finished or another commit took the room.
-        let mut tries = 0u64;
+        let mut retried = false;
         loop {
             self.release_retired();
             if let Some(r) = self.try_reserve(pages) {
                 return Ok(r);
             }
-            if tries > 0 {
+            if retried {
                 // The room looked there and another commit took it first:
                 // let this worker's other tasks run before trying again
                 // (a loop that never yields stops the worker's I/O too).
                 crate::sched::yield_now().await;
             }
-            tries += 1;
+            retried = true;
             self.wait_for_space(pages).await.map_err(|e| match e {
                 Error::NoSpace(why) => Error::NoSpace(format!(
                     "{why}; this write may need {pages} pages, {} are free and {} promised \
@@ -917,13 +917,19 @@ impl BufferPool {
 
     /// `n` pages were handed out.
     pub(super) fn took_pages(&self, n: u64) {
-        let _ = self
-            .alloc
+        self.take_available(n);
+        self.grow_if_low();
+    }
+
+    /// Takes up to `n` pages off the count of available pages (never
+    /// below zero); returns how many it took.
+    pub(super) fn take_available(&self, n: u64) -> u64 {
+        self.alloc
             .available
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
                 Some(v.saturating_sub(n))
-            });
-        self.grow_if_low();
+            })
+            .map_or(0, |v| v.min(n))
     }
 
     /// Sets (`set`) or clears the map bit of page `pid` under the guard,

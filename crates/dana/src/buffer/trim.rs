@@ -198,13 +198,7 @@ impl BufferPool {
             // them, a commit promised them failed its apply (after its
             // record was logged, which stops the database) on an array
             // that cannot grow (a review's finding).
-            let a = &self.alloc.available;
-            let n = held.len() as u64;
-            let n = a
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                    Some(v.saturating_sub(n))
-                })
-                .map_or(0, |v| v.min(n));
+            let n = self.take_available(held.len() as u64);
             self.note_handover(held.iter().copied());
             for &pid in &held {
                 let _ = self.discard(pid).await;
@@ -215,7 +209,7 @@ impl BufferPool {
                 mirror.clear(pid);
             }
             drop(mirror);
-            a.fetch_add(n, Ordering::AcqRel);
+            self.alloc.available.fetch_add(n, Ordering::AcqRel);
             self.alloc.trimmed.fetch_add(trimmed, Ordering::Relaxed);
         }
         if !later.is_empty() {

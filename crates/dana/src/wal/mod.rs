@@ -1010,6 +1010,11 @@ impl Wal {
         self.capacity
     }
 
+    /// The longest record this log takes (an eighth of it).
+    pub fn max_record(&self) -> u64 {
+        self.capacity / 8
+    }
+
     /// Every record of this log below this GSN is durable.
     pub fn durable_below(&self) -> u64 {
         self.shared.unflushed[self.index].load(Ordering::Acquire)
@@ -1246,11 +1251,11 @@ impl Wal {
             return Err(e);
         }
         let len = record.len();
-        if len as u64 > self.capacity / 8 {
+        if len as u64 > self.max_record() {
             return Err(Error::TooLarge {
                 what: "log record",
                 len,
-                max: (self.capacity / 8) as usize,
+                max: self.max_record() as usize,
             });
         }
         let mut st = self.lock();
