@@ -995,7 +995,10 @@ impl Db {
         }
     }
 
-    /// Runs `future` as a task on the next worker without waiting.
+    /// Runs `future` as a task on the next worker without waiting for it.
+    /// A thread waits while that worker's queue of new tasks is full; a
+    /// task (which must not block its worker) gets [`Error::QueueFull`]
+    /// then, and should yield and retry.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();

@@ -195,6 +195,13 @@ pub enum Error {
     #[error("the operation needs I/O and must run on a worker (inside a task)")]
     WouldBlock,
 
+    /// A task spawned a task onto a worker whose queue of new tasks is
+    /// full. A thread that is not a worker waits for room; a task must
+    /// not block its worker, so it gets this error: yield
+    /// (`dana::sched::yield_now`) and try again.
+    #[error("worker {worker}'s queue of new tasks is full ({capacity}); a task cannot wait for room, yield and retry")]
+    QueueFull { worker: usize, capacity: usize },
+
     /// The log is damaged in a way recovery cannot get past (a record
     /// that checks out but does not decode, a log too small for its
     /// control block).
@@ -406,6 +413,10 @@ impl Error {
             Error::NoSpace(s) => Error::NoSpace(s.clone()),
             Error::Poisoned(s) => Error::Poisoned(s.clone()),
             Error::WouldBlock => Error::WouldBlock,
+            Error::QueueFull { worker, capacity } => Error::QueueFull {
+                worker: *worker,
+                capacity: *capacity,
+            },
             Error::KeyExists => Error::KeyExists,
             Error::NoSuchTree(s) => Error::NoSuchTree(s.clone()),
             Error::Shutdown => Error::Shutdown,

@@ -6,8 +6,9 @@
 //! device, see [`io`]).
 //!
 //! A task's life: `spawn` puts the boxed future in a worker's injector
-//! (blocking the caller while it is full: back-pressure, not unbounded
-//! memory) -> the worker admits it into its slab, queued -> polled; it
+//! (blocking a calling thread while it is full: back-pressure, not
+//! unbounded memory; a calling task gets `QueueFull` instead, since a
+//! worker must not block) -> the worker admits it into its slab, queued -> polled; it
 //! returns `Pending` when it needs a page that is not resident, a free
 //! frame, or a latch someone else holds, after arranging to be woken
 //! (waker registered with the in-flight read, the free-frame waiters, or a
@@ -49,7 +50,10 @@ pub use wait::{IoWait, WaitFuture, WakerList};
 
 use crate::io::{open_queue, AlignedBuf, Backend, EventFd, Target};
 use crate::{Error, Result};
-use task::{Job, Slab, TaskKey, CURRENT_RUNTIME, CURRENT_WORKER, LOCAL_READY, LOCAL_SPAWNED};
+use task::{
+    Job, Slab, TaskKey, CURRENT_RUNTIME, CURRENT_WORKER, CURRENT_WORKER_SHARED, LOCAL_READY,
+    LOCAL_SPAWNED,
+};
 
 /// Task polls between two looks at the completion queues.
 const POLLS_BETWEEN_REAPS: usize = 8;
@@ -152,6 +156,15 @@ impl WorkerShared {
             }
             if shutdown.load(Ordering::Acquire) {
                 return Err(Error::Shutdown);
+            }
+            if CURRENT_WORKER.with(|c| c.get()).is_some() {
+                // A worker must not block: waiting here for its own
+                // injector (or for one whose worker waits for it) never
+                // ends. The task yields and tries again.
+                return Err(Error::QueueFull {
+                    worker: self.index,
+                    capacity: self.injector_capacity,
+                });
             }
             q = self
                 .not_full
@@ -321,7 +334,8 @@ impl Runtime {
     }
 
     /// Runs `future` as a task on the next worker (round robin). Blocks
-    /// while that worker's injector is full.
+    /// while that worker's injector is full; called from a task (on a
+    /// worker), fails with [`Error::QueueFull`] instead.
     pub fn spawn<F>(&self, future: F) -> Result<()>
     where
         F: Future<Output = ()> + Send + 'static,
@@ -330,7 +344,8 @@ impl Runtime {
         self.spawn_on(w, future)
     }
 
-    /// Runs `future` as a task on worker `worker`.
+    /// Runs `future` as a task on worker `worker` (blocking, or
+    /// [`Error::QueueFull`] from a task, as [`Runtime::spawn`]).
     pub fn spawn_on<F>(&self, worker: usize, future: F) -> Result<()>
     where
         F: Future<Output = ()> + Send + 'static,
@@ -463,6 +478,7 @@ fn worker_main(index: usize, rt: Arc<RuntimeShared>, wio: io::WorkerIo, services
     let me = rt.workers[index].clone();
     CURRENT_WORKER.with(|c| c.set(Some(index)));
     CURRENT_RUNTIME.with(|c| c.set(Arc::as_ptr(&rt) as usize));
+    CURRENT_WORKER_SHARED.with(|c| c.set(Arc::as_ptr(&me) as usize));
     wio.install();
     let mut slab = Slab::new();
     let mut completions = Vec::new();
@@ -593,4 +609,110 @@ fn worker_main(index: usize, rt: Arc<RuntimeShared>, wio: io::WorkerIo, services
     drop(io::WorkerIo::uninstall());
     CURRENT_WORKER.with(|c| c.set(None));
     CURRENT_RUNTIME.with(|c| c.set(0));
+    CURRENT_WORKER_SHARED.with(|c| c.set(0));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::task::Waker;
+
+    fn runtime(config: RuntimeConfig) -> Runtime {
+        Runtime::start(&config, &[], &Backend::default(), Services::new(), None).unwrap()
+    }
+
+    fn one_worker() -> RuntimeConfig {
+        RuntimeConfig {
+            workers: 1,
+            ..Default::default()
+        }
+    }
+
+    /// A task of one runtime woken from a worker of another, with the same
+    /// worker index, is queued on its own worker (it was queued on the
+    /// waking worker's ready list, under a key of another slab, and never
+    /// ran again).
+    #[test]
+    fn a_wake_from_another_runtimes_worker_reaches_the_task() {
+        let (a, b) = (runtime(one_worker()), runtime(one_worker()));
+        let slot: Arc<Mutex<(bool, Option<Waker>)>> = Arc::new(Mutex::new((false, None)));
+        let (tx, rx) = mpsc::channel();
+        let waiting = slot.clone();
+        a.spawn(async move {
+            std::future::poll_fn(|cx| {
+                let mut s = waiting.lock().unwrap();
+                if s.0 {
+                    return Poll::Ready(());
+                }
+                s.1 = Some(cx.waker().clone());
+                Poll::Pending
+            })
+            .await;
+            tx.send(()).unwrap();
+        })
+        .unwrap();
+        for _ in 0..1000 {
+            if slot.lock().unwrap().1.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let waking = slot.clone();
+        b.block_on(async move {
+            let waker = {
+                let mut s = waking.lock().unwrap();
+                s.0 = true;
+                s.1.take().expect("the task registered its waker")
+            };
+            waker.wake();
+        })
+        .unwrap();
+        let ran = rx.recv_timeout(Duration::from_secs(10)).is_ok();
+        if !ran {
+            // Stopping would wait for the lost task forever.
+            std::mem::forget((a, b));
+        }
+        assert!(ran, "the woken task never ran");
+    }
+
+    /// A task that spawns onto a worker whose injector is full gets
+    /// `QueueFull` instead of blocking its worker for good (its own
+    /// worker cannot admit the job while it waits).
+    #[test]
+    fn a_task_spawning_into_a_full_injector_is_refused_not_blocked() {
+        let rt = Arc::new(runtime(RuntimeConfig {
+            workers: 1,
+            max_tasks_per_worker: 1,
+            injector_capacity: 1,
+            ..Default::default()
+        }));
+        let (tx, rx) = mpsc::channel();
+        let (ran_tx, ran_rx) = mpsc::channel();
+        let inner = rt.clone();
+        rt.spawn(async move {
+            let ran = ran_tx.clone();
+            let first = inner.spawn(async move { ran.send(()).unwrap() });
+            let second = inner.spawn(async {});
+            tx.send((first, second)).unwrap();
+        })
+        .unwrap();
+        let (first, second) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the spawning task did not block its worker");
+        assert!(first.is_ok(), "{first:?}");
+        assert!(
+            matches!(
+                second,
+                Err(Error::QueueFull {
+                    worker: 0,
+                    capacity: 1
+                })
+            ),
+            "{second:?}"
+        );
+        ran_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the queued task ran once its spawner finished");
+    }
 }

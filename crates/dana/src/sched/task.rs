@@ -27,6 +27,10 @@ thread_local! {
     pub(crate) static CURRENT_WORKER: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
     /// The identity of the runtime whose worker runs this thread (0: none).
     pub(crate) static CURRENT_RUNTIME: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// The address of this thread's [`WorkerShared`] (0: not a worker).
+    /// A wake is local only if it names this very worker: two databases'
+    /// runtimes both have a worker 0.
+    pub(crate) static CURRENT_WORKER_SHARED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     /// Tasks woken on their own worker's thread.
     pub(crate) static LOCAL_READY: RefCell<VecDeque<TaskKey>> = const { RefCell::new(VecDeque::new()) };
     /// Tasks spawned on this worker by its system steps, to be admitted.
@@ -51,7 +55,8 @@ impl Wake for TaskCell {
         if self.queued.swap(true, Ordering::AcqRel) {
             return;
         }
-        if CURRENT_WORKER.with(|c| c.get()) == Some(self.worker.index) {
+        let mine = Arc::as_ptr(&self.worker) as usize;
+        if CURRENT_WORKER_SHARED.with(|c| c.get()) == mine {
             LOCAL_READY.with(|r| r.borrow_mut().push_back(self.key));
         } else {
             self.worker.wake_remote(self.key);
