@@ -273,7 +273,11 @@ impl Device {
         };
         let grown = allocated.and_then(|()| {
             self.file.sync_data().inspect_err(|e| {
-                if e.raw_os_error() != Some(libc::ENOSPC) {
+                // With O_DIRECT, ENOSPC here is the growth's own blocks; the
+                // data written before went to the device at its write.
+                // Through the page cache it can be an earlier write's
+                // writeback, lost: every later flush must fail.
+                if e.raw_os_error() != Some(libc::ENOSPC) || !self.direct {
                     self.sync_failed.store(true, Ordering::Release);
                 }
             })

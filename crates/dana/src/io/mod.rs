@@ -459,6 +459,14 @@ pub trait IoQueue: Send {
     /// Requests pushed but not yet submitted.
     fn queued(&self) -> usize;
 
+    /// Requests that a later [`IoQueue::submit`] must send: this queue's
+    /// own queued ones, and those a queue it wraps kept back (a ring that
+    /// answered busy or interrupted). A worker does not sleep for good
+    /// while any are left.
+    fn unsent(&self) -> usize {
+        self.queued()
+    }
+
     /// Requests submitted whose completions have not been reaped.
     fn in_flight(&self) -> usize;
 

@@ -283,6 +283,12 @@ impl IoQueue for UringQueue {
                 .submit()
                 .map_err(backend_err("waking the SQPOLL thread"))?;
         } else {
+            // A busy or interrupted call consumes nothing (0): what it
+            // left stays queued, in the submission queue, for the next
+            // call (the worker retries each round and does not sleep
+            // past it, see `WorkerIo::ready_in`). Counting it in flight
+            // would leave a worker asleep waiting for completions of
+            // requests the kernel never saw.
             let mut done = 0;
             while done < n {
                 let k = self.enter(0, None)?;
@@ -291,6 +297,10 @@ impl IoQueue for UringQueue {
                 }
                 done += k;
             }
+            let done = done.min(n);
+            self.queued = n - done;
+            self.in_flight += done;
+            return Ok(done);
         }
         self.queued = 0;
         self.in_flight += n;

@@ -50,6 +50,9 @@ const EPOCH: Duration = Duration::from_millis(50);
 const EPOCH_COMPLETIONS: u64 = 256;
 /// Longest epoch.
 const EPOCH_MAX: Duration = Duration::from_secs(1);
+/// How soon a worker retries a submission the kernel refused for the
+/// moment (EAGAIN, EBUSY, EINTR) when nothing else would wake it.
+const SUBMIT_RETRY: Duration = Duration::from_millis(1);
 /// Changes of limit kept for reports (the oldest are dropped).
 const HISTORY: usize = 4096;
 
@@ -464,7 +467,7 @@ impl WorkerIo {
         if self
             .devices
             .iter()
-            .all(|d| d.waiting() == 0 && d.queue.queued() == 0)
+            .all(|d| d.waiting() == 0 && d.queue.unsent() == 0)
         {
             return 0;
         }
@@ -545,7 +548,7 @@ impl WorkerIo {
                 // Left waiting: the budget (or the queue) bound this round.
                 self.budgets.account(d, 0, Duration::ZERO, 1, now);
             }
-            if pushed > 0 || dev.queue.queued() > 0 {
+            if pushed > 0 || dev.queue.unsent() > 0 {
                 if let Err(e) = dev.queue.submit() {
                     // The ring itself failed (not a busy or interrupted
                     // call, which return 0). The requests stay in its
@@ -631,6 +634,11 @@ impl WorkerIo {
 
     /// The soonest moment a queue knows a completion will be ready.
     pub(crate) fn ready_in(&self) -> Option<Duration> {
+        if self.devices.iter().any(|d| d.queue.unsent() > 0) {
+            // A submission the kernel refused for now (busy, interrupted):
+            // nothing will signal the eventfd for it, so retry soon.
+            return Some(SUBMIT_RETRY);
+        }
         self.devices
             .iter()
             .filter(|d| d.queue.in_flight() + d.queue.queued() > 0)
@@ -664,6 +672,85 @@ mod tests {
             req: Request::read(kind.tag(id), 0, buf),
             enqueued: Instant::now(),
         }
+    }
+
+    /// A queue whose first `refusals` submits send nothing (a ring that
+    /// answered EAGAIN, EBUSY or EINTR), keeping the requests queued.
+    struct Balky {
+        inner: Box<dyn IoQueue>,
+        refusals: usize,
+    }
+
+    impl IoQueue for Balky {
+        fn device(&self) -> usize {
+            self.inner.device()
+        }
+        fn backend(&self) -> &'static str {
+            "balky"
+        }
+        fn capacity(&self) -> usize {
+            self.inner.capacity()
+        }
+        fn push(&mut self, req: Request) -> std::result::Result<(), crate::io::Rejected> {
+            self.inner.push(req)
+        }
+        fn submit(&mut self) -> crate::Result<usize> {
+            if self.refusals > 0 {
+                self.refusals -= 1;
+                return Ok(0);
+            }
+            self.inner.submit()
+        }
+        fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
+            self.inner.reap(out)
+        }
+        fn wait(&mut self, min: usize, timeout: Option<Duration>) -> crate::Result<()> {
+            self.inner.wait(min, timeout)
+        }
+        fn queued(&self) -> usize {
+            self.inner.queued()
+        }
+        fn in_flight(&self) -> usize {
+            self.inner.in_flight()
+        }
+        fn ready_in(&self) -> Option<Duration> {
+            self.inner.ready_in()
+        }
+    }
+
+    /// A submission the device refused for the moment stays queued, the
+    /// worker is told to come back soon (nothing else would wake it), and
+    /// the next round sends it.
+    #[test]
+    fn a_refused_submission_is_retried_soon() {
+        let disk = SimDisk::new(0, 1 << 20, SimConfig::default());
+        let budgets = std::sync::Arc::new(DeviceBudgets::new(1, &RuntimeConfig::default()));
+        let queue = Balky {
+            inner: Box::new(disk.queue(64)),
+            refusals: 2,
+        };
+        let mut w = WorkerIo::new(0, vec![Box::new(queue)], budgets);
+        w.devices[0]
+            .urgent
+            .push_back(waiting(RequestKind::PageRead, 7));
+        let mut out = Vec::new();
+        for round in 0..2 {
+            w.submit_all();
+            assert_eq!(w.devices[0].queue.unsent(), 1, "round {round}");
+            assert_eq!(w.ready_in(), Some(SUBMIT_RETRY), "round {round}");
+            assert_eq!(w.reap_all(&mut out), 0);
+        }
+        w.submit_all();
+        assert_eq!(w.devices[0].queue.unsent(), 0);
+        for _ in 0..1000 {
+            if w.reap_all(&mut out) > 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0.tag & TAG_ID_MASK, 7);
+        assert!(out[0].0.result.is_ok());
     }
 
     /// Reads go before write-backs, except that write-backs always have

@@ -971,6 +971,16 @@ impl IoQueue for MirrorQueue {
         self.queued
     }
 
+    fn unsent(&self) -> usize {
+        self.queued
+            + self
+                .copies
+                .iter()
+                .filter_map(|c| c.queue.as_ref())
+                .map(|q| q.unsent())
+                .sum::<usize>()
+    }
+
     fn in_flight(&self) -> usize {
         self.outstanding - self.queued
     }

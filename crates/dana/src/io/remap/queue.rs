@@ -733,6 +733,10 @@ impl IoQueue for RemapQueue {
         self.queued
     }
 
+    fn unsent(&self) -> usize {
+        self.queued + self.inner.unsent()
+    }
+
     fn in_flight(&self) -> usize {
         // Requests answered at once (flushes, reads of unwritten pages) may
         // be reaped before the submit that counts them as sent.
