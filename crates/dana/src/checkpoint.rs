@@ -21,7 +21,7 @@ use crate::buffer::BufferPool;
 use crate::sched::{self, SystemTask};
 use crate::wal::record;
 use crate::wal::{CheckpointScope, LogSet};
-use crate::Result;
+use crate::{Error, Result};
 
 /// A checkpoint of `scope`: every page of it dirty when it starts is
 /// written back (at the pace of write-back, after its records are durable
@@ -94,7 +94,7 @@ impl Drop for Busy<'_> {
 /// The system task that starts a checkpoint of the next shard (as a task
 /// on the worker that steps it) when the log asks for one and none runs.
 /// A failed checkpoint stops the pool and the log (the next open
-/// recovers).
+/// recovers); one refused by a pool already stopped leaves the log.
 pub(crate) struct Checkpointer {
     pub(crate) pool: Arc<BufferPool>,
     pub(crate) wal: Arc<LogSet>,
@@ -128,8 +128,13 @@ impl SystemTask for Checkpointer {
         let started = sched::spawn_here(async move {
             let _busy = Busy(&busy);
             if let Err(e) = checkpoint(&pool, &wal, scope).await {
+                // A checkpoint refused by a pool stopped elsewhere leaves
+                // the log running: its records are whole commits, which
+                // `Db::close` still makes durable for the next open.
+                if !matches!(e, Error::Poisoned(_)) {
+                    wal.poison_with(&e);
+                }
                 pool.poison(&e);
-                wal.poison_with(&e);
             }
         });
         if started.is_err() {

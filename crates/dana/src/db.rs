@@ -940,6 +940,19 @@ impl Db {
         if matches!(flushed, Err(Error::Closed)) {
             return Ok(());
         }
+        if flushed.is_err() && !self.inner.committer.read_only {
+            // A stopped pool cannot checkpoint, but the log's records are
+            // whole commits in order: make them durable, so that the next
+            // open applies every commit that was logged (async ones, and
+            // one whose apply its caller abandoned).
+            if let Some(w) = self.inner.committer.wal.clone() {
+                let end = w.next_gsn();
+                let _ = self
+                    .inner
+                    .rt
+                    .block_on(async move { w.wait_all_durable(end).await });
+            }
+        }
         self.inner.committer.closed.store(true, Ordering::Release);
         self.inner.stop.store(true, Ordering::Release);
         self.inner.rt.stop();

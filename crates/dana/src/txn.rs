@@ -449,7 +449,16 @@ impl Committer {
             h.keep();
         }
         let cover = logged.map_or(0, |(lsn, _)| lsn);
+        // The record is logged: a caller dropping this future now (a
+        // select, a timeout) would leave the trees without writes the log
+        // holds, the key locks let go, and the log unable to checkpoint
+        // past the commit. The guard stops the database instead; the
+        // next open finishes the commit from its record.
+        let unapplied = logged.map(|_| DroppedMidApply(&self.pool));
         let applied = apply(&self.pool, &writes, true, cover).await;
+        if let Some(guard) = unapplied {
+            guard.disarm();
+        }
         if applied.is_ok() {
             // No leaf names the replaced values' extents any more.
             self.pool.retire(large.freed);
@@ -493,6 +502,28 @@ impl Committer {
             _ => {}
         }
         Ok((applied, logged.map_or(0, |(_, end)| end)))
+    }
+}
+
+/// Armed while a logged commit is being applied: dropped armed (the
+/// commit's future dropped by its caller mid-apply), it poisons the pool,
+/// which refuses every later write and write-back, so that no checkpoint
+/// moves past the commit's record and the next open applies it whole.
+struct DroppedMidApply<'a>(&'a BufferPool);
+
+impl DroppedMidApply<'_> {
+    fn disarm(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for DroppedMidApply<'_> {
+    fn drop(&mut self) {
+        self.0.poison(&Error::Poisoned(
+            "a commit's future was dropped after its record was logged and before it was \
+             applied; reopen the database to finish it from the log"
+                .into(),
+        ));
     }
 }
 
