@@ -2054,6 +2054,21 @@ impl std::ops::DerefMut for PageMut<'_> {
 
 impl Drop for PageMut<'_> {
     fn drop(&mut self) {
+        if std::thread::panicking() && (self.touched || self.fresh || self.cut.is_some()) {
+            // A task panicked while changing this page: the change may be
+            // half made. Neither log it nor let it reach storage; the pool
+            // stops (the log holds only whole changes, which the next
+            // open redoes).
+            self.pool.poison_with(&Error::Poisoned(format!(
+                "a task panicked while changing page {}",
+                self.pid
+            )));
+            if let Some(b) = self.before.take() {
+                recycle_image(b);
+            }
+            self.pool.table.unlock_exclusive(self.pid);
+            return;
+        }
         if let Some(wal) = self.pool.wal.get() {
             let logged = if self.cover != 0 && self.touched {
                 self.log_covered(wal.as_ref())
@@ -2181,4 +2196,48 @@ pub(crate) fn test_pool(array: Array, frames: usize) -> (Arc<BufferPool>, sched:
     )
     .unwrap();
     (pool, rt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A task that panics while it holds a page latched for writing, after
+    /// changing it, leaves a change that may be half made: the pool stops
+    /// (no write-back, no log record of it) instead of marking the page
+    /// dirty for a later write-back.
+    #[test]
+    fn a_panic_while_changing_a_page_stops_the_pool() {
+        use crate::io::sim::{SimConfig, SimDisk};
+        use crate::io::Target;
+        let disk = SimDisk::new(0, 1 << 20, SimConfig::default());
+        let array = Array::new(vec![Target::Sim(disk)], 4096).unwrap();
+        let (pool, rt) = test_pool(array, 16);
+        let p = pool.clone();
+        let (flushed_before, poisoned, flushed_after) = rt
+            .block_on(async move {
+                p.format().await?;
+                let pid = {
+                    let mut g = p.allocate(PageType::Raw).await?;
+                    g[page::PAGE_HEADER_SIZE] = 1;
+                    g.pid()
+                };
+                let flushed_before = p.flush_all().await.is_ok();
+                let g = p.fix_exclusive(pid).await?;
+                let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                    let mut g = g;
+                    g[page::PAGE_HEADER_SIZE] = 2;
+                    panic!("a bug in the middle of a change");
+                }));
+                assert!(caught.is_err());
+                let poisoned = p.poisoned().is_some();
+                let flushed_after = p.flush_all().await.is_ok();
+                Ok::<_, Error>((flushed_before, poisoned, flushed_after))
+            })
+            .unwrap()
+            .unwrap();
+        assert!(flushed_before);
+        assert!(poisoned, "the pool kept going after a half-made change");
+        assert!(!flushed_after, "a half-made change could reach storage");
+    }
 }
