@@ -1466,7 +1466,9 @@ impl Tree {
         if self.commits(Some(value)) {
             return self.commit_one_async(key, Some(value), vec![]).await;
         }
-        self.btree.put(key, value).await
+        let c = &self.db.inner.committer;
+        c.with_key_locked(self.btree.root(), key, self.btree.put(key, value))
+            .await
     }
 
     /// [`Tree::insert`] inside a task (a commit of its own).
@@ -1490,7 +1492,9 @@ impl Tree {
                 .await
                 .map(|_| ());
         }
-        self.btree.insert(key, value).await
+        let c = &self.db.inner.committer;
+        c.with_key_locked(self.btree.root(), key, self.btree.insert(key, value))
+            .await
     }
 
     /// [`Tree::delete`] inside a task (a commit of its own).
@@ -1510,7 +1514,9 @@ impl Tree {
         if self.commits(None) {
             return self.commit_one_async(key, None, vec![]).await;
         }
-        self.btree.delete(key).await
+        let c = &self.db.inner.committer;
+        c.with_key_locked(self.btree.root(), key, self.btree.delete(key))
+            .await
     }
 
     /// [`Tree::update`] inside a task (a commit of its own; `f` may run
@@ -1537,7 +1543,10 @@ impl Tree {
     ) -> Result<bool> {
         let _fence = self.live(true)?;
         if !self.commits(None) {
-            return self.btree.update(key, &f).await;
+            let c = &self.db.inner.committer;
+            return c
+                .with_key_locked(self.btree.root(), key, self.btree.update(key, &f))
+                .await;
         }
         let mut last = String::new();
         for _ in 0..16 {
@@ -1711,9 +1720,13 @@ impl Tree {
             return self.commit_one(key, Some(value), vec![check]).map(|_| ());
         }
         let (key, value) = (key.to_vec(), value.to_vec());
+        let c = self.db.inner.committer.clone();
         self.run(move |t| {
-            let (key, value) = (key.clone(), value.clone());
-            async move { t.insert(&key, &value).await }
+            let (key, value, c) = (key.clone(), value.clone(), c.clone());
+            async move {
+                c.with_key_locked(t.root(), &key, t.insert(&key, &value))
+                    .await
+            }
         })
     }
 
@@ -1732,9 +1745,10 @@ impl Tree {
             return self.commit_one(key, Some(value), vec![]);
         }
         let (key, value) = (key.to_vec(), value.to_vec());
+        let c = self.db.inner.committer.clone();
         self.run(move |t| {
-            let (key, value) = (key.clone(), value.clone());
-            async move { t.put(&key, &value).await }
+            let (key, value, c) = (key.clone(), value.clone(), c.clone());
+            async move { c.with_key_locked(t.root(), &key, t.put(&key, &value)).await }
         })
     }
 
@@ -1768,9 +1782,10 @@ impl Tree {
             });
         }
         let key = key.to_vec();
+        let c = self.db.inner.committer.clone();
         self.run(move |t| {
-            let (key, f) = (key.clone(), f.clone());
-            async move { t.update(&key, f).await }
+            let (key, f, c) = (key.clone(), f.clone(), c.clone());
+            async move { c.with_key_locked(t.root(), &key, t.update(&key, f)).await }
         })
     }
 
@@ -1790,9 +1805,10 @@ impl Tree {
             return self.commit_one(key, None, vec![]);
         }
         let key = key.to_vec();
+        let c = self.db.inner.committer.clone();
         self.run(move |t| {
-            let key = key.clone();
-            async move { t.delete(&key).await }
+            let (key, c) = (key.clone(), c.clone());
+            async move { c.with_key_locked(t.root(), &key, t.delete(&key)).await }
         })
     }
 
@@ -1940,18 +1956,35 @@ impl Tree {
     pub fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
         let _fence = self.live(false)?;
         let (tx, rx) = std::sync::mpsc::channel();
+        // Every read spawned is waited for, even after an error: the fence
+        // held here is what keeps a drop of the tree from freeing pages
+        // they still read.
+        let mut spawned = Ok(());
         for (i, k) in keys.iter().enumerate() {
             let (t, k, tx) = (self.btree.clone(), k.clone(), tx.clone());
-            self.db.spawn(async move {
+            spawned = self.db.spawn(async move {
                 let _ = tx.send((i, t.get(&k).await));
-            })?;
+            });
+            if spawned.is_err() {
+                break;
+            }
         }
         drop(tx);
         let mut out = vec![None; keys.len()];
         let mut seen = 0;
+        let mut first_error = None;
         for (i, r) in rx {
-            out[i] = r?;
+            match r {
+                Ok(v) => out[i] = v,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
             seen += 1;
+        }
+        spawned?;
+        if let Some(e) = first_error {
+            return Err(e);
         }
         if seen != keys.len() {
             return Err(Error::Shutdown);

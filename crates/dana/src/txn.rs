@@ -195,6 +195,21 @@ pub(crate) enum Applied {
 }
 
 impl Committer {
+    /// Runs `write`, a tree write outside a commit (no log, no large
+    /// values), holding its key's stripe: a commit checks its keys under
+    /// their stripes and applies later, and a plain write landing in
+    /// between was overwritten by the apply (two inserts of one key both
+    /// succeeded, an update was lost; a review's finding).
+    pub(crate) async fn with_key_locked<T>(
+        &self,
+        tree: u64,
+        key: &[u8],
+        write: impl std::future::Future<Output = T>,
+    ) -> T {
+        let _stripe = self.locks.lock(std::iter::once((tree, key))).await;
+        write.await
+    }
+
     /// [`Error::Closed`] once closed; [`Error::ReadOnly`] for a write on
     /// a read-only database.
     pub(crate) fn live(&self, write: bool) -> Result<()> {

@@ -99,3 +99,73 @@ fn cold_sync_gets_racing_commits_never_fail_or_poison() {
     assert!(gets.load(Ordering::Relaxed) > 100 && puts.load(Ordering::Relaxed) > 10);
     assert!(db.check().unwrap().is_ok());
 }
+
+/// Without a log, a plain `Tree::insert` and a transaction inserting the
+/// same key race: the transaction checks the key absent under its key
+/// lock and applies later, so a plain insert landing in between was
+/// overwritten, and both returned Ok. Exactly one of them must win each
+/// key, and the key must hold the winner's value.
+#[test]
+fn plain_writes_and_transactions_on_one_key_never_both_insert() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(
+        dir.path(),
+        Options::default()
+            .pool_bytes(8 << 20)
+            .capacity_bytes(64 << 20)
+            .durability(dana::Durability::Off),
+    )
+    .unwrap();
+    let t = db.create_tree("t").unwrap();
+    const KEYS: u64 = 5_000;
+    let (db2, t2) = (db.clone(), t.clone());
+    // Both sides start each key together; the plain insert waits a few
+    // microseconds more or less, so that it lands at every point of the
+    // transaction's commit.
+    let start = Arc::new(std::sync::Barrier::new(2));
+    let start2 = start.clone();
+    let by_tx = std::thread::spawn(move || {
+        let mut won = Vec::new();
+        for i in 0..KEYS {
+            start2.wait();
+            let r = db2.transaction(|tx| tx.insert(&t2, &key(i), b"tx"));
+            match r {
+                Ok(()) => won.push(i),
+                Err(dana::Error::KeyExists) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        won
+    });
+    let mut plain = Vec::new();
+    for i in 0..KEYS {
+        start.wait();
+        let until = Instant::now() + Duration::from_micros(i % 97);
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        match t.insert(&key(i), b"plain") {
+            Ok(()) => plain.push(i),
+            Err(dana::Error::KeyExists) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let by_tx = by_tx.join().unwrap();
+    let by_tx: std::collections::HashSet<u64> = by_tx.into_iter().collect();
+    let mut both = 0;
+    for &i in &plain {
+        if by_tx.contains(&i) {
+            both += 1;
+        }
+    }
+    assert_eq!(
+        both, 0,
+        "{both} keys inserted by both a transaction and a plain insert"
+    );
+    assert_eq!(plain.len() + by_tx.len(), KEYS as usize);
+    for i in 0..KEYS {
+        let v = t.get(&key(i)).unwrap().unwrap();
+        let want: &[u8] = if by_tx.contains(&i) { b"tx" } else { b"plain" };
+        assert_eq!(v, want, "key {i}");
+    }
+}

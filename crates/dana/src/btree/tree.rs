@@ -529,7 +529,13 @@ impl BTree {
     /// reference's extents, read it inside a reader epoch
     /// ([`BufferPool::blob_reader`]) so that they stay its own.
     async fn stored(&self, key: &[u8]) -> Result<Option<Stored>> {
-        Ok(match self.get_raw(key).await?.0 {
+        Ok(self.stored_versioned(key).await?.0)
+    }
+
+    /// [`BTree::stored`], with the GSN of the leaf it was read from.
+    async fn stored_versioned(&self, key: &[u8]) -> Result<(Option<Stored>, u64)> {
+        let (raw, gsn, _) = self.get_raw(key).await?;
+        let stored = match raw {
             None => None,
             Some((v, false)) => Some(Stored::Value(v)),
             Some((raw, true)) => Some(Stored::Reference(BlobRef::read(
@@ -537,7 +543,8 @@ impl BTree {
                 self.pool.page_size(),
                 self.root,
             )?)),
-        })
+        };
+        Ok((stored, gsn))
     }
 
     /// The reference of the large value under `key`, if it holds one (a
@@ -551,12 +558,19 @@ impl BTree {
 
     /// [`BTree::get`] of a key that held a reference when last seen.
     async fn get_large(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.get_large_versioned(key).await?.0)
+    }
+
+    /// [`BTree::get_large`], with the GSN of the leaf the reference (or
+    /// the value, or the key's absence) was read from.
+    async fn get_large_versioned(&self, key: &[u8]) -> Result<(Option<Vec<u8>>, u64)> {
         let _reader = self.pool.blob_reader();
-        let r = match self.stored(key).await? {
-            None => return Ok(None),
-            Some(Stored::Value(v)) => return Ok(Some(v)),
-            Some(Stored::Reference(r)) => r,
+        let r = match self.stored_versioned(key).await? {
+            (None, gsn) => return Ok((None, gsn)),
+            (Some(Stored::Value(v)), gsn) => return Ok((Some(v), gsn)),
+            (Some(Stored::Reference(r)), gsn) => (r, gsn),
         };
+        let (r, gsn) = r;
         let len = usize::try_from(r.len)
             .ok()
             .filter(|&l| l <= MAX_VALUE_LEN)
@@ -566,7 +580,7 @@ impl BTree {
             })?;
         let mut out = vec![0u8; len];
         self.pool.read_blob_checked(&r, &mut out).await?;
-        Ok(Some(out))
+        Ok((Some(out), gsn))
     }
 
     /// The length of the value of `key`, if present.
@@ -1021,12 +1035,15 @@ impl BTree {
             max_gsn: 0,
             stamps: None,
             guard: None,
+            keys_only: false,
         }
     }
 
-    /// Number of keys in `[lower, upper]`.
+    /// Number of keys in `[lower, upper]` (a large value's key counts by
+    /// its reference; the value is not read).
     pub async fn count(&self, lower: Bound<&[u8]>, upper: Bound<&[u8]>) -> Result<u64> {
         let mut c = self.cursor(lower, upper, true);
+        c.keys_only = true;
         let mut n = 0;
         while c.advance_leaf().await? {
             n += c.buffered.len() as u64;
@@ -1231,6 +1248,10 @@ pub struct Cursor {
     stamps: Option<Vec<PageStamp>>,
     /// Asked before every move to a leaf, if set ([`Cursor::guarded`]).
     guard: Option<CursorGuard>,
+    /// Keys only ([`BTree::count`]): payloads are not copied and large
+    /// values not read (a count read every large value of the range
+    /// whole, up to 4 GiB each; a review's finding).
+    keys_only: bool,
 }
 
 /// What a cursor asks before it moves to a leaf: an error stops it (its
@@ -1410,6 +1431,10 @@ impl Cursor {
             let mut references = Vec::new();
             let within = n.range(as_slice_bound(&self.lower), as_slice_bound(&self.upper));
             for i in within {
+                if self.keys_only {
+                    self.buffered.push((n.key_vec_at(i), Vec::new()));
+                    continue;
+                }
                 if n.is_ref_at(i) {
                     references.push(self.buffered.len());
                 }
@@ -1464,7 +1489,14 @@ impl Cursor {
                 self.stamps = None;
                 let mut gone = Vec::new();
                 for &i in &references {
-                    match self.tree.get_large(&self.buffered[i].0).await {
+                    let read = self.tree.get_large_versioned(&self.buffered[i].0).await;
+                    if let Ok((_, gsn)) = &read {
+                        // The leaf as the value was read: a commit may have
+                        // replaced it since this leaf was copied (not yet
+                        // durable in its log); what used it depends on it.
+                        self.max_gsn = self.max_gsn.max(*gsn);
+                    }
+                    match read.map(|(v, _)| v) {
                         Ok(Some(v)) => self.buffered[i].1 = v,
                         Ok(None) => gone.push(i),
                         Err(e) => {
