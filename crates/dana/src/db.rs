@@ -247,6 +247,10 @@ impl Db {
     /// assert_eq!(db.durability(), dana::Durability::Sync);
     /// db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
     /// drop(db); // no close: the commit is only in the log
+    /// // Without its log the database would skip recovery: refused.
+    /// let array = Array::new(vec![Target::Sim(data.clone())], 4096).unwrap();
+    /// let without = dana::Db::open_array(array, opts.clone(), false);
+    /// assert!(matches!(without, Err(dana::Error::Log(_))));
     /// let db = open(false).unwrap();
     /// assert!(db.recovery().unwrap().commits >= 1); // recovery re-applied it
     /// assert_eq!(db.tree("t").unwrap().get(b"k").unwrap(), Some(b"v".to_vec()));
@@ -312,6 +316,16 @@ impl Db {
         // A database with a log always uses it; one without gets one only
         // when a log is wanted and it may be written.
         let has_log = meta.is_some_and(|m| m.log_id != 0);
+        if let Some(m) = meta.filter(|_| has_log && logs.is_empty()) {
+            // Opened without its log, a database would skip recovery: the
+            // commits only the log holds vanished, and a later open with
+            // the log redid old records over pages changed since (a
+            // review's finding).
+            return Err(Error::Log(format!(
+                "the database has {} log(s); none was given (open it with its log)",
+                m.logs
+            )));
+        }
         if let Some(m) = meta.filter(|_| has_log && !logs.is_empty()) {
             if m.logs as usize != logs.len() {
                 return Err(Error::Log(format!(
@@ -764,7 +778,11 @@ impl Db {
     /// ```
     pub fn tree_or_create(&self, name: &str) -> Result<Tree> {
         match self.tree(name) {
-            Err(Error::NoSuchTree(_)) => self.create_tree(name),
+            Err(Error::NoSuchTree(_)) => match self.create_tree(name) {
+                // Another thread created it in between: it is the tree.
+                Err(Error::KeyExists) => self.tree(name),
+                other => other,
+            },
             other => other,
         }
     }

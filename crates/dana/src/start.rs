@@ -204,9 +204,6 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
                 Some(w) => checkpoint(&p, w, CheckpointScope::All).await?,
                 None => p.flush_all().await?,
             }
-            // After the checkpoint: no commit that wrote to a tree
-            // being dropped is re-applied once its pages are freed.
-            catalog::finish_interrupted(&p, &BTree::open(&p, root)).await?;
         }
         Ok::<_, Error>(root)
     })??;
@@ -232,6 +229,19 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         m.set_verify_all(false);
     }
     checkpointing.store(false, Ordering::Release);
+    if !read_only {
+        // After the open's checkpoint (no commit that wrote to a tree
+        // being dropped is re-applied once its pages are freed), and with
+        // background checkpoints allowed again: freeing a large tree's
+        // pages logs more than the log holds, and with the open holding
+        // the checkpoint flag its admission waited for good (a review's
+        // finding).
+        let p = pool.clone();
+        rt.block_on(async move {
+            catalog::finish_interrupted(&p, &BTree::open(&p, catalog_root)).await
+        })??;
+        pool.records().clear();
+    }
     let recovery = recovered.map(|r| RecoveryReport {
         records: r.records,
         pages_redone: r.pages_redone,

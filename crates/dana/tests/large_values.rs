@@ -479,7 +479,7 @@ fn an_oversized_commit_with_a_large_value_is_refused_cleanly() {
 /// large value of the range whole (up to 4 GiB each, a leaf's worth at
 /// once). A scan still reads the values it returns.
 #[test]
-fn counting_keys_reads_no_large_value() {
+fn counting_keys_reads_no_large_value_and_scans_read_what_they_return() {
     use std::ops::Bound::Unbounded;
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path(), opts()).unwrap();
@@ -495,8 +495,26 @@ fn counting_keys_reads_no_large_value() {
         before,
         "a count read large values"
     );
+    // Reads of one value: a scan of one entry, and the first entry of an
+    // iterator, read one large value, not the leaf's twenty.
+    let one = t.scan(Unbounded, Unbounded, true, 1).unwrap();
+    assert_eq!(one, vec![(vec![0u8], value(0, 300_000))]);
+    let per_value = db.pool_stats().blob_reads - before;
+    assert!(per_value > 0);
+    let (k, v) = t.range::<[u8]>(..).next().unwrap().unwrap();
+    assert_eq!((k, v), (vec![0u8], value(0, 300_000)));
+    assert_eq!(db.pool_stats().blob_reads - before, 2 * per_value);
+    let backward = t.scan(Unbounded, Unbounded, false, 1).unwrap();
+    assert_eq!(backward, vec![(vec![19u8, 0], b"small".to_vec())]);
+    assert_eq!(db.pool_stats().blob_reads - before, 2 * per_value);
+    // Whole scans still return every value, forward and backward.
     let scanned = t.scan(Unbounded, Unbounded, true, 40).unwrap();
     assert_eq!(scanned.len(), 40);
-    assert_eq!(scanned[0].1, value(0, 300_000));
-    assert!(db.pool_stats().blob_reads > before);
+    for (i, pair) in scanned.chunks(2).enumerate() {
+        assert_eq!(pair[0], (vec![i as u8], value(i as u8, 300_000)));
+        assert_eq!(pair[1], (vec![i as u8, 0], b"small".to_vec()));
+    }
+    let all: Vec<_> = t.range::<[u8]>(..).rev().map(Result::unwrap).collect();
+    assert_eq!(all.len(), 40);
+    assert_eq!(all[1], (vec![19u8], value(19, 300_000)));
 }

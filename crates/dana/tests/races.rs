@@ -169,3 +169,34 @@ fn plain_writes_and_transactions_on_one_key_never_both_insert() {
         assert_eq!(v, want, "key {i}");
     }
 }
+
+/// Threads that all open-or-create one tree at once each get the tree
+/// (the losers of the create answered `KeyExists`).
+#[test]
+fn concurrent_tree_or_create_calls_all_get_the_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(
+        dir.path(),
+        Options::default()
+            .pool_bytes(8 << 20)
+            .capacity_bytes(64 << 20),
+    )
+    .unwrap();
+    for round in 0..20 {
+        let name = format!("t{round}");
+        let start = Arc::new(std::sync::Barrier::new(4));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let (db, name, start) = (db.clone(), name.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    db.tree_or_create(&name).map(|t| t.name().to_string())
+                })
+            })
+            .collect();
+        for h in handles {
+            let got = h.join().unwrap();
+            assert_eq!(got.as_deref().ok(), Some(name.as_str()), "{got:?}");
+        }
+    }
+}

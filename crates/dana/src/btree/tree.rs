@@ -1028,6 +1028,7 @@ impl BTree {
             forward,
             next_key: None,
             buffered: Vec::new(),
+            large: Vec::new(),
             pos: 0,
             done: false,
             read_ahead: 1,
@@ -1231,6 +1232,11 @@ pub struct Cursor {
     /// The key whose leaf comes next (None: start at the bound).
     next_key: Option<Vec<u8>>,
     buffered: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Per buffered entry: its payload is still a large value's
+    /// reference, read when the entry is handed out (one value at a time:
+    /// loading a leaf read every large value in it whole, up to ~100 of up
+    /// to 4 GiB each).
+    large: Vec<bool>,
     pos: usize,
     done: bool,
     /// Leaves to read ahead at the next move (grows to READ_AHEAD).
@@ -1266,6 +1272,11 @@ impl Cursor {
     pub async fn next(&mut self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
         loop {
             if self.pos < self.buffered.len() {
+                if !self.resolve(self.pos).await? {
+                    // Deleted since its leaf was read: no longer committed.
+                    self.pos += 1;
+                    continue;
+                }
                 let e = std::mem::take(&mut self.buffered[self.pos]);
                 self.pos += 1;
                 return Ok(Some(e));
@@ -1276,18 +1287,65 @@ impl Cursor {
         }
     }
 
+    /// Reads the large value of buffered entry `i` if it holds one, under
+    /// the cursor's guard. False if its key was deleted since its leaf
+    /// was read. A failed read leaves the entry as it was: the next call
+    /// tries it again.
+    async fn resolve(&mut self, i: usize) -> Result<bool> {
+        if !self.large[i] {
+            return Ok(true);
+        }
+        // Held while the value is read (a drop of the tree waits for it).
+        let _fence = match &self.guard {
+            Some(guard) => Some(guard()?),
+            None => None,
+        };
+        let (value, gsn) = self.tree.get_large_versioned(&self.buffered[i].0).await?;
+        // The leaf as the value was read: a commit may have replaced it
+        // since the cursor copied its leaf (not yet durable in its log);
+        // what used it depends on it.
+        self.max_gsn = self.max_gsn.max(gsn);
+        self.large[i] = false;
+        match value {
+            Some(v) => {
+                self.buffered[i].1 = v;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
     /// The entries not yet returned of the current leaf, or else all the
     /// matching entries of the next leaf, in the cursor's direction (None
     /// at the end of the range). One leaf at a time: what a streaming
     /// iterator fetches per round trip.
     pub async fn next_batch(&mut self) -> Result<Option<Vec<(Vec<u8>, Vec<u8>)>>> {
-        if self.pos >= self.buffered.len() && !self.advance_leaf().await? {
-            return Ok(None);
+        // Bounded by the entries of the range: each round hands out one
+        // or skips one deleted entry, or loads the next leaf.
+        loop {
+            if self.pos >= self.buffered.len() && !self.advance_leaf().await? {
+                return Ok(None);
+            }
+            // A batch ends after its first large value (read here, one at
+            // a time), so that a batch holds at most one.
+            let end = match self.large[self.pos..].iter().position(|&l| l) {
+                Some(0) => {
+                    if !self.resolve(self.pos).await? {
+                        self.pos += 1;
+                        continue;
+                    }
+                    self.pos + 1
+                }
+                Some(j) => self.pos + j,
+                None => self.buffered.len(),
+            };
+            let batch = self.buffered[self.pos..end]
+                .iter_mut()
+                .map(std::mem::take)
+                .collect();
+            self.pos = end;
+            return Ok(Some(batch));
         }
-        let mut rest = std::mem::take(&mut self.buffered);
-        rest.drain(..self.pos);
-        self.pos = 0;
-        Ok(Some(rest))
     }
 
     /// Tells the cursor its caller will read about `n` entries (a scan
@@ -1427,32 +1485,24 @@ impl Cursor {
                 s.push(g.stamp());
             }
             self.buffered.clear();
+            self.large.clear();
             self.pos = 0;
-            let mut references = Vec::new();
             let within = n.range(as_slice_bound(&self.lower), as_slice_bound(&self.upper));
             for i in within {
                 if self.keys_only {
                     self.buffered.push((n.key_vec_at(i), Vec::new()));
+                    self.large.push(false);
                     continue;
                 }
-                if n.is_ref_at(i) {
-                    references.push(self.buffered.len());
-                }
+                self.large.push(n.is_ref_at(i));
                 self.buffered
                     .push((n.key_vec_at(i), n.payload_at(i).to_vec()));
             }
-            // Where this leaf began, kept while its large values are still
-            // to read: a failed read puts the cursor back before the leaf,
-            // so a call after the error reads it again (it handed out the
-            // leaf's raw references, unreversed, before).
-            let before = (!references.is_empty()).then(|| {
-                (
-                    self.next_key.clone(),
-                    self.lower.clone(),
-                    self.upper.clone(),
-                    self.done,
-                )
-            });
+            if self.large.contains(&true) {
+                // Its bytes live outside the leaves: stamps cannot vouch
+                // for it.
+                self.stamps = None;
+            }
             // Where the next leaf starts, and whether the range goes on.
             // The fence becomes a hard bound: if this leaf merges into its
             // neighbour before we get there, the neighbour also holds the
@@ -1483,39 +1533,11 @@ impl Cursor {
                     self.tree.pool.prefetch(pid);
                 }
             }
-            // Large values: read each whole by its key (a key deleted in
-            // the meantime is left out: it is no longer committed).
-            if !references.is_empty() {
-                self.stamps = None;
-                let mut gone = Vec::new();
-                for &i in &references {
-                    let read = self.tree.get_large_versioned(&self.buffered[i].0).await;
-                    if let Ok((_, gsn)) = &read {
-                        // The leaf as the value was read: a commit may have
-                        // replaced it since this leaf was copied (not yet
-                        // durable in its log); what used it depends on it.
-                        self.max_gsn = self.max_gsn.max(*gsn);
-                    }
-                    match read.map(|(v, _)| v) {
-                        Ok(Some(v)) => self.buffered[i].1 = v,
-                        Ok(None) => gone.push(i),
-                        Err(e) => {
-                            if let Some((next_key, lower, upper, done)) = before {
-                                (self.next_key, self.lower, self.upper, self.done) =
-                                    (next_key, lower, upper, done);
-                            }
-                            self.buffered.clear();
-                            self.pos = 0;
-                            return Err(e);
-                        }
-                    }
-                }
-                for i in gone.into_iter().rev() {
-                    self.buffered.remove(i);
-                }
-            }
+            // Large values are read one at a time as their entries are
+            // handed out (`Cursor::resolve`).
             if !self.forward {
                 self.buffered.reverse();
+                self.large.reverse();
             }
             if !self.buffered.is_empty() {
                 return Ok(true);
