@@ -257,6 +257,17 @@ impl Committer {
     }
 
     /// True if the tree at `root` was dropped since open.
+    /// The roots of the trees dropped since open (a copy).
+    pub(crate) fn dropped_roots(&self) -> HashSet<u64> {
+        if !self.any_dropped.load(Ordering::Acquire) {
+            return HashSet::new();
+        }
+        self.dropped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     pub(crate) fn was_dropped(&self, root: u64) -> bool {
         self.any_dropped.load(Ordering::Acquire)
             && self

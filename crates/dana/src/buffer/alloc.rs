@@ -643,6 +643,18 @@ impl BufferPool {
         t: PageType,
         reserved: bool,
     ) -> Result<PageMut<'a>> {
+        self.allocate_in_except(s, t, reserved, |_| false).await
+    }
+
+    /// [`BufferPool::allocate_in_for`], never handing out a page for which
+    /// `skip` is true (a new tree's root: never a root dropped since open).
+    pub(crate) async fn allocate_in_except<'a>(
+        &'a self,
+        s: &mut SpaceGuard<'a>,
+        t: PageType,
+        reserved: bool,
+        skip: impl Fn(u64) -> bool,
+    ) -> Result<PageMut<'a>> {
         self.check_ready()?;
         // An allocation outside a commit's reservation reserves its page
         // too (waiting for a growth if none is free): checking for room and
@@ -660,7 +672,7 @@ impl BufferPool {
         // awaits below run.
         let found = {
             let mut m = self.mirror();
-            m.find_free().inspect(|&pid| {
+            m.find_free_except(skip).inspect(|&pid| {
                 m.set(pid);
             })
         };

@@ -196,6 +196,22 @@ impl Mirror {
         None
     }
 
+    /// The lowest free page below the mark for which `skip` is false, if
+    /// any (not taken). Bounded by the map's words; `skip` should hold few
+    /// pages (a catalogue's roots dropped since open).
+    pub fn find_free_except(&mut self, skip: impl Fn(u64) -> bool) -> Option<u64> {
+        if self.free == 0 {
+            return None;
+        }
+        let first = self.find_free()?;
+        if !skip(first) {
+            return Some(first);
+        }
+        (first + 1..self.next_unused)
+            .filter(|&pid| self.words[(pid / 64) as usize] & (1u64 << (pid % 64)) == 0)
+            .find(|&pid| !skip(pid))
+    }
+
     /// Takes the lowest run of at least `min` free pages below the mark
     /// (`min >= 1`): marks up to `max` of its first pages used and returns
     /// the run's start and the pages taken. A run never holds a map page
