@@ -326,6 +326,14 @@ pub(crate) async fn finish_interrupted(pool: &Arc<BufferPool>, catalog: &BTree) 
     Ok(())
 }
 
+/// The root a drop of this session named and did not finish (its wait
+/// for readers, its checkpoint or its freeing failed), if any: the
+/// intent slot still holds it, and every later drop refused to start.
+pub(crate) async fn unfinished_drop(committer: &Committer) -> Result<Option<u64>> {
+    let root = committer.pool.root(DROPPING_SLOT).await?;
+    Ok((root != 0 && committer.was_dropped(root)).then_some(root))
+}
+
 /// Root page ids of every tree the catalogue names.
 async fn catalogue_roots(catalog: &BTree) -> Result<Vec<u64>> {
     let mut c = catalog.cursor(std::ops::Bound::Unbounded, std::ops::Bound::Unbounded, true);

@@ -885,12 +885,28 @@ impl Db {
             Err(e) => return Err(e),
         };
         let root = tree.btree.root();
+        // A drop of this session that failed after its catalogue commit
+        // (a read held past the wait, a failed checkpoint) is finished
+        // first: its intent would refuse this one.
+        let c = self.inner.committer.clone();
+        if let Some(pending) =
+            self.block_on(async move { catalog::unfinished_drop(&c).await })??
+        {
+            self.finish_drop(pending)?;
+        }
         let (catalog, key, c) = (
             self.inner.catalog.clone(),
             name.as_bytes().to_vec(),
             self.inner.committer.clone(),
         );
         self.block_on(async move { catalog::begin_drop(&c, &catalog, &key, root).await })??;
+        self.finish_drop(root)?;
+        Ok(true)
+    }
+
+    /// Frees the pages of the dropped tree at `root`, once its catalogue
+    /// entry is gone.
+    fn finish_drop(&self, root: u64) -> Result<()> {
         // Every read that passed the tree's liveness check before it was
         // marked dropped ends before its pages are freed (`read_fence.rs`).
         self.inner.committer.readers.wait_readers()?;
@@ -898,8 +914,7 @@ impl Db {
         // tree's pages once they are freed (and maybe reused).
         self.checkpoint()?;
         let pool = self.inner.pool.clone();
-        self.block_on(async move { catalog::destroy(&pool, root).await })??;
-        Ok(true)
+        self.block_on(async move { catalog::destroy(&pool, root).await })?
     }
 
     /// Writes back every dirty page and syncs the devices (with a log: a
@@ -2046,6 +2061,38 @@ mod tests {
         });
         assert!(db.check().unwrap().free_pages > free_before);
         assert!(matches!(t.get(b"k"), Err(Error::NoSuchTree(_))));
+        db.close().unwrap();
+    }
+
+    /// A drop whose wait for readers gave up (a read held past
+    /// `WAIT_LIMIT`, 2 s here) is finished by the next drop: its intent
+    /// stayed set, and every later drop failed with `Corrupt` until a
+    /// reopen, its pages held.
+    #[test]
+    fn the_next_drop_finishes_one_whose_wait_for_readers_gave_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options::default()
+            .pool_bytes(8 << 20)
+            .capacity_bytes(64 << 20);
+        let db = Db::open(dir.path(), opts).unwrap();
+        let (t, u) = (db.create_tree("t").unwrap(), db.create_tree("u").unwrap());
+        for i in 0u32..2000 {
+            t.put(&i.to_be_bytes(), &[1; 100]).unwrap();
+        }
+        u.put(b"k", b"v").unwrap();
+        let read = t.live(false).unwrap();
+        assert!(db.drop_tree("t").is_err(), "the wait should give up");
+        drop(read);
+        let held = db.check().unwrap().free_pages;
+        assert!(db.drop_tree("u").unwrap());
+        let r = db.check().unwrap();
+        assert!(r.is_ok() && r.lost_pages == 0, "{r:?}");
+        assert!(
+            r.free_pages > held + 10,
+            "{} free, {held} before",
+            r.free_pages
+        );
+        assert_eq!(db.tree_names().unwrap(), Vec::<String>::new());
         db.close().unwrap();
     }
 }
