@@ -316,17 +316,11 @@ impl Db {
         // A database with a log always uses it; one without gets one only
         // when a log is wanted and it may be written.
         let has_log = meta.is_some_and(|m| m.log_id != 0);
-        if let Some(m) = meta.filter(|_| has_log && logs.is_empty()) {
-            // Opened without its log, a database would skip recovery: the
-            // commits only the log holds vanished, and a later open with
-            // the log redid old records over pages changed since (a
-            // review's finding).
-            return Err(Error::Log(format!(
-                "the database has {} log(s); none was given (open it with its log)",
-                m.logs
-            )));
-        }
-        if let Some(m) = meta.filter(|_| has_log && !logs.is_empty()) {
+        // Also when none is given: opened without its log, a database
+        // skipped recovery (the commits only the log held vanished, and a
+        // later open with the log redid old records over pages changed
+        // since; a review's finding).
+        if let Some(m) = meta.filter(|_| has_log) {
             if m.logs as usize != logs.len() {
                 return Err(Error::Log(format!(
                     "the database has {} logs; {} were given",
