@@ -222,6 +222,11 @@ pub struct Mirror {
     verify_all: AtomicBool,
     fence: Fence,
     labeller: Mutex<Vec<JoinHandle<()>>>,
+    /// One writer of labels at a time, from its snapshot of the state to
+    /// its last label: the labeller and a rebuild step both write them,
+    /// and a slow writer's older generation could land on the slot a
+    /// newer one used (a review's finding).
+    label_writes: Mutex<()>,
     /// One rebuild at a time.
     rebuild_lock: Mutex<()>,
     /// A read-only open: nothing is written (no repair, no label).
@@ -473,6 +478,7 @@ impl Mirror {
             verify_all: AtomicBool::new(false),
             fence: Fence::default(),
             labeller: Mutex::new(Vec::new()),
+            label_writes: Mutex::new(()),
             rebuild_lock: Mutex::new(()),
             read_only: AtomicBool::new(false),
         });
@@ -743,20 +749,15 @@ impl Mirror {
 
     fn label_until_settled(self: Arc<Self>) {
         loop {
-            let (generation, states, targets) = {
-                let s = self.lock();
-                (s.generation, s.states.clone(), s.targets.clone())
-            };
-            match self.write_labels(generation, &states, &targets) {
+            let (generation, written) = self.write_current_labels();
+            match written {
                 Ok(()) => {}
                 Err((c, e)) => {
                     // The copy that did not take its label fails too; if
                     // it was the last, writes fail from now on.
                     if self.mark_failed(c, &e).is_none() {
-                        let mut s = self.lock();
-                        s.label_error = Some(e.to_string());
-                        s.labeller_running = false;
-                        self.label_failed.store(true, Ordering::SeqCst);
+                        self.lock().labeller_running = false;
+                        self.fail_labels(&e);
                         return;
                     }
                     continue;
@@ -764,11 +765,30 @@ impl Mirror {
             }
             let mut s = self.lock();
             if s.generation == generation {
-                self.durable.store(generation, Ordering::SeqCst);
+                self.durable.fetch_max(generation, Ordering::SeqCst);
                 s.labeller_running = false;
                 return;
             }
         }
+    }
+
+    /// No copy can record a change of state: every write fails from now
+    /// on with `e` (the writes held for the change are answered with it).
+    fn fail_labels(&self, e: &Error) {
+        self.lock().label_error = Some(e.to_string());
+        self.label_failed.store(true, Ordering::SeqCst);
+    }
+
+    /// Writes the labels of the state in memory (taken under the writers'
+    /// lock, so no older generation lands after a newer one): the
+    /// generation written, and the copy that failed with its error.
+    fn write_current_labels(&self) -> (u64, std::result::Result<(), (usize, Error)>) {
+        let _one_writer = self.label_writes.lock().unwrap_or_else(|e| e.into_inner());
+        let (generation, states, targets) = {
+            let s = self.lock();
+            (s.generation, s.states.clone(), s.targets.clone())
+        };
+        (generation, self.write_labels(generation, &states, &targets))
     }
 
     /// Writes the label of `generation` and `states` to every working
@@ -801,11 +821,8 @@ impl Mirror {
     /// failed; Err if none does.
     fn write_labels_now(self: &Arc<Self>) -> Result<()> {
         loop {
-            let (generation, states, targets) = {
-                let s = self.lock();
-                (s.generation, s.states.clone(), s.targets.clone())
-            };
-            match self.write_labels(generation, &states, &targets) {
+            let (generation, written) = self.write_current_labels();
+            match written {
                 Ok(()) => {
                     let s = self.lock();
                     if s.generation == generation {
@@ -815,6 +832,10 @@ impl Mirror {
                 }
                 Err((c, e)) => {
                     if self.mark_failed(c, &e).is_none() {
+                        // The state in memory is ahead of every label and
+                        // no labeller runs: without this, the writes held
+                        // for it waited for good (a review's finding).
+                        self.fail_labels(&e);
                         return Err(Error::Mirror(format!(
                             "{}: no copy could record its label: {e}",
                             self.role

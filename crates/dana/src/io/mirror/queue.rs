@@ -203,6 +203,11 @@ pub struct MirrorQueue {
     held: Vec<Completion>,
     /// Sub-writes held back by the rebuild's fence: (parent, copy, request).
     deferred: Vec<(usize, usize, Request)>,
+    /// Sub-requests a copy's queue refused at push, answered at the next
+    /// pump: answered inline, the last one could free its parent while
+    /// the caller still looped over its copies (a panic; a review's
+    /// finding).
+    refused: Vec<Completion>,
     scratch: Vec<Completion>,
 }
 
@@ -232,6 +237,7 @@ impl MirrorQueue {
             ready: VecDeque::new(),
             held: Vec::new(),
             deferred: Vec::new(),
+            refused: Vec::new(),
             scratch: Vec::new(),
         };
         q.refresh();
@@ -315,14 +321,13 @@ impl MirrorQueue {
             )),
         };
         if let Err((error, req)) = pushed {
-            let c = Completion {
+            self.refused.push(Completion {
                 tag: req.tag,
                 op: req.op,
                 offset: req.offset,
                 buf: req.buf,
                 result: Err(error),
-            };
-            self.answer(c);
+            });
         }
     }
 
@@ -536,11 +541,27 @@ impl MirrorQueue {
                 self.settle(p);
                 continue;
             }
-            if self.mirror.fence.blocks(req.offset, req.len() as u64) {
-                // Another range meets it now (the rebuild restarted).
+            // Registered again, as in `dispatch_write`: its part on the
+            // healthy copies may not have landed yet, and a write across
+            // two ranges meets the next one the rebuild fences, which
+            // must wait for it before it reads them (unregistered, the
+            // rebuild could copy the older bytes over it; a review's
+            // finding).
+            let fence = &self.mirror.fence;
+            let slot = fence.start();
+            if fence.blocks(req.offset, req.len() as u64) {
+                // Another range meets it now (the rebuild restarted, or
+                // the write spans the next range).
+                fence.finish(slot);
                 parent!(self, p).pending += 1;
                 self.deferred.push((p, c, req));
                 continue;
+            }
+            let pr = parent!(self, p);
+            if pr.fence_slot.is_none() {
+                pr.fence_slot = Some(slot);
+            } else {
+                fence.finish(slot);
             }
             self.push_sub(p, c, Sub::Write, req);
         }
@@ -837,6 +858,10 @@ impl MirrorQueue {
     fn pump(&mut self) {
         self.refresh();
         self.release_deferred();
+        // Bounded: a refused retry joins the list for the next pump.
+        for comp in std::mem::take(&mut self.refused) {
+            self.answer(comp);
+        }
         for c in 0..self.copies.len() {
             let Some(q) = self.copies[c].queue.as_mut() else {
                 continue;
@@ -1001,7 +1026,7 @@ impl IoQueue for MirrorQueue {
     }
 
     fn ready_in(&self) -> Option<Duration> {
-        if !self.ready.is_empty() {
+        if !self.ready.is_empty() || !self.refused.is_empty() {
             return Some(Duration::ZERO);
         }
         let inner = self

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::io::sim::{Fault, SimConfig, SimDisk};
-use crate::io::{sync_io, Target};
+use crate::io::{sync_io, IoQueue, Target};
 
 const BLOCK: usize = 4096;
 
@@ -354,4 +354,40 @@ fn a_rebuild_copies_what_the_healthy_copies_grew_to() {
         on_disk(&d[1], at - LABEL_BYTES, BLOCK) == block(3, 7),
         "the grown range"
     );
+}
+
+/// A rebuild step whose label reaches no copy (the last healthy copy's
+/// label write fails) fails every later write with the label error, as
+/// the labeller does: before, the state in memory stayed a generation
+/// ahead of the labels with no labeller running, and every write
+/// completion was held for good (a review's finding).
+#[test]
+fn a_rebuild_step_whose_label_fails_everywhere_fails_writes_instead_of_holding_them() {
+    let d = disks(2, 1 << 20);
+    let m = mirror(&d);
+    let mut q = m.queue(&Backend::Blocking, 8).unwrap();
+    write(&mut q, 0, &block(1, 1)).unwrap();
+    d[1].inject(Fault::nth(Some(crate::OpKind::Write), 0).sticky());
+    write(&mut q, 4096, &block(2, 2)).unwrap();
+    assert_eq!(m.states()[1], CopyState::Failed);
+    d[1].clear_faults();
+    // The rebuild's first label (copy 1 rebuilding) fails on copy 0.
+    d[0].inject(Fault::range(Some(crate::OpKind::Write), 0..LABEL_BYTES));
+    assert!(m.rebuild(1, &AtomicBool::new(false)).is_err());
+    // A write now completes (with the error), never waits for good.
+    let mut b = AlignedBuf::new(BLOCK, 4096).unwrap();
+    b.copy_from_slice(&block(3, 3));
+    q.push(Request::write(7, 8192, IoBuf::owned(b)))
+        .map_err(|r| r.error)
+        .unwrap();
+    q.submit().unwrap();
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while out.is_empty() && std::time::Instant::now() < deadline {
+        q.wait(1, Some(std::time::Duration::from_millis(50)))
+            .unwrap();
+        q.reap(&mut out);
+    }
+    let c = out.pop().expect("the write was held for good");
+    assert!(c.result.is_err(), "a write with no label to record it");
 }
