@@ -200,6 +200,14 @@ impl RemapConfig {
                 "compressed out-of-place pages of {page} bytes: at most 128 KiB"
             )));
         }
+        if self.segment_pages < 8 {
+            // Before the geometry, whose sums need room for the summaries
+            // and an intent (a label naming 0 to 2 pages panicked there).
+            return Err(Error::InvalidArgument(format!(
+                "out-of-place segments of {} pages: at least 8",
+                self.segment_pages
+            )));
+        }
         let g = Geometry::of(self);
         let most = (page - SUMMARY_HEADER) / ENTRY_BYTES + SUMMARY_COPIES as usize;
         let fits = if self.compress {
@@ -1334,10 +1342,18 @@ impl Remap {
                     trimming,
                     ..
                 } = &mut *st;
+                // Not one whose summary is still owed: the open drops
+                // every copy of a segment named as being trimmed when one
+                // is unreadable, and that one could be the owed summary
+                // torn by the cut, with the other copy the only durable
+                // record of flushed versions (a review's finding). A
+                // later barrier frees it, once its summary is written.
                 let candidates = dying.iter().filter(|&&s| {
                     let seg = &segments[s as usize];
                     matches!(seg.life, Life::Dying { barrier } if barrier < started)
                         && seg.readers == 0
+                        && !seg.dirty
+                        && !seg.suspect
                         && !trimming.iter().any(|&(t, _)| t == s)
                 });
                 let named: Vec<u32> = candidates.take(room).copied().collect();

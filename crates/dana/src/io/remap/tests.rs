@@ -925,6 +925,16 @@ fn an_engine_write_of_the_collections_class_is_mapped() {
 /// of pages so large that its segments hold more units is refused.
 #[test]
 fn configs_whose_extents_a_summary_cannot_name_are_refused() {
+    for segment_pages in 0..8 {
+        for compress in [false, true] {
+            let tiny = RemapConfig {
+                segment_pages,
+                compress,
+                ..config()
+            };
+            assert!(tiny.check().is_err(), "{segment_pages} pages");
+        }
+    }
     let huge = RemapConfig {
         page_size: 4 << 20,
         segment_pages: 70_000,
@@ -1086,5 +1096,51 @@ fn death_time_grouping_parts_short_and_long_lives() {
             };
             assert_eq!(version_of(p, &read(&mut q, p, 1)), Some(v), "page {p}");
         }
+    }
+}
+
+/// A segment that dies with its summary still owed (its last write came
+/// after the last barrier) is freed only by a barrier after the one that
+/// writes that summary: the open drops every copy of a segment its intent
+/// names as being trimmed when one copy is unreadable, and the torn copy
+/// was the new summary, not a trim's (the older copy, durable and naming
+/// flushed versions, was thrown away with it: a review's finding).
+#[test]
+fn a_segment_dying_with_its_summary_owed_keeps_its_durable_copy() {
+    use crate::io::sim::Fault;
+    use crate::OpKind;
+    let (d, r, mut q) = fresh(24, config());
+    r.set_grouping(Grouping::Classes);
+    let units = u64::from(r.geo.data_units);
+    // Segment 0: all but one unit, its summary written (copy 0).
+    for p in 0..units - 1 {
+        write(&mut q, p, 1).unwrap();
+    }
+    flush_q(&mut q);
+    // Its last unit: closed and owing a summary; then every page of it
+    // written again elsewhere: dying, its summary still owed.
+    write(&mut q, units - 1, 1).unwrap();
+    for p in 0..units {
+        write(&mut q, p, 2).unwrap();
+    }
+    // The barrier's second flush fails; then the power goes, and every
+    // summary written since comes out as garbage.
+    d.inject(Fault::nth(Some(OpKind::Flush), 1));
+    assert!(sync_io(&mut q, Request::flush(4)).unwrap().result.is_err());
+    let report = d.power_cut(PowerCutPolicy::DropAll, 1);
+    drop(q);
+    drop(r);
+    d.power_on();
+    let garbage: Vec<u8> = (0..PAGE).map(|i| (i * 7 + 3) as u8).collect();
+    for w in &report.writes {
+        if w.offset >= 16 * PAGE as u64 && (w.offset / PAGE as u64) % 16 < 2 {
+            d.overwrite_durable(w.offset, &garbage);
+        }
+    }
+    let r = Remap::open(Target::Sim(d)).unwrap();
+    let mut q = r.queue(&Backend::Blocking, 4).unwrap();
+    for p in 0..units - 1 {
+        let v = version_of(p, &read(&mut q, p, 1));
+        assert!(matches!(v, Some(1 | 2)), "page {p}: flushed, now {v:?}");
     }
 }
