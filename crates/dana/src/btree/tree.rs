@@ -205,6 +205,13 @@ impl BTree {
                 let Some(step) = cur.with_bytes(|b| look(b, &[])) else {
                     continue 'restart;
                 };
+                // A merge may have freed this node (zeroed, or reused)
+                // after the parent named it: only a parent unchanged since
+                // makes what was read here its child (a false Corrupt
+                // failed innocent commits; a review's finding).
+                if parent.as_ref().is_some_and(|p| !p.validate()) {
+                    continue 'restart;
+                }
                 match step {
                     Step::Leaf => return Ok(levels),
                     Step::Child(c) => {
