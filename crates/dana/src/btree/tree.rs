@@ -774,10 +774,8 @@ impl BTree {
             // error on the neighbour) is skipped: the delete itself is
             // done, and an error here told the caller it failed (a
             // commit's apply then stopped the database over a leaf it
-            // never touched; a review's finding). Its one failure after
-            // changing pages, the left page's free, leaves the tree whole
-            // (the parent and the right page take the range; the left
-            // page is not freed).
+            // never touched; a review's finding). It changes no page
+            // before everything that can fail has passed.
             let _ = self.try_merge(pid, key).await;
         }
         Ok(true)
@@ -1014,10 +1012,14 @@ impl BTree {
             return Ok(());
         }
         let mut space = self.pool.lock_space().await?;
-        right[page::PAGE_HEADER_SIZE..].copy_from_slice(&merged[page::PAGE_HEADER_SIZE..]);
+        // What can fail comes first: the left page's free reads its map
+        // page, and a failure there after the right page and the parent
+        // changed left the left page lost (used, in no tree) and the
+        // merge logged as two records (a review's finding).
         let mut p = NodeMut::new(&mut parent).map_err(corrupt(parent_pid))?;
-        p.remove_at(i);
         self.pool.free_in(&mut space, &mut left).await?;
+        right[page::PAGE_HEADER_SIZE..].copy_from_slice(&merged[page::PAGE_HEADER_SIZE..]);
+        p.remove_at(i);
         // One log record for the whole merge.
         self.pool
             .log_with_space(&mut [&mut parent, &mut right, &mut left], &mut space)
