@@ -397,9 +397,39 @@ impl Transaction {
     /// assert_eq!(t.get(b"k").unwrap(), Some(b"v".to_vec()));
     /// assert_eq!(t.get(b"other").unwrap(), None); // nothing applied
     /// ```
+    ///
+    /// The transaction's own writes count, as its reads see them: an
+    /// insert of a key it wrote fails at once with
+    /// [`crate::Error::KeyExists`], and one of a key it deleted replaces
+    /// the delete (the key is absent in its view; the first version
+    /// checked the tree, where the deleted key still was, so replacing a
+    /// row by a delete and an insert could never commit).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// t.put(b"row", b"old").unwrap();
+    /// let mut tx = db.begin();
+    /// tx.delete(&t, b"row").unwrap();
+    /// tx.insert(&t, b"row", b"new").unwrap();
+    /// tx.put(&t, b"mine", b"x").unwrap();
+    /// assert!(matches!(tx.insert(&t, b"mine", b"y"), Err(dana::Error::KeyExists)));
+    /// db.commit(tx).unwrap();
+    /// assert_eq!(t.get(b"row").unwrap(), Some(b"new".to_vec()));
+    /// ```
     pub fn insert(&mut self, tree: &crate::Tree, key: &[u8], value: &[u8]) -> Result<()> {
+        let id = (tree.root(), key.to_vec());
+        match self.writes.get(&id) {
+            Some(Some(_)) => return Err(crate::Error::KeyExists),
+            // Deleted by this transaction: absent in its view, whatever
+            // the tree holds (an insert before that delete keeps its
+            // check of the tree).
+            Some(None) => return self.put(tree, key, value),
+            None => {}
+        }
         self.put(tree, key, value)?;
-        self.inserts.insert((tree.root(), key.to_vec()), ());
+        self.inserts.insert(id, ());
         Ok(())
     }
 
@@ -419,8 +449,10 @@ impl Transaction {
     /// ```
     pub fn delete(&mut self, tree: &crate::Tree, key: &[u8]) -> Result<()> {
         self.check(tree, key, None)?;
+        // An insert's check of the tree stays: the key had to be absent
+        // there for the insert to be right (dropping it turned a failed
+        // insert into a delete of another commit's key).
         self.writes.insert((tree.root(), key.to_vec()), None);
-        self.inserts.remove(&(tree.root(), key.to_vec()));
         Ok(())
     }
 

@@ -445,3 +445,46 @@ fn a_commit_that_read_a_dropped_tree_is_refused() {
         assert_eq!(kept.get(name.as_bytes()).unwrap(), None);
     }
 }
+
+/// An insert sees the transaction's own writes, as its reads do: after a
+/// delete of the key it replaces the row (it failed `KeyExists` at every
+/// commit, checking the tree where the deleted key still was); after a
+/// put of the key it fails at once (it succeeded, overwriting); a delete
+/// after an insert keeps the insert's check of the tree (it deleted
+/// another commit's key instead of failing). A review's findings.
+#[test]
+fn an_insert_sees_the_transactions_own_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path(), Durability::Sync);
+    let t = db.create_tree("t").unwrap();
+    for isolation in [Isolation::ReadCommitted, Isolation::Serializable] {
+        t.put(b"row", b"old").unwrap();
+        let mut tx = db.begin();
+        tx.set_isolation(isolation);
+        tx.delete(&t, b"row").unwrap();
+        tx.insert(&t, b"row", b"new").unwrap();
+        assert_eq!(tx.get(&t, b"row").unwrap(), Some(b"new".to_vec()));
+        db.commit(tx).unwrap();
+        assert_eq!(t.get(b"row").unwrap(), Some(b"new".to_vec()));
+
+        t.delete(b"fresh").unwrap();
+        let mut tx = db.begin();
+        tx.set_isolation(isolation);
+        tx.put(&t, b"fresh", b"a").unwrap();
+        assert!(matches!(
+            tx.insert(&t, b"fresh", b"b"),
+            Err(Error::KeyExists)
+        ));
+        db.commit(tx).unwrap();
+        assert_eq!(t.get(b"fresh").unwrap(), Some(b"a".to_vec()));
+
+        t.put(b"other", b"theirs").unwrap();
+        let mut tx = db.begin();
+        tx.set_isolation(isolation);
+        tx.insert(&t, b"other", b"mine").unwrap();
+        tx.delete(&t, b"other").unwrap();
+        assert!(matches!(db.commit(tx), Err(Error::KeyExists)));
+        assert_eq!(t.get(b"other").unwrap(), Some(b"theirs".to_vec()));
+        t.delete(b"other").unwrap();
+    }
+}
