@@ -234,17 +234,29 @@ pub(crate) fn copy_path(path: &Path, c: usize) -> PathBuf {
 }
 
 /// True if a file of the device whose copy 0 is at `path` exists (copy 0,
-/// or copy 1 of a mirrored one whose copy 0 is gone).
+/// or another copy of a mirrored one whose copy 0 is gone).
 fn device_exists(path: &Path) -> bool {
-    path.exists() || copy_path(path, 1).exists()
+    (0..mirror::MAX_COPIES).any(|c| copy_path(path, c).exists())
 }
 
-/// The number of copies of an existing device whose copy 0 is at `path`:
-/// from a label of copy 0 or copy 1 (1 if neither has one: not mirrored).
-fn copies_of(path: &Path) -> Result<usize> {
+/// The paths that may hold copies of an existing directory database's
+/// first device, copy 0 first.
+fn first_device_copies(dir: &Path) -> Vec<PathBuf> {
+    let first = device_path(dir, 0);
+    (0..mirror::MAX_COPIES)
+        .map(|c| copy_path(&first, c))
+        .collect()
+}
+
+/// The number of copies of an existing device from `candidates`, the
+/// paths that may hold its copies, copy 0 first: from the first valid
+/// label among them (1 if copy 0 is there without one and no other copy
+/// has one: not mirrored). Given paths (`Db::open_devices`), copy 0 may
+/// be the missing copy, and the next paths are its other copies or the
+/// next devices (those hold no mirror label: a plain array).
+fn copies_of(candidates: &[PathBuf]) -> Result<usize> {
     let mut plain_copy_0 = false;
-    for c in 0..2 {
-        let p = copy_path(path, c);
+    for (c, p) in candidates.iter().enumerate() {
         if !p.exists() {
             continue;
         }
@@ -254,7 +266,7 @@ fn copies_of(path: &Path) -> Result<usize> {
             read_only: true,
             lock: false,
         };
-        let t = Target::File(Arc::new(Device::open(&p, 0, dopts)?));
+        let t = Target::File(Arc::new(Device::open(p, 0, dopts)?));
         if let Some(l) = mirror::read_label(&t)? {
             return Ok(l.states.len());
         }
@@ -274,10 +286,21 @@ fn copies_of(path: &Path) -> Result<usize> {
     if plain_copy_0 {
         return Ok(1);
     }
-    if copy_path(path, 1).exists() {
+    let labelled = |p: &&PathBuf| {
+        let dopts = DeviceOptions {
+            direct: false,
+            create_size: None,
+            read_only: true,
+            lock: false,
+        };
+        Device::open(p, 0, dopts)
+            .ok()
+            .is_some_and(|d| mirror::is_labelled(&Target::File(Arc::new(d))).unwrap_or(false))
+    };
+    if let Some(p) = candidates.iter().skip(1).find(labelled) {
         return Err(Error::Mirror(format!(
             "{}: copies of a mirrored device are there but no copy holds a valid label",
-            path.display()
+            p.display()
         )));
     }
     Ok(1)
@@ -779,8 +802,8 @@ fn refuse_foreign_log(path: &Path) -> Result<()> {
 fn refuse_partial_database(dir: &Path) -> Result<()> {
     for i in 0..256 {
         let p = device_path(dir, i);
-        let found = [p.clone(), copy_path(&p, 1)]
-            .into_iter()
+        let found = (0..mirror::MAX_COPIES)
+            .map(|c| copy_path(&p, c))
             .find(|f| f.exists());
         if let Some(f) = found {
             return Err(Error::NotADatabase {
@@ -863,7 +886,7 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
         opts.devices_value().max(1)
     };
     let copies = if exists {
-        copies_of(&device_path(dir, 0))?
+        copies_of(&first_device_copies(dir))?
     } else {
         check_copies(opts)?
     };
@@ -949,7 +972,7 @@ pub(crate) fn open_paths(
     let copies = if create {
         check_copies(opts)?
     } else {
-        copies_of(&paths[0])?
+        copies_of(&paths[..paths.len().min(mirror::MAX_COPIES)])?
     };
     if paths.len() % copies != 0 {
         return Err(Error::InvalidArgument(format!(

@@ -921,6 +921,16 @@ fn open_devices_takes_each_devices_copies_in_turn() {
     assert_eq!(status[0].copies[1].state, CopyState::Healthy);
     assert_values(&db, 2, 3000);
     rebuild_and_check(db);
+    // Copy 0 of device 0 is gone: the open learns the copies from the
+    // next path's label (it took the array for a plain one of four
+    // devices and failed on the missing file; a review's finding).
+    std::fs::remove_file(p("a0")).unwrap();
+    let db = Db::open_devices(&paths, opts.clone(), false).unwrap();
+    let status = db.mirror_status();
+    assert_eq!(status[0].copies[0].state, CopyState::Failed);
+    assert_eq!(status[1].copies[1].state, CopyState::Healthy);
+    assert_values(&db, 2, 3000);
+    rebuild_and_check(db);
     // Paths that do not make whole groups are refused.
     let Err(err) = Db::open_devices(&paths[..3], opts, false) else {
         panic!("three paths for two copies opened");
