@@ -1064,3 +1064,50 @@ fn a_creation_cut_short_is_created_again() {
         vec![0u8; 1 << 20]
     );
 }
+
+/// Devices given in another order, or a device of another database in
+/// the place of one of this one's, are refused before anything changes:
+/// a page striped over the wrong device would read another page's bytes.
+/// No device carries an identity of its own (only mirrored copies and
+/// out-of-place devices have labels): what refuses them is the page ids
+/// (swapped), the free-space counts (a foreign second device) and the
+/// page LSNs against the log (a foreign first device). A foreign device
+/// agreeing on all three would open.
+#[test]
+fn devices_in_another_order_or_from_another_database_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let db = Db::open_devices(&[&a, &b], opts(), true).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for i in 0..2000 {
+        t.put(&key(i), &[7u8; 100]).unwrap();
+    }
+    drop(t);
+    db.close().unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let (c, d) = (other.path().join("c"), other.path().join("d"));
+    let db = Db::open_devices(&[&c, &d], opts(), true).unwrap();
+    db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    db.close().unwrap();
+    let before = (snapshot(dir.path()), snapshot(other.path()));
+    for (name, paths) in [
+        ("swapped", [&b, &a]),
+        ("foreign second", [&a, &d]),
+        ("foreign first", [&c, &b]),
+    ] {
+        match Db::open_devices(&paths, opts(), false) {
+            Ok(db) => {
+                let n = db
+                    .tree("t")
+                    .and_then(|t| t.iter().collect::<Result<Vec<_>, _>>());
+                panic!("{name}: opened ({:?} entries)", n.map(|v| v.len()));
+            }
+            Err(e) => eprintln!("{name}: {e}"),
+        }
+        let after = (snapshot(dir.path()), snapshot(other.path()));
+        assert_eq!(after, before, "{name}: a file changed");
+    }
+    let db = Db::open_devices(&[&a, &b], opts(), false).unwrap();
+    assert_eq!(db.tree("t").unwrap().iter().count(), 2000);
+    db.close().unwrap();
+}
