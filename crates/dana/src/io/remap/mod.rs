@@ -384,6 +384,12 @@ struct Segment {
     /// Summaries encoded for it so far: a barrier owes one to every
     /// segment dirty when it started, paid once this count moves.
     summaries: u64,
+    /// A read of its live extents failed in a collection: it is not a
+    /// victim again until it is free (it still dies as its pages are
+    /// written again). Picked again, one unreadable extent failed every
+    /// collection, and then every write once the free segments ran out
+    /// (a review's finding).
+    copy_failed: bool,
 }
 
 impl Segment {
@@ -401,6 +407,7 @@ impl Segment {
             written: 0,
             summaries: 0,
             suspect: false,
+            copy_failed: false,
         }
     }
 }
@@ -1425,6 +1432,7 @@ impl Remap {
             if free {
                 debug_assert!(seg.live_units == 0 && seg.pending == 0);
                 seg.life = Life::Free;
+                seg.copy_failed = false;
                 freed.push(s);
             }
             !free
@@ -1732,6 +1740,7 @@ impl Remap {
         // a segment another worker's read still pins is waited for, up
         // to PIN_PATIENCE.
         let started = std::time::Instant::now();
+        let mut copy_error = None;
         for _ in 0..2 * self.segments {
             let free = self.lock().free.len();
             let dying = self.dying();
@@ -1759,13 +1768,19 @@ impl Remap {
             let Some(victim) = self.pick_victim() else {
                 break;
             };
-            self.copy_out(q, victim)?;
+            // A victim that cannot be read is passed over from now on:
+            // the others may still free enough.
+            if let Err(e) = self.copy_out(q, victim) {
+                copy_error = Some(e);
+            }
         }
         if self.dying() > 0 {
             self.barrier_on(q, false)?;
         }
         if self.lock().free.len() > GC_RESERVE {
             Ok(())
+        } else if let Some(e) = copy_error {
+            Err(e)
         } else {
             Err(Error::NoSpace(format!(
                 "out-of-place device: no segment can be freed ({} live pages in {} segments)",
@@ -1922,11 +1937,9 @@ impl Remap {
     fn pick_victim(&self) -> Option<u32> {
         let st = self.lock();
         let full = self.geo.data_units;
-        let candidates = st
-            .segments
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| g.life == Life::Closed && g.pending == 0 && g.live_units < full);
+        let candidates = st.segments.iter().enumerate().filter(|(_, g)| {
+            g.life == Life::Closed && g.pending == 0 && g.live_units < full && !g.copy_failed
+        });
         match st.gc {
             GcPolicy::Greedy => candidates
                 .min_by_key(|(_, g)| g.live_units)
@@ -1979,7 +1992,12 @@ impl Remap {
                 }
             }
         }
-        self.lock().segments[victim as usize].readers -= 1;
+        {
+            let mut st = self.lock();
+            let seg = &mut st.segments[victim as usize];
+            seg.readers -= 1;
+            seg.copy_failed |= result.is_err();
+        }
         result?;
         let mut open: [Option<Chunk>; OPEN_SEGMENTS] = std::array::from_fn(|_| None);
         let mut closed = Vec::new();

@@ -1144,3 +1144,51 @@ fn a_segment_dying_with_its_summary_owed_keeps_its_durable_copy() {
         assert!(matches!(v, Some(1 | 2)), "page {p}: flushed, now {v:?}");
     }
 }
+
+/// One unreadable live extent in the segment the collection would pick
+/// passes that segment over: the writes go on, collected from the others
+/// (it was picked again at every collection, failed each, and every write
+/// failed once the free segments ran out; a review's finding).
+#[test]
+fn an_unreadable_extent_in_the_victim_does_not_stop_the_collection() {
+    use crate::io::sim::Fault;
+    use crate::OpKind;
+    let d = disk(40);
+    let r = Remap::create(Target::Sim(d.clone()), config()).unwrap();
+    let pages = r.size() / PAGE as u64;
+    let mut q = r.queue(&Backend::Blocking, 32).unwrap();
+    let mut x = 99u64;
+    let next = |x: &mut u64| {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x / 2 % pages
+    };
+    for v in 1..=2 * pages {
+        write(&mut q, next(&mut x), v).unwrap();
+    }
+    flush_q(&mut q);
+    // One live extent of the victim becomes unreadable.
+    let victim = r.pick_victim().expect("a victim");
+    let (bad_page, at) = {
+        let st = r.lock();
+        let seg = &st.segments[victim as usize];
+        let k = (0..seg.entries.len())
+            .find(|&k| {
+                let e = seg.entries[k];
+                e.page != NO_PAGE && st.map[e.page as usize] == loc(victim, k as u32)
+            })
+            .expect("a live extent");
+        let e = r.extent(&st, loc(victim, k as u32));
+        (seg.entries[k].page, e.at..e.at + e.len as u64)
+    };
+    d.inject(Fault::range(Some(OpKind::Read), at).sticky());
+    // Writes of every page but the unreadable one, twice the device over.
+    for v in 2 * pages + 1..=4 * pages {
+        let p = next(&mut x);
+        if p != bad_page {
+            write(&mut q, p, v).unwrap_or_else(|e| panic!("write {v}: {e}"));
+        }
+    }
+    flush_q(&mut q);
+}
