@@ -39,7 +39,29 @@ pub(crate) async fn checkpoint(
     wal: &Arc<LogSet>,
     scope: CheckpointScope,
 ) -> Result<()> {
+    // Checkpoints run one at a time: nothing else moves the floors until
+    // this one ends.
+    let floors = wal.redo_floors();
     let (bound, redo) = wal.begin_checkpoint(scope);
+    let written = write_back_and_record(pool, wal, scope, bound, redo).await;
+    if written.is_err() {
+        wal.abandon_checkpoint(&floors);
+    }
+    written?;
+    // Advice to the devices: a map page that cannot be read now is an
+    // error for whoever needs it next, not a failed checkpoint.
+    let _ = pool.trim_freed(redo).await;
+    Ok(())
+}
+
+/// The steps of [`checkpoint`] after it began, up to its control blocks.
+async fn write_back_and_record(
+    pool: &BufferPool,
+    wal: &Arc<LogSet>,
+    scope: CheckpointScope,
+    bound: u64,
+    redo: u64,
+) -> Result<()> {
     let shards = wal.checkpoint_shards();
     // The data files' stamp of this moment, written with every shard
     // (`buffer::alloc`'s module doc): synced before any control block
@@ -59,9 +81,6 @@ pub(crate) async fn checkpoint(
     for l in wal.logs() {
         l.finish_checkpoint().await?;
     }
-    // Advice to the devices: a map page that cannot be read now is an
-    // error for whoever needs it next, not a failed checkpoint.
-    let _ = pool.trim_freed(redo).await;
     Ok(())
 }
 

@@ -486,6 +486,25 @@ impl Shared {
             .unwrap_or(0)
     }
 
+    /// Every shard's redo floor (taken before a checkpoint begins, to put
+    /// back if it fails).
+    pub(crate) fn redo_floors(&self) -> Vec<u64> {
+        self.redo_floor
+            .iter()
+            .map(|b| b.load(Ordering::Acquire))
+            .collect()
+    }
+
+    /// Puts back the floors a checkpoint that failed had moved: its pages
+    /// may not have been written, and a later checkpoint naming the lowest
+    /// floor as its redo point would have skipped their changes at
+    /// recovery (a review's finding). Never raises a floor.
+    pub(crate) fn restore_redo_floors(&self, floors: &[u64]) {
+        for (f, &old) in self.redo_floor.iter().zip(floors) {
+            f.fetch_min(old, Ordering::AcqRel);
+        }
+    }
+
     /// See [`Shared::fpi_epoch`]: read before the bounds a record is
     /// encoded against.
     fn fpi_epoch(&self) -> u64 {
@@ -1899,6 +1918,15 @@ impl Wal {
     /// from `g` on, so recovery re-applies the same suffix of the commits
     /// of all logs (re-applying a commit without a later one on the same
     /// key would undo the later one).
+    /// Ends a checkpoint that failed before its control block: the redo
+    /// point stays the last one's, and another checkpoint may begin (the
+    /// log asks again if it is due).
+    pub(crate) fn abandon_checkpoint(&self) {
+        self.lock().redo_at = RedoAt::Idle;
+        self.in_checkpoint.store(false, Ordering::Release);
+        self.space_waiters.wake_all();
+    }
+
     fn begin_checkpoint_in(&self, st: &mut State, g: u64) {
         self.checkpoint_wanted.store(false, Ordering::Release);
         self.in_checkpoint.store(true, Ordering::Release);
@@ -2286,6 +2314,33 @@ mod tests {
             "every shard checkpointed once: the oldest bound is shard 2's"
         );
         assert!(CheckpointScope::Shard(1).holds(9, 4) && !CheckpointScope::Shard(1).holds(10, 4));
+    }
+
+    /// A checkpoint that fails after it began (its write-back or its
+    /// record) puts the redo floors back: left moved, the next checkpoint
+    /// of another shard named a redo GSN past a commit whose pages the
+    /// failed one never wrote, and a crash then lost it (a review's
+    /// finding).
+    #[test]
+    fn a_failed_checkpoint_leaves_the_redo_point_where_it_was() {
+        let set = sharded_logs(1, 8);
+        let l = &set.logs()[0];
+        let (c, _) = l.append_commit(commit(), 0).unwrap();
+        l.applied(c);
+        let floors = set.redo_floors();
+        set.begin_checkpoint(CheckpointScope::All);
+        // Its write-back fails: abandoned.
+        set.abandon_checkpoint(&floors);
+        assert!(!l.in_checkpoint.load(Ordering::Acquire));
+        for _ in 0..3 {
+            let (g, _) = l.append_commit(commit(), 0).unwrap();
+            l.applied(g);
+        }
+        let (_, redo) = set.begin_checkpoint(CheckpointScope::Shard(1));
+        assert!(
+            redo <= c,
+            "redo GSN {redo} past commit {c}, whose pages no checkpoint wrote"
+        );
     }
 
     /// A commit still being applied when its shard's checkpoint began may

@@ -145,6 +145,24 @@ impl LogSet {
         (bound, g)
     }
 
+    /// Every shard's redo floor now ([`LogSet::abandon_checkpoint`]).
+    pub(crate) fn redo_floors(&self) -> Vec<u64> {
+        self.shared.redo_floors()
+    }
+
+    /// Undoes [`LogSet::begin_checkpoint`] for a checkpoint that failed
+    /// before its control blocks: the floors go back to `floors` (taken
+    /// before it began), and every log's redo point stays the last
+    /// checkpoint's. (Left moved, the next checkpoint of another shard
+    /// named a redo point past changes of pages this one never wrote: an
+    /// acknowledged commit was lost at the next crash; a review's finding.)
+    pub(crate) fn abandon_checkpoint(&self, floors: &[u64]) {
+        self.shared.restore_redo_floors(floors);
+        for l in &self.logs {
+            l.abandon_checkpoint();
+        }
+    }
+
     /// The first error that stopped a log, if any.
     pub fn poisoned(&self) -> Option<Error> {
         self.logs.iter().find_map(|l| l.poisoned())
