@@ -1281,14 +1281,27 @@ fn child(
                 }
                 for i in start.. {
                     let t = txn(seed, task as u64, i, max);
-                    let mut tx = db.begin();
-                    for (ti, k, v) in &t {
-                        match v {
-                            Some(v) => tx.put(&trees[*ti], k, v)?,
-                            None => tx.delete(&trees[*ti], k)?,
+                    let committed = (|| {
+                        let mut tx = db.begin();
+                        for (ti, k, v) in &t {
+                            match v {
+                                Some(v) => tx.put(&trees[*ti], k, v)?,
+                                None => tx.delete(&trees[*ti], k)?,
+                            }
                         }
-                    }
-                    let lsn = db.commit_lsn(tx)?;
+                        db.commit_lsn(tx)
+                    })();
+                    let lsn = match committed {
+                        Ok(lsn) => lsn,
+                        Err(e) => {
+                            // Told to the parent: a committer that stops
+                            // on an error acknowledges nothing more, and
+                            // its cycles would pass with nothing to judge.
+                            let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
+                            let _ = writeln!(o, "error {task} {e}").and_then(|_| o.flush());
+                            return Err(e.into());
+                        }
+                    };
                     let durable = db.wal_stats().map_or(0, |s| s.durable);
                     let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
                     writeln!(o, "ack {task} {lsn}\ndurable {durable}")
@@ -1413,6 +1426,14 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
                 }
             }
             std::thread::sleep(Duration::from_millis(20 + rng.next_u64() % 200));
+            // Committing until killed: a child that already exited stopped
+            // on an error (its cycle would judge nothing).
+            if let Ok(Some(status)) = child.try_wait() {
+                let lines: Vec<String> = rx.try_iter().filter(|l| l.starts_with("error")).collect();
+                return Err(fail(format!(
+                    "the child exited before the kill ({status}): {lines:?}"
+                )));
+            }
         }
         // SIGKILL: no destructor, no flush.
         let _ = child.kill();
@@ -1445,6 +1466,9 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
                     }
                 }
                 (Some("durable"), Some(d), _) => durable = durable.max(d.parse().unwrap_or(0)),
+                (Some("error"), ..) => {
+                    return Err(fail(format!("a committer stopped on an error: {line}")));
+                }
                 _ => {}
             }
         }
