@@ -128,7 +128,7 @@ impl BufferPool {
         }
         let mut later = Vec::new();
         for (map_pid, pids) in by_map {
-            let held: Vec<u64> = {
+            let (held, n): (Vec<u64>, u64) = {
                 let map = self.fix_shared(map_pid).await?;
                 let durable = wal.durable();
                 // Frees noted since the list was taken: with the map page
@@ -153,7 +153,19 @@ impl BufferPool {
                     m
                 };
                 let mut mirror = self.mirror();
-                let mut held = Vec::new();
+                // Only pages no reservation counts on: a reservation is a
+                // count of available pages, and a commit holding one must
+                // find its pages free in memory (the held pages are not);
+                // holding them all failed a commit's apply with NoSpace on
+                // an array that could not grow, which stops the database
+                // (a review's finding). No allocation runs while the
+                // in-memory map is locked here.
+                let a = &self.alloc;
+                let budget = a
+                    .available
+                    .load(Ordering::Acquire)
+                    .saturating_sub(a.reserved.load(Ordering::Acquire));
+                let mut held: Vec<(u64, u64)> = Vec::new();
                 let mut sorted: Vec<(u64, u64)> = pids.into_iter().collect();
                 sorted.sort_unstable();
                 for (pid, gsn) in sorted {
@@ -176,8 +188,12 @@ impl BufferPool {
                     if map[at] & mask != 0 {
                         continue; // allocated again
                     }
+                    if held.len() as u64 >= budget {
+                        later.push((pid, 1, gsn));
+                        continue;
+                    }
                     if mirror.set(pid) {
-                        held.push(pid);
+                        held.push((pid, gsn));
                     } else {
                         // Still in use in memory: a large value's extent
                         // that readers may be in, or a page being handed
@@ -185,7 +201,24 @@ impl BufferPool {
                         later.push((pid, 1, gsn));
                     }
                 }
-                held
+                // Held as used in memory for the trim, so off the count of
+                // available pages too (else commits were admitted against
+                // pages no allocation could find). A reservation made
+                // since the budget was read gets its pages back at once.
+                let mut n = self.take_available(held.len() as u64);
+                let over = a
+                    .reserved
+                    .load(Ordering::Acquire)
+                    .saturating_sub(a.available.load(Ordering::Acquire));
+                let back = (over.min(held.len() as u64)) as usize;
+                for (pid, gsn) in held.drain(held.len() - back..) {
+                    mirror.clear(pid);
+                    later.push((pid, 1, gsn));
+                }
+                let give = (back as u64).min(n);
+                a.available.fetch_add(give, Ordering::AcqRel);
+                n -= give;
+                (held.into_iter().map(|(pid, _)| pid).collect(), n)
             };
             // Their frames go without a write: a free page written back
             // after its trim undid it (out of place it mapped the page
@@ -193,12 +226,6 @@ impl BufferPool {
             // its bytes matter to nobody (a crash may leave a trimmed page
             // reading as anything; recovery rewrites a free page that fails
             // its checksum). A frame that stays latched is trimmed anyway.
-            // Held as used in memory for the trim, so off the count of
-            // available pages too: counted while no allocation could find
-            // them, a commit promised them failed its apply (after its
-            // record was logged, which stops the database) on an array
-            // that cannot grow (a review's finding).
-            let n = self.take_available(held.len() as u64);
             self.note_handover(held.iter().copied());
             for &pid in &held {
                 let _ = self.discard(pid).await;
