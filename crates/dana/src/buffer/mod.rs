@@ -16,15 +16,18 @@
 //! the waiters. Eviction (second chance over frames, in batches) runs as a
 //! system task in every worker loop when free frames fall below a low
 //! watermark: clean victims are freed at once; dirty ones are written back
-//! asynchronously under a shared latch and become clean candidates once the
-//! write completed (freed on a later pass if nobody touched them).
+//! asynchronously from a copy taken under the exclusive latch (released at
+//! once, a `writing` flag guarding the frame until the write completes)
+//! and become clean candidates once it completed (freed on a later pass if
+//! nobody touched them).
 //!
 //! Invariants:
 //! - A frame holds at most one page; `frames[f].pid == p` and
 //!   `table.frame(p) == f` while `p` is resident.
 //! - Frame bytes are written only under an exclusive latch or while the
-//!   page is LOADING (by the kernel); write-back seals the checksum under
-//!   the exclusive latch and then downgrades to shared for the write.
+//!   page is LOADING (by the kernel); write-back seals the checksum and
+//!   copies the page under the exclusive latch, then releases it without
+//!   a new version (the content is unchanged) and writes the copy.
 //! - A dirty page is never evicted before its write completed.
 //!
 //! Never: returns a page whose checksum or page id did not verify, blocks a
