@@ -256,6 +256,8 @@ fn first_device_copies(dir: &Path) -> Vec<PathBuf> {
 /// next devices (those hold no mirror label: a plain array).
 fn copies_of(candidates: &[PathBuf]) -> Result<usize> {
     let mut plain_copy_0 = false;
+    // A later copy whose label slots are both damaged.
+    let mut damaged = None;
     for (c, p) in candidates.iter().enumerate() {
         if !p.exists() {
             continue;
@@ -272,6 +274,9 @@ fn copies_of(candidates: &[PathBuf]) -> Result<usize> {
         }
         if mirror::is_labelled(&t)? {
             // Both label slots damaged: the other copies' labels tell.
+            if c > 0 {
+                damaged.get_or_insert(p);
+            }
             continue;
         }
         if c == 0 {
@@ -283,27 +288,13 @@ fn copies_of(candidates: &[PathBuf]) -> Result<usize> {
             plain_copy_0 = true;
         }
     }
-    if plain_copy_0 {
-        return Ok(1);
-    }
-    let labelled = |p: &&PathBuf| {
-        let dopts = DeviceOptions {
-            direct: false,
-            create_size: None,
-            read_only: true,
-            lock: false,
-        };
-        Device::open(p, 0, dopts)
-            .ok()
-            .is_some_and(|d| mirror::is_labelled(&Target::File(Arc::new(d))).unwrap_or(false))
-    };
-    if let Some(p) = candidates.iter().skip(1).find(labelled) {
-        return Err(Error::Mirror(format!(
+    match damaged {
+        Some(p) if !plain_copy_0 => Err(Error::Mirror(format!(
             "{}: copies of a mirrored device are there but no copy holds a valid label",
             p.display()
-        )));
+        ))),
+        _ => Ok(1),
     }
-    Ok(1)
 }
 
 /// Opens device `role` at `path` (created with `create_size` bytes if

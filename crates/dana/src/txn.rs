@@ -256,7 +256,6 @@ impl Committer {
         Ok(fence)
     }
 
-    /// True if the tree at `root` was dropped since open.
     /// The roots of the trees dropped since open (a copy).
     pub(crate) fn dropped_roots(&self) -> HashSet<u64> {
         if !self.any_dropped.load(Ordering::Acquire) {
@@ -268,6 +267,7 @@ impl Committer {
             .clone()
     }
 
+    /// True if the tree at `root` was dropped since open.
     pub(crate) fn was_dropped(&self, root: u64) -> bool {
         self.any_dropped.load(Ordering::Acquire)
             && self

@@ -572,12 +572,11 @@ impl BTree {
     /// the value, or the key's absence) was read from.
     async fn get_large_versioned(&self, key: &[u8]) -> Result<(Option<Vec<u8>>, u64)> {
         let _reader = self.pool.blob_reader();
-        let r = match self.stored_versioned(key).await? {
+        let (r, gsn) = match self.stored_versioned(key).await? {
             (None, gsn) => return Ok((None, gsn)),
             (Some(Stored::Value(v)), gsn) => return Ok((Some(v), gsn)),
             (Some(Stored::Reference(r)), gsn) => (r, gsn),
         };
-        let (r, gsn) = r;
         let len = usize::try_from(r.len)
             .ok()
             .filter(|&l| l <= MAX_VALUE_LEN)

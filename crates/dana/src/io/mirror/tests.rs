@@ -149,15 +149,22 @@ fn a_block_damaged_on_every_copy_comes_back_as_read() {
     assert_eq!(m.status().copies.iter().map(|c| c.repairs).sum::<u64>(), 0);
 }
 
-#[test]
-fn a_failing_copy_is_dropped_recorded_in_the_labels_and_never_read() {
+/// Two copies of 1 MiB: block 1 written at 0 to both, then copy 1 fails
+/// for good on block 2's write at 4096, which copy 0 takes (no error
+/// reaches the caller).
+fn with_copy_1_failed() -> (Vec<Arc<SimDisk>>, Arc<Mirror>, MirrorQueue) {
     let d = disks(2, 1 << 20);
     let m = mirror(&d);
     let mut q = m.queue(&Backend::Blocking, 8).unwrap();
     write(&mut q, 0, &block(1, 1)).unwrap();
     d[1].inject(Fault::nth(Some(crate::OpKind::Write), 0).sticky());
-    // No error reaches the caller: copy 0 took the write.
     write(&mut q, 4096, &block(2, 2)).unwrap();
+    (d, m, q)
+}
+
+#[test]
+fn a_failing_copy_is_dropped_recorded_in_the_labels_and_never_read() {
+    let (d, m, mut q) = with_copy_1_failed();
     let s = m.status();
     assert_eq!(s.copies[1].state, CopyState::Failed);
     assert!(s.copies[1].failure.is_some());
@@ -363,12 +370,7 @@ fn a_rebuild_copies_what_the_healthy_copies_grew_to() {
 /// completion was held for good (a review's finding).
 #[test]
 fn a_rebuild_step_whose_label_fails_everywhere_fails_writes_instead_of_holding_them() {
-    let d = disks(2, 1 << 20);
-    let m = mirror(&d);
-    let mut q = m.queue(&Backend::Blocking, 8).unwrap();
-    write(&mut q, 0, &block(1, 1)).unwrap();
-    d[1].inject(Fault::nth(Some(crate::OpKind::Write), 0).sticky());
-    write(&mut q, 4096, &block(2, 2)).unwrap();
+    let (d, m, mut q) = with_copy_1_failed();
     assert_eq!(m.states()[1], CopyState::Failed);
     d[1].clear_faults();
     // The rebuild's first label (copy 1 rebuilding) fails on copy 0.

@@ -104,6 +104,21 @@ fn version_of(p: u64, bytes: &[u8]) -> Option<u64> {
     Some(v)
 }
 
+/// Cuts the power of `d` (every write not flushed dropped), lets the
+/// device's handles go and powers it on again.
+fn cut_power<Q>(d: &SimDisk, q: Q, r: Arc<Remap>, seed: u64) -> crate::io::sim::PowerCutReport {
+    let report = d.power_cut(PowerCutPolicy::DropAll, seed);
+    drop(q);
+    drop(r);
+    d.power_on();
+    report
+}
+
+/// A page of bytes a torn write may leave.
+fn garbage() -> Vec<u8> {
+    (0..PAGE).map(|i| (i * 7 + 3) as u8).collect()
+}
+
 fn flush_q(q: &mut dyn IoQueue) {
     sync_io(q, Request::flush(4)).unwrap().result.unwrap();
 }
@@ -525,10 +540,7 @@ fn a_segment_dead_at_a_crash_is_not_reused_before_it_names_nothing() {
         summaries..end,
     ));
     assert!(sync_io(&mut q, Request::flush(4)).unwrap().result.is_err());
-    d.power_cut(PowerCutPolicy::DropAll, 1);
-    drop(q);
-    drop(r);
-    d.power_on();
+    cut_power(&d, q, r, 1);
     let r = Remap::open(Target::Sim(d.clone())).unwrap();
     let mut q = r.queue(&Backend::Blocking, 16).unwrap();
     for p in 0..40 {
@@ -556,10 +568,7 @@ fn a_segment_dead_at_a_crash_is_not_reused_before_it_names_nothing() {
         summaries..end,
     ));
     let _ = sync_io(&mut q, Request::flush(4)).unwrap();
-    d.power_cut(PowerCutPolicy::DropAll, 2);
-    drop(q);
-    drop(r);
-    d.power_on();
+    cut_power(&d, q, r, 2);
     let r = Remap::open(Target::Sim(d)).unwrap();
     let mut q = r.queue(&Backend::Blocking, 16).unwrap();
     for p in 0..40 {
@@ -585,10 +594,7 @@ fn a_durable_write_survives(config: RemapConfig) {
     write(&mut q, 5, 1).unwrap();
     let req = Request::write_durable(9, 6 * PAGE as u64, IoBuf::owned(content(6, 2)));
     sync_io(&mut q, req).unwrap().result.unwrap();
-    d.power_cut(PowerCutPolicy::DropAll, 1);
-    drop(q);
-    drop(r);
-    d.power_on();
+    cut_power(&d, q, r, 1);
     let r = Remap::open(Target::Sim(d)).unwrap();
     let mut q = r.queue(&Backend::Blocking, 4).unwrap();
     assert_eq!(version_of(6, &read(&mut q, 6, 1)), Some(2));
@@ -633,10 +639,7 @@ fn flipped_after_two_barriers(config: RemapConfig, class: Placement) -> Arc<SimD
     flush_q(&mut q);
     write_as(&mut q, 2, 2, class).unwrap();
     flush_q(&mut q);
-    d.power_cut(PowerCutPolicy::DropAll, 1);
-    drop(q);
-    drop(r);
-    d.power_on();
+    cut_power(&d, q, r, 1);
     d.overwrite_durable(summary_copy(0, newer_copy(&d, 0)) + 100, &[0xA5]);
     d
 }
@@ -980,11 +983,8 @@ fn a_failed_round_keeps_the_intent_naming_what_it_cut() {
         assert!(sync_io(&mut q, Request::flush(4)).unwrap().result.is_err());
         // Every write not flushed is cut, and comes out as garbage (as a
         // torn write may): B's summary and the second round's intent.
-        let report = d.power_cut(PowerCutPolicy::DropAll, 1);
-        drop(q);
-        drop(r);
-        d.power_on();
-        let garbage: Vec<u8> = (0..PAGE).map(|i| (i * 7 + 3) as u8).collect();
+        let report = cut_power(&d, q, r, 1);
+        let garbage = garbage();
         let intents = PAGE as u64..16 * PAGE as u64;
         let mut cut = 0;
         for w in &report.writes {
@@ -1127,11 +1127,8 @@ fn a_segment_dying_with_its_summary_owed_keeps_its_durable_copy() {
     // summary written since comes out as garbage.
     d.inject(Fault::nth(Some(OpKind::Flush), 1));
     assert!(sync_io(&mut q, Request::flush(4)).unwrap().result.is_err());
-    let report = d.power_cut(PowerCutPolicy::DropAll, 1);
-    drop(q);
-    drop(r);
-    d.power_on();
-    let garbage: Vec<u8> = (0..PAGE).map(|i| (i * 7 + 3) as u8).collect();
+    let report = cut_power(&d, q, r, 1);
+    let garbage = garbage();
     for w in &report.writes {
         if w.offset >= 16 * PAGE as u64 && (w.offset / PAGE as u64) % 16 < 2 {
             d.overwrite_durable(w.offset, &garbage);
