@@ -134,8 +134,16 @@ impl SystemTask for Checkpointer {
         if !self.wal.checkpoint_due()
             || self.stop.load(Ordering::Acquire)
             || self.wal.poisoned().is_some()
-            || self.busy.swap(true, Ordering::SeqCst)
         {
+            return false;
+        }
+        if let Some(e) = self.pool.poisoned() {
+            // Every checkpoint would fail at once, and each failure
+            // woke the commits waiting for room to look again.
+            self.wal.stop_checkpoints(&e);
+            return false;
+        }
+        if self.busy.swap(true, Ordering::SeqCst) {
             return false;
         }
         let (pool, wal, busy) = (self.pool.clone(), self.wal.clone(), self.busy.clone());

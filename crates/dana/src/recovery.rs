@@ -185,7 +185,9 @@ fn cut_leaf(
 /// records still to re-apply pass three quarters of it, those records are
 /// appended again at the log end and a checkpoint moves the redo LSN to
 /// the first of them: everything before is on the pages, and the log is
-/// back to those commit records. Admission counted the commit records in
+/// back to those commit records. Looked at before every write, not every
+/// commit: one commit's images alone can outgrow the log, and the first
+/// record appended again then holds only the writes it has left. Admission counted the commit records in
 /// use twice for this: they and the log in use fit in three quarters when
 /// the crash came, so appending them again fits, and leaves them about
 /// three eighths of the log at most, so the next time fits too. (An
@@ -216,26 +218,43 @@ pub(crate) async fn reapply(
         }
     }
     for i in 0..commits.len() {
-        if let (Some(set), Some(w)) = (
-            wal,
-            local
-                .as_ref()
-                .filter(|w| w.used() + rest[i] > w.capacity() / 4 * 3),
-        ) {
-            for j in i..commits.len() {
-                let (lsn, _) = w.append_commit(record::commit(&commits[j].1).into_unsealed(), 0)?;
-                if registered {
-                    w.applied(lsns[j]);
+        let writes = &commits[i].1;
+        // Write by write: one commit's page images alone can outgrow the
+        // log (a transaction that changed more pages than the log holds:
+        // its apply appended the writes it had left as records of their
+        // own, `txn::apply_logged`, but its first record holds them all).
+        for k in 0..writes.len() {
+            if let (Some(set), Some(w)) = (
+                wal,
+                local
+                    .as_ref()
+                    .filter(|w| w.used() + rest[i] > w.capacity() / 4 * 3),
+            ) {
+                // Everything appended so far durable first: the records
+                // appended again start a flush of their own, where the
+                // checkpoint's redo point can be (the start of the flush
+                // holding its redo GSN), not behind the page images.
+                w.flush_appended().await?;
+                for j in i..commits.len() {
+                    let left = if j == i {
+                        &writes[k..]
+                    } else {
+                        &commits[j].1[..]
+                    };
+                    let (lsn, _) = w.append_commit(record::commit(left).into_unsealed(), 0)?;
+                    if registered {
+                        w.applied(lsns[j]);
+                    }
+                    lsns[j] = lsn;
                 }
-                lsns[j] = lsn;
+                registered = true;
+                checkpoint(pool, set, CheckpointScope::All).await?;
             }
-            registered = true;
-            checkpoint(pool, set, CheckpointScope::All).await?;
+            // Without a log (`Durability::Off` on a database that has
+            // none) nothing is logged, so no LSN covers the changes.
+            let cover = if wal.is_some() { lsns[i] } else { 0 };
+            crate::txn::apply(pool, &writes[k..=k], false, cover).await?;
         }
-        // Without a log (`Durability::Off` on a database that has none)
-        // nothing is logged, so no LSN covers the changes.
-        let cover = if wal.is_some() { lsns[i] } else { 0 };
-        crate::txn::apply(pool, &commits[i].1, false, cover).await?;
         if let (Some(w), true) = (&local, registered) {
             w.applied(lsns[i]);
         }

@@ -414,7 +414,7 @@ impl Committer {
             drop(guard);
             held = Some(Room::wait(&self.pool, log.as_deref(), pages, log_bytes).await?);
         };
-        let (space, stored, head, log_space) = match room {
+        let (space, stored, head, mut log_space) = match room {
             Some((room, head)) => (room.pages, Written::none(), head, room.log),
             None => {
                 let space = self.pool.reserve(pages).await?;
@@ -450,7 +450,7 @@ impl Committer {
                 (space, stored, head, log_space)
             }
         };
-        let logged = if stored.changes_space() {
+        let mut logged = if stored.changes_space() {
             // The map bits of the extents taken and freed go into the
             // commit record: durable exactly when the commit is.
             let mut s = self.pool.lock_space().await?;
@@ -474,14 +474,16 @@ impl Committer {
         for h in stored.holds {
             h.keep();
         }
-        let cover = logged.map_or(0, |(lsn, _)| lsn);
         // The record is logged: a caller dropping this future now (a
         // select, a timeout) would leave the trees without writes the log
         // holds, the key locks let go, and the log unable to checkpoint
         // past the commit. The guard stops the database instead; the
         // next open finishes the commit from its record.
         let unapplied = logged.map(|_| DroppedMidApply(&self.pool));
-        let applied = apply(&self.pool, &writes, true, cover).await;
+        let applied = match (&log, logged.as_mut()) {
+            (Some(w), Some(at)) => apply_logged(&self.pool, w, &writes, at, &mut log_space).await,
+            _ => apply(&self.pool, &writes, true, 0).await,
+        };
         if let Some(guard) = unapplied {
             guard.disarm();
         }
@@ -781,6 +783,61 @@ async fn pages_needed(pool: &Arc<BufferPool>, writes: &[Write<'_>]) -> Result<u6
         pages += h + 2;
     }
     Ok(pages)
+}
+
+/// Applies a logged commit's writes to their trees, in order, as
+/// [`apply`] with `reserved`; `at`: the GSN of the commit record and the
+/// GSN after it, moved to the record of the writes left when the apply
+/// appends one. `room`: the log bytes admitted for what the apply logs.
+///
+/// The commit record holds the redo point at or before it until the apply
+/// ends, and the apply logs page images (a full image of every leaf at
+/// its first change after a checkpoint began, and the pages of every
+/// split and merge): a transaction touching more pages than the log holds
+/// would fill it with records no checkpoint could get past, and the log
+/// could no longer be flushed (one transaction deleting a key on each of
+/// ~600 leaves of a 1 MiB log hung every commit for good; a review's
+/// finding). So when the log behind the record passes a quarter (the most
+/// that admission counts one commit for), the writes left are appended
+/// as a commit record of their own, which takes over as the one being
+/// applied, and the apply waits for room again: a checkpoint can now move
+/// the redo point past the first record, since every page the writes
+/// before changed is written back by it. Recovery re-applies whichever
+/// records lie past its redo point: both (the first one's writes again,
+/// then the rest again: the same keys, in the same order, end the same),
+/// or the second alone (the first one's changes are on the pages).
+/// Either is durable before a checkpoint that needs it: the records lie
+/// in the log in that order, before the checkpoint's own.
+async fn apply_logged<'a>(
+    pool: &Arc<BufferPool>,
+    log: &'a Arc<Wal>,
+    writes: &[Write<'_>],
+    at: &mut (u64, u64),
+    room: &mut Option<LogReservation<'a>>,
+) -> Result<Vec<Applied>> {
+    let limit = log.capacity() / 4;
+    let page_bytes = (pool.page_size() + record::HEADER + 16) as u64;
+    let mut mark = log.appended_end();
+    let mut out = Vec::with_capacity(writes.len());
+    for (i, w) in writes.iter().enumerate() {
+        if i > 0 && log.appended_end().saturating_sub(mark) > limit {
+            let rest = &writes[i..];
+            log.flush_appended().await?;
+            let (gsn, end) = log.append_commit(record::commit(rest).into_unsealed(), 0)?;
+            log.applied(at.0);
+            *at = (gsn, end);
+            mark = log.appended_end();
+            *room = None;
+            let head = record::commit_head(rest);
+            let touched = pages_needed(pool, rest).await? + rest.len() as u64;
+            *room = Some(
+                log.admit(log_promise(Some(&head), touched, page_bytes))
+                    .await?,
+            );
+        }
+        out.extend(apply(pool, std::slice::from_ref(w), true, at.0).await?);
+    }
+    Ok(out)
 }
 
 /// Applies writes to their trees, in order. `reserved`: the caller holds

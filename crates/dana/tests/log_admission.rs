@@ -185,3 +185,70 @@ fn a_checkpoint_waits_for_the_log_a_few_times_not_once_per_changed_page() {
     );
     db.close().unwrap();
 }
+
+/// One transaction whose apply logs more page images than the whole log
+/// holds commits, and so do the commits after it. Right after a
+/// checkpoint, every leaf's first change logs a full image; a transaction
+/// deleting and updating keys on all of ~600 leaves of a 1 MiB log logs
+/// some 2.5 MiB of them. Its commit record pinned the redo point until
+/// its apply ended, so the log could neither flush nor checkpoint: the
+/// commit never returned, and nothing after it ran (a review's finding).
+/// The apply now appends the writes it has left as a record of their own
+/// when the log behind its record passes a quarter, and waits for room.
+#[test]
+fn one_transaction_whose_page_images_outgrow_the_log_commits() {
+    const KEYS: u64 = 12_000;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = || {
+        Options::default()
+            .pool_bytes(32 << 20)
+            .log_bytes(1 << 20)
+            .durability(Durability::Sync)
+    };
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let t = db.tree_or_create("t").unwrap();
+    let old = |i: u64| vec![(i % 251) as u8; 150];
+    let new = |i: u64| vec![(i % 13) as u8; 160];
+    for from in (0..KEYS).step_by(200) {
+        let mut tx = db.begin();
+        for i in from..from + 200 {
+            tx.put(&t, &key(0, i), &old(i)).unwrap();
+        }
+        db.commit(tx).unwrap();
+    }
+    db.checkpoint().unwrap();
+    let mut tx = db.begin();
+    for i in (0..KEYS).step_by(25) {
+        tx.delete(&t, &key(0, i)).unwrap();
+        tx.put(&t, &key(0, i + 1), &new(i + 1)).unwrap();
+    }
+    let (sent, got) = std::sync::mpsc::channel();
+    let d = db.clone();
+    std::thread::spawn(move || {
+        let _ = sent.send(d.commit(tx));
+    });
+    let r = got
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the large commit returned within a minute");
+    r.unwrap();
+    // And the log takes the next commit.
+    t.put(&key(1, 0), b"after").unwrap();
+    let expect = |i: u64| match i % 25 {
+        0 => None,
+        1 => Some(new(i)),
+        _ => Some(old(i)),
+    };
+    let check = |db: &Db| {
+        let t = db.tree("t").unwrap();
+        for i in 0..KEYS {
+            assert_eq!(t.get(&key(0, i)).unwrap(), expect(i), "key {i}");
+        }
+        assert_eq!(t.get(&key(1, 0)).unwrap().as_deref(), Some(&b"after"[..]));
+        assert!(db.check().unwrap().is_ok());
+    };
+    check(&db);
+    db.close().unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    check(&db);
+    db.close().unwrap();
+}

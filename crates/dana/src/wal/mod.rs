@@ -712,6 +712,10 @@ pub struct Wal {
     space_waiters: Arc<WakerList>,
     poisoned: AtomicBool,
     poison: Mutex<Option<String>>,
+    /// Why no checkpoint can run any more (the buffer pool stopped), once
+    /// one cannot: admission then refuses a commit the log has no room
+    /// for instead of waiting for a checkpoint that will never come.
+    checkpoints_stopped: Mutex<Option<String>>,
     /// Writes the control blocks: a checkpoint's finish, a growth.
     control: Arc<control::Writer>,
     checkpoint_wanted: AtomicBool,
@@ -898,6 +902,7 @@ impl Wal {
             space_waiters: Arc::default(),
             poisoned: AtomicBool::new(false),
             poison: Mutex::new(None),
+            checkpoints_stopped: Mutex::new(None),
             control: Arc::new(control::Writer::new(resume.control)),
             checkpoint_wanted: AtomicBool::new(false),
             in_checkpoint: AtomicBool::new(false),
@@ -1052,6 +1057,28 @@ impl Wal {
         Some(Error::Poisoned(
             p.clone().unwrap_or_else(|| "log failure".into()),
         ))
+    }
+
+    /// No checkpoint can run any more, for `why` (the pool that writes
+    /// the pages back stopped; the log itself still runs, so that closing
+    /// makes its commits durable): commits waiting for room, which only a
+    /// checkpoint frees, fail with it now, and so does every later one
+    /// the log has no room for. (They waited for good, and a worker woken
+    /// by each checkpoint refused spun at full CPU: found by a power cut
+    /// in the middle of a transaction larger than the log.)
+    pub(crate) fn stop_checkpoints(&self, why: &Error) {
+        let mut s = self
+            .checkpoints_stopped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if s.is_none() {
+            *s = Some(match why {
+                Error::Poisoned(m) => m.clone(),
+                e => e.to_string(),
+            });
+            drop(s);
+            self.space_waiters.wake_all();
+        }
     }
 
     /// True once another log of the database failed and this one has not
@@ -1379,6 +1406,23 @@ impl Wal {
         std::sync::atomic::fence(Ordering::SeqCst);
     }
 
+    /// Makes every record appended to this log so far durable: the next
+    /// record appended starts a later flush, and a checkpoint can put its
+    /// redo point there, past them (a checkpoint's redo point is the start
+    /// of the flush holding its redo GSN).
+    pub async fn flush_appended(self: &Arc<Self>) -> Result<()> {
+        let end = self.shared.next_gsn();
+        self.want(end);
+        self.wait_durable(end).await
+    }
+
+    /// The stream position just past the last record appended, flushed
+    /// or not.
+    pub fn appended_end(&self) -> u64 {
+        let st = self.lock();
+        st.end + st.pending.len() as u64
+    }
+
     /// Stream bytes in use: appended since the last checkpoint's redo LSN.
     pub fn used(&self) -> u64 {
         let st = self.lock();
@@ -1489,6 +1533,17 @@ impl Wal {
                 // the difference: a checkpoint cannot free those, and
                 // their release wakes this commit to look again.
                 if used + commits + bytes > limit {
+                    let stopped = self
+                        .checkpoints_stopped
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone();
+                    if let Some(why) = stopped {
+                        return Some(Err(Error::Poisoned(format!(
+                            "the log has no room for this commit and no checkpoint can \
+                             free it: {why}"
+                        ))));
+                    }
                     self.request_checkpoint();
                 }
                 return None;

@@ -168,6 +168,13 @@ impl LogSet {
         self.logs.iter().find_map(|l| l.poisoned())
     }
 
+    /// See [`Wal::stop_checkpoints`]: for every log.
+    pub(crate) fn stop_checkpoints(&self, why: &Error) {
+        for l in &self.logs {
+            l.stop_checkpoints(why);
+        }
+    }
+
     /// Stops every log for good.
     pub fn poison_with(&self, e: &Error) {
         for l in &self.logs {
