@@ -414,7 +414,7 @@ impl Committer {
             drop(guard);
             held = Some(Room::wait(&self.pool, log.as_deref(), pages, log_bytes).await?);
         };
-        let (space, stored, head, mut log_space) = match room {
+        let (space, stored, head, log_space) = match room {
             Some((room, head)) => (room.pages, Written::none(), head, room.log),
             None => {
                 let space = self.pool.reserve(pages).await?;
@@ -481,7 +481,7 @@ impl Committer {
         // next open finishes the commit from its record.
         let unapplied = logged.map(|_| DroppedMidApply(&self.pool));
         let applied = match (&log, logged.as_mut()) {
-            (Some(w), Some(at)) => apply_logged(&self.pool, w, &writes, at, &mut log_space).await,
+            (Some(w), Some(at)) => apply_logged(&self.pool, w, &writes, at).await,
             _ => apply(&self.pool, &writes, true, 0).await,
         };
         if let Some(guard) = unapplied {
@@ -788,7 +788,8 @@ async fn pages_needed(pool: &Arc<BufferPool>, writes: &[Write<'_>]) -> Result<u6
 /// Applies a logged commit's writes to their trees, in order, as
 /// [`apply`] with `reserved`; `at`: the GSN of the commit record and the
 /// GSN after it, moved to the record of the writes left when the apply
-/// appends one. `room`: the log bytes admitted for what the apply logs.
+/// appends one. The caller holds the log bytes admitted for the commit
+/// (at most a quarter of the log) until the apply ends.
 ///
 /// The commit record holds the redo point at or before it until the apply
 /// ends, and the apply logs page images (a full image of every leaf at
@@ -798,42 +799,40 @@ async fn pages_needed(pool: &Arc<BufferPool>, writes: &[Write<'_>]) -> Result<u6
 /// could no longer be flushed (one transaction deleting a key on each of
 /// ~600 leaves of a 1 MiB log hung every commit for good; a review's
 /// finding). So when the log behind the record passes a quarter (the most
-/// that admission counts one commit for), the writes left are appended
-/// as a commit record of their own, which takes over as the one being
-/// applied, and the apply waits for room again: a checkpoint can now move
-/// the redo point past the first record, since every page the writes
-/// before changed is written back by it. Recovery re-applies whichever
-/// records lie past its redo point: both (the first one's writes again,
-/// then the rest again: the same keys, in the same order, end the same),
-/// or the second alone (the first one's changes are on the pages).
-/// Either is durable before a checkpoint that needs it: the records lie
-/// in the log in that order, before the checkpoint's own.
-async fn apply_logged<'a>(
+/// that admission counts one commit for), everything appended is made
+/// durable, the writes left are appended as a commit record of their own
+/// (in a later flush), which takes over as the one being applied, and the
+/// apply waits until checkpoints have moved the redo point past the first
+/// record: each writes back every page the writes before changed. Then it
+/// goes on, within the room it was admitted with. (Waiting for admission
+/// instead, for a new quarter, hung: the record being applied held the
+/// redo point, and small commits admitted meanwhile could keep the log
+/// too full for it for good; a review's finding.) Recovery re-applies
+/// whichever records lie past its redo point: both (the first one's
+/// writes again, then the rest again: the same keys, in the same order,
+/// end the same), or the second alone (the first one's changes are on
+/// the pages). Either is durable before a checkpoint that needs it: the
+/// records lie in the log in that order, before the checkpoint's own.
+async fn apply_logged(
     pool: &Arc<BufferPool>,
-    log: &'a Arc<Wal>,
+    log: &Arc<Wal>,
     writes: &[Write<'_>],
     at: &mut (u64, u64),
-    room: &mut Option<LogReservation<'a>>,
 ) -> Result<Vec<Applied>> {
     let limit = log.capacity() / 4;
-    let page_bytes = (pool.page_size() + record::HEADER + 16) as u64;
     let mut mark = log.appended_end();
     let mut out = Vec::with_capacity(writes.len());
     for (i, w) in writes.iter().enumerate() {
         if i > 0 && log.appended_end().saturating_sub(mark) > limit {
-            let rest = &writes[i..];
+            // Every flush from here on starts at or past `durable`.
+            let durable = log.appended_end();
             log.flush_appended().await?;
+            let rest = &writes[i..];
             let (gsn, end) = log.append_commit(record::commit(rest).into_unsealed(), 0)?;
             log.applied(at.0);
             *at = (gsn, end);
             mark = log.appended_end();
-            *room = None;
-            let head = record::commit_head(rest);
-            let touched = pages_needed(pool, rest).await? + rest.len() as u64;
-            *room = Some(
-                log.admit(log_promise(Some(&head), touched, page_bytes))
-                    .await?,
-            );
+            log.wait_redo_past(durable).await?;
         }
         out.extend(apply(pool, std::slice::from_ref(w), true, at.0).await?);
     }

@@ -194,7 +194,8 @@ fn a_checkpoint_waits_for_the_log_a_few_times_not_once_per_changed_page() {
 /// its apply ended, so the log could neither flush nor checkpoint: the
 /// commit never returned, and nothing after it ran (a review's finding).
 /// The apply now appends the writes it has left as a record of their own
-/// when the log behind its record passes a quarter, and waits for room.
+/// when the log behind its record passes a quarter, and waits for the
+/// checkpoints that move the redo point past the first.
 #[test]
 fn one_transaction_whose_page_images_outgrow_the_log_commits() {
     const KEYS: u64 = 12_000;

@@ -1416,6 +1416,49 @@ impl Wal {
         self.wait_durable(end).await
     }
 
+    /// Waits until a checkpoint has moved this log's redo point to `lsn`
+    /// or past, asking for checkpoints meanwhile (as many as it takes: a
+    /// shard's floor moves with each). Fails if the log stops, or if no
+    /// checkpoint can run any more ([`Wal::stop_checkpoints`]).
+    pub(crate) async fn wait_redo_past(&self, lsn: u64) -> Result<()> {
+        let look = || {
+            if let Some(e) = self.poisoned() {
+                return Some(Err(e));
+            }
+            if self.lock().redo >= lsn {
+                return Some(Ok(()));
+            }
+            if let Some(e) = self.checkpoints_stopped_error("a record") {
+                return Some(Err(e));
+            }
+            self.request_checkpoint();
+            None
+        };
+        std::future::poll_fn(|cx| {
+            if let Some(r) = look() {
+                return Poll::Ready(r);
+            }
+            // Woken when a checkpoint frees log (or a reservation drops);
+            // the second look catches a change made before registering.
+            self.space_waiters.register(cx.waker());
+            look().map_or(Poll::Pending, Poll::Ready)
+        })
+        .await
+    }
+
+    /// The error for `what` (a commit, a record) that needs a checkpoint
+    /// to free the log, once none can run ([`Wal::stop_checkpoints`]).
+    fn checkpoints_stopped_error(&self, what: &str) -> Option<Error> {
+        let why = self
+            .checkpoints_stopped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        Some(Error::Poisoned(format!(
+            "the log has no room for {what} and no checkpoint can free it: {why}"
+        )))
+    }
+
     /// The stream position just past the last record appended, flushed
     /// or not.
     pub fn appended_end(&self) -> u64 {
@@ -1533,16 +1576,8 @@ impl Wal {
                 // the difference: a checkpoint cannot free those, and
                 // their release wakes this commit to look again.
                 if used + commits + bytes > limit {
-                    let stopped = self
-                        .checkpoints_stopped
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .clone();
-                    if let Some(why) = stopped {
-                        return Some(Err(Error::Poisoned(format!(
-                            "the log has no room for this commit and no checkpoint can \
-                             free it: {why}"
-                        ))));
+                    if let Some(e) = self.checkpoints_stopped_error("this commit") {
+                        return Some(Err(e));
                     }
                     self.request_checkpoint();
                 }
