@@ -956,6 +956,12 @@ pub struct Totals {
     pub open_caught: u64,
     /// kill -9 cycles that killed the process before it had opened.
     pub early_kills: u64,
+    /// kill -9 cycles that killed the process before it had opened, on
+    /// files with commits or pages to redo (a kill in a real recovery).
+    pub kills_in_redo: u64,
+    /// kill -9 children whose open redid commits or pages (they opened
+    /// the files the last kill left).
+    pub opens_with_redo: u64,
     /// Runs whose log flushed by write + fdatasync.
     pub log_sync_runs: u64,
     /// The judge's counts, summed.
@@ -1264,6 +1270,12 @@ fn child(
         let db = db.clone();
         std::thread::spawn(move || db.rebuild());
     }
+    // What this open redid: the files the last child left, not a
+    // database closed cleanly since (the parent judges a copy).
+    let (commits, pages) = db
+        .recovery()
+        .map_or((0, 0), |r| (r.commits, r.pages_redone));
+    println!("recovered {commits} {pages}");
     println!("ready");
     let out = Arc::new(Mutex::new(std::io::stdout()));
     let threads: Vec<_> = starts
@@ -1351,7 +1363,8 @@ pub fn spawn_child(
 
 /// `cycles` kill -9 cycles on `dir` with `tasks` committers: each starts a
 /// child, kills it (every third one while it opens and recovers, the
-/// others after a random delay), reopens the database and judges it.
+/// others after a random delay), opens a copy of the files and judges it
+/// (the next child recovers the files themselves).
 pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Totals, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
     let mut rng = XorShift::new(seed);
@@ -1362,6 +1375,9 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
     // `--mirrored`: the file offsets of the bytes flipped in copy 1 of the
     // data file (forgotten when that file is removed).
     let mut flips = Vec::new();
+    // Commits and pages the last judging open redid: what the next child
+    // redoes from the same files.
+    let mut redo_left = 0u64;
     for c in 0..cycles {
         let (durability, log_sync) = mode_of(c);
         let fail = |what: String| {
@@ -1414,15 +1430,23 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
         }
         let (mut child, rx, reader) = spawn_child(cmd.arg("--dir").arg(dir)).map_err(fail)?;
         let early = c % 3 == 2;
+        let mut seen = Vec::new();
         if early {
             // Kill it while it opens: recovery of the last cycle's log.
             std::thread::sleep(Duration::from_millis(1 + rng.next_u64() % 25));
         } else {
-            match rx.recv_timeout(Duration::from_secs(60)) {
-                Ok(l) if l == "ready" => {}
-                other => {
-                    let _ = child.kill();
-                    return Err(fail(format!("child did not start: {other:?}")));
+            // Up to `ready`, kept to be read with the rest.
+            loop {
+                match rx.recv_timeout(Duration::from_secs(60)) {
+                    Ok(l) if l == "ready" => {
+                        seen.push(l);
+                        break;
+                    }
+                    Ok(l) if l.starts_with("recovered ") => seen.push(l),
+                    other => {
+                        let _ = child.kill();
+                        return Err(fail(format!("child did not start: {other:?}")));
+                    }
                 }
             }
             std::thread::sleep(Duration::from_millis(20 + rng.next_u64() % 200));
@@ -1443,10 +1467,14 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
         let mut homes = vec![0u64; tasks as usize];
         let mut durable = 0u64;
         let mut ready = false;
-        for line in rx.try_iter() {
+        for line in seen.into_iter().chain(rx.try_iter()) {
             let mut w = line.split_whitespace();
             match (w.next(), w.next(), w.next()) {
                 (Some("ready"), ..) => ready = true,
+                (Some("recovered"), Some(c), Some(p)) => {
+                    let redid = c.parse::<u64>().unwrap_or(0) + p.parse::<u64>().unwrap_or(0);
+                    t.opens_with_redo += u64::from(redid > 0);
+                }
                 (Some("ack"), Some(task), Some(lsn)) => {
                     let (task, lsn): (usize, u64) = (
                         task.parse()
@@ -1473,8 +1501,16 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
             }
         }
         t.early_kills += (early && !ready) as u64;
-        let db = Db::open(dir, kill_options(Durability::Sync, false))
+        t.kills_in_redo += (early && !ready && redo_left > 0) as u64;
+        // Judged on a copy: the crashed files stay as the kill left them,
+        // and the next child recovers them itself, so a kill while it
+        // opens lands in a real redo. (The parent used to reopen and close
+        // the files themselves: every child then opened a database closed
+        // cleanly, with nothing to redo.)
+        let judged_dir = copy_of(dir).map_err(fail)?;
+        let db = Db::open(&judged_dir, kill_options(Durability::Sync, false))
             .map_err(|e| fail(format!("recovery: {e}")))?;
+        redo_left = db.recovery().map_or(0, |r| r.commits + r.pages_redone);
         if max == 0 {
             max = db
                 .tree(TREES[0])
@@ -1507,6 +1543,8 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
         );
         let (judged, matched) = judge(&db, &model, &logs, false).map_err(fail)?;
         db.close().map_err(|e| fail(format!("close: {e}")))?;
+        std::fs::remove_dir_all(&judged_dir)
+            .map_err(|e| fail(format!("removing {}: {e}", judged_dir.display())))?;
         t.runs += 1;
         t.async_runs += (durability == Durability::Async) as u64;
         t.log_sync_runs += log_sync as u64;
@@ -1532,10 +1570,46 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
             next[log.task as usize] += j as u64;
         }
     }
+    // The files themselves, recovered and closed at last: the state judged
+    // on the last cycle's copy, exactly.
+    let db = Db::open(dir, kill_options(Durability::Sync, false))
+        .map_err(|e| format!("after the kill cycles: recovery: {e}"))?;
+    let got = contents(&db).map_err(|e| format!("after the kill cycles: reading: {e}"))?;
+    db.close()
+        .map_err(|e| format!("after the kill cycles: close: {e}"))?;
+    if got != model {
+        return Err(format!(
+            "after the kill cycles: the files recovered to another state than their copy \
+             ({} and {} keys, {} and {} judged)",
+            got[0].len(),
+            got[1].len(),
+            model[0].len(),
+            model[1].len()
+        ));
+    }
     if mirrored() {
         final_mirror_check(dir, &flips).map_err(|e| format!("after the kill cycles: {e}"))?;
     }
     Ok(t)
+}
+
+/// A copy of the database files in `dir`, beside it (`DIR.judged`, made
+/// afresh), for the parent to open and judge.
+fn copy_of(dir: &Path) -> Result<PathBuf, String> {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".judged");
+    let to = dir.with_file_name(name);
+    let _ = std::fs::remove_dir_all(&to);
+    std::fs::create_dir_all(&to).map_err(|e| format!("{}: {e}", to.display()))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for e in entries {
+        let e = e.map_err(|e| format!("{}: {e}", dir.display()))?;
+        if e.file_type().map_err(|e| e.to_string())?.is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name()))
+                .map_err(|err| format!("copying {}: {err}", e.path().display()))?;
+        }
+    }
+    Ok(to)
 }
 
 /// `--mirrored`, between two kill cycles: flips a byte in a random page of
@@ -1832,11 +1906,13 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
 /// Prints the counts of a run of kill -9 cycles, as `label: ...`.
 fn print_kills(label: &str, k: &Totals, tasks: u64, started: Instant) {
     println!(
-        "{label}: {} cycles ({} async, {} with the log flushed by write + fdatasync, {} killed while opening), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied in {:.1} s",
+        "{label}: {} cycles ({} async, {} with the log flushed by write + fdatasync, {} killed while opening, {} of them with commits or pages to redo; {} opens redid some), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied in {:.1} s",
         k.runs,
         k.async_runs,
         k.log_sync_runs,
         k.early_kills,
+        k.kills_in_redo,
+        k.opens_with_redo,
         tasks,
         k.judged.required,
         k.judged.found,
