@@ -394,7 +394,11 @@ impl Committer {
             if !large.writes.is_empty() || !large.freed.is_empty() {
                 // Large values: their record is known only once they are
                 // stored (under the stripes), so their room is waited for
-                // there.
+                // there; room held from an earlier pass goes now (kept, it
+                // counted its pages twice until the commit returned: a
+                // false NoSpace on an array that cannot grow; a review's
+                // finding).
+                drop(held.take());
                 break (guard, registered, dep, large, pages, None);
             }
             let head = commit_head(log.is_some(), &writes);
@@ -438,8 +442,11 @@ impl Committer {
                 }
                 let log_space = match (&log, &head) {
                     (Some(w), Some(_)) => {
-                        // The map pages of large values may log images too.
-                        let touched = pages + writes.len() as u64 + stored.map_pages;
+                        // The map pages of large values may log images too;
+                        // the values' own pages are written around the log
+                        // (counted, every large-value commit asked a quarter
+                        // of the log: three at a time; a review's finding).
+                        let touched = pages - large.pages + writes.len() as u64 + stored.map_pages;
                         Some(
                             w.admit(log_promise(head.as_ref(), touched, page_bytes))
                                 .await?,
