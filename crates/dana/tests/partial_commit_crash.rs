@@ -163,14 +163,21 @@ fn run(seed: u64, point: u64, checkpoint: bool) -> u64 {
 }
 
 fn sweep(seed: u64, checkpoint: bool) {
-    let total = run(seed, 0, checkpoint);
+    cut_at_points(seed, 60, |seed, point| run(seed, point, checkpoint));
+}
+
+/// `run(seed, 0)` whole, then cut at `default_points` points spread over
+/// its requests (`DANA_PARTIAL_COMMIT_POINTS` overrides), each with a seed
+/// of its own.
+fn cut_at_points(seed: u64, default_points: u64, mut run: impl FnMut(u64, u64) -> u64) {
+    let total = run(seed, 0);
     assert!(total > 100, "the workload made only {total} requests");
     let points = std::env::var("DANA_PARTIAL_COMMIT_POINTS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(60u64);
+        .unwrap_or(default_points);
     for i in 1..=points {
-        run(seed + i, 1 + (total - 1) * i / points, checkpoint);
+        run(seed + i, 1 + (total - 1) * i / points);
     }
 }
 
@@ -246,13 +253,5 @@ fn a_power_cut_around_a_transaction_that_outgrows_the_log() {
         db.close().unwrap();
         ios
     };
-    let total = run(7, 0);
-    assert!(total > 100, "the workload made only {total} requests");
-    let points = std::env::var("DANA_PARTIAL_COMMIT_POINTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(24u64);
-    for i in 1..=points {
-        run(7 + i, 1 + (total - 1) * i / points);
-    }
+    cut_at_points(7, 24, run);
 }
