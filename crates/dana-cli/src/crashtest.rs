@@ -1595,7 +1595,7 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
 
 /// A copy of the database files in `dir`, beside it (`DIR.judged`, made
 /// afresh), for the parent to open and judge.
-fn copy_of(dir: &Path) -> Result<PathBuf, String> {
+pub fn copy_of(dir: &Path) -> Result<PathBuf, String> {
     let mut name = dir.file_name().unwrap_or_default().to_os_string();
     name.push(".judged");
     let to = dir.with_file_name(name);
@@ -1969,11 +1969,12 @@ fn tpcc_kills(args: &CrashArgs) -> CliResult<()> {
     }
     let k = r.map_err(CliError)?;
     println!(
-        "kill -9 during TPC-C: {} cycles ({} killed while opening): {} New-Orders acknowledged, \
+        "kill -9 during TPC-C: {} cycles ({} killed while opening; {} opens redid some): {} New-Orders acknowledged, \
          {} found, lost {}; consistency conditions held after every recovery ({} rows checked) \
          in {:.1} s",
         k.cycles,
         k.killed_while_opening,
+        k.opens_with_redo,
         k.acknowledged,
         k.found,
         k.acknowledged - k.found,

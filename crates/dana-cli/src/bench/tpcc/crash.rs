@@ -6,8 +6,8 @@
 //! written back while it runs), then per cycle a child process that opens
 //! the database (recovering the last cycle's crash), runs the mix with
 //! the log synced and prints every New-Order whose commit returned; the
-//! parent kills it (every third cycle while it opens), reopens the
-//! database and requires: the consistency conditions hold, every
+//! parent kills it (every third cycle while it opens), opens a copy of
+//! the files (the next child recovers the files themselves) and requires: the consistency conditions hold, every
 //! acknowledged New-Order's order is there, and no line of a rolled-back
 //! New-Order is. Never: counts a cycle whose check failed as passed.
 
@@ -22,7 +22,7 @@ use dana::{Db, Durability, Options};
 use super::kv::DanaTables;
 use super::schema::{key, Table};
 use super::{check, create_and_load, run_mix, Mix, OrderHook};
-use crate::crashtest::spawn_child;
+use crate::crashtest::{copy_of, spawn_child};
 use crate::rng::XorShift;
 use crate::{CliError, CliResult};
 
@@ -47,10 +47,15 @@ fn options() -> Options {
 pub fn child(dir: &Path, seed: u64) -> CliResult<()> {
     let db = Db::open(dir, options())?;
     let tables = DanaTables::open(&db)?;
+    // What this open redid (the parent judges a copy: these are the files
+    // the last kill left).
+    let (commits, pages) = db
+        .recovery()
+        .map_or((0, 0), |r| (r.commits, r.pages_redone));
     let out = Arc::new(Mutex::new(std::io::stdout()));
     {
         let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
-        writeln!(o, "ready")
+        writeln!(o, "recovered {commits} {pages}\nready")
             .and_then(|_| o.flush())
             .map_err(|e| CliError(format!("pipe: {e}")))?;
     }
@@ -76,6 +81,8 @@ pub fn child(dir: &Path, seed: u64) -> CliResult<()> {
 pub struct KillTotals {
     pub cycles: u64,
     pub killed_while_opening: u64,
+    /// Children whose open redid commits or pages.
+    pub opens_with_redo: u64,
     /// New-Orders acknowledged before a kill.
     pub acknowledged: u64,
     /// Of those, found after recovery.
@@ -137,6 +144,10 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64) -> Result<KillTotals, Str
             let w: Vec<&str> = l.split_whitespace().collect();
             match w.as_slice() {
                 ["ready"] => ready = true,
+                ["recovered", c, p] => {
+                    let redid = c.parse::<u64>().unwrap_or(0) + p.parse::<u64>().unwrap_or(0);
+                    t.opens_with_redo += u64::from(redid > 0);
+                }
                 ["order", w, d, o] => {
                     let p = |s: &str| {
                         s.parse::<u32>()
@@ -148,7 +159,10 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64) -> Result<KillTotals, Str
             }
         }
         t.killed_while_opening += u64::from(!ready);
-        let db = Db::open(dir, options()).map_err(|e| fail(format!("recovery: {e}")))?;
+        // Judged on a copy: the next child recovers the files the kill
+        // left, so a kill while it opens lands in a real redo.
+        let judged_dir = copy_of(dir).map_err(fail)?;
+        let db = Db::open(&judged_dir, options()).map_err(|e| fail(format!("recovery: {e}")))?;
         let tables = DanaTables::open(&db).map_err(|e| fail(e.0))?;
         let orders = tables.tree(Table::Order);
         let mut missing = Vec::new();
@@ -163,6 +177,8 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64) -> Result<KillTotals, Str
         }
         let consistency = check::check(&*tables).map_err(|e| fail(e.0))?;
         db.close().map_err(|e| fail(format!("close: {e}")))?;
+        std::fs::remove_dir_all(&judged_dir)
+            .map_err(|e| fail(format!("removing {}: {e}", judged_dir.display())))?;
         t.cycles += 1;
         t.acknowledged += acked.len() as u64;
         t.found += (acked.len() - missing.len()) as u64;
@@ -177,5 +193,15 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64) -> Result<KillTotals, Str
         }
         consistency.ok().map_err(|e| fail(e.0))?;
     }
+    // The files themselves, recovered and closed (they must open, and
+    // hold the conditions as their copy did).
+    let db = Db::open(dir, options()).map_err(|e| format!("after the cycles: recovery: {e}"))?;
+    let tables = DanaTables::open(&db).map_err(|e| e.0)?;
+    check::check(&*tables)
+        .map_err(|e| e.0)?
+        .ok()
+        .map_err(|e| format!("after the cycles: {}", e.0))?;
+    db.close()
+        .map_err(|e| format!("after the cycles: close: {e}"))?;
     Ok(t)
 }
