@@ -1982,6 +1982,13 @@ impl Tree {
     /// ```
     pub fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
         let _fence = self.live(false)?;
+        if crate::sched::on_worker() {
+            // It would block the worker its reads are queued on: it hung
+            // for good (a review's finding).
+            return Err(Error::InvalidArgument(
+                "Tree::get_many blocks: call it from a thread of its own, not inside a task".into(),
+            ));
+        }
         let (tx, rx) = std::sync::mpsc::channel();
         // Every read spawned is waited for, even after an error: the fence
         // held here is what keeps a drop of the tree from freeing pages

@@ -817,7 +817,7 @@ fn handles_of_another_database_are_refused() {
 }
 
 /// Odd calls an outside probe made, each with a clear answer: `close`
-/// inside a task is refused and closes nothing; a path that is a file is
+/// and `get_many` inside a task are refused (and close nothing); a path that is a file is
 /// not a database; reading past the end of a large value gives nothing,
 /// as past an inline one; and a hot key updated by eight threads at once
 /// never fails with a conflict (the retries pause).
@@ -833,6 +833,17 @@ fn odd_calls_get_clear_answers() {
         "{inside:?}"
     );
     t.put(b"still", b"open").unwrap();
+    // So is `get_many` (it blocked the worker its reads were queued on,
+    // for good).
+    let t2 = t.clone();
+    let many = db
+        .block_on(async move { t2.get_many(&[b"still".to_vec()]) })
+        .unwrap();
+    assert!(matches!(many, Err(Error::InvalidArgument(_))), "{many:?}");
+    assert_eq!(
+        t.get_many(&[b"still".to_vec()]).unwrap()[0].as_deref(),
+        Some(&b"open"[..])
+    );
 
     // A capacity too small to hold a database says which option.
     for cap in [0, 4096, 15 * 4096] {
