@@ -147,6 +147,14 @@ impl Drop for HandoverWatch {
 /// during the last one (a database writing large values, or trimming).
 const PAGE_REPAIR_ROUNDS: usize = 3;
 
+/// How long `Db::close` waits for the writes in progress when it marked
+/// the database closed. Each ends on its own (the workers run until they
+/// have); one still running after this (a hang elsewhere) is stopped with
+/// the workers and answers [`Error::Closed`], unless it ends between the
+/// last flush and their stop: then it is acknowledged and not in the
+/// flush, as every one was before close waited.
+const CLOSE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Db {
     /// Opens the database in directory `dir`, creating the directory and
     /// its files (`dana.0`, `dana.1`, ..., `dana.wal`, `dana.wal.1`, ...)
@@ -927,14 +935,29 @@ impl Db {
     /// ```
     pub fn flush(&self) -> Result<()> {
         self.live(false)?;
+        self.flush_open_or_closing()
+    }
+
+    /// [`Db::flush`] without the check that the database is open: close's
+    /// last flush runs after it marked the database closed.
+    fn flush_open_or_closing(&self) -> Result<()> {
         if self.inner.committer.read_only {
             return Ok(());
         }
-        if self.inner.committer.wal.is_some() {
-            return self.checkpoint();
-        }
         let pool = self.inner.pool.clone();
-        self.block_on(async move { pool.flush_all().await })?
+        let flushed = match self.inner.committer.wal.clone() {
+            Some(w) => {
+                let busy = self.inner.checkpointing.clone();
+                self.inner
+                    .rt
+                    .block_on(async move { exclusive_checkpoint(&pool, &w, &busy).await })
+            }
+            None => self
+                .inner
+                .rt
+                .block_on(async move { pool.flush_all().await }),
+        };
+        flushed?
     }
 
     /// Flushes (a last checkpoint: the next open has nothing to redo),
@@ -960,13 +983,20 @@ impl Db {
                 "Db::close blocks: call it from a thread of its own, not inside a task".into(),
             ));
         }
-        // The background collections stop first: what they move after
-        // the last flush would not be in its barrier.
-        self.inner.collectors.finish();
-        let flushed = self.flush();
-        if matches!(flushed, Err(Error::Closed)) {
+        if !self.inner.committer.mark_closed() {
+            // Closed already (through a clone).
             return Ok(());
         }
+        // No write starts from here on. The background collections stop
+        // first: what they move after the last flush would not be in its
+        // barrier. Then the writes that started before the mark end: one
+        // acknowledged after the flush would be in neither the checkpoint
+        // nor a durable log record (an `Async` commit racing close was
+        // lost; a review's finding). They end on their own: the workers
+        // and the checkpoints still run.
+        self.inner.collectors.finish();
+        self.inner.committer.wait_writes_ended(CLOSE_PATIENCE);
+        let flushed = self.flush_open_or_closing();
         if flushed.is_err() && !self.inner.committer.read_only {
             // A stopped pool cannot checkpoint, but the log's records are
             // whole commits in order: make them durable, so that the next
@@ -980,7 +1010,6 @@ impl Db {
                     .block_on(async move { w.wait_all_durable(end).await });
             }
         }
-        self.inner.committer.closed.store(true, Ordering::Release);
         self.inner.stop.store(true, Ordering::Release);
         self.inner.rt.stop();
         self.inner.finish_growth();

@@ -44,7 +44,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::btree::tree::MAX_VALUE_LEN;
@@ -167,6 +167,9 @@ pub(crate) struct Committer {
     pub(crate) read_only: bool,
     /// The database was closed: every handle fails.
     pub(crate) closed: AtomicBool,
+    /// Writes (commits and plain writes) between their check of `closed`
+    /// and their end: `Db::close` waits for them before its last flush.
+    pub(crate) writing: AtomicUsize,
     /// Roots of the trees dropped since open: reads and commits through a
     /// stale handle fail with [`Error::NoSuchTree`], and none is handed
     /// out as a new tree's root.
@@ -183,6 +186,16 @@ pub(crate) struct Committer {
     /// The identity of the runtime serving this database
     /// ([`crate::sched::Runtime::id`]).
     pub(crate) runtime: usize,
+}
+
+/// A write in progress, counted until dropped
+/// ([`Committer::begin_write`]).
+pub(crate) struct WriteInProgress<'a>(&'a AtomicUsize);
+
+impl Drop for WriteInProgress<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// What applying one write found.
@@ -204,8 +217,9 @@ impl Committer {
         &self,
         tree: u64,
         key: &[u8],
-        write: impl std::future::Future<Output = T>,
-    ) -> T {
+        write: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let _writing = self.begin_write()?;
         let _stripe = self.locks.lock(std::iter::once((tree, key))).await;
         write.await
     }
@@ -227,6 +241,39 @@ impl Committer {
             return Err(Error::ReadOnly);
         }
         Ok(())
+    }
+
+    /// Enters a write: [`Error::Closed`] once closed, else a guard that
+    /// `Db::close` waits for. The count goes up before the check and
+    /// close marks before it reads the count (both `SeqCst`): a write
+    /// that finds the database open is always waited for.
+    pub(crate) fn begin_write(&self) -> Result<WriteInProgress<'_>> {
+        self.writing.fetch_add(1, Ordering::SeqCst);
+        let writing = WriteInProgress(&self.writing);
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(Error::Closed);
+        }
+        Ok(writing)
+    }
+
+    /// Marks the database closed: every write that starts from now on
+    /// fails with [`Error::Closed`]. False if it was closed already.
+    pub(crate) fn mark_closed(&self) -> bool {
+        !self.closed.swap(true, Ordering::SeqCst)
+    }
+
+    /// Waits (on a thread, never a worker) until the writes that entered
+    /// before [`Committer::mark_closed`] ended, at most `patience`. False
+    /// if some had not.
+    pub(crate) fn wait_writes_ended(&self, patience: std::time::Duration) -> bool {
+        let until = std::time::Instant::now() + patience;
+        while self.writing.load(Ordering::SeqCst) > 0 {
+            if std::time::Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        true
     }
 
     /// [`Error::NoSuchTree`] if the tree at `root` was dropped.
@@ -317,6 +364,8 @@ impl Committer {
         // or does nothing at all (read committed): a read-only database
         // allows it. (A read-committed one was refused as a write.)
         self.live(!writes.is_empty())?;
+        // Close waits for it: acknowledged, it is in close's last flush.
+        let _writing = self.begin_write()?;
         if !sched::on_worker() {
             return Err(Error::WouldBlock);
         }
