@@ -147,6 +147,18 @@ impl Drop for HandoverWatch {
 /// during the last one (a database writing large values, or trimming).
 const PAGE_REPAIR_ROUNDS: usize = 3;
 
+/// [`Error::InvalidArgument`] when called inside a task: `what` blocks
+/// its caller until workers run other tasks, and would block the worker it
+/// runs on (for good, when that worker is the one to run them).
+fn refuse_inside_task(what: &str) -> Result<()> {
+    if crate::sched::on_worker() {
+        return Err(Error::InvalidArgument(format!(
+            "{what} blocks: call it from a thread of its own, not inside a task"
+        )));
+    }
+    Ok(())
+}
+
 /// How long `Db::close` waits for the writes in progress when it marked
 /// the database closed. Each ends on its own (the workers run until they
 /// have); one still running after this (a hang elsewhere) is stopped with
@@ -433,11 +445,7 @@ impl Db {
     /// agree on for a page that is not. `dana rebuild` runs this.
     pub fn rebuild(&self) -> Result<Vec<RebuildReport>> {
         self.live(true)?;
-        if crate::sched::on_worker() {
-            return Err(Error::InvalidArgument(
-                "Db::rebuild blocks: call it from a thread of its own, not a worker".into(),
-            ));
-        }
+        refuse_inside_task("Db::rebuild")?;
         let reports = self.inner.rebuilds.rebuild_all()?;
         let pool = self.inner.pool.clone();
         // From before each walk: a page it finds in use and not handed
@@ -721,6 +729,9 @@ impl Db {
     pub fn create_tree(&self, name: &str) -> Result<Tree> {
         self.live(true)?;
         self.check_tree_name(name)?;
+        // Before the catalogue's lock: a task waiting for it blocked its
+        // worker, and the thread holding it waited for that worker.
+        refuse_inside_task("Db::create_tree")?;
         let _ddl = self.inner.ddl.lock().unwrap_or_else(|e| e.into_inner());
         let (catalog, key, committer) = (
             self.inner.catalog.clone(),
@@ -880,6 +891,7 @@ impl Db {
     /// ```
     pub fn drop_tree(&self, name: &str) -> Result<bool> {
         self.live(true)?;
+        refuse_inside_task("Db::drop_tree")?;
         let _ddl = self.inner.ddl.lock().unwrap_or_else(|e| e.into_inner());
         let tree = match self.tree(name) {
             Ok(t) => t,
@@ -977,12 +989,8 @@ impl Db {
     /// # db.close().unwrap();
     /// ```
     pub fn close(self) -> Result<()> {
-        if crate::sched::on_worker() {
-            // It would wait for the workers it runs on; nothing is closed.
-            return Err(Error::InvalidArgument(
-                "Db::close blocks: call it from a thread of its own, not inside a task".into(),
-            ));
-        }
+        // It would wait for the workers it runs on; nothing is closed.
+        refuse_inside_task("Db::close")?;
         if !self.inner.committer.mark_closed() {
             // Closed already (through a clone).
             return Ok(());
@@ -2011,13 +2019,9 @@ impl Tree {
     /// ```
     pub fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
         let _fence = self.live(false)?;
-        if crate::sched::on_worker() {
-            // It would block the worker its reads are queued on: it hung
-            // for good (a review's finding).
-            return Err(Error::InvalidArgument(
-                "Tree::get_many blocks: call it from a thread of its own, not inside a task".into(),
-            ));
-        }
+        // It would block the worker its reads are queued on: it hung for
+        // good (a review's finding).
+        refuse_inside_task("Tree::get_many")?;
         let (tx, rx) = std::sync::mpsc::channel();
         // Every read spawned is waited for, even after an error: the fence
         // held here is what keeps a drop of the tree from freeing pages

@@ -1122,3 +1122,53 @@ fn devices_in_another_order_or_from_another_database_are_refused() {
     assert_eq!(db.tree("t").unwrap().iter().count(), 2000);
     db.close().unwrap();
 }
+
+/// `create_tree` and `drop_tree` inside a task are refused, as every
+/// blocking call is: they waited for the catalogue's lock on the worker,
+/// and a thread holding that lock waited for a task on the same worker,
+/// so both hung for good (a review of odd API calls).
+#[test]
+fn catalogue_changes_inside_a_task_are_refused_without_blocking_the_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts().workers(1)).unwrap();
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let from_thread = {
+        let (db, done_tx) = (db.clone(), done_tx.clone());
+        std::thread::spawn(move || {
+            for i in 0..200 {
+                db.create_tree(&format!("t{i}")).unwrap();
+                assert!(db.drop_tree(&format!("t{i}")).unwrap());
+            }
+            done_tx.send(()).unwrap();
+        })
+    };
+    let from_task = {
+        let db = db.clone();
+        std::thread::spawn(move || {
+            for _ in 0..2_000 {
+                let d = db.clone();
+                let (created, dropped) = db
+                    .block_on(async move { (d.create_tree("in-task"), d.drop_tree("t0")) })
+                    .unwrap();
+                assert!(
+                    matches!(created, Err(Error::InvalidArgument(_))),
+                    "{:?}",
+                    created.map(|t| t.name().to_string())
+                );
+                assert!(
+                    matches!(dropped, Err(Error::InvalidArgument(_))),
+                    "{dropped:?}"
+                );
+            }
+            done_tx.send(()).unwrap();
+        })
+    };
+    for _ in 0..2 {
+        done.recv_timeout(std::time::Duration::from_secs(120))
+            .expect("catalogue changes hung");
+    }
+    from_thread.join().unwrap();
+    from_task.join().unwrap();
+    assert!(matches!(db.tree("in-task"), Err(Error::NoSuchTree(_))));
+    db.close().unwrap();
+}
