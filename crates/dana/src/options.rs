@@ -14,6 +14,22 @@ use crate::wal::{control, Durability};
 /// The fewest pages per device [`Options::capacity_bytes`] may allow.
 pub const MIN_CAPACITY_PAGES: u64 = 16;
 
+/// The fewest pages [`Options::pool_bytes`] may hold. One task latches up
+/// to six pages at once (a split: the parent, the page, the new sibling,
+/// the space map's pages and the meta page) and may wait for a frame while
+/// it holds them: on a pool of 4 frames the first split waited for good
+/// for a fifth. 16 leave room for two such tasks and for pages being
+/// written back; more tasks latching at once need a larger pool (a task
+/// waiting for a frame holds its latches).
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// let few = dana::MIN_POOL_FRAMES * 4096 - 4096;
+/// let e = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(few)).err().unwrap();
+/// assert!(matches!(e, dana::Error::InvalidArgument(m) if m.contains("Options::pool_bytes")));
+/// ```
+pub const MIN_POOL_FRAMES: usize = 16;
+
 /// Bytes a new database's data files start with, all devices together
 /// (less if [`Options::capacity_bytes`] is smaller). They grow on demand.
 ///
@@ -986,6 +1002,14 @@ impl Options {
             return Err(crate::Error::InvalidArgument(format!(
                 "capacity of {cap} bytes: at least {MIN_CAPACITY_PAGES} pages per device \
                  ({least} bytes here; Options::capacity_bytes)"
+            )));
+        }
+        let frames = self.pool_bytes / ps;
+        if frames < MIN_POOL_FRAMES {
+            return Err(crate::Error::InvalidArgument(format!(
+                "a buffer pool of {} bytes holds {frames} pages of {ps} bytes: at least \
+                 {MIN_POOL_FRAMES} (Options::pool_bytes)",
+                self.pool_bytes
             )));
         }
         if self.compress_pages && self.write_mode != WriteMode::OutOfPlace {

@@ -500,3 +500,46 @@ fn page_ids_past_the_table_are_errors_not_panics() {
         assert!(r.is_err(), "{pid}: {r:?}");
     }
 }
+
+/// WATT frees a frame even when the least valuable pages of its sample
+/// are latched: it tried only those, freed nothing, and in a pool whose
+/// every sample is the same frames it chose them again at every step, so
+/// the task waiting for a frame hung for good (one committer on a 9-frame
+/// pool, whose split held the cold pages). Four cold pages stay latched,
+/// four hot ones do not; a ninth page must still come in.
+#[test]
+fn watt_frees_a_frame_when_its_coldest_pages_are_latched() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let array = open_array(dir.path(), 1, 64);
+    let (pool, rt) = start_with(array, 8, 1, EvictionPolicy::Watt);
+    let pids = fill(&pool, &rt, 16);
+    let p = pool.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = rt.block_on(async move {
+            // Empty the pool of the fill's pages: sixteen pages through
+            // eight frames, the hot ones last and read often.
+            for &pid in &pids[8..12] {
+                drop(p.fix_shared(pid).await?);
+            }
+            for &pid in &pids[..4] {
+                for _ in 0..12 {
+                    drop(p.fix_shared(pid).await?);
+                }
+            }
+            let mut cold = Vec::new();
+            for &pid in &pids[4..8] {
+                cold.push(p.fix_shared(pid).await?);
+            }
+            // Every frame is taken: the hot four unlatched, the cold four
+            // latched here.
+            let ninth = p.fix_shared(pids[12]).await?;
+            Ok::<_, Error>(counter(&ninth).0 == pids[12] && cold.len() == 4)
+        });
+        let _ = tx.send(r);
+    });
+    let loaded = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the ninth page never got a frame");
+    assert!(loaded.unwrap().unwrap());
+}

@@ -1144,7 +1144,17 @@ impl BufferPool {
         let want = self.high_water.saturating_sub(free).max(1);
         let (freed, writes) = match self.policy {
             EvictionPolicy::Clock => self.evict_clock(want),
-            EvictionPolicy::Watt => self.evict_watt(want),
+            EvictionPolicy::Watt => match self.evict_watt(want) {
+                // WATT tries only the sample's least valuable pages, and
+                // skips no latched frame when it samples: when those are
+                // latched (the pages of the very commit waiting for a
+                // frame), it frees nothing, and in a pool small enough
+                // that every sample is the same frames it chose them
+                // again at every step, for good (one committer hung on a
+                // 9-frame pool). Then the clock hand visits every frame.
+                (freed, 0) if freed.is_empty() => self.evict_clock(want),
+                done => done,
+            },
         };
         if !freed.is_empty() {
             let before = self
