@@ -1151,8 +1151,12 @@ impl BufferPool {
                 // frame), it frees nothing, and in a pool small enough
                 // that every sample is the same frames it chose them
                 // again at every step, for good (one committer hung on a
-                // 9-frame pool). Then the clock hand visits every frame.
-                (freed, 0) if freed.is_empty() => self.evict_clock(want),
+                // 9-frame pool). Then, with no write in flight whose end
+                // would step eviction again, the clock hand visits every
+                // frame (with writes in flight, WATT's pace holds).
+                (freed, 0) if freed.is_empty() && self.writes.in_flight() == 0 => {
+                    self.evict_clock(want)
+                }
                 done => done,
             },
         };
