@@ -1012,6 +1012,17 @@ impl Options {
                 self.pool_bytes
             )));
         }
+        // The cache sizes its filters from its budget when the database
+        // opens: a budget past the machine's memory aborted the process
+        // on that allocation (`record_cache_bytes(usize::MAX)`).
+        let memory = crate::io::physical_memory_bytes();
+        if self.record_cache_bytes as u64 > memory {
+            return Err(crate::Error::InvalidArgument(format!(
+                "a record cache of {} bytes: more than this machine's {memory} bytes of \
+                 memory (Options::record_cache_bytes)",
+                self.record_cache_bytes
+            )));
+        }
         if self.compress_pages && self.write_mode != WriteMode::OutOfPlace {
             return Err(crate::Error::InvalidArgument(
                 "compressed pages (Options::compress_pages) need out-of-place writes \

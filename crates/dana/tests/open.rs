@@ -1172,3 +1172,34 @@ fn catalogue_changes_inside_a_task_are_refused_without_blocking_the_worker() {
     assert!(matches!(db.tree("in-task"), Err(Error::NoSuchTree(_))));
     db.close().unwrap();
 }
+
+/// Sizes past what the machine or the log format can take are refused
+/// with the option's name, before a file is created: a preallocated log
+/// of `log_bytes(u64::MAX)` overflowed its file size (a panic in a debug
+/// build), and `record_cache_bytes(usize::MAX)` aborted the process on
+/// the allocation of the cache's filters (a review of odd API calls).
+#[test]
+fn sizes_past_the_machine_or_the_format_are_refused_before_any_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            opts().log_bytes(u64::MAX).log_preallocate(true),
+            "Options::log_bytes",
+        ),
+        (opts().log_bytes(u64::MAX), "Options::log_bytes"),
+        (
+            opts().record_cache_bytes(usize::MAX),
+            "Options::record_cache_bytes",
+        ),
+        (opts().pool_bytes(15 * 4096), "Options::pool_bytes"),
+    ];
+    for (i, (o, option)) in cases.into_iter().enumerate() {
+        let path = dir.path().join(format!("db{i}"));
+        let e = Db::open(&path, o).err().unwrap();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains(option)),
+            "case {i}: {e}"
+        );
+        assert!(!path.exists(), "case {i}: the open left {}", path.display());
+    }
+}

@@ -612,6 +612,21 @@ pub(crate) fn completion_result(
     Ok(done)
 }
 
+/// The machine's physical memory in bytes (`u64::MAX` if unknown).
+pub(crate) fn physical_memory_bytes() -> u64 {
+    // SAFETY: sysconf reads a system value and touches no memory of ours.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages <= 0 || page <= 0 {
+        return u64::MAX;
+    }
+    (pages as u64).saturating_mul(page as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
