@@ -57,6 +57,9 @@ pub struct Transaction {
     /// on every log up to there (it may have read another worker's write
     /// that its log has not made durable yet).
     read_gsn: u64,
+    /// [`Transaction::set_isolation`] was called after a read: the commit
+    /// fails (its reads were recorded for another isolation).
+    isolation_after_read: bool,
 }
 
 /// A value read (None: absent) and the stamp of the leaf it came from.
@@ -80,6 +83,7 @@ impl Transaction {
             isolation: Isolation::ReadCommitted,
             ranges: Vec::new(),
             read_gsn: 0,
+            isolation_after_read: false,
         }
     }
 
@@ -100,12 +104,29 @@ impl Transaction {
     /// assert!(matches!(db.commit(tx), Err(dana::Error::Conflict(_))));
     /// assert_eq!(b.get(b"paged").unwrap(), None); // nothing applied
     /// ```
+    ///
+    /// Set after a read, it changes nothing and the commit fails with
+    /// [`crate::Error::InvalidArgument`] (the reads before were recorded
+    /// for the other isolation; a debug build panicked, a release build
+    /// validated them as they were recorded).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
+    /// let t = db.create_tree("t").unwrap();
+    /// let mut tx = db.begin();
+    /// tx.get(&t, b"k").unwrap();
+    /// tx.set_isolation(dana::Isolation::Serializable);
+    /// tx.put(&t, b"k", b"v").unwrap();
+    /// assert!(matches!(db.commit(tx), Err(dana::Error::InvalidArgument(_))));
+    /// assert_eq!(t.get(b"k").unwrap(), None);
+    /// ```
     pub fn set_isolation(&mut self, isolation: Isolation) {
-        debug_assert!(
-            self.reads.is_empty() && self.ranges.is_empty(),
-            "isolation set after a read"
-        );
-        self.isolation = isolation;
+        if self.reads.is_empty() && self.ranges.is_empty() {
+            self.isolation = isolation;
+        } else if isolation != self.isolation {
+            self.isolation_after_read = true;
+        }
     }
 
     /// This transaction's isolation.
@@ -530,6 +551,11 @@ impl Transaction {
     /// assert!(db.wal_stats().unwrap().durable >= lsn);
     /// ```
     pub async fn commit_lsn_async(self) -> Result<u64> {
+        if self.isolation_after_read {
+            return Err(crate::Error::InvalidArgument(
+                "Transaction::set_isolation after a read: set it before the first read".into(),
+            ));
+        }
         let serializable = self.isolation == Isolation::Serializable;
         let mut checks = Vec::new();
         if !serializable {
