@@ -128,6 +128,16 @@ impl Locks {
     }
 }
 
+impl Locks {
+    /// Moves the locks out, leaving none here.
+    pub(crate) fn take(&mut self) -> Locks {
+        Locks {
+            dir: self.dir.take(),
+            devices: std::mem::take(&mut self.devices),
+        }
+    }
+}
+
 impl Drop for Locks {
     fn drop(&mut self) {
         self.release();

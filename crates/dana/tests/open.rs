@@ -1203,3 +1203,54 @@ fn sizes_past_the_machine_or_the_format_are_refused_before_any_file() {
         assert!(!path.exists(), "case {i}: the open left {}", path.display());
     }
 }
+
+/// The last handle dropped inside a task keeps the database's locks until
+/// its workers have stopped: it released them at once while the workers
+/// (the very one running the drop among them) went on, so another open
+/// could start on files they still wrote (a review of odd API calls).
+#[test]
+fn the_last_handle_dropped_inside_a_task_keeps_the_locks_until_the_workers_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    let (handle_dropped, told) = std::sync::mpsc::channel::<()>();
+    let (dropped_inside, inside) = std::sync::mpsc::channel::<()>();
+    let last = db.clone();
+    db.spawn(async move {
+        // Wait (yielding) until the thread dropped its own handle.
+        while told.try_recv().is_err() {
+            dana::sched::yield_now().await;
+        }
+        drop(last);
+        dropped_inside.send(()).unwrap();
+        // The worker runs on a while: the locks must still be held.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    })
+    .unwrap();
+    drop(db);
+    handle_dropped.send(()).unwrap();
+    inside
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .unwrap();
+    match Db::open(dir.path(), opts()) {
+        Err(Error::Locked { .. }) => {}
+        Ok(_) => panic!("opened while the dropped database's worker still ran"),
+        Err(e) => panic!("{e}"),
+    }
+    // Once the worker stopped, the locks are free.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let db = loop {
+        match Db::open(dir.path(), opts()) {
+            Ok(db) => break db,
+            Err(Error::Locked { .. }) if std::time::Instant::now() < until => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(
+        db.tree("t").unwrap().get(b"k").unwrap().as_deref(),
+        Some(&b"v"[..])
+    );
+    db.close().unwrap();
+}

@@ -424,6 +424,16 @@ impl Runtime {
     }
 }
 
+impl Runtime {
+    /// Takes the worker threads' handles, for a caller on a worker that
+    /// must have another thread wait for them after [`Runtime::stop`]
+    /// (which cannot wait there: its own worker is among them). Later
+    /// stops find none to wait for.
+    pub(crate) fn take_threads(&self) -> Vec<JoinHandle<()>> {
+        std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
 impl Drop for Runtime {
     fn drop(&mut self) {
         self.stop();
