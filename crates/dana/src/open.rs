@@ -174,8 +174,13 @@ pub(crate) struct Opened {
 pub(crate) const CREATING: &str = "dana.creating";
 
 /// Removes what a creation cut short left in `dir` (its marker says one
-/// was), then the marker; syncs the directories.
-fn remove_cut_creation(dir: &Path, log_path: &Path) -> Result<()> {
+/// was), then the marker; syncs the directories. The logs removed are
+/// those at the path the marker names (the creation's `Options::log_path`),
+/// never at the path this open was given: a cut creation reopened with
+/// another log path deleted whatever files lay there (a review's finding).
+/// A marker naming none (its creation was cut before the marker was
+/// durable, so before any log existed) removes only the default log's.
+fn remove_cut_creation(dir: &Path) -> Result<()> {
     let remove = |p: &Path| match std::fs::remove_file(p) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Open {
             action: "remove a file of a creation cut short",
@@ -184,14 +189,26 @@ fn remove_cut_creation(dir: &Path, log_path: &Path) -> Result<()> {
         }),
         _ => Ok(()),
     };
+    let marker = dir.join(CREATING);
+    let named = std::fs::read(&marker).map_err(|source| Error::Open {
+        action: "read the creation marker",
+        path: marker.clone(),
+        source,
+    })?;
+    let log_path = if named.is_empty() {
+        dir.join("dana.wal")
+    } else {
+        use std::os::unix::ffi::OsStringExt;
+        PathBuf::from(std::ffi::OsString::from_vec(named))
+    };
     let mut firsts: Vec<PathBuf> = (0..256).map(|i| device_path(dir, i)).collect();
-    firsts.extend((0..crate::wal::MAX_LOGS).map(|i| log_file_path(log_path, i)));
+    firsts.extend((0..crate::wal::MAX_LOGS).map(|i| log_file_path(&log_path, i)));
     for p in &firsts {
         for c in 0..crate::io::mirror::MAX_COPIES {
             remove(&copy_path(p, c))?;
         }
     }
-    remove(&dir.join(CREATING))?;
+    remove(&marker)?;
     let mut dirs = vec![dir.to_path_buf()];
     if let Some(parent) = log_path.parent().filter(|p| *p != dir && p.is_dir()) {
         dirs.push(parent.to_path_buf());
@@ -213,16 +230,22 @@ pub(crate) fn finish_creation(marker: &Path) -> Result<()> {
     }
 }
 
-/// Writes and syncs the creation marker ([`CREATING`]) in `dir`.
-fn mark_creation(dir: &Path, undo: &mut Undo) -> Result<PathBuf> {
+/// Writes and syncs the creation marker ([`CREATING`]) in `dir`, naming
+/// the log path the creation uses (absolute).
+fn mark_creation(dir: &Path, log_path: &Path, undo: &mut Undo) -> Result<PathBuf> {
+    use std::io::Write;
+    use std::os::unix::ffi::OsStrExt;
     let marker = dir.join(CREATING);
     let failed = |source| Error::Open {
         action: "create the creation marker",
         path: marker.clone(),
         source,
     };
-    let f = File::create(&marker).map_err(failed)?;
+    let log_path = std::path::absolute(log_path).map_err(failed)?;
+    let mut f = File::create(&marker).map_err(failed)?;
     undo.created_file(&marker);
+    f.write_all(log_path.as_os_str().as_bytes())
+        .map_err(failed)?;
     f.sync_all().map_err(failed)?;
     sync_dirs(&[dir.to_path_buf()])?;
     Ok(marker)
@@ -620,6 +643,41 @@ fn refuse_log_on_data(paths: &[PathBuf], log_path: &Path) -> Result<()> {
     }
 }
 
+/// [`Error::InvalidArgument`] for a log path in the database directory
+/// whose files would take the names of the database's own: `dana.N` (a
+/// data device: `log_path(<dir>/dana.1)` made a one-device database open
+/// as two, and it could not be opened again; a review's finding), `dana`
+/// (its second log is `dana.1`), or the creation marker.
+fn refuse_log_among_database_names(dir: &Path, log_path: &Path) -> Result<()> {
+    let (Some(parent), Some(name)) = (log_path.parent(), log_path.file_name()) else {
+        return Ok(());
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let same_dir = match (parent.canonicalize(), dir.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    let name = name.to_string_lossy();
+    let data_name = name.strip_prefix("dana.").is_some_and(|rest| {
+        rest.split('.')
+            .next()
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    });
+    if same_dir && (name == "dana" || data_name || name.starts_with(CREATING)) {
+        return Err(Error::InvalidArgument(format!(
+            "Options::log_path {}: its files would take the names of the database's own \
+             files in {} (dana.N, the creation marker); name it otherwise",
+            log_path.display(),
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Tells the kernel how long the writes to device `d` of `role` live: a
 /// log is overwritten every lap (`SHORT`), data pages stay longer
 /// (`MEDIUM`); see `io::placement`. Advice only: a kernel or file system
@@ -875,7 +933,7 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
                 ),
             });
         }
-        remove_cut_creation(dir, &log_path)?;
+        remove_cut_creation(dir)?;
     }
     let exists = device_exists(&device_path(dir, 0));
     if !exists {
@@ -903,7 +961,7 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
     let creating = if exists {
         None
     } else {
-        Some(mark_creation(dir, undo)?)
+        Some(mark_creation(dir, &log_path, undo)?)
     };
     let size = if exists {
         0
@@ -925,6 +983,7 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
         )?);
     }
     refuse_log_on_data(&paths, &log_path)?;
+    refuse_log_among_database_names(dir, &log_path)?;
     let array = Array::new(targets, opts.page_size_value() as u64)?;
     arm_mirrors(&array);
     let meta = if exists {

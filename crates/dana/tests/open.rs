@@ -1254,3 +1254,76 @@ fn the_last_handle_dropped_inside_a_task_keeps_the_locks_until_the_workers_stop(
     );
     db.close().unwrap();
 }
+
+/// The files an open removes after a creation cut short are those the
+/// creation made, at the log path it used: the open removed the log
+/// files at the path it was given, so a cut creation reopened with a
+/// `log_path` naming someone else's file deleted it (and its `.1`, `.m1`
+/// neighbours). And a log path whose files would take the names of the
+/// database's own is refused (`dana.1` made a one-device database open
+/// as two devices, never to open again). Both from a review of odd API
+/// calls.
+#[test]
+fn log_paths_never_touch_files_the_database_did_not_make() {
+    let dir = tempfile::tempdir().unwrap();
+    // A creation cut short, with its logs elsewhere.
+    let cut = dir.path().join("cut");
+    let first_log = dir.path().join("first.wal");
+    Db::open(&cut, opts().log_path(&first_log))
+        .unwrap()
+        .close()
+        .unwrap();
+    // As a kill before the end of the creation would leave it: the
+    // marker (naming the log path) put back beside the files.
+    std::fs::write(
+        cut.join("dana.creating"),
+        std::path::absolute(&first_log)
+            .unwrap()
+            .as_os_str()
+            .as_encoded_bytes(),
+    )
+    .unwrap();
+    let precious = dir.path().join("precious");
+    for p in [
+        precious.clone(),
+        dir.path().join("precious.1"),
+        dir.path().join("precious.m1"),
+    ] {
+        std::fs::write(&p, b"not a log").unwrap();
+    }
+    let _ = Db::open(&cut, opts().log_path(&precious));
+    for p in ["precious", "precious.1", "precious.m1"] {
+        let now = std::fs::read(dir.path().join(p)).unwrap();
+        assert!(
+            now == b"not a log",
+            "{p} was touched ({} bytes now)",
+            now.len()
+        );
+    }
+    assert!(!first_log.exists(), "the cut creation's own log was left");
+
+    // Log paths among the database's names.
+    for name in ["dana.1", "dana", "dana.7.m1", "dana.creating"] {
+        let db_dir = dir.path().join(format!("db-{name}"));
+        std::fs::create_dir_all(&db_dir).unwrap();
+        let e = Db::open(&db_dir, opts().log_path(db_dir.join(name)))
+            .err()
+            .unwrap_or_else(|| panic!("log path {name} accepted"));
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("Options::log_path")),
+            "{name}: {e}"
+        );
+        assert_eq!(std::fs::read_dir(&db_dir).unwrap().count(), 0, "{name}");
+    }
+    // Names that only look alike are fine.
+    let db_dir = dir.path().join("db-ok");
+    let db = Db::open(&db_dir, opts().log_path(db_dir.join("dana.log"))).unwrap();
+    db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    db.close().unwrap();
+    let db = Db::open(&db_dir, opts().log_path(db_dir.join("dana.log"))).unwrap();
+    assert_eq!(
+        db.tree("t").unwrap().get(b"k").unwrap(),
+        Some(b"v".to_vec())
+    );
+    db.close().unwrap();
+}
