@@ -1012,6 +1012,23 @@ impl Options {
                 self.pool_bytes
             )));
         }
+        // The log's flush settings, checked here and not when the logs
+        // start: by then recovery had redone pages onto the files.
+        let most = crate::wal::MAX_FLUSHES_IN_FLIGHT;
+        if !(1..=most).contains(&self.log_flushes_in_flight) {
+            return Err(crate::Error::InvalidArgument(format!(
+                "{} log flushes in flight: 1 to {most} (Options::log_flushes_in_flight)",
+                self.log_flushes_in_flight
+            )));
+        }
+        let block = self.log_flush_block;
+        if block != 0 && (!block.is_power_of_two() || block > control::BLOCK) {
+            return Err(crate::Error::InvalidArgument(format!(
+                "log flush block {block}: 0 or a power of two up to {} bytes \
+                 (Options::log_flush_block)",
+                control::BLOCK
+            )));
+        }
         // The cache sizes its filters from its budget when the database
         // opens: a budget past the machine's memory aborted the process
         // on that allocation (`record_cache_bytes(usize::MAX)`).

@@ -1327,3 +1327,40 @@ fn log_paths_never_touch_files_the_database_did_not_make() {
     );
     db.close().unwrap();
 }
+
+/// Options an open cannot work with are refused before recovery writes a
+/// byte: the log's flush settings were checked when the logs started,
+/// after recovery had redone pages onto the files (a review of odd API
+/// calls).
+#[test]
+fn bad_log_options_are_refused_before_recovery_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for i in 0..2_000u32 {
+        t.put(&i.to_be_bytes(), &[3; 100]).unwrap();
+    }
+    drop((t, db)); // no close: the commits are only in the log
+    let before = snapshot(dir.path());
+    for (o, what) in [
+        (
+            opts().log_flushes_in_flight(0),
+            "Options::log_flushes_in_flight",
+        ),
+        (opts().log_flush_block(3), "Options::log_flush_block"),
+    ] {
+        let e = Db::open(dir.path(), o).err().unwrap();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains(what)),
+            "{e}"
+        );
+        assert_eq!(snapshot(dir.path()), before, "{what}: the open wrote");
+    }
+    let db = Db::open(dir.path(), opts()).unwrap();
+    assert!(db.recovery().unwrap().commits > 0);
+    assert_eq!(
+        db.tree("t").unwrap().get(&1999u32.to_be_bytes()).unwrap(),
+        Some(vec![3; 100])
+    );
+    db.close().unwrap();
+}
