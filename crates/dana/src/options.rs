@@ -1012,8 +1012,13 @@ impl Options {
                 self.pool_bytes
             )));
         }
-        // The log's flush settings, checked here and not when the logs
-        // start: by then recovery had redone pages onto the files.
+        // Checked here and not when the workers or the logs start: by
+        // then recovery had redone pages onto the files.
+        if self.workers == 0 {
+            return Err(crate::Error::InvalidArgument(
+                "0 workers: at least one is needed (Options::workers)".into(),
+            ));
+        }
         let most = crate::wal::MAX_FLUSHES_IN_FLIGHT;
         if !(1..=most).contains(&self.log_flushes_in_flight) {
             return Err(crate::Error::InvalidArgument(format!(

@@ -1329,11 +1329,11 @@ fn log_paths_never_touch_files_the_database_did_not_make() {
 }
 
 /// Options an open cannot work with are refused before recovery writes a
-/// byte: the log's flush settings were checked when the logs started,
-/// after recovery had redone pages onto the files (a review of odd API
-/// calls).
+/// byte: the log's flush settings were checked when the logs started and
+/// the worker count when the workers did, after recovery had redone pages
+/// onto the files (a review of odd API calls).
 #[test]
-fn bad_log_options_are_refused_before_recovery_writes() {
+fn bad_options_are_refused_before_recovery_writes() {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path(), opts()).unwrap();
     let t = db.create_tree("t").unwrap();
@@ -1348,6 +1348,7 @@ fn bad_log_options_are_refused_before_recovery_writes() {
             "Options::log_flushes_in_flight",
         ),
         (opts().log_flush_block(3), "Options::log_flush_block"),
+        (opts().workers(0), "Options::workers"),
     ] {
         let e = Db::open(dir.path(), o).err().unwrap();
         assert!(
