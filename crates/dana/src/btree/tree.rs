@@ -1081,35 +1081,6 @@ impl BTree {
         }
         Ok(())
     }
-
-    /// Frees every page of the tree, root included. The tree must not be
-    /// used afterwards.
-    pub async fn destroy(self) -> Result<()> {
-        let mut pages = Vec::new();
-        self.walk(|pid, _| {
-            pages.push(pid);
-            Ok(())
-        })
-        .await?;
-        // The root is among the first pages freed (the walk visits parents
-        // first), and may name another tree as soon as it is: no record
-        // of this one may stay cached from then on, whatever happens
-        // after (a clear before the frees, and one after, also on error).
-        self.pool.records().clear();
-        let freed = async {
-            for pid in pages {
-                // Each free is a record (the page, the map, the meta page):
-                // a large tree's drop must not outrun the checkpoints.
-                let _room = self.pool.admit_log(3).await?;
-                let g = self.pool.fix_exclusive(pid).await?;
-                self.pool.free_page(g).await?;
-            }
-            Ok(())
-        }
-        .await;
-        self.pool.records().clear();
-        freed
-    }
 }
 
 #[derive(Clone, Copy)]
