@@ -89,6 +89,10 @@ fn no_intent(pool: &BufferPool, m: &SpaceGuard<'_>, slot: usize) -> Result<()> {
 
 /// Clears intent slot `slot`, freeing page `free` in the same log group.
 async fn clear_intent(pool: &BufferPool, slot: usize, free: Option<u64>) -> Result<()> {
+    if let Some(pid) = free {
+        // Its values first, each in a group of its own.
+        free_leaf_values(pool, pid).await?;
+    }
     let mut m = pool.lock_space().await?;
     pool.set_root_in(&mut m, slot, 0)?;
     match free {
@@ -101,6 +105,61 @@ async fn clear_intent(pool: &BufferPool, slot: usize, free: Option<u64>) -> Resu
             pool.retire(freed);
             Ok(())
         }
+    }
+}
+
+/// Frees the large values leaf `pid` holds (nothing for an inner node),
+/// one value per log group: its entry removed from the leaf with the map
+/// bits of its extents, so that a resumed drop never frees a value twice.
+/// The group freeing the leaf then holds no value's map pages: with all
+/// of the leaf's values in it, one map page per 128 MiB group their
+/// extents lie in and an admission of 4 pages, a leaf naming values in
+/// ~30 groups of a database with a 1 MiB log made a change past the
+/// log's record limit, which stopped the database, and every open
+/// resumed the drop with the same change: it could no longer open (a
+/// review of large values; no test: it takes values spread over more
+/// than 4 GiB).
+async fn free_leaf_values(pool: &BufferPool, pid: u64) -> Result<()> {
+    // Each turn removes one entry; a leaf holds fewer than a page's bytes.
+    for _ in 0..pool.page_size() {
+        let extents = match leaf_value(pool, &pool.fix_shared(pid).await?, pid)? {
+            Some((_, r)) => r.extents.len() as u64,
+            None => return Ok(()),
+        };
+        // The leaf, the meta page, and at most two map pages per extent
+        // (one may cross a group's end).
+        let _room = pool.admit_log(2 + 2 * extents).await?;
+        let mut m = pool.lock_space().await?;
+        let mut leaf = pool.fix_exclusive(pid).await?;
+        let Some((i, r)) = leaf_value(pool, &leaf, pid)? else {
+            return Ok(());
+        };
+        pool.blob_space_in(&mut m, &[], &r.extents, -1).await?;
+        node::NodeMut::new(&mut leaf)
+            .map_err(|c| c.into_error(pid))?
+            .remove_at(i);
+        pool.log_with_space(&mut [&mut leaf], &mut m)?;
+        pool.retire(r.extents);
+    }
+    Err(Error::Corrupt {
+        page: pid,
+        what: "a leaf held more large values than a page has bytes".into(),
+    })
+}
+
+/// The first large value's entry and reference in `page` (leaf `pid`),
+/// None if it holds none or is not a leaf.
+fn leaf_value(pool: &BufferPool, page: &[u8], pid: u64) -> Result<Option<(usize, BlobRef)>> {
+    let n = Node::new(page).map_err(|c| c.into_error(pid))?;
+    if !n.is_leaf() {
+        return Ok(None);
+    }
+    match (0..n.len()).find(|&i| n.is_ref_at(i)) {
+        Some(i) => Ok(Some((
+            i,
+            BlobRef::read(n.payload_at(i), pool.page_size(), pid)?,
+        ))),
+        None => Ok(None),
     }
 }
 
@@ -240,6 +299,7 @@ async fn free_child(pool: &BufferPool, pid: u64, slot: ChildSlot, child: u64) ->
     // filled it past what a checkpoint could free, and the log and the
     // close's checkpoint waited for each other: `tests/wal.rs`, about 1 run
     // in 20 under load).
+    free_leaf_values(pool, child).await?;
     let _room = pool.admit_log(4).await?;
     let mut m = pool.lock_space().await?;
     let mut par = pool.fix_exclusive(pid).await?;

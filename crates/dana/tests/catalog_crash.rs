@@ -32,10 +32,16 @@ fn rig(seed: u64) -> Rig {
 fn fill(db: &Db, name: &str, n: u32, done: &Cell<u32>) -> dana::Result<()> {
     let t = db.tree_or_create(name)?;
     for i in 0..n {
-        t.put(&key(name, i), &[i as u8; 300])?;
+        t.put(&key(name, i), &value(i))?;
         done.set(done.get() + 1);
     }
     Ok(())
+}
+
+/// Every eighth value is large (stored in extents of its own, freed by a
+/// drop one value per log group).
+fn value(i: u32) -> Vec<u8> {
+    vec![i as u8; if i % 8 == 0 { 6000 } else { 300 }]
 }
 
 fn key(name: &str, i: u32) -> Vec<u8> {
@@ -106,7 +112,7 @@ fn run(seed: u64, point: u64) -> u64 {
         for (i, (k, v)) in entries.iter().enumerate() {
             assert_eq!(
                 (k, v),
-                (&key(&name, i as u32), &vec![i as u8; 300]),
+                (&key(&name, i as u32), &value(i as u32)),
                 "point {point}: tree {name}, entry {i}"
             );
         }
