@@ -1001,3 +1001,41 @@ fn a_read_only_open_takes_a_damaged_copy_for_damage_not_a_missing_change() {
     db.close().unwrap();
     assert!(std::fs::read(dir.path().join("dana.0")).unwrap() == before);
 }
+
+/// A read-only open reads a large value damaged on different copies from
+/// a mix of them and writes no repair: the repair of large values wrote
+/// the copies whatever the open (a review of large values).
+#[test]
+fn a_read_only_open_repairs_no_large_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default().pool_bytes(2 << 20).devices(2).mirrored();
+    let db = Db::open(dir.path(), opts.clone()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for v in 0..8u32 {
+        t.put(&v.to_be_bytes(), &large_value(v)).unwrap();
+    }
+    db.close().unwrap();
+    flip_bytes(&dir.path().join("dana.0"), LABEL_BYTES + 4096 + 999, 0x21);
+    flip_bytes(
+        &dir.path().join("dana.1.m1"),
+        LABEL_BYTES + 4096 + 999,
+        0x21,
+    );
+    let files = ["dana.0", "dana.0.m1", "dana.1", "dana.1.m1"];
+    let damaged: Vec<Vec<u8>> = files
+        .iter()
+        .map(|f| std::fs::read(dir.path().join(f)).unwrap())
+        .collect();
+    let db = Db::open(dir.path(), opts.read_only()).unwrap();
+    let t = db.tree("t").unwrap();
+    for v in 0..8u32 {
+        let got = t.get(&v.to_be_bytes()).unwrap();
+        assert!(got.as_deref() == Some(&large_value(v)[..]), "value {v}");
+    }
+    assert_eq!(db.pool_stats().blob_repairs, 0);
+    db.close().unwrap();
+    for (f, before) in files.iter().zip(&damaged) {
+        let now = std::fs::read(dir.path().join(f)).unwrap();
+        assert!(now == *before, "{f} was written by a read-only open");
+    }
+}

@@ -690,6 +690,12 @@ impl BufferPool {
             }
         }
         if let Some(c) = whole {
+            if self.read_only {
+                // The value is whole here; a read-only open writes
+                // nothing, repairs neither (the pages' repairs in the
+                // mirror queues refuse too).
+                return Ok(());
+            }
             self.stats.blob_repairs.fetch_add(1, Ordering::Relaxed);
             for other in (0..copies).filter(|&o| o != c) {
                 // A copy that cannot take the repair is failed by the
