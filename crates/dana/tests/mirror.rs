@@ -728,6 +728,23 @@ fn a_large_value_damaged_on_one_copy_is_repaired_by_rebuild() {
     db.close().unwrap();
 }
 
+/// Eight large values striped over two mirrored devices, then every page
+/// but each file's first damaged on device 0's copy 0 and device 1's copy
+/// 1 (the pages with a header read from the other copy). Returns the
+/// options.
+fn striped_values_damaged_on_different_copies(dir: &std::path::Path) -> Options {
+    let opts = Options::default().pool_bytes(2 << 20).devices(2).mirrored();
+    let db = Db::open(dir, opts.clone()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for v in 0..8u32 {
+        t.put(&v.to_be_bytes(), &large_value(v)).unwrap();
+    }
+    db.close().unwrap();
+    flip_bytes(&dir.join("dana.0"), LABEL_BYTES + 4096 + 999, 0x21);
+    flip_bytes(&dir.join("dana.1.m1"), LABEL_BYTES + 4096 + 999, 0x21);
+    opts
+}
+
 /// A large value striped over two mirrored devices, damaged on copy 0 of
 /// one device and copy 1 of the other, is whole on no copy but whole in a
 /// mix of one copy per device: a read returns it and repairs both copies,
@@ -737,21 +754,7 @@ fn a_large_value_damaged_on_one_copy_is_repaired_by_rebuild() {
 fn a_striped_large_value_damaged_on_different_copies_is_read_from_a_mix() {
     for read_first in [true, false] {
         let dir = tempfile::tempdir().unwrap();
-        let opts = Options::default().pool_bytes(2 << 20).devices(2).mirrored();
-        let db = Db::open(dir.path(), opts.clone()).unwrap();
-        let t = db.create_tree("t").unwrap();
-        for v in 0..8u32 {
-            t.put(&v.to_be_bytes(), &large_value(v)).unwrap();
-        }
-        db.close().unwrap();
-        // Every page but each file's first: device 0's copy 0, device 1's
-        // copy 1. The pages with a header read from the other copy.
-        flip_bytes(&dir.path().join("dana.0"), LABEL_BYTES + 4096 + 999, 0x21);
-        flip_bytes(
-            &dir.path().join("dana.1.m1"),
-            LABEL_BYTES + 4096 + 999,
-            0x21,
-        );
+        let opts = striped_values_damaged_on_different_copies(dir.path());
         let db = Db::open(dir.path(), opts.clone()).unwrap();
         let t = db.tree("t").unwrap();
         if read_first {
@@ -1008,19 +1011,7 @@ fn a_read_only_open_takes_a_damaged_copy_for_damage_not_a_missing_change() {
 #[test]
 fn a_read_only_open_repairs_no_large_value() {
     let dir = tempfile::tempdir().unwrap();
-    let opts = Options::default().pool_bytes(2 << 20).devices(2).mirrored();
-    let db = Db::open(dir.path(), opts.clone()).unwrap();
-    let t = db.create_tree("t").unwrap();
-    for v in 0..8u32 {
-        t.put(&v.to_be_bytes(), &large_value(v)).unwrap();
-    }
-    db.close().unwrap();
-    flip_bytes(&dir.path().join("dana.0"), LABEL_BYTES + 4096 + 999, 0x21);
-    flip_bytes(
-        &dir.path().join("dana.1.m1"),
-        LABEL_BYTES + 4096 + 999,
-        0x21,
-    );
+    let opts = striped_values_damaged_on_different_copies(dir.path());
     let files = ["dana.0", "dana.0.m1", "dana.1", "dana.1.m1"];
     let damaged: Vec<Vec<u8>> = files
         .iter()
