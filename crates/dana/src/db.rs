@@ -78,9 +78,25 @@ struct DbInner {
     /// Serializes `create_tree` and `drop_tree` (one intent slot each in
     /// the meta page). Taken by the calling thread, never on a worker.
     ddl: Mutex<()>,
+    /// Held by `Db::close` from its mark to its end: a second close (of a
+    /// clone) waits for the first, so that neither returns before the
+    /// database is flushed and its locks released (the second returned
+    /// `Ok` at once, with the first still flushing; a review's finding).
+    closing: Mutex<()>,
 }
 
 impl DbInner {
+    /// Tells the logs that no checkpoint will start any more (the workers
+    /// are about to stop): a task waiting for log room (a raw tree write,
+    /// a drop resumed by another handle) fails instead of waiting for
+    /// good, and the workers, which stop once their tasks ended, stop
+    /// (a review's finding: close hung on such a task).
+    fn stop_checkpoints(&self) {
+        if let Some(w) = &self.committer.wal {
+            w.stop_checkpoints(&Error::Closed);
+        }
+    }
+
     /// Waits for the growth threads of the data files and the log: none
     /// may write once the locks are released (a log growth writes zeros,
     /// which could land on the records of the next open).
@@ -96,6 +112,7 @@ impl Drop for DbInner {
     fn drop(&mut self) {
         // No checkpoint starts while the workers stop.
         self.stop.store(true, Ordering::Release);
+        self.stop_checkpoints();
         // Fields drop in order and the locks go last: the workers stop
         // (none can start a growth after) and the growth threads end
         // before that.
@@ -184,14 +201,6 @@ fn refuse_inside_task(what: &str) -> Result<()> {
     Ok(())
 }
 
-/// How long `Db::close` waits for the writes in progress when it marked
-/// the database closed. Each ends on its own (the workers run until they
-/// have); one still running after this (a hang elsewhere) is stopped with
-/// the workers and answers [`Error::Closed`], unless it ends between the
-/// last flush and their stop: then it is acknowledged and not in the
-/// flush, as every one was before close waited.
-const CLOSE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
-
 impl Db {
     /// Opens the database in directory `dir`, creating the directory and
     /// its files (`dana.0`, `dana.1`, ..., `dana.wal`, `dana.wal.1`, ...)
@@ -215,6 +224,11 @@ impl Db {
     /// ```
     pub fn open(dir: impl AsRef<Path>, opts: Options) -> Result<Db> {
         opts.validate()?;
+        // Recovery runs on the calling thread and the workers' start is
+        // waited for: inside a task it blocked its worker for the whole
+        // recovery, and wrote the files before a later refusal (a
+        // review's finding).
+        refuse_inside_task("Db::open")?;
         let mut undo = Undo::default();
         let opened = open::open_dir(dir.as_ref(), &opts, &mut undo)?;
         let db = Db::start(opened, opts)?;
@@ -242,6 +256,11 @@ impl Db {
     /// ```
     pub fn open_devices(paths: &[impl AsRef<Path>], opts: Options, create: bool) -> Result<Db> {
         opts.validate()?;
+        // Recovery runs on the calling thread and the workers' start is
+        // waited for: inside a task it blocked its worker for the whole
+        // recovery, and wrote the files before a later refusal (a
+        // review's finding).
+        refuse_inside_task("Db::open")?;
         let paths: Vec<PathBuf> = paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
         let mut undo = Undo::default();
         let opened = open::open_paths(&paths, &opts, create, &mut undo)?;
@@ -341,6 +360,11 @@ impl Db {
         create: bool,
     ) -> Result<Db> {
         opts.validate()?;
+        // Recovery runs on the calling thread and the workers' start is
+        // waited for: inside a task it blocked its worker for the whole
+        // recovery, and wrote the files before a later refusal (a
+        // review's finding).
+        refuse_inside_task("Db::open")?;
         open::arm_mirrors(&array);
         let meta = if create {
             None
@@ -407,6 +431,7 @@ impl Db {
                 collectors: s.collectors,
                 locks: s.locks,
                 ddl: Mutex::new(()),
+                closing: Mutex::new(()),
             }),
         })
     }
@@ -917,6 +942,10 @@ impl Db {
     pub fn drop_tree(&self, name: &str) -> Result<bool> {
         self.live(true)?;
         refuse_inside_task("Db::drop_tree")?;
+        // Close waits for the whole drop: once its catalogue commit is
+        // made, the frees must finish (and their admissions need the
+        // checkpoints close stops; a review's finding).
+        let _writing = self.inner.committer.begin_write()?;
         let _ddl = self.inner.ddl.lock().unwrap_or_else(|e| e.into_inner());
         let tree = match self.tree(name) {
             Ok(t) => t,
@@ -950,10 +979,16 @@ impl Db {
         // marked dropped ends before its pages are freed (`read_fence.rs`).
         self.inner.committer.readers.wait_readers()?;
         // No commit record from before this point may be re-applied to the
-        // tree's pages once they are freed (and maybe reused).
-        self.checkpoint()?;
+        // tree's pages once they are freed (and maybe reused). Neither
+        // step asks whether the database is open: a close that began
+        // after the drop's commit waits for them (the drop had answered
+        // `Closed` for a drop its commit had made).
+        self.flush_open_or_closing()?;
         let pool = self.inner.pool.clone();
-        self.block_on(async move { catalog::destroy(&pool, root).await })?
+        self.inner
+            .rt
+            .block_on(async move { catalog::destroy(&pool, root).await })
+            .map_err(|e| self.closed_or(e))?
     }
 
     /// Writes back every dirty page and syncs the devices (with a log: a
@@ -1016,8 +1051,9 @@ impl Db {
     pub fn close(self) -> Result<()> {
         // It would wait for the workers it runs on; nothing is closed.
         refuse_inside_task("Db::close")?;
+        let _closing = self.inner.closing.lock().unwrap_or_else(|e| e.into_inner());
         if !self.inner.committer.mark_closed() {
-            // Closed already (through a clone).
+            // Closed already (through a clone), and that close has ended.
             return Ok(());
         }
         // No write starts from here on. The background collections stop
@@ -1028,7 +1064,7 @@ impl Db {
         // lost; a review's finding). They end on their own: the workers
         // and the checkpoints still run.
         self.inner.collectors.finish();
-        self.inner.committer.wait_writes_ended(CLOSE_PATIENCE);
+        self.inner.committer.wait_writes_ended();
         let flushed = self.flush_open_or_closing();
         if flushed.is_err() && !self.inner.committer.read_only {
             // A stopped pool cannot checkpoint, but the log's records are
@@ -1044,6 +1080,7 @@ impl Db {
             }
         }
         self.inner.stop.store(true, Ordering::Release);
+        self.inner.stop_checkpoints();
         self.inner.rt.stop();
         self.inner.finish_growth();
         self.inner.rebuilds.finish();
@@ -1771,7 +1808,16 @@ impl Tree {
         match fut.as_mut().poll(&mut cx) {
             Poll::Ready(Err(Error::WouldBlock)) => self.db.block_on(op(self.btree.clone()))?,
             Poll::Ready(r) => r,
-            Poll::Pending => self.db.block_on(fut)?,
+            // Started: it finishes, whether or not a close began since (a
+            // write holds close back until it ends; asking again answered
+            // `Closed` for a plain write made inline, which close's flush
+            // then wrote: a review's finding).
+            Poll::Pending => self
+                .db
+                .inner
+                .rt
+                .block_on(fut)
+                .map_err(|e| self.db.closed_or(e))?,
         }
     }
 

@@ -833,6 +833,24 @@ fn odd_calls_get_clear_answers() {
         "{inside:?}"
     );
     t.put(b"still", b"open").unwrap();
+    // So is an open: it blocked the worker for the whole recovery, and
+    // recovery wrote the files before the refusal.
+    let elsewhere = dir.path().join("opened-in-a-task");
+    {
+        let other = Db::open(&elsewhere, opts()).unwrap();
+        other.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+        // No close: the commits are only in the log.
+    }
+    let before = snapshot(&elsewhere);
+    let e2 = elsewhere.clone();
+    let opened = db
+        .block_on(async move { Db::open(&e2, opts()).map(|_| ()) })
+        .unwrap();
+    assert!(
+        matches!(opened, Err(Error::InvalidArgument(_))),
+        "{opened:?}"
+    );
+    assert_eq!(snapshot(&elsewhere), before, "an open inside a task wrote");
     // So is `get_many` (it blocked the worker its reads were queued on,
     // for good).
     let t2 = t.clone();

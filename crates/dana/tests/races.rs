@@ -318,3 +318,42 @@ fn writes_acknowledged_while_the_database_closes_survive_the_reopen() {
         }
     }
 }
+
+/// Two clones closed at once: each close returns only once the database
+/// is flushed and its locks released, so it can be opened again at once.
+/// The close that lost the race to mark the database closed returned `Ok`
+/// at once, with the other still flushing (a review's finding).
+#[test]
+fn a_close_racing_another_close_returns_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default()
+        .pool_bytes(8 << 20)
+        .capacity_bytes(64 << 20)
+        .durability(dana::Durability::Async);
+    for round in 0..20u64 {
+        let db = Db::open(dir.path(), opts.clone()).unwrap();
+        let t = db.tree_or_create("t").unwrap();
+        for i in 0..2_000u64 {
+            t.put(&key(round * 10_000 + i), &[1; 100]).unwrap();
+        }
+        let other = db.clone();
+        let start = Arc::new(std::sync::Barrier::new(2));
+        let start2 = start.clone();
+        let closer = std::thread::spawn(move || {
+            start2.wait();
+            other.close()
+        });
+        start.wait();
+        db.close().unwrap();
+        // Whichever close this was, the database is closed now.
+        match Db::open(dir.path(), opts.clone()) {
+            Ok(db) => {
+                let t = db.tree("t").unwrap();
+                assert!(t.get(&key(round * 10_000 + 1_999)).unwrap().is_some());
+                closer.join().unwrap().unwrap();
+                db.close().unwrap();
+            }
+            Err(e) => panic!("round {round}: reopen after close: {e}"),
+        }
+    }
+}
