@@ -357,3 +357,49 @@ fn a_close_racing_another_close_returns_after_it() {
         }
     }
 }
+
+/// A raw tree writer (`Tree::unlogged_btree`, no commits) still writing
+/// while another thread closes: close stops the checkpoints before the
+/// workers, and the writer's next wait for log room waited for one for
+/// good, so the workers never stopped and close never returned (a review
+/// of this session's close change). The logs are told now: the writer's
+/// admission fails and close returns.
+#[test]
+fn close_returns_while_a_raw_tree_writer_waits_for_log_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default()
+        .pool_bytes(8 << 20)
+        .capacity_bytes(64 << 20)
+        .log_bytes(1 << 20)
+        .workers(1);
+    let db = Db::open(dir.path(), opts).unwrap();
+    let t = db.create_tree("t").unwrap();
+    let bt = t.unlogged_btree().clone();
+    let (wrote, writes) = std::sync::mpsc::channel();
+    db.spawn(async move {
+        let mut i = 0u64;
+        // Bounded: the log fills long before, once checkpoints stop.
+        while i < 50_000_000 {
+            if bt.put(&key(i % 200_000), &[7; 200]).await.is_err() {
+                break;
+            }
+            i += 1;
+            if i % 32 == 0 {
+                dana::sched::yield_now().await;
+            }
+        }
+        let _ = wrote.send(i);
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let (closed, close_done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = closed.send(db.close());
+    });
+    let r = close_done
+        .recv_timeout(Duration::from_secs(60))
+        .expect("close hung behind a raw writer waiting for log room");
+    assert!(r.is_ok(), "{r:?}");
+    let n = writes.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert!(n > 0);
+}
