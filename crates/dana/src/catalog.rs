@@ -33,7 +33,7 @@ use crate::btree::node::{self, Node};
 use crate::btree::BTree;
 use crate::buffer::alloc::SpaceGuard;
 use crate::buffer::alloc::META_PAGE;
-use crate::buffer::blob::{BlobRef, Extent};
+use crate::buffer::blob::BlobRef;
 use crate::buffer::page::PageType;
 use crate::buffer::{BufferPool, PageMut};
 use crate::txn::{Committer, Expect};
@@ -99,11 +99,9 @@ async fn clear_intent(pool: &BufferPool, slot: usize, free: Option<u64>) -> Resu
         None => pool.log_with_space(&mut [], &mut m),
         Some(pid) => {
             let mut p = pool.fix_exclusive(pid).await?;
-            let freed = free_references(pool, &mut m, &p).await?;
+            no_values_left(pool, &p, pid)?;
             pool.free_in(&mut m, &mut p).await?;
-            pool.log_with_space(&mut [&mut p], &mut m)?;
-            pool.retire(freed);
-            Ok(())
+            pool.log_with_space(&mut [&mut p], &mut m)
         }
     }
 }
@@ -147,6 +145,19 @@ async fn free_leaf_values(pool: &BufferPool, pid: u64) -> Result<()> {
     })
 }
 
+/// [`Error::Corrupt`] if leaf `pid`, about to be freed, still names a
+/// large value ([`free_leaf_values`] freed them all: its extents would
+/// stay allocated for good).
+fn no_values_left(pool: &BufferPool, page: &[u8], pid: u64) -> Result<()> {
+    match leaf_value(pool, page, pid)? {
+        None => Ok(()),
+        Some(_) => Err(Error::Corrupt {
+            page: pid,
+            what: "a leaf being freed still names a large value".into(),
+        }),
+    }
+}
+
 /// The first large value's entry and reference in `page` (leaf `pid`),
 /// None if it holds none or is not a leaf.
 fn leaf_value(pool: &BufferPool, page: &[u8], pid: u64) -> Result<Option<(usize, BlobRef)>> {
@@ -161,34 +172,6 @@ fn leaf_value(pool: &BufferPool, page: &[u8], pid: u64) -> Result<Option<(usize,
         ))),
         None => Ok(None),
     }
-}
-
-/// Under the space guard of the change that frees leaf `page`: frees the
-/// extents of the large values it holds (logged in the same group, so a
-/// resumed drop never frees them twice). Returns them, to retire once
-/// the group is logged.
-async fn free_references<'a>(
-    pool: &'a BufferPool,
-    m: &mut SpaceGuard<'a>,
-    page: &PageMut<'_>,
-) -> Result<Vec<Extent>> {
-    let pid = page.pid();
-    let n = Node::new(page).map_err(|c| c.into_error(pid))?;
-    let mut freed = Vec::new();
-    let mut values = 0i64;
-    if n.is_leaf() {
-        for i in 0..n.len() {
-            if n.is_ref_at(i) {
-                let r = BlobRef::read(n.payload_at(i), pool.page_size(), pid)?;
-                freed.extend(r.extents);
-                values += 1;
-            }
-        }
-    }
-    if values > 0 {
-        pool.blob_space_in(m, &[], &freed, -values).await?;
-    }
-    Ok(freed)
 }
 
 /// Allocates and initialises a root leaf named in [`CREATING_SLOT`], all
@@ -293,23 +276,21 @@ pub(crate) async fn destroy(pool: &Arc<BufferPool>, root: u64) -> Result<()> {
 /// Frees `child`, the child at `slot` of inner node `pid`, in one group
 /// with the zeroing of the pointer to it.
 async fn free_child(pool: &BufferPool, pid: u64, slot: ChildSlot, child: u64) -> Result<()> {
+    free_leaf_values(pool, child).await?;
     // Room in the log for the group (the parent, the child, the map and
     // meta pages), taken before any latch: a large tree's drop must not
     // outrun the checkpoints (without it, a drop many times the log
     // filled it past what a checkpoint could free, and the log and the
     // close's checkpoint waited for each other: `tests/wal.rs`, about 1 run
     // in 20 under load).
-    free_leaf_values(pool, child).await?;
     let _room = pool.admit_log(4).await?;
     let mut m = pool.lock_space().await?;
     let mut par = pool.fix_exclusive(pid).await?;
     let mut c = pool.fix_exclusive(child).await?;
     clear_child(&mut par, pid, slot)?;
-    let freed = free_references(pool, &mut m, &c).await?;
+    no_values_left(pool, &c, child)?;
     pool.free_in(&mut m, &mut c).await?;
-    pool.log_with_space(&mut [&mut par, &mut c], &mut m)?;
-    pool.retire(freed);
-    Ok(())
+    pool.log_with_space(&mut [&mut par, &mut c], &mut m)
 }
 
 /// Frees every child of inner node `pid` (all leaves), each in one group

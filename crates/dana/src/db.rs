@@ -126,24 +126,20 @@ impl Drop for DbInner {
             // could not wait for them, and the locks released now let
             // another open start on files they still wrote (a review's
             // finding). A thread of its own waits for them, then
-            // releases the locks.
-            let (threads, locks) = (self.rt.take_threads(), self.locks.take());
-            let held = Arc::new(Mutex::new(Some(locks)));
-            let for_thread = held.clone();
-            let spawned = std::thread::Builder::new()
+            // releases the locks. If no thread can start, the closure is
+            // dropped unrun and the locks with it undropped: they stay
+            // held until the process ends, rather than released under
+            // running workers.
+            let threads = self.rt.take_threads();
+            let locks = std::mem::ManuallyDrop::new(self.locks.take());
+            let _ = std::thread::Builder::new()
                 .name("dana-release".into())
                 .spawn(move || {
                     for t in threads {
                         let _ = t.join();
                     }
-                    drop(for_thread.lock().unwrap_or_else(|e| e.into_inner()).take());
+                    drop(std::mem::ManuallyDrop::into_inner(locks));
                 });
-            if spawned.is_err() {
-                // No thread to wait: the locks stay held until the process
-                // ends, rather than released under running workers.
-                let locks = held.lock().unwrap_or_else(|e| e.into_inner()).take();
-                std::mem::forget(locks);
-            }
         }
     }
 }

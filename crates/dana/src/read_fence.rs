@@ -16,10 +16,15 @@
 //! cache line, so entering costs two uncontended atomic increments and
 //! two loads of an epoch that moves only at a drop.
 //!
-//! Never: blocks a read; waits on a worker (drops run from a thread of
-//! their own); waits without bound (a read stuck longer than
-//! [`WAIT_LIMIT`] fails the wait, and the drop's pages stay until the
-//! next open completes it).
+//! The same fence stands between writes and `Db::close`
+//! (`Committer::writers`): a write enters before it checks that the
+//! database is open, and close marks it closed, then waits for every
+//! write that entered before ([`ReadFence::wait_all_entered`]).
+//!
+//! Never: blocks a read; waits on a worker (drops and closes run from a
+//! thread of their own); waits for reads without bound (a read stuck
+//! longer than [`WAIT_LIMIT`] fails the wait, and the drop's pages stay
+//! until the next open completes it).
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -106,6 +111,27 @@ impl ReadFence {
     /// never on a worker. A read still in flight after [`WAIT_LIMIT`] is
     /// an error naming the wait.
     pub(crate) fn wait_readers(&self) -> Result<()> {
+        if self.wait_entered(Some(WAIT_LIMIT)) {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument(format!(
+            "a read of the dropped tree was still in flight after {} s: its pages \
+             stay allocated until the next open completes the drop",
+            WAIT_LIMIT.as_secs()
+        )))
+    }
+
+    /// Moves the epoch on and waits until everything that entered before
+    /// has left, for as long as it takes (close's wait for the writes in
+    /// progress, each of which ends on its own). One caller at a time;
+    /// never on a worker.
+    pub(crate) fn wait_all_entered(&self) {
+        self.wait_entered(None);
+    }
+
+    /// Moves the epoch on and waits until the old epoch's counts are all
+    /// zero, at most `limit`; false if they were not.
+    fn wait_entered(&self, limit: Option<Duration>) -> bool {
         let old = self.epoch.fetch_add(1, Ordering::SeqCst);
         let parity = (old % 2) as usize;
         let started = Instant::now();
@@ -114,16 +140,12 @@ impl ReadFence {
             .iter()
             .any(|s| s.0[parity].load(Ordering::SeqCst) != 0)
         {
-            if started.elapsed() > WAIT_LIMIT {
-                return Err(Error::InvalidArgument(format!(
-                    "a read of the dropped tree was still in flight after {} s: its pages \
-                     stay allocated until the next open completes the drop",
-                    WAIT_LIMIT.as_secs()
-                )));
+            if limit.is_some_and(|l| started.elapsed() > l) {
+                return false;
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        Ok(())
+        true
     }
 }
 

@@ -12,7 +12,7 @@
 //! missing.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -265,7 +265,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         durability,
         read_only,
         closed: AtomicBool::new(false),
-        writing: AtomicUsize::new(0),
+        writers: crate::read_fence::ReadFence::new(opts.workers),
         dropped: Mutex::new(HashSet::new()),
         any_dropped: AtomicBool::new(false),
         readers: Arc::new(crate::read_fence::ReadFence::new(opts.workers)),

@@ -44,7 +44,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::btree::tree::MAX_VALUE_LEN;
@@ -167,9 +167,11 @@ pub(crate) struct Committer {
     pub(crate) read_only: bool,
     /// The database was closed: every handle fails.
     pub(crate) closed: AtomicBool,
-    /// Writes (commits and plain writes) between their check of `closed`
-    /// and their end: `Db::close` waits for them before its last flush.
-    pub(crate) writing: AtomicUsize,
+    /// Writes (commits, plain writes, a whole tree drop) in progress,
+    /// entered before their check of `closed`: `Db::close` waits for them
+    /// before its last flush. Per-worker counts (`read_fence.rs`): a
+    /// single shared counter was one contended cache line per write.
+    pub(crate) writers: ReadFence,
     /// Roots of the trees dropped since open: reads and commits through a
     /// stale handle fail with [`Error::NoSuchTree`], and none is handed
     /// out as a new tree's root.
@@ -186,16 +188,6 @@ pub(crate) struct Committer {
     /// The identity of the runtime serving this database
     /// ([`crate::sched::Runtime::id`]).
     pub(crate) runtime: usize,
-}
-
-/// A write in progress, counted until dropped
-/// ([`Committer::begin_write`]).
-pub(crate) struct WriteInProgress<'a>(&'a AtomicUsize);
-
-impl Drop for WriteInProgress<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 /// What applying one write found.
@@ -244,12 +236,11 @@ impl Committer {
     }
 
     /// Enters a write: [`Error::Closed`] once closed, else a guard that
-    /// `Db::close` waits for. The count goes up before the check and
-    /// close marks before it reads the count (both `SeqCst`): a write
-    /// that finds the database open is always waited for.
-    pub(crate) fn begin_write(&self) -> Result<WriteInProgress<'_>> {
-        self.writing.fetch_add(1, Ordering::SeqCst);
-        let writing = WriteInProgress(&self.writing);
+    /// `Db::close` waits for. The write enters the fence before the check
+    /// and close marks before it moves the fence's epoch (all `SeqCst`): a
+    /// write that finds the database open is always waited for.
+    pub(crate) fn begin_write(&self) -> Result<FenceGuard<&ReadFence>> {
+        let writing = FenceGuard::enter(&self.writers);
         if self.closed.load(Ordering::SeqCst) {
             return Err(Error::Closed);
         }
@@ -270,9 +261,7 @@ impl Committer {
     /// let a slow but legitimate write, acknowledged after the last
     /// flush, be lost (a review's finding).
     pub(crate) fn wait_writes_ended(&self) {
-        while self.writing.load(Ordering::SeqCst) > 0 {
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        }
+        self.writers.wait_all_entered();
     }
 
     /// [`Error::NoSuchTree`] if the tree at `root` was dropped.

@@ -422,9 +422,7 @@ impl Runtime {
             let _ = t.join();
         }
     }
-}
 
-impl Runtime {
     /// Takes the worker threads' handles, for a caller on a worker that
     /// must have another thread wait for them after [`Runtime::stop`]
     /// (which cannot wait there: its own worker is among them). Later
