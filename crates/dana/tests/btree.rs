@@ -644,3 +644,69 @@ fn read_ahead_stays_in_range_and_a_hint_changes_no_result() {
     }
     db.close().unwrap();
 }
+
+/// Many tasks writing and reading in a pool of [`dana::MIN_POOL_FRAMES`]
+/// frames: their paths need more frames than the pool has, so the
+/// optimistic descents keep being undone by the others' evictions and some
+/// descend holding their path (`held_descents`). Every write lands, every
+/// read answers right, and deletes merge leaves on the way.
+///
+/// What this checks is the held descents' answers and that they ran; the
+/// gain (the tasks finishing at all in a reasonable time) is a figure in
+/// TESTING.md, not a timed assertion.
+#[test]
+fn many_tasks_in_the_smallest_pool_descend_holding_their_path() {
+    const TASKS: usize = 48;
+    const KEYS: usize = 60;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = tiny(dana::MIN_POOL_FRAMES)
+        .capacity_bytes(64 << 20)
+        .log_bytes(8 << 20);
+    let db = Db::open(dir.path(), opts).unwrap();
+    let t = db.create_tree("t").unwrap();
+    let key = |task: usize, k: usize| format!("{:04}-{:03}", k * 7919 % KEYS, task).into_bytes();
+    let value = |task: usize, k: usize| vec![(task * 31 + k) as u8; 900];
+    let (send, recv) = std::sync::mpsc::channel();
+    for task in 0..TASKS {
+        let (t, send) = (t.clone(), send.clone());
+        db.spawn(async move {
+            let mut r = Ok(());
+            for k in 0..KEYS {
+                r = t.put_async(&key(task, k), &value(task, k)).await.map(drop);
+                if r.is_ok() && k % 3 == 0 {
+                    // Every third key is read back at once, then deleted.
+                    r = match t.get_async(&key(task, k)).await {
+                        Ok(Some(v)) if v == value(task, k) => Ok(()),
+                        Ok(v) => panic!("task {task} key {k}: read {:?} bytes", v.map(|v| v.len())),
+                        Err(e) => Err(e),
+                    };
+                    if r.is_ok() {
+                        r = t.delete_async(&key(task, k)).await.map(drop);
+                    }
+                }
+                if r.is_err() {
+                    break;
+                }
+            }
+            send.send(r).unwrap();
+        })
+        .unwrap();
+    }
+    for _ in 0..TASKS {
+        recv.recv_timeout(std::time::Duration::from_secs(300))
+            .expect("the tasks finish")
+            .unwrap();
+    }
+    let held = db.pool_stats().held_descents;
+    assert!(
+        held > 0,
+        "no descent held its path: the test no longer reaches it"
+    );
+    for task in 0..TASKS {
+        for k in 0..KEYS {
+            let want = (k % 3 != 0).then(|| value(task, k));
+            assert!(t.get(&key(task, k)).unwrap() == want, "task {task} key {k}");
+        }
+    }
+    db.close().unwrap();
+}

@@ -29,7 +29,9 @@ use std::sync::Arc;
 use super::node::{self, Node, NodeMut};
 use crate::buffer::blob::BlobRef;
 use crate::buffer::records::{Lookup, Ticket};
-use crate::buffer::{page, BufferPool, PageMut, PageOptimistic, PageRef, PageStamp, PageType};
+use crate::buffer::{
+    page, BufferPool, PageMut, PageOptimistic, PageRef, PageStamp, PageType, StructureGuard,
+};
 use crate::sched;
 use crate::{Error, Result};
 
@@ -50,6 +52,10 @@ fn too_deep(pid: u64) -> Error {
 const STABLE_MISSES: u32 = 3;
 /// Latch or validation retries of one operation between two yields.
 const SPINS_PER_YIELD: u32 = 8;
+/// Optimistic descents of one operation undone (a node changed or left
+/// the pool under it) before it descends holding its path
+/// ([`Tree::find_leaf`]'s held descent).
+const HOLD_AFTER: u32 = 16;
 /// Most leaves a cursor reads ahead. It starts with one and doubles with
 /// every leaf it moves to (like the OS's file read-ahead), so a short scan
 /// does not read leaves it will never visit.
@@ -106,8 +112,49 @@ fn corrupt(pid: u64) -> impl FnOnce(node::Corrupt) -> Error {
 /// value's bytes that fail the page checksum): the node no longer
 /// validates, so the caller looks again. With the node still valid (or
 /// none: the root) the error is real.
-fn freed_since(e: &Error, named_by: Option<&PageOptimistic<'_>>) -> bool {
-    matches!(e, Error::Corrupt { .. }) && named_by.is_some_and(|n| !n.validate())
+fn freed_since(e: &Error, named_by: Option<&impl Watched>) -> bool {
+    matches!(e, Error::Corrupt { .. }) && named_by.is_some_and(|n| !n.still_valid())
+}
+
+/// A node whose child id a descent followed, watched for changes.
+trait Watched {
+    /// True if the node is unchanged since its child's id was read.
+    fn still_valid(&self) -> bool;
+}
+
+impl Watched for PageOptimistic<'_> {
+    fn still_valid(&self) -> bool {
+        self.validate()
+    }
+}
+
+/// What one optimistic look for a node's parent found.
+enum Look {
+    /// The parent, or None: the node is no longer on the key's path.
+    Found(Option<u64>),
+    /// A node changed under the look: look again.
+    Undone,
+}
+
+/// The parent a descent found a leaf through: watched optimistically, or
+/// latched shared by a held descent (with the pool's structure guard,
+/// which allows its holder to wait for frames while it holds latches):
+/// then it cannot change, nor leave the pool, until dropped.
+enum Parent<'a> {
+    Watched(PageOptimistic<'a>),
+    Held {
+        _latch: PageRef<'a>,
+        _guard: StructureGuard<'a>,
+    },
+}
+
+impl Watched for Parent<'_> {
+    fn still_valid(&self) -> bool {
+        match self {
+            Parent::Watched(p) => p.validate(),
+            Parent::Held { .. } => true,
+        }
+    }
 }
 
 fn look(bytes: &[u8], key: &[u8]) -> Step {
@@ -291,7 +338,11 @@ impl BTree {
         &self,
         key: &[u8],
         mut ahead: Option<&mut Siblings<'_>>,
-    ) -> Result<(u64, Option<PageOptimistic<'_>>)> {
+        hold: bool,
+    ) -> Result<(u64, Option<Parent<'_>>)> {
+        if hold {
+            return self.find_leaf_held(key, ahead).await;
+        }
         let mut restarts = 0u64;
         // Descents that found a node not covering the key while it and
         // its parent were both unchanged: only damage explains that, so a
@@ -310,6 +361,9 @@ impl BTree {
             if restarts > 1 {
                 sched::yield_now().await;
             }
+            if restarts > HOLD_AFTER as u64 {
+                return self.find_leaf_held(key, ahead).await;
+            }
             let mut parent: Option<PageOptimistic<'_>> = None;
             let mut pid = self.root;
             let mut cur = self.pool.fix_optimistic(pid).await?;
@@ -325,7 +379,7 @@ impl BTree {
                                 continue 'restart;
                             }
                         }
-                        return Ok((pid, parent));
+                        return Ok((pid, parent.map(Parent::Watched)));
                     }
                     Step::Child(child) => {
                         if let Some(ahead) = ahead.as_deref_mut() {
@@ -372,6 +426,71 @@ impl BTree {
         }
     }
 
+    /// [`Tree::find_leaf`] holding its path: each node latched shared
+    /// until its child is latched, the leaf's parent still latched on
+    /// return, under the pool's structure guard (the reads may wait for
+    /// frames while a latch is held: only the guard's holder may).
+    ///
+    /// For a descent that optimistic ones cannot finish: in a pool with
+    /// fewer frames than the tasks' paths need, the pages a descent read
+    /// were evicted by the others' misses before it reached the leaf,
+    /// and its parent's check failed again and again (256 tasks putting
+    /// 1,000-byte values into a pool of [`crate::MIN_POOL_FRAMES`]
+    /// frames made ~47 page reads per put, ~500 puts a second; with
+    /// held descents ~16 and ~900). A held path cannot be evicted under
+    /// it, so each held descent ends; one at a time, so the held pages
+    /// stay few.
+    async fn find_leaf_held(
+        &self,
+        key: &[u8],
+        mut ahead: Option<&mut Siblings<'_>>,
+    ) -> Result<(u64, Option<Parent<'_>>)> {
+        let guard = self.pool.structure_change().await;
+        self.pool.note_held_descent();
+        let mut pid = self.root;
+        let mut cur = self.pool.fix_shared(pid).await?;
+        let mut parent: Option<PageRef<'_>> = None;
+        let mut levels = 0u32;
+        loop {
+            match look(&cur, key) {
+                Step::Leaf => {
+                    drop(cur);
+                    return Ok((
+                        pid,
+                        parent.map(|p| Parent::Held {
+                            _latch: p,
+                            _guard: guard,
+                        }),
+                    ));
+                }
+                Step::Child(child) => {
+                    if let Some(ahead) = ahead.as_deref_mut() {
+                        ahead.pids.clear();
+                        ahead.collect(&cur, key);
+                    }
+                    levels += 1;
+                    if levels > MAX_HEIGHT {
+                        return Err(too_deep(pid));
+                    }
+                    let next = self.pool.fix_shared(child).await?;
+                    // The grandparent goes; the parent stays latched.
+                    parent = Some(cur);
+                    cur = next;
+                    pid = child;
+                }
+                // Nothing changes under the latches: only damage explains
+                // a node that does not cover the key.
+                Step::NotCovered => {
+                    return Err(Error::Corrupt {
+                        page: pid,
+                        what: "the node on the path does not cover the key".into(),
+                    })
+                }
+                Step::Corrupt(what) => return Err(Error::Corrupt { page: pid, what }),
+            }
+        }
+    }
+
     /// The leaf covering `key`, latched shared.
     async fn leaf_shared(
         &self,
@@ -381,13 +500,14 @@ impl BTree {
         let mut tries = 0u32;
         loop {
             tries = tries.wrapping_add(1);
-            let (pid, parent) = self.find_leaf(key, ahead.as_deref_mut()).await?;
+            let hold = tries > HOLD_AFTER;
+            let (pid, parent) = self.find_leaf(key, ahead.as_deref_mut(), hold).await?;
             let g = match self.pool.fix_shared(pid).await {
                 Ok(g) => g,
                 Err(e) if freed_since(&e, parent.as_ref()) => continue,
                 Err(e) => return Err(e),
             };
-            if parent.as_ref().is_none_or(|p| p.validate()) {
+            if parent.as_ref().is_none_or(|p| p.still_valid()) {
                 let n = Node::new(&g).map_err(corrupt(pid))?;
                 if n.is_leaf() && n.covers(key) {
                     return Ok(g);
@@ -405,7 +525,8 @@ impl BTree {
         let mut tries = 0u32;
         loop {
             tries = tries.wrapping_add(1);
-            let (pid, parent) = self.find_leaf(key, None).await?;
+            let hold = tries > HOLD_AFTER;
+            let (pid, parent) = self.find_leaf(key, None, hold).await?;
             // A commit's apply: the change is covered, no page copy needed.
             let fixed = if self.cover != 0 {
                 self.pool.fix_exclusive_covered(pid).await
@@ -417,7 +538,7 @@ impl BTree {
                 Err(e) if freed_since(&e, parent.as_ref()) => continue,
                 Err(e) => return Err(e),
             };
-            if parent.as_ref().is_none_or(|p| p.validate()) {
+            if parent.as_ref().is_none_or(|p| p.still_valid()) {
                 let n = Node::new(&g).map_err(corrupt(pid))?;
                 if n.is_leaf() && n.covers(key) {
                     // Every write of `key` latches its leaf here: the
@@ -784,43 +905,93 @@ impl BTree {
 
     /// The parent of `target` on the path to `key`, or None if `target` is
     /// the root or no longer on that path.
+    ///
+    /// After [`HOLD_AFTER`] undone looks it descends holding its path, as
+    /// [`Tree::find_leaf_held`] does.
     async fn find_parent(&self, target: u64, key: &[u8]) -> Result<Option<u64>> {
+        self.find_parent_guarded(target, key, None).await
+    }
+
+    /// [`Tree::find_parent`] by a caller that may hold the structure guard
+    /// already.
+    async fn find_parent_guarded(
+        &self,
+        target: u64,
+        key: &[u8],
+        held: Option<&StructureGuard<'_>>,
+    ) -> Result<Option<u64>> {
         if target == self.root {
             return Ok(None);
         }
-        'restart: for _ in 0..MAX_RESTARTS {
-            let mut pid = self.root;
-            let mut cur = self.pool.fix_optimistic(pid).await?;
-            let mut levels = 0u32;
-            loop {
-                let Some(step) = cur.with_bytes(|b| look(b, key)) else {
-                    sched::yield_now().await;
-                    continue 'restart;
-                };
-                match step {
-                    Step::Child(c) if c == target => return Ok(Some(pid)),
-                    Step::Child(c) => {
-                        let next = match self.pool.fix_optimistic(c).await {
-                            Ok(n) => n,
-                            Err(e) if freed_since(&e, Some(&cur)) => continue 'restart,
-                            Err(e) => return Err(e),
-                        };
-                        if !cur.validate() {
-                            continue 'restart;
-                        }
-                        levels += 1;
-                        if levels > MAX_HEIGHT {
-                            return Err(too_deep(pid));
-                        }
-                        cur = next;
-                        pid = c;
+        for restarts in 0..MAX_RESTARTS {
+            if restarts > HOLD_AFTER as usize {
+                return match held {
+                    Some(_) => self.find_parent_held(target, key).await,
+                    None => {
+                        let _guard = self.pool.structure_change().await;
+                        self.find_parent_held(target, key).await
                     }
-                    Step::Leaf | Step::NotCovered => return Ok(None),
-                    Step::Corrupt(what) => return Err(Error::Corrupt { page: pid, what }),
-                }
+                };
+            }
+            match self.find_parent_once(target, key).await? {
+                Look::Found(parent) => return Ok(parent),
+                Look::Undone => sched::yield_now().await,
             }
         }
         Ok(None)
+    }
+
+    /// One optimistic look for [`Tree::find_parent`].
+    async fn find_parent_once(&self, target: u64, key: &[u8]) -> Result<Look> {
+        let mut pid = self.root;
+        let mut cur = self.pool.fix_optimistic(pid).await?;
+        let mut levels = 0u32;
+        loop {
+            let Some(step) = cur.with_bytes(|b| look(b, key)) else {
+                return Ok(Look::Undone);
+            };
+            match step {
+                Step::Child(c) if c == target => return Ok(Look::Found(Some(pid))),
+                Step::Child(c) => {
+                    let next = match self.pool.fix_optimistic(c).await {
+                        Ok(n) => n,
+                        Err(e) if freed_since(&e, Some(&cur)) => return Ok(Look::Undone),
+                        Err(e) => return Err(e),
+                    };
+                    if !cur.validate() {
+                        return Ok(Look::Undone);
+                    }
+                    levels += 1;
+                    if levels > MAX_HEIGHT {
+                        return Err(too_deep(pid));
+                    }
+                    cur = next;
+                    pid = c;
+                }
+                Step::Leaf | Step::NotCovered => return Ok(Look::Found(None)),
+                Step::Corrupt(what) => return Err(Error::Corrupt { page: pid, what }),
+            }
+        }
+    }
+
+    /// [`Tree::find_parent`] holding its path (each node latched shared
+    /// until its child is); its caller holds the pool's structure guard.
+    async fn find_parent_held(&self, target: u64, key: &[u8]) -> Result<Option<u64>> {
+        self.pool.note_held_descent();
+        let mut pid = self.root;
+        let mut cur = self.pool.fix_shared(pid).await?;
+        for _ in 0..=MAX_HEIGHT {
+            match look(&cur, key) {
+                Step::Child(c) if c == target => return Ok(Some(pid)),
+                Step::Child(c) => {
+                    cur = self.pool.fix_shared(c).await?;
+                    pid = c;
+                }
+                Step::Leaf | Step::NotCovered => return Ok(None),
+                Step::Corrupt(what) => return Err(Error::Corrupt { page: pid, what }),
+            }
+        }
+        Err(too_deep(pid))
     }
 
     /// Splits node `pid` (which covers `key`), splitting ancestors first
@@ -848,6 +1019,7 @@ impl BTree {
         parent_pid: u64,
         pid: u64,
         key: &[u8],
+        guard: &StructureGuard<'_>,
     ) -> Result<Option<PageMut<'_>>> {
         let damage = match self.pool.fix_exclusive(parent_pid).await {
             Ok(g) => {
@@ -862,7 +1034,7 @@ impl BTree {
             Err(e @ Error::Corrupt { .. }) => e,
             Err(e) => return Err(e),
         };
-        if self.find_parent(pid, key).await? == Some(parent_pid) {
+        if self.find_parent_guarded(pid, key, Some(guard)).await? == Some(parent_pid) {
             return Err(damage);
         }
         Ok(None)
@@ -870,13 +1042,16 @@ impl BTree {
 
     async fn try_split(&self, pid: u64, key: &[u8]) -> Result<SplitOutcome> {
         if pid == self.root {
+            let _guard = self.pool.structure_change().await;
             return self.split_root().await.map(|_| SplitOutcome::Done);
         }
         let Some(parent_pid) = self.find_parent(pid, key).await? else {
             return Ok(SplitOutcome::Retry);
         };
         let ps = self.pool.page_size();
-        let Some(mut parent) = self.latch_parent(parent_pid, pid, key).await? else {
+        // Before the first latch: the reads below may wait for frames.
+        let guard = self.pool.structure_change().await;
+        let Some(mut parent) = self.latch_parent(parent_pid, pid, key, &guard).await? else {
             return Ok(SplitOutcome::Retry);
         };
         // Under the parent's latch the child cannot be freed.
@@ -986,7 +1161,9 @@ impl BTree {
         let Some(parent_pid) = self.find_parent(pid, key).await? else {
             return Ok(());
         };
-        let Some(mut parent) = self.latch_parent(parent_pid, pid, key).await? else {
+        // Before the first latch (as a split's).
+        let guard = self.pool.structure_change().await;
+        let Some(mut parent) = self.latch_parent(parent_pid, pid, key, &guard).await? else {
             return Ok(());
         };
         let (i, right_pid) = {

@@ -158,6 +158,7 @@ pub struct PoolStats {
     read_errors: AtomicU64,
     write_errors: AtomicU64,
     frame_waits: AtomicU64,
+    held_descents: AtomicU64,
     prefetches: AtomicU64,
     /// Large-value I/Os and their bytes (never through frames).
     blob_reads: AtomicU64,
@@ -207,6 +208,9 @@ pub struct PoolStatsSnapshot {
     pub frame_waits: u64,
     /// How long those waits took.
     pub frame_wait: HistogramSnapshot,
+    /// Tree descents that held their path under the structure guard
+    /// (optimistic ones kept being undone: [`BufferPool::structure_change`]).
+    pub held_descents: u64,
     /// Reads started ahead of need by scans.
     pub prefetches: u64,
     /// Free frames now.
@@ -269,6 +273,10 @@ pub struct BufferPool {
     free: Mutex<Vec<u32>>,
     free_count: AtomicUsize,
     frame_waiters: WakerList,
+    /// 1 while a task holds the [`StructureGuard`], else 0.
+    structure: AtomicU64,
+    /// Tasks waiting for the [`StructureGuard`].
+    structure_waiters: WakerList,
     clock: AtomicUsize,
     /// WATT's time: one epoch per `epoch_unit` evictions, modulo
     /// [`policy::EPOCH_MODULUS`] (its own cache line: every fix reads it,
@@ -361,6 +369,8 @@ impl BufferPool {
             free: Mutex::new((0..config.frames as u32).rev().collect()),
             free_count: AtomicUsize::new(config.frames),
             frame_waiters: WakerList::default(),
+            structure: AtomicU64::new(0),
+            structure_waiters: WakerList::default(),
             clock: AtomicUsize::new(0),
             epoch: Padded(AtomicU64::new(0)),
             epoch_unit: (config.frames as u64 / 64).max(1),
@@ -430,6 +440,7 @@ impl BufferPool {
             write_errors: l(&s.write_errors),
             frame_waits: l(&s.frame_waits),
             frame_wait: s.frame_wait.snapshot(),
+            held_descents: l(&s.held_descents),
             prefetches: l(&s.prefetches),
             free_frames: self.free_count.load(Ordering::Relaxed),
             dirty_frames: self.dirty_frames.load(Ordering::Relaxed),
@@ -766,6 +777,43 @@ impl BufferPool {
             .extend_from_slice(fs);
         self.free_count.fetch_add(fs.len(), Ordering::SeqCst);
         self.frame_waiters.wake_all();
+    }
+
+    /// The right to wait for a free frame while holding page latches, one
+    /// task at a time: a structure change (a split, a merge) takes it
+    /// before it latches its first page, and keeps it until it let them
+    /// all go.
+    ///
+    /// Why: a task that waits for a frame while holding latches keeps
+    /// those frames from eviction. Splits did (the parent latched while
+    /// the child is read back, both while the meta page is read and a
+    /// frame is taken for the new page): in a small pool, enough splits
+    /// at once latched every frame, each waiting for a frame none could
+    /// free, and every task slept for good (256 tasks inserting into a
+    /// pool of [`crate::MIN_POOL_FRAMES`] frames). With the guard at most
+    /// one task waits for a frame while latching tree pages, and the
+    /// others that latch then wait (the meta page's holders, one at a
+    /// time) hold a handful of pages: eviction always finds an unlatched
+    /// frame. Splits already took the meta page's latch one at a time;
+    /// the guard widens that to their descent to the parent.
+    pub async fn structure_change(&self) -> StructureGuard<'_> {
+        loop {
+            if self
+                .structure
+                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return StructureGuard { pool: self };
+            }
+            self.structure_waiters
+                .until_changed(&self.structure, 1)
+                .await;
+        }
+    }
+
+    /// Counts a descent that holds its path ([`PoolStatsSnapshot::held_descents`]).
+    pub fn note_held_descent(&self) {
+        self.stats.held_descents.fetch_add(1, Ordering::Relaxed);
     }
 
     async fn wait_for_frame(&self) {
@@ -1785,6 +1833,19 @@ impl SystemTask for BufferPool {
 }
 
 /// Resolves once a frame was freed (or is free already).
+/// Held by the one task allowed to wait for a free frame while it holds
+/// page latches ([`BufferPool::structure_change`]).
+pub struct StructureGuard<'a> {
+    pool: &'a BufferPool,
+}
+
+impl Drop for StructureGuard<'_> {
+    fn drop(&mut self) {
+        self.pool.structure.store(0, Ordering::SeqCst);
+        self.pool.structure_waiters.wake_all();
+    }
+}
+
 struct FrameWait<'a> {
     pool: &'a BufferPool,
     registered: bool,
