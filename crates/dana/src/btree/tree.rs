@@ -514,6 +514,9 @@ impl BTree {
                 }
             }
             drop(g);
+            // A held parent (its latch and the structure guard) goes
+            // before the yield.
+            drop(parent);
             if tries % SPINS_PER_YIELD == 0 {
                 sched::yield_now().await;
             }
@@ -549,6 +552,9 @@ impl BTree {
                 }
             }
             drop(g);
+            // A held parent (its latch and the structure guard) goes
+            // before the yield.
+            drop(parent);
             if tries % SPINS_PER_YIELD == 0 {
                 sched::yield_now().await;
             }
@@ -924,7 +930,7 @@ impl BTree {
             return Ok(None);
         }
         for restarts in 0..MAX_RESTARTS {
-            if restarts > HOLD_AFTER as usize {
+            if restarts >= HOLD_AFTER as usize {
                 return match held {
                     Some(_) => self.find_parent_held(target, key).await,
                     None => {
@@ -987,7 +993,15 @@ impl BTree {
                     cur = self.pool.fix_shared(c).await?;
                     pid = c;
                 }
-                Step::Leaf | Step::NotCovered => return Ok(None),
+                Step::Leaf => return Ok(None),
+                // Nothing changes under the latches (as in
+                // `find_leaf_held`): damage.
+                Step::NotCovered => {
+                    return Err(Error::Corrupt {
+                        page: pid,
+                        what: "the node on the path does not cover the key".into(),
+                    })
+                }
                 Step::Corrupt(what) => return Err(Error::Corrupt { page: pid, what }),
             }
         }
@@ -1042,8 +1056,8 @@ impl BTree {
 
     async fn try_split(&self, pid: u64, key: &[u8]) -> Result<SplitOutcome> {
         if pid == self.root {
-            let _guard = self.pool.structure_change().await;
-            return self.split_root().await.map(|_| SplitOutcome::Done);
+            let guard = self.pool.structure_change().await;
+            return self.split_root(&guard).await.map(|_| SplitOutcome::Done);
         }
         let Some(parent_pid) = self.find_parent(pid, key).await? else {
             return Ok(SplitOutcome::Retry);
@@ -1079,7 +1093,7 @@ impl BTree {
             }
         }
         let kind = page::page_type(&child).unwrap_or(PageType::Leaf);
-        let mut space = self.pool.lock_space().await?;
+        let mut space = self.pool.lock_space_under(&guard).await?;
         let mut right = self
             .pool
             .allocate_in_for(&mut space, kind, self.reserved)
@@ -1110,7 +1124,7 @@ impl BTree {
     }
 
     /// Splits the root in place: its contents move to two new children.
-    async fn split_root(&self) -> Result<()> {
+    async fn split_root(&self, guard: &StructureGuard<'_>) -> Result<()> {
         let ps = self.pool.page_size();
         let mut root = self.pool.fix_exclusive(self.root).await?;
         let (is_leaf, len) = {
@@ -1132,7 +1146,7 @@ impl BTree {
                 page: self.root,
                 what: format!("root split failed: {e}"),
             })?;
-        let mut space = self.pool.lock_space().await?;
+        let mut space = self.pool.lock_space_under(guard).await?;
         let mut left = self
             .pool
             .allocate_in_for(&mut space, kind, self.reserved)
@@ -1161,6 +1175,9 @@ impl BTree {
         let Some(parent_pid) = self.find_parent(pid, key).await? else {
             return Ok(());
         };
+        if self.merge_cannot_fit(parent_pid, pid, key).await? {
+            return Ok(());
+        }
         // Before the first latch (as a split's).
         let guard = self.pool.structure_change().await;
         let Some(mut parent) = self.latch_parent(parent_pid, pid, key, &guard).await? else {
@@ -1187,7 +1204,7 @@ impl BTree {
         if node::merge(&left, &right, &mut merged).is_err() {
             return Ok(());
         }
-        let mut space = self.pool.lock_space().await?;
+        let mut space = self.pool.lock_space_under(&guard).await?;
         // What can fail comes first: the left page's free reads its map
         // page, and a failure there after the right page and the parent
         // changed left the left page lost (used, in no tree) and the
@@ -1199,6 +1216,52 @@ impl BTree {
         // One log record for the whole merge.
         self.pool
             .log_with_space(&mut [&mut parent, &mut right, &mut left], &mut space)
+    }
+
+    /// True if leaf `pid` and its right sibling under `parent_pid` were
+    /// seen, unchanged, not to fit one page: the merge is skipped before
+    /// it takes the structure guard (every delete from an underfull leaf
+    /// next to a full one took it). Read from validated copies, without
+    /// latches; false whenever unsure (the merge then checks under its
+    /// latches).
+    async fn merge_cannot_fit(&self, parent_pid: u64, pid: u64, key: &[u8]) -> Result<bool> {
+        let parent = self.pool.fix_optimistic(parent_pid).await?;
+        let right_pid = parent.with_bytes(|b| {
+            let p = Node::new(b).ok()?;
+            let (i, _) = p.lower_bound(key);
+            if p.is_leaf() || i >= p.len() || p.child_at(i) != pid {
+                return None;
+            }
+            Some(if i + 1 < p.len() {
+                p.child_at(i + 1)
+            } else {
+                p.upper_child()
+            })
+        });
+        let Some(Some(right_pid)) = right_pid else {
+            return Ok(false);
+        };
+        let mut pages = [Vec::new(), Vec::new()];
+        for (copy, at) in pages.iter_mut().zip([pid, right_pid]) {
+            let page = match self.pool.fix_optimistic(at).await {
+                Ok(p) => p,
+                Err(e) if freed_since(&e, Some(&parent)) => return Ok(false),
+                Err(e) => return Err(e),
+            };
+            match page.with_bytes(<[u8]>::to_vec) {
+                Some(bytes) => *copy = bytes,
+                None => return Ok(false),
+            }
+        }
+        // The parent unchanged since: the copies are adjacent siblings.
+        if !parent.validate() {
+            return Ok(false);
+        }
+        let both_leaves = pages
+            .iter()
+            .all(|b| Node::new(b).is_ok_and(|n| n.is_leaf()));
+        let mut merged = vec![0u8; self.pool.page_size()];
+        Ok(both_leaves && node::merge(&pages[0], &pages[1], &mut merged).is_err())
     }
 
     // ---- scans ------------------------------------------------------------

@@ -70,7 +70,7 @@ use std::sync::Mutex;
 use super::page::{self, PageType, PAGE_HEADER_SIZE};
 use super::page_table::{EVICTED, EXCLUSIVE};
 use super::space_map::{Geometry, Mirror};
-use super::{BufferPool, PageMut};
+use super::{BufferPool, PageMut, StructureGuard};
 use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"DANAMETA";
@@ -297,6 +297,10 @@ pub struct SpaceGuard<'a> {
     /// Runs of pages freed under this guard: noted for a trim when the
     /// guard is logged (`trim.rs`).
     pub(super) freed: Vec<(u64, u64)>,
+    /// The structure guard [`BufferPool::lock_space`] took (None when the
+    /// caller holds one: a split or merge). Declared last: released after
+    /// the latches above.
+    _structure: Option<StructureGuard<'a>>,
 }
 
 impl<'a> SpaceGuard<'a> {
@@ -590,12 +594,32 @@ impl BufferPool {
         Ok(())
     }
 
-    /// Latches the meta page for space changes (and root slot changes).
+    /// Latches the meta page for space changes (and root slot changes),
+    /// under the structure guard ([`BufferPool::structure_change`]): its
+    /// holder may latch many map pages (one per 128 MiB group a large
+    /// value's extents lie in) while it waits for frames. The caller
+    /// holds no page latch.
     pub async fn lock_space(&self) -> Result<SpaceGuard<'_>> {
+        let structure = self.structure_change().await;
         Ok(SpaceGuard {
             meta: self.fix_exclusive(META_PAGE).await?,
             maps: Vec::new(),
             freed: Vec::new(),
+            _structure: Some(structure),
+        })
+    }
+
+    /// [`BufferPool::lock_space`] for a caller that holds the structure
+    /// guard already (a split or merge, with tree pages latched).
+    pub async fn lock_space_under<'a>(
+        &'a self,
+        _held: &StructureGuard<'a>,
+    ) -> Result<SpaceGuard<'a>> {
+        Ok(SpaceGuard {
+            meta: self.fix_exclusive(META_PAGE).await?,
+            maps: Vec::new(),
+            freed: Vec::new(),
+            _structure: None,
         })
     }
 

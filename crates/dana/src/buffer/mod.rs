@@ -1832,7 +1832,6 @@ impl SystemTask for BufferPool {
     }
 }
 
-/// Resolves once a frame was freed (or is free already).
 /// Held by the one task allowed to wait for a free frame while it holds
 /// page latches ([`BufferPool::structure_change`]).
 pub struct StructureGuard<'a> {
@@ -1846,6 +1845,7 @@ impl Drop for StructureGuard<'_> {
     }
 }
 
+/// Resolves once a frame was freed (or is free already).
 struct FrameWait<'a> {
     pool: &'a BufferPool,
     registered: bool,
