@@ -1026,7 +1026,9 @@ impl BufferPool {
         self.alloc.available.store(n, Ordering::Release);
     }
 
-    /// Frees a page.
+    /// Frees a page no tree names (nobody else waits for its latch: it is
+    /// held here while [`BufferPool::lock_space`] waits for the structure
+    /// guard).
     pub async fn free_page(&self, mut page: PageMut<'_>) -> Result<()> {
         let mut s = self.lock_space().await?;
         self.free_in(&mut s, &mut page).await?;
