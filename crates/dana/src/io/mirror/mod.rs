@@ -683,8 +683,12 @@ impl Mirror {
     fn fail_copy(self: &Arc<Self>, c: usize, error: &Error) -> bool {
         match self.mark_failed(c, error) {
             Some(true) if self.read_only.load(Ordering::SeqCst) => {
-                // Nothing is written: the failure stays in memory.
+                // Nothing is written: the failure stays in memory, and
+                // counts as recorded (no label will ever be written, so
+                // completions held for one would be held for good).
                 self.lock().labeller_running = false;
+                self.durable
+                    .fetch_max(self.generation.load(Ordering::SeqCst), Ordering::SeqCst);
                 true
             }
             Some(true) => {

@@ -916,6 +916,16 @@ impl IoQueue for MirrorQueue {
         self.refresh();
         let full = self.outstanding >= self.capacity();
         let req = Rejected::admit(req, &self.mirror.alignment(), full, self.capacity())?;
+        if req.op == OpKind::Write && self.mirror.read_only.load(Ordering::SeqCst) {
+            // Refused here, typed: sent on, the copies' files (opened
+            // without write access) answered EBADF, the copy was failed
+            // in memory, and its completion was held for a label update
+            // a read-only open never writes: the writer waited for good.
+            return Err(Rejected {
+                error: Error::ReadOnly,
+                request: req,
+            });
+        }
         let p = match self.free.pop() {
             Some(p) => p,
             None => {
