@@ -645,6 +645,43 @@ fn read_ahead_stays_in_range_and_a_hint_changes_no_result() {
     db.close().unwrap();
 }
 
+/// A database on a pool of [`dana::MIN_POOL_FRAMES`] frames, its tree
+/// "t", and `tasks` tasks `task(i)` spawned on it; returns once every
+/// task answered (each must succeed within `limit`), or fails naming how
+/// many had.
+fn run_in_the_smallest_pool<F, Fut>(
+    dir: &std::path::Path,
+    tasks: usize,
+    limit: std::time::Duration,
+    task: F,
+) -> (Db, dana::Tree)
+where
+    F: Fn(dana::Tree, usize) -> Fut,
+    Fut: std::future::Future<Output = dana::Result<()>> + Send + 'static,
+{
+    let opts = tiny(dana::MIN_POOL_FRAMES)
+        .capacity_bytes(64 << 20)
+        .log_bytes(8 << 20);
+    let db = Db::open(dir, opts).unwrap();
+    let t = db.create_tree("t").unwrap();
+    let (send, recv) = std::sync::mpsc::channel();
+    for i in 0..tasks {
+        let (work, send) = (task(t.clone(), i), send.clone());
+        db.spawn(async move { send.send(work.await).unwrap() })
+            .unwrap();
+    }
+    for n in 0..tasks {
+        match recv.recv_timeout(limit) {
+            Ok(r) => r.unwrap(),
+            Err(_) => panic!(
+                "{n} of {tasks} tasks done after {limit:?}: {:?}",
+                db.pool_stats()
+            ),
+        }
+    }
+    (db, t)
+}
+
 /// Many tasks writing and reading in a pool of [`dana::MIN_POOL_FRAMES`]
 /// frames: their paths need more frames than the pool has, so the
 /// optimistic descents keep being undone by the others' evictions and some
@@ -659,44 +696,23 @@ fn many_tasks_in_the_smallest_pool_descend_holding_their_path() {
     const TASKS: usize = 48;
     const KEYS: usize = 60;
     let dir = tempfile::tempdir().unwrap();
-    let opts = tiny(dana::MIN_POOL_FRAMES)
-        .capacity_bytes(64 << 20)
-        .log_bytes(8 << 20);
-    let db = Db::open(dir.path(), opts).unwrap();
-    let t = db.create_tree("t").unwrap();
     let key = |task: usize, k: usize| format!("{:04}-{:03}", k * 7919 % KEYS, task).into_bytes();
     let value = |task: usize, k: usize| vec![(task * 31 + k) as u8; 900];
-    let (send, recv) = std::sync::mpsc::channel();
-    for task in 0..TASKS {
-        let (t, send) = (t.clone(), send.clone());
-        db.spawn(async move {
-            let mut r = Ok(());
-            for k in 0..KEYS {
-                r = t.put_async(&key(task, k), &value(task, k)).await.map(drop);
-                if r.is_ok() && k % 3 == 0 {
-                    // Every third key is read back at once, then deleted.
-                    r = match t.get_async(&key(task, k)).await {
-                        Ok(Some(v)) if v == value(task, k) => Ok(()),
-                        Ok(v) => panic!("task {task} key {k}: read {:?} bytes", v.map(|v| v.len())),
-                        Err(e) => Err(e),
-                    };
-                    if r.is_ok() {
-                        r = t.delete_async(&key(task, k)).await.map(drop);
-                    }
+    let limit = std::time::Duration::from_secs(300);
+    let (db, t) = run_in_the_smallest_pool(dir.path(), TASKS, limit, |t, task| async move {
+        for k in 0..KEYS {
+            t.put_async(&key(task, k), &value(task, k)).await?;
+            if k % 3 == 0 {
+                // Every third key is read back at once, then deleted.
+                match t.get_async(&key(task, k)).await? {
+                    Some(v) if v == value(task, k) => {}
+                    v => panic!("task {task} key {k}: read {:?} bytes", v.map(|v| v.len())),
                 }
-                if r.is_err() {
-                    break;
-                }
+                t.delete_async(&key(task, k)).await?;
             }
-            send.send(r).unwrap();
-        })
-        .unwrap();
-    }
-    for _ in 0..TASKS {
-        recv.recv_timeout(std::time::Duration::from_secs(300))
-            .expect("the tasks finish")
-            .unwrap();
-    }
+        }
+        Ok(())
+    });
     let held = db.pool_stats().held_descents;
     assert!(
         held > 0,
@@ -721,38 +737,13 @@ fn splits_and_held_descents_in_the_smallest_pool_never_latch_every_frame() {
     const TASKS: usize = 256;
     const KEYS: usize = 25;
     let dir = tempfile::tempdir().unwrap();
-    let opts = tiny(dana::MIN_POOL_FRAMES)
-        .capacity_bytes(64 << 20)
-        .log_bytes(8 << 20);
-    let db = Db::open(dir.path(), opts).unwrap();
-    let t = db.create_tree("t").unwrap();
-    let (send, recv) = std::sync::mpsc::channel();
-    for task in 0..TASKS {
-        let (t, send) = (t.clone(), send.clone());
-        db.spawn(async move {
-            let mut r = Ok(());
-            for k in 0..KEYS {
-                let key = format!("{:04}-{task:03}", k * 7 % KEYS);
-                r = t
-                    .put_async(key.as_bytes(), &[task as u8; 1000])
-                    .await
-                    .map(drop);
-                if r.is_err() {
-                    break;
-                }
-            }
-            send.send(r).unwrap();
-        })
-        .unwrap();
-    }
-    for n in 0..TASKS {
-        match recv.recv_timeout(std::time::Duration::from_secs(120)) {
-            Ok(r) => r.unwrap(),
-            Err(_) => panic!(
-                "{n} of {TASKS} tasks done after 120 s: {:?}",
-                db.pool_stats()
-            ),
+    let limit = std::time::Duration::from_secs(120);
+    let (db, _) = run_in_the_smallest_pool(dir.path(), TASKS, limit, |t, task| async move {
+        for k in 0..KEYS {
+            let key = format!("{:04}-{task:03}", k * 7 % KEYS);
+            t.put_async(key.as_bytes(), &[task as u8; 1000]).await?;
         }
-    }
+        Ok(())
+    });
     db.close().unwrap();
 }

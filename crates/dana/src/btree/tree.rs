@@ -157,6 +157,22 @@ impl Watched for Parent<'_> {
     }
 }
 
+/// The slot of child `pid` on `key`'s path in inner node `p` and the id
+/// of its right sibling under `p`; None when `pid` is the upper child (no
+/// right sibling here) or no longer on the path.
+fn right_sibling(p: &Node, pid: u64, key: &[u8]) -> Option<(usize, u64)> {
+    let (i, _) = p.lower_bound(key);
+    if p.is_leaf() || i >= p.len() || p.child_at(i) != pid {
+        return None;
+    }
+    let right = if i + 1 < p.len() {
+        p.child_at(i + 1)
+    } else {
+        p.upper_child()
+    };
+    Some((i, right))
+}
+
 fn look(bytes: &[u8], key: &[u8]) -> Step {
     match Node::new(bytes) {
         Ok(n) if !n.covers(key) => Step::NotCovered,
@@ -1183,19 +1199,9 @@ impl BTree {
         let Some(mut parent) = self.latch_parent(parent_pid, pid, key, &guard).await? else {
             return Ok(());
         };
-        let (i, right_pid) = {
-            let p = Node::new(&parent).map_err(corrupt(parent_pid))?;
-            let (i, _) = p.lower_bound(key);
-            if p.is_leaf() || i >= p.len() || p.child_at(i) != pid {
-                // pid is the upper child (no right sibling here) or moved.
-                return Ok(());
-            }
-            let right = if i + 1 < p.len() {
-                p.child_at(i + 1)
-            } else {
-                p.upper_child()
-            };
-            (i, right)
+        let p = Node::new(&parent).map_err(corrupt(parent_pid))?;
+        let Some((i, right_pid)) = right_sibling(&p, pid, key) else {
+            return Ok(());
         };
         let mut left = self.pool.fix_exclusive(pid).await?;
         let mut right = self.pool.fix_exclusive(right_pid).await?;
@@ -1226,19 +1232,9 @@ impl BTree {
     /// latches).
     async fn merge_cannot_fit(&self, parent_pid: u64, pid: u64, key: &[u8]) -> Result<bool> {
         let parent = self.pool.fix_optimistic(parent_pid).await?;
-        let right_pid = parent.with_bytes(|b| {
-            let p = Node::new(b).ok()?;
-            let (i, _) = p.lower_bound(key);
-            if p.is_leaf() || i >= p.len() || p.child_at(i) != pid {
-                return None;
-            }
-            Some(if i + 1 < p.len() {
-                p.child_at(i + 1)
-            } else {
-                p.upper_child()
-            })
-        });
-        let Some(Some(right_pid)) = right_pid else {
+        let right =
+            parent.with_bytes(|b| Node::new(b).ok().and_then(|p| right_sibling(&p, pid, key)));
+        let Some(Some((_, right_pid))) = right else {
             return Ok(false);
         };
         let mut pages = [Vec::new(), Vec::new()];
