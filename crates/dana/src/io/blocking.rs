@@ -93,7 +93,7 @@ impl IoQueue for BlockingQueue {
 
     fn push(&mut self, req: Request) -> std::result::Result<(), Rejected> {
         let full = self.queued.len() + self.done.len() >= self.capacity;
-        let req = Rejected::admit(req, &self.device.alignment(), full, self.capacity)?;
+        let req = self.device.admit(req, full, self.capacity)?;
         self.queued.push(req);
         Ok(())
     }

@@ -240,7 +240,7 @@ impl IoQueue for UringQueue {
 
     fn push(&mut self, req: Request) -> std::result::Result<(), Rejected> {
         let full = self.free.is_empty();
-        let req = Rejected::admit(req, &self.device.alignment(), full, self.capacity)?;
+        let req = self.device.admit(req, full, self.capacity)?;
         let Some(slot) = self.free.pop() else {
             unreachable!("admit checked that a slot is free")
         };
