@@ -430,13 +430,30 @@ impl Committer {
             let pages = pages_needed(&self.pool, &writes).await? + large.pages;
             if !large.writes.is_empty() || !large.freed.is_empty() {
                 // Large values: their record is known only once they are
-                // stored (under the stripes), so their room is waited for
-                // there; room held from an earlier pass goes now (kept, it
-                // counted its pages twice until the commit returned: a
-                // false NoSpace on an array that cannot grow; a review's
-                // finding).
-                drop(held.take());
-                break (guard, registered, dep, large, pages, None);
+                // stored (under the stripes), so their log room is
+                // admitted there. Their pages are promised here: from room
+                // held from an earlier pass if it covers them (its log
+                // room goes), else now, else after waiting holding no
+                // stripe, as any commit does. (Promised under the
+                // stripes, a commit failed with NoSpace at once when the
+                // free pages were promised to commits in flight: `dana
+                // crashtest --out-of-place`. Held room kept beside a new
+                // promise counted its pages twice: a review's finding.)
+                let space = match held.take() {
+                    Some(r) if r.pages.pages() >= pages => Some(r.pages),
+                    other => {
+                        drop(other);
+                        self.pool.reserve_now(pages)
+                    }
+                };
+                if let Some(space) = space {
+                    break (guard, registered, dep, large, pages, Prepared::Large(space));
+                }
+                drop(large);
+                drop(registered);
+                drop(guard);
+                held = Some(Room::wait(&self.pool, None, pages, 0).await?);
+                continue;
             }
             let head = commit_head(log.is_some(), &writes);
             let log_bytes = log_promise(head.as_ref(), pages + writes.len() as u64, page_bytes);
@@ -445,7 +462,14 @@ impl Committer {
                 _ => Room::now(&self.pool, log.as_deref(), pages, log_bytes)?,
             };
             if let Some(room) = room {
-                break (guard, registered, dep, large, pages, Some((room, head)));
+                break (
+                    guard,
+                    registered,
+                    dep,
+                    large,
+                    pages,
+                    Prepared::Small(room, head),
+                );
             }
             // No room now: wait for it holding no stripe (a commit parked
             // on a full log under its stripes had every commit that wanted
@@ -456,9 +480,8 @@ impl Committer {
             held = Some(Room::wait(&self.pool, log.as_deref(), pages, log_bytes).await?);
         };
         let (space, stored, head, log_space) = match room {
-            Some((room, head)) => (room.pages, Written::none(), head, room.log),
-            None => {
-                let space = self.pool.reserve(pages).await?;
+            Prepared::Small(room, head) => (room.pages, Written::none(), head, room.log),
+            Prepared::Large(space) => {
                 let stored = self.store_large_values(&mut writes, &large).await?;
                 let head = commit_head(log.is_some(), &writes);
                 if let (Some(w), Some(h)) = (&log, &head) {
@@ -622,6 +645,15 @@ fn commit_head(logged: bool, writes: &[Write<'_>]) -> Option<record::RecordBuild
 /// allocates (each `page_bytes` with its record header); 0 unlogged.
 fn log_promise(head: Option<&record::RecordBuilder>, touched: u64, page_bytes: u64) -> u64 {
     head.map_or(0, |h| h.len() as u64 + 8 + touched * page_bytes)
+}
+
+/// What a commit's pass under its stripes found room for.
+enum Prepared<'a> {
+    /// Pages and log bytes, and the commit record's head.
+    Small(Room<'a>, Option<record::RecordBuilder>),
+    /// The pages of a commit storing or freeing large values (its log
+    /// room is admitted once the values are stored).
+    Large(Reservation<'a>),
 }
 
 /// The room a commit's apply may take: pages, and log bytes when logged.
