@@ -497,6 +497,10 @@ fn mirrored() -> bool {
     MIRRORED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Committers of the kill -9 cycles (the parent's `--tasks`, the child's
+/// `--starts`): the data files are sized by them.
+static COMMITTERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(4);
+
 /// `--out-of-place`.
 static OUT_OF_PLACE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -1214,17 +1218,21 @@ fn kill_options(durability: Durability, log_sync: bool) -> Options {
     } else {
         Options::default()
     };
-    // Out of place, a file small enough (12 MiB: ~1,800 pages for the
-    // engine, 23 segments) that the children's page writes wrap it many
-    // times: the collection runs under the kills.
+    // Out of place, a file small enough (12 MiB per 8 committers: ~1,800
+    // pages for the engine, 23 segments) that the children's page writes
+    // wrap it many times: the collection runs under the kills. Each
+    // committer's keys hold ~200 pages at most (300 keys in each of two
+    // trees, one value in twelve large): a file of 12 MiB whatever the
+    // committers stopped 16 of them with a true `NoSpace`.
+    let committers = COMMITTERS.load(std::sync::atomic::Ordering::Relaxed);
     let (o, capacity) = if out_of_place() {
         let o = o.write_mode(dana::WriteMode::OutOfPlace);
         let o = o
             .compress_pages(compress_pages())
             .background_collection(background_collection());
-        (o, 12 << 20)
+        (o, (12 << 20) * committers.div_ceil(8).max(1))
     } else {
-        (o, 64 << 20)
+        (o, (64 << 20) * committers.div_ceil(64).max(1))
     };
     o.log_flush_block(log_flush_block())
         .log_flushes_in_flight(log_flushes_in_flight())
@@ -1367,6 +1375,7 @@ pub fn spawn_child(
 /// (the next child recovers the files themselves).
 pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Totals, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
+    COMMITTERS.store(tasks, std::sync::atomic::Ordering::Relaxed);
     let mut rng = XorShift::new(seed);
     let mut model: Model = Default::default();
     let mut next = vec![0u64; tasks as usize];
@@ -1757,6 +1766,10 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
             .dir
             .as_ref()
             .ok_or_else(|| CliError("--child needs --dir".into()))?;
+        COMMITTERS.store(
+            args.starts.len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         return match args.workload {
             Workload::Tpcc => tpcc::crash::child(dir, args.seed),
             Workload::Default => child(dir, args.seed, &args.starts, durability, args.log_sync),
