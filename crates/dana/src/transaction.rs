@@ -565,11 +565,15 @@ impl Transaction {
                 }
             }
             // Keys written that a scan read, present or absent, must still
-            // be as the scan saw them (the first version validated only
-            // keys read with `get`: a read-modify-write over a scan lost
-            // updates).
+            // be as every scan that read them saw them (the first version
+            // validated only keys read with `get`: a read-modify-write
+            // over a scan lost updates; the next one only the last scan's
+            // view: a write computed from an earlier scan lost the update
+            // made between the two, a review's finding). Scans that saw
+            // the key differ can never both hold: the commit conflicts.
             for id in self.writes.keys() {
-                let scanned = self.ranges.iter().rev().find(|r| {
+                let mut seen_before: Vec<Option<&[u8]>> = Vec::new();
+                for r in self.ranges.iter().filter(|r| {
                     r.tree == id.0
                         && std::ops::RangeBounds::contains(
                             &(
@@ -578,14 +582,16 @@ impl Transaction {
                             ),
                             &id.1.as_slice(),
                         )
-                });
-                if let Some(r) = scanned {
+                }) {
                     let seen = r
                         .seen
                         .binary_search_by(|(k, _)| k.as_slice().cmp(&id.1))
                         .ok()
-                        .map(|i| r.seen[i].1.clone());
-                    checks.push((id.0, id.1.clone(), Expect::Value(seen)));
+                        .map(|i| r.seen[i].1.as_slice());
+                    if !seen_before.contains(&seen) {
+                        seen_before.push(seen);
+                        checks.push((id.0, id.1.clone(), Expect::Value(seen.map(<[u8]>::to_vec))));
+                    }
                 }
             }
         }
