@@ -49,6 +49,10 @@ struct Slot([AtomicU64; 2]);
 pub(crate) struct ReadFence {
     epoch: AtomicU64,
     slots: Box<[Slot]>,
+    /// A wait gave up: reads it waited for may still count in the parity
+    /// the epoch does not use now (no read enters there until the epoch
+    /// moves), and the next wait waits for them first.
+    gave_up: std::sync::atomic::AtomicBool,
 }
 
 /// Where a read in flight is counted.
@@ -87,6 +91,7 @@ impl ReadFence {
         ReadFence {
             epoch: AtomicU64::new(0),
             slots: (0..=workers).map(|_| Slot::default()).collect(),
+            gave_up: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -131,10 +136,34 @@ impl ReadFence {
 
     /// Moves the epoch on and waits until the old epoch's counts are all
     /// zero, at most `limit`; false if they were not.
+    ///
+    /// After a wait that gave up, the reads it waited for still count in
+    /// the parity the epoch left; moved on once more, the epoch would send
+    /// new reads there and the next wait would look at the other parity
+    /// only, ending at once under those reads (a drop that followed a
+    /// failed one freed the pages under them: a review's finding). So that
+    /// parity is drained first, before the epoch moves, while no read
+    /// enters it.
     fn wait_entered(&self, limit: Option<Duration>) -> bool {
-        let old = self.epoch.fetch_add(1, Ordering::SeqCst);
-        let parity = (old % 2) as usize;
         let started = Instant::now();
+        if self.gave_up.load(Ordering::SeqCst) {
+            let left = ((self.epoch.load(Ordering::SeqCst) + 1) % 2) as usize;
+            if !self.drained(left, started, limit) {
+                return false;
+            }
+            self.gave_up.store(false, Ordering::SeqCst);
+        }
+        let old = self.epoch.fetch_add(1, Ordering::SeqCst);
+        if self.drained((old % 2) as usize, started, limit) {
+            return true;
+        }
+        self.gave_up.store(true, Ordering::SeqCst);
+        false
+    }
+
+    /// Waits until every slot's count of `parity` is zero; false if
+    /// `limit` after `started` it was not.
+    fn drained(&self, parity: usize, started: Instant, limit: Option<Duration>) -> bool {
         while self
             .slots
             .iter()
@@ -176,6 +205,28 @@ mod tests {
         assert!(waited >= Duration::from_millis(50), "{waited:?}");
         drop(after);
         // Nothing in flight: the next wait ends at once.
+        f.wait_readers().unwrap();
+    }
+
+    /// A wait that gave up on a read still in flight leaves it counted:
+    /// the next wait fails too while the read lasts, and succeeds once it
+    /// left, however many epochs went by. (The next wait ended at once:
+    /// the epoch had moved the read's parity out of its sight.)
+    #[test]
+    fn a_wait_after_one_that_gave_up_still_waits_for_its_read() {
+        let f = ReadFence::new(2);
+        let stuck = FenceGuard::enter(&f);
+        assert!(f.wait_readers().is_err());
+        let later = FenceGuard::enter(&f);
+        drop(later);
+        let t = Instant::now();
+        assert!(
+            f.wait_readers().is_err(),
+            "the second wait ended under the read"
+        );
+        assert!(t.elapsed() >= WAIT_LIMIT);
+        drop(stuck);
+        f.wait_readers().unwrap();
         f.wait_readers().unwrap();
     }
 }
