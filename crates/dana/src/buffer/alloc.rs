@@ -714,8 +714,14 @@ impl BufferPool {
                 what: format!("the free-space map marks page {pid} used, its copy in memory free"),
             });
         }
-        map[at] |= mask;
+        // The frame first, the map bit after: a failure taking the frame
+        // (a poisoned pool wakes the tasks waiting for one) changes no
+        // page. Each changed page of the guard is logged when it drops,
+        // and a map bit logged without the meta page's count made the
+        // next open fail with `Corrupt` (a review's finding).
         let p = self.new_page(pid, t, reused).await?;
+        let map = s.map(self, geo.map_page_of(pid)).await?;
+        map[at] |= mask;
         // A page past the old mark was counted free by extend_mark.
         let meta = s.meta_mut();
         let count = get_u64(meta, OFF_FREE_COUNT);
@@ -740,6 +746,15 @@ impl BufferPool {
                     self.array.pages()
                 )));
             }
+            // A group's map page takes its frame before the mark moves
+            // past it: failed (a poisoned pool), nothing changed (the mark
+            // logged past a map page never written made the next open
+            // fail; a review's finding).
+            let map = if geo.is_reserved(pid) {
+                Some(self.new_page(pid, PageType::SpaceMap, false).await?)
+            } else {
+                None
+            };
             put_u64(s.meta_mut(), OFF_NEXT, pid + 1);
             {
                 let mut m = self.mirror();
@@ -747,13 +762,12 @@ impl BufferPool {
                 let set = m.set(pid);
                 debug_assert!(set);
             }
-            if !geo.is_reserved(pid) {
+            let Some(mut map) = map else {
                 // Counted free below the mark until the caller takes it.
                 let count = get_u64(s.meta(), OFF_FREE_COUNT);
                 put_u64(s.meta_mut(), OFF_FREE_COUNT, count + 1);
                 return Ok(pid);
-            }
-            let mut map = self.new_page(pid, PageType::SpaceMap, false).await?;
+            };
             let (at, mask) = geo.bit(pid);
             map[at] |= mask;
             s.maps.push(map);
