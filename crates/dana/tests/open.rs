@@ -981,6 +981,47 @@ fn a_log_file_cut_on_a_whole_mib_is_corrupt_log() {
     assert_cut_back_to_one_mib_is_refused(&copy, o());
 }
 
+/// A growing log's file with part of a MiB past what its control block
+/// records (a growth cut short: a kill in its zero writes, or a full file
+/// system's truncation not yet durable) holds no record there: it opens
+/// with every commit, takes more, and opens again. (It failed with
+/// `CorruptLog`, "not at a size it grows to"; a review's finding.)
+#[test]
+fn a_log_file_with_a_growth_cut_short_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = || opts().log_bytes(64 << 20);
+    let db = Db::open(dir.path(), o()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for i in 0..3000u32 {
+        t.put(&key(i), &[i as u8; 500]).unwrap();
+    }
+    drop(t);
+    db.close().unwrap();
+    let log = dir.path().join("dana.wal");
+    let len = std::fs::metadata(&log).unwrap().len();
+    assert!(len < CONTROL_BYTES + (64 << 20), "the log grew whole");
+    assert_eq!((len - CONTROL_BYTES) % (1 << 20), 0);
+    assert!(control(&log).stream_bytes <= len - CONTROL_BYTES);
+    // 300 KiB of zeros past the end, as a cut growth leaves them.
+    let f = std::fs::OpenOptions::new().write(true).open(&log).unwrap();
+    f.set_len(len + (300 << 10)).unwrap();
+    drop(f);
+    for round in 0..2u32 {
+        let db = Db::open(dir.path(), o()).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let t = db.tree("t").unwrap();
+        for i in 0..3000u32 {
+            let want = if round > 0 && i % 7 == 0 { 9 } else { i as u8 };
+            assert_eq!(t.get(&key(i)).unwrap(), Some(vec![want; 500]), "key {i}");
+        }
+        for i in (0..3000u32).step_by(7) {
+            t.put(&key(i), &[9; 500]).unwrap();
+        }
+        drop(t);
+        // Dropped without close: the next open redoes the puts.
+        drop(db);
+    }
+}
+
 /// The same cut within the log's growth since the last checkpoint: each
 /// growth records the file's new size in a control block before a flush
 /// writes past the old one (before, only checkpoints did, and a log cut

@@ -914,8 +914,13 @@ impl Wal {
                 .map(|f| LogGrowth {
                     // More than the control block records after a growth
                     // cut before its block: the open's checkpoint, before
-                    // any commit, records it.
-                    allocated: Arc::new(AtomicU64::new(f.size().saturating_sub(CONTROL_BYTES))),
+                    // any commit, records it. Whole MiB: a part of one
+                    // past them is a growth cut short (recovery reads up to
+                    // the MiB below), which the next growth writes again.
+                    allocated: Arc::new(AtomicU64::new({
+                        let stream = f.size().saturating_sub(CONTROL_BYTES);
+                        stream - stream % INITIAL_LOG_BYTES
+                    })),
                     file: f,
                     grower: Grower::default(),
                     blocked: AtomicBool::new(false),

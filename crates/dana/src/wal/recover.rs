@@ -299,6 +299,16 @@ fn read_stream(log: &Target, ctl: &Control) -> Result<Vec<u8>> {
             ),
         });
     }
+    // Past what the control block records, a part of a MiB is a growth
+    // cut short (a kill in its zero writes, or its truncation after a
+    // full file system not yet durable): no record lies there (a growth
+    // records the new size before any flush writes past the old one), and
+    // the open's log takes the stream to end at the MiB below.
+    let have = if is_growable(log) && have < cap && have >= ctl.stream_bytes.min(cap) {
+        (have - have % super::INITIAL_LOG_BYTES).max(ctl.stream_bytes.min(cap))
+    } else {
+        have
+    };
     if is_growable(log) && have < cap && have % super::INITIAL_LOG_BYTES != 0 {
         return Err(Error::CorruptLog {
             offset: CONTROL_BYTES + have,
