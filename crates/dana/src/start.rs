@@ -298,8 +298,14 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
 /// Keeps room on the data files' file system for the logs that still grow
 /// there (their first lap): the data files stop growing first when it
 /// fills (see `io::grower::SpaceReserve`).
+/// Mirrored files count each copy (none was kept for them: the data
+/// copies took the log's room; a review's finding).
 fn reserve_for_logs(pool: &BufferPool, array: &Array, logs: &[Target], resume: &[Resume]) {
-    let Some(Target::File(d)) = array.targets().first() else {
+    let Some((d, _)) = array
+        .targets()
+        .first()
+        .and_then(|t| t.files(0).into_iter().next())
+    else {
         return;
     };
     let Some(fs) = d.file_system() else {
@@ -308,9 +314,9 @@ fn reserve_for_logs(pool: &BufferPool, array: &Array, logs: &[Target], resume: &
     let files: Vec<(Target, u64)> = logs
         .iter()
         .zip(resume)
-        .filter(|(t, _)| matches!(t, Target::File(l) if l.file_system() == Some(fs)))
-        .map(|(t, r)| (t.clone(), crate::wal::CONTROL_BYTES + r.control.capacity))
-        .filter(|(t, full)| t.size() < *full)
+        .flat_map(|(t, r)| t.files(crate::wal::CONTROL_BYTES + r.control.capacity))
+        .filter(|(l, full)| l.file_system() == Some(fs) && l.size() < *full)
+        .map(|(l, full)| (Target::File(l), full))
         .collect();
     if !files.is_empty() {
         pool.reserve_space(SpaceReserve {

@@ -192,17 +192,24 @@ fn within_reserve(
     let Some(reserve) = alloc.growth.reserve.get() else {
         return Ok((target, least));
     };
-    let Some(crate::io::Target::File(d)) = array.targets().first() else {
+    // The first data device's files on the reserve's file system: one, or
+    // a mirror's copies, each taking a page's bytes per page.
+    let files: Vec<_> = array
+        .targets()
+        .first()
+        .map(|t| t.files(0))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(f, _)| f.file_system() == Some(reserve.file_system))
+        .collect();
+    let Some((d, _)) = files.first() else {
         return Ok((target, least));
     };
-    if d.file_system() != Some(reserve.file_system) {
-        return Ok((target, least));
-    }
     let (Some(free), needed) = (d.free_bytes(), reserve.needed()) else {
         return Ok((target, least));
     };
     let pages = array.pages();
-    let room = free.saturating_sub(needed) / page_size;
+    let room = free.saturating_sub(needed) / (page_size * files.len() as u64);
     if pages + room >= target {
         return Ok((target, least));
     }

@@ -179,6 +179,23 @@ impl Target {
             _ => None,
         }
     }
+
+    /// The files (or block devices) that hold this target's bytes, each
+    /// with the bytes its file holds when the target holds `bytes`: a
+    /// file's own, a mirror's copies that are files (each `bytes` and its
+    /// label); none for a simulated or out-of-place device.
+    pub fn files(&self, bytes: u64) -> Vec<(Arc<Device>, u64)> {
+        match self {
+            Target::File(d) => vec![(d.clone(), bytes)],
+            Target::Mirror(m) => m
+                .targets()
+                .into_iter()
+                .flatten()
+                .flat_map(|t| t.files(bytes + super::mirror::LABEL_BYTES))
+                .collect(),
+            Target::Sim(_) | Target::Remap(_) => Vec::new(),
+        }
+    }
 }
 
 /// An out-of-place device keeps its size: growing past it fails.
