@@ -1966,6 +1966,13 @@ impl Tree {
         forward: bool,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        if limit == 0 {
+            // No leaf is read, so the cursor would check nothing: a
+            // dropped tree or a closed database answers as for any limit
+            // (it returned an empty list; a review's finding).
+            drop(self.live(false)?);
+            return Ok(Vec::new());
+        }
         // The guarded cursor checks the tree before its first leaf.
         let mut c = self
             .guarded_cursor(lower, upper, forward)

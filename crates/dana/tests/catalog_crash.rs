@@ -195,6 +195,8 @@ fn reads_through_a_dropped_trees_stale_handle_never_see_another_tree() {
     let no_tree = |r: &dana::Result<_>| matches!(r, Err(Error::NoSuchTree(_)));
     assert!(no_tree(&t.scan(Unbounded, Unbounded, true, 3).map(|_| ())));
     assert!(no_tree(&t.scan(Unbounded, Unbounded, false, 3).map(|_| ())));
+    // With no entry asked for too (it read no leaf and answered `Ok`).
+    assert!(no_tree(&t.scan(Unbounded, Unbounded, true, 0).map(|_| ())));
     assert!(no_tree(&t.get_many(&[key(1)]).map(|_| ())));
     assert!(no_tree(&t.count(Unbounded, Unbounded).map(|_| ())));
     assert!(no_tree(&t.cursor(Unbounded, Unbounded, true).map(|_| ())));

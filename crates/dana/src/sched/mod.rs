@@ -391,7 +391,10 @@ impl Runtime {
     {
         if CURRENT_WORKER.with(|c| c.get()).is_some() {
             return Err(Error::InvalidArgument(
-                "block_on from inside a worker would block it; await the future instead".into(),
+                "a blocking call inside a task would block its worker (`Db::block_on`, or a \
+                 call without `_async`: `Tree::get`, `Tree::scan`, `Iter::next`, ...): use the \
+                 `_async` form, or call it from a thread of its own"
+                    .into(),
             ));
         }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
