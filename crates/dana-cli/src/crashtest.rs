@@ -112,7 +112,7 @@ pub struct CrashArgs {
     /// segments, collected under the run). Only the kill -9 cycles run
     /// (simulated power cuts on out-of-place devices:
     /// `crates/dana/tests/out_of_place.rs`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "mirrored")]
     pub out_of_place: bool,
     /// With `--out-of-place`: compress every page (LZ4) and pack it at
     /// 512 bytes (`Options::compress_pages`).
@@ -1353,7 +1353,9 @@ pub fn spawn_child(
 > {
     let mut child = cmd
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        // Read only when the child fails to start (what it said about
+        // why): a child writes nothing there otherwise.
+        .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("spawn: {e}"))?;
     let stdout = child.stdout.take().ok_or("no pipe")?;
@@ -1454,7 +1456,15 @@ pub fn kill_cycles(dir: &Path, seed: u64, cycles: u64, tasks: u64) -> Result<Tot
                     Ok(l) if l.starts_with("recovered ") => seen.push(l),
                     other => {
                         let _ = child.kill();
-                        return Err(fail(format!("child did not start: {other:?}")));
+                        let _ = child.wait();
+                        let mut said = String::new();
+                        if let Some(mut e) = child.stderr.take() {
+                            let _ = std::io::Read::read_to_string(&mut e, &mut said);
+                        }
+                        return Err(fail(format!(
+                            "child did not start: {other:?}: {}",
+                            said.trim()
+                        )));
                     }
                 }
             }
