@@ -518,3 +518,44 @@ fn counting_keys_reads_no_large_value_and_scans_read_what_they_return() {
     assert_eq!(all.len(), 40);
     assert_eq!(all[1], (vec![19u8], value(19, 300_000)));
 }
+
+/// Without a log, and before any large value exists, `update` and
+/// `update_async` grow a value past the inline limit as `put` does: a
+/// large value through a commit. (They failed with `ValueTooLarge`: the
+/// plain update path checks the inline limit; a review's finding.)
+#[test]
+fn an_update_without_a_log_grows_a_value_past_the_inline_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts().durability(Durability::Off)).unwrap();
+    let t = db.create_tree("t").unwrap();
+    let max = t.max_inline_value_len();
+    t.put(b"k", &value(1, max)).unwrap();
+    t.put(b"j", &value(2, max)).unwrap();
+    assert_eq!(db.pool().large_values(), 0);
+    let grow = |old: &[u8]| {
+        let mut v = old.to_vec();
+        v.push(9);
+        v
+    };
+    assert!(t.update(b"k", grow).unwrap());
+    assert_eq!(t.value_len(b"k").unwrap(), Some(max as u64 + 1));
+    let mut want = value(1, max);
+    want.push(9);
+    assert_eq!(t.get(b"k").unwrap(), Some(want));
+    db.close().unwrap();
+    // And async, on a fresh database (again no large value before it).
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts().durability(Durability::Off)).unwrap();
+    let t = db.create_tree("t").unwrap();
+    t.put(b"j", &value(2, max)).unwrap();
+    assert_eq!(db.pool().large_values(), 0);
+    let u = t.clone();
+    let r = db
+        .block_on(async move { u.update_async(b"j", grow).await })
+        .unwrap();
+    assert!(r.unwrap());
+    assert_eq!(t.value_len(b"j").unwrap(), Some(max as u64 + 1));
+    // Absent keys stay absent.
+    assert!(!t.update(b"none", grow).unwrap());
+    db.close().unwrap();
+}
