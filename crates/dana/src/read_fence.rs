@@ -27,7 +27,7 @@
 //! until the next open completes it).
 
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::{Error, Result};
@@ -52,7 +52,7 @@ pub(crate) struct ReadFence {
     /// A wait gave up: reads it waited for may still count in the parity
     /// the epoch does not use now (no read enters there until the epoch
     /// moves), and the next wait waits for them first.
-    gave_up: std::sync::atomic::AtomicBool,
+    gave_up: AtomicBool,
 }
 
 /// Where a read in flight is counted.
@@ -91,7 +91,7 @@ impl ReadFence {
         ReadFence {
             epoch: AtomicU64::new(0),
             slots: (0..=workers).map(|_| Slot::default()).collect(),
-            gave_up: std::sync::atomic::AtomicBool::new(false),
+            gave_up: AtomicBool::new(false),
         }
     }
 

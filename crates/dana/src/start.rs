@@ -298,6 +298,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
 /// Keeps room on the data files' file system for the logs that still grow
 /// there (their first lap): the data files stop growing first when it
 /// fills (see `io::grower::SpaceReserve`).
+///
 /// Mirrored files count each copy (none was kept for them: the data
 /// copies took the log's room; a review's finding).
 fn reserve_for_logs(pool: &BufferPool, array: &Array, logs: &[Target], resume: &[Resume]) {

@@ -116,6 +116,15 @@ fn freed_since(e: &Error, named_by: Option<&impl Watched>) -> bool {
     matches!(e, Error::Corrupt { .. }) && named_by.is_some_and(|n| !n.still_valid())
 }
 
+/// A node on a held descent's path that does not cover the key: nothing
+/// changes under the latches, so only damage explains it.
+fn off_path_under_latches(pid: u64) -> Error {
+    Error::Corrupt {
+        page: pid,
+        what: "the node on the path does not cover the key".into(),
+    }
+}
+
 /// A node whose child id a descent followed, watched for changes.
 trait Watched {
     /// True if the node is unchanged since its child's id was read.
@@ -496,12 +505,7 @@ impl BTree {
                 }
                 // Nothing changes under the latches: only damage explains
                 // a node that does not cover the key.
-                Step::NotCovered => {
-                    return Err(Error::Corrupt {
-                        page: pid,
-                        what: "the node on the path does not cover the key".into(),
-                    })
-                }
+                Step::NotCovered => return Err(off_path_under_latches(pid)),
                 Step::Corrupt(what) => return Err(Error::Corrupt { page: pid, what }),
             }
         }
@@ -1010,14 +1014,7 @@ impl BTree {
                     pid = c;
                 }
                 Step::Leaf => return Ok(None),
-                // Nothing changes under the latches (as in
-                // `find_leaf_held`): damage.
-                Step::NotCovered => {
-                    return Err(Error::Corrupt {
-                        page: pid,
-                        what: "the node on the path does not cover the key".into(),
-                    })
-                }
+                Step::NotCovered => return Err(off_path_under_latches(pid)),
                 Step::Corrupt(what) => return Err(Error::Corrupt { page: pid, what }),
             }
         }

@@ -720,7 +720,6 @@ impl BufferPool {
         // and a map bit logged without the meta page's count made the
         // next open fail with `Corrupt` (a review's finding).
         let p = self.new_page(pid, t, reused).await?;
-        let map = s.map(self, geo.map_page_of(pid)).await?;
         map[at] |= mask;
         // A page past the old mark was counted free by extend_mark.
         let meta = s.meta_mut();

@@ -330,24 +330,15 @@ impl Device {
         }
     }
 
-    /// Admits a request to a queue of this device (see
-    /// [`Rejected::admit`]); a write on a device opened read-only is
-    /// refused with [`Error::ReadOnly`] (sent on, the kernel would answer
-    /// EBADF at its completion).
+    /// Admits a request to a queue of this device ([`Rejected::admit`]
+    /// with its alignment and whether it was opened read-only).
     pub(crate) fn admit(
         &self,
         req: Request,
         full: bool,
         capacity: usize,
     ) -> std::result::Result<Request, Rejected> {
-        let req = Rejected::admit(req, &self.alignment(), full, capacity)?;
-        if self.read_only && req.op == crate::OpKind::Write {
-            return Err(Rejected {
-                error: Error::ReadOnly,
-                request: req,
-            });
-        }
-        Ok(req)
+        Rejected::admit(req, &self.alignment(), full, capacity, self.read_only)
     }
 
     /// True for a block device, false for a regular file.

@@ -402,17 +402,27 @@ pub struct Rejected {
 }
 
 impl Rejected {
-    /// Lets `req` into a queue only if it meets the device's alignment
-    /// and the queue has room; otherwise hands it back with the reason.
+    /// Lets `req` into a queue only if it meets the device's alignment,
+    /// the queue has room, and it is no write to a device opened
+    /// `read_only`; otherwise hands it back with the reason. (A write sent
+    /// to a read-only file came back EBADF, and a mirror's copies waited
+    /// for good on it: refused here, it is [`Error::ReadOnly`].)
     pub(crate) fn admit(
         req: Request,
         align: &Alignment,
         full: bool,
         capacity: usize,
+        read_only: bool,
     ) -> std::result::Result<Request, Rejected> {
         if let Err(error) = align.check(&req) {
             return Err(Rejected {
                 error,
+                request: req,
+            });
+        }
+        if read_only && req.op == OpKind::Write {
+            return Err(Rejected {
+                error: Error::ReadOnly,
                 request: req,
             });
         }

@@ -1382,7 +1382,7 @@ impl IoQueue for SimQueue {
 
     fn push(&mut self, req: Request) -> std::result::Result<(), Rejected> {
         let full = self.queued + self.in_flight >= self.capacity;
-        let req = Rejected::admit(req, &self.disk.alignment(), full, self.capacity)?;
+        let req = Rejected::admit(req, &self.disk.alignment(), full, self.capacity, false)?;
         let switch = self
             .disk
             .switch

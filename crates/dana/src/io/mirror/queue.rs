@@ -915,17 +915,18 @@ impl IoQueue for MirrorQueue {
     fn push(&mut self, req: Request) -> std::result::Result<(), Rejected> {
         self.refresh();
         let full = self.outstanding >= self.capacity();
-        let req = Rejected::admit(req, &self.mirror.alignment(), full, self.capacity())?;
-        if req.op == OpKind::Write && self.mirror.read_only.load(Ordering::SeqCst) {
-            // Refused here, typed: sent on, the copies' files (opened
-            // without write access) answered EBADF, the copy was failed
-            // in memory, and its completion was held for a label update
-            // a read-only open never writes: the writer waited for good.
-            return Err(Rejected {
-                error: Error::ReadOnly,
-                request: req,
-            });
-        }
+        // A write on a read-only open is refused here: sent on, the
+        // copies' files (opened without write access) answered EBADF, the
+        // copy was failed in memory, and its completion was held for a
+        // label update a read-only open never writes.
+        let read_only = self.mirror.read_only.load(Ordering::SeqCst);
+        let req = Rejected::admit(
+            req,
+            &self.mirror.alignment(),
+            full,
+            self.capacity(),
+            read_only,
+        )?;
         let p = match self.free.pop() {
             Some(p) => p,
             None => {

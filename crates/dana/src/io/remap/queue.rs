@@ -644,7 +644,7 @@ impl IoQueue for RemapQueue {
 
     fn push(&mut self, req: Request) -> std::result::Result<(), Rejected> {
         let full = self.outstanding >= self.capacity();
-        let req = Rejected::admit(req, &self.remap.alignment(), full, self.capacity())?;
+        let req = Rejected::admit(req, &self.remap.alignment(), full, self.capacity(), false)?;
         let p = match self.free.pop() {
             Some(p) => p,
             None => {
