@@ -1284,14 +1284,7 @@ impl BTree {
     /// Number of keys in `[lower, upper]` (a large value's key counts by
     /// its reference; the value is not read).
     pub async fn count(&self, lower: Bound<&[u8]>, upper: Bound<&[u8]>) -> Result<u64> {
-        let mut c = self.cursor(lower, upper, true);
-        c.keys_only = true;
-        let mut n = 0;
-        while c.advance_leaf().await? {
-            n += c.buffered.len() as u64;
-            c.pos = c.buffered.len();
-        }
-        Ok(n)
+        self.cursor(lower, upper, true).count_keys().await
     }
 
     /// Visits every page of the tree (for check and drop): calls `f` with
@@ -1653,6 +1646,22 @@ impl Cursor {
     /// are too. None if not [`Cursor::stamped`] or a large value was read.
     pub(crate) fn leaf_stamps(&self) -> Option<&[PageStamp]> {
         self.stamps.as_deref()
+    }
+
+    /// Number of keys from here to the end of the range (see
+    /// [`BTree::count`]), leaf by leaf: a guarded cursor asks its guard
+    /// before each leaf only, so a long count holds no fence between
+    /// leaves (a count under one fence made every drop wait for the
+    /// whole walk, and fail past the drop's patience; a review's finding).
+    pub(crate) async fn count_keys(mut self) -> Result<u64> {
+        self.keys_only = true;
+        let mut n = (self.buffered.len() - self.pos) as u64;
+        self.pos = self.buffered.len();
+        while self.advance_leaf().await? {
+            n += self.buffered.len() as u64;
+            self.pos = self.buffered.len();
+        }
+        Ok(n)
     }
 
     /// Loads the matching entries of the next leaf. False at the end.
