@@ -46,6 +46,58 @@ fn odd_durations_and_task_counts_are_refused() {
     }
 }
 
+/// Arguments that ran and printed figures nothing had measured (a window
+/// of 0 s, a waf window of no writes, no tasks, no clients) or failed
+/// only after minutes of dana's runs (an unknown or missing peer engine)
+/// are refused at once, each naming what is wrong (a review's findings).
+#[test]
+fn empty_windows_no_tasks_and_unknown_engines_are_refused_at_once() {
+    for (args, says) in [
+        (&["bench", "commit", "--seconds", "0"][..], "seconds"),
+        (&["bench", "lookup", "--quick", "--seconds", "0"], "seconds"),
+        (&["bench", "tpcc", "--seconds", "0"], "seconds"),
+        (
+            &["bench", "waf", "--quick", "--measure-devices", "0"],
+            "device capacities",
+        ),
+        (
+            &["bench", "waf", "--quick", "--warmup-devices", "nan"],
+            "device capacities",
+        ),
+        (
+            &["bench", "lookup", "--quick", "--tasks-per-worker", "0"],
+            "tasks per worker",
+        ),
+        (&["bench", "blob", "--clients", "0"], "clients"),
+        (
+            &[
+                "bench",
+                "ycsb",
+                "--workload",
+                "c",
+                "--engines",
+                "dana,nosuch",
+            ],
+            "unknown engine",
+        ),
+        (
+            &["bench", "lookup", "--quick", "--engines", "nosuch"],
+            "unknown engine",
+        ),
+    ] {
+        let started = std::time::Instant::now();
+        let (ok, err) = dana(args);
+        assert!(!ok, "{args:?} ran");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{args:?} was refused only after {:?}",
+            started.elapsed()
+        );
+    }
+}
+
 /// `dana rebuild` on a database that is not mirrored says so and leaves
 /// it as it was: no log formatted, no file added.
 #[test]

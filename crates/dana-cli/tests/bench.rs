@@ -600,6 +600,7 @@ fn benches_never_clear_a_directory_they_did_not_make() {
     let user = dir.path().join("user");
     std::fs::create_dir_all(&user).unwrap();
     std::fs::write(user.join("notes.txt"), b"mine").unwrap();
+    std::fs::write(user.join("dana.toml"), b"[mine]").unwrap();
     let db = dir.path().join("db");
     {
         let d = dana::Db::open(&db, dana::Options::default().pool_bytes(8 << 20)).unwrap();
@@ -616,6 +617,13 @@ fn benches_never_clear_a_directory_they_did_not_make() {
         assert!(err.contains("refusing"), "{args:?}: {err}");
     };
     let u = user.to_str().unwrap();
+    // The reloading benches too: the first version refused only a
+    // directory holding `dana.0`, marked any other as a bench's, deleted
+    // its `dana.*` files, and the next `bench commit` there removed it.
+    refused(&["bench", "lookup", "--quick", "--path", u]);
+    refused(&["bench", "pages", "--quick", "--path", u]);
+    refused(&["bench", "ycsb", "--workload", "c", "--quick", "--path", u]);
+    assert_eq!(std::fs::read(user.join("dana.toml")).unwrap(), b"[mine]");
     refused(&["bench", "commit", "--path", u, "--seconds", "0.2"]);
     refused(&["bench", "tpcc", "--path", u, "--seconds", "1"]);
     refused(&["crashtest", "--dir", u, "--points", "0", "--kills", "1"]);

@@ -52,7 +52,7 @@ pub struct BlobArgs {
     #[arg(long, value_delimiter = ',', default_value = "4KiB,64KiB,1MiB,64MiB", value_parser = parse_size)]
     pub sizes: Vec<u64>,
     /// Seconds of each timed phase (two writes, two reads per size).
-    #[arg(long, default_value_t = 4.0, value_parser = crate::bench::parse_seconds)]
+    #[arg(long, default_value_t = 4.0, value_parser = crate::bench::parse_window)]
     pub seconds: f64,
     /// Most bytes a timed write phase writes.
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
@@ -66,7 +66,7 @@ pub struct BlobArgs {
     pub data_factor: f64,
     /// Concurrent clients per size (default: the device budget for
     /// values under 64 KiB, 8 under 8 MiB, else 1).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::bench::parse_clients)]
     pub clients: Option<usize>,
     /// Worker threads.
     #[arg(long, default_value_t = 2)]

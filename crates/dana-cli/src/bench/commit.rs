@@ -43,7 +43,7 @@ pub struct CommitArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,16,256")]
     pub tasks: Vec<usize>,
     /// Seconds per measurement.
-    #[arg(long, default_value_t = 5.0, value_parser = crate::bench::parse_seconds)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::bench::parse_window)]
     pub seconds: f64,
     /// Worker threads.
     #[arg(long, default_value_t = 2)]

@@ -59,7 +59,7 @@ pub struct LookupArgs {
     #[arg(long, value_delimiter = ',', default_value = "0.1")]
     pub pool_fraction: Vec<f64>,
     /// Measured seconds per run.
-    #[arg(long, default_value_t = 20.0, value_parser = crate::bench::parse_seconds)]
+    #[arg(long, default_value_t = 20.0, value_parser = crate::bench::parse_window)]
     pub seconds: f64,
     /// Warm-up seconds before each measured window.
     #[arg(long, default_value_t = 5.0, value_parser = crate::bench::parse_seconds)]
@@ -331,6 +331,7 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
             ));
         }
     }
+    crate::peers::check_engines(&a.engines)?;
     let load = ensure_loaded(&a)?;
     let files = db_files(&a);
     let disk = files.first().and_then(|f| Disk::of(f));

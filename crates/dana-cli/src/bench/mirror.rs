@@ -53,7 +53,7 @@ pub struct MirrorArgs {
     #[arg(long, default_value_t = 16 << 20)]
     pub pool_bytes: usize,
     /// Seconds per measured window.
-    #[arg(long, default_value_t = 4.0, value_parser = crate::bench::parse_seconds)]
+    #[arg(long, default_value_t = 4.0, value_parser = crate::bench::parse_window)]
     pub seconds: f64,
     /// Tasks issuing operations (spread over the workers).
     #[arg(long, default_value_t = 256)]

@@ -105,7 +105,7 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
     /// Concurrent client tasks per worker.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = parse_tasks_per_worker)]
     pub tasks_per_worker: usize,
     /// Most requests in flight per device: `auto` (the engine finds and
     /// tracks the device's best depth, starting at 32) or a fixed number.
@@ -326,6 +326,58 @@ pub fn fail_on_errors(report: &impl Serialize) -> CliResult<()> {
 /// their spawning for good.
 pub const MAX_TASKS_PER_WORKER: usize = 1024;
 
+/// Parses `--tasks-per-worker`: from 1 to [`MAX_TASKS_PER_WORKER`] (0
+/// ran the whole window with no task and printed zeros).
+pub fn parse_tasks_per_worker(s: &str) -> Result<usize, String> {
+    let v: usize = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of tasks"))?;
+    if v == 0 || v > MAX_TASKS_PER_WORKER {
+        return Err(format!(
+            "{v} tasks per worker: give from 1 to {MAX_TASKS_PER_WORKER}"
+        ));
+    }
+    Ok(v)
+}
+
+/// Parses an amount of device capacities written (`bench waf`'s
+/// `--warmup-devices`, `--measure-devices`): finite, from 0 to 1,000;
+/// `positive` refuses 0 (a measured window of no writes printed a WAF of
+/// 1.00 that nothing had measured).
+fn parse_devices(s: &str, positive: bool) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of device capacities"))?;
+    if !v.is_finite() || !(0.0..=1000.0).contains(&v) || (positive && v == 0.0) {
+        let least = if positive { "more than 0" } else { "from 0" };
+        return Err(format!(
+            "{s} device capacities: give a number {least} up to 1000"
+        ));
+    }
+    Ok(v)
+}
+
+/// [`parse_devices`] for a warm-up (0 allowed).
+pub fn parse_warmup_devices(s: &str) -> Result<f64, String> {
+    parse_devices(s, false)
+}
+
+/// [`parse_devices`] for a measured window (more than 0).
+pub fn parse_measure_devices(s: &str) -> Result<f64, String> {
+    parse_devices(s, true)
+}
+
+/// Parses a count of concurrent clients: at least 1.
+pub fn parse_clients(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("0 clients: give at least 1".into()),
+        Ok(v) => Ok(v),
+        Err(_) => Err(format!("{s:?} is not a number of clients")),
+    }
+}
+
 /// Checks a `--tasks` count against the workers that run them.
 pub fn check_tasks(tasks: usize, workers: usize) -> CliResult<()> {
     if tasks == 0 || tasks > workers.max(1) * MAX_TASKS_PER_WORKER {
@@ -350,6 +402,19 @@ pub fn parse_seconds(s: &str) -> Result<f64, String> {
     if !v.is_finite() || !(0.0..=MAX_SECONDS).contains(&v) {
         return Err(format!(
             "{s} seconds: give a finite number from 0 to {MAX_SECONDS}"
+        ));
+    }
+    Ok(v)
+}
+
+/// Parses a measured window in seconds: as [`parse_seconds`], and more
+/// than 0 (a window of 0 s printed rates over a few microseconds, and
+/// ratios of NaN; an outside probe's finding).
+pub fn parse_window(s: &str) -> Result<f64, String> {
+    let v = parse_seconds(s)?;
+    if v <= 0.0 {
+        return Err(format!(
+            "{s} seconds: a measured window must be longer than 0"
         ));
     }
     Ok(v)
@@ -428,11 +493,18 @@ pub fn device_limit(
     })?;
     let iops = runs.iter().map(|r| r.iops).sum();
     let n = runs.len().max(1) as f64;
+    // Each thread's CPU is the whole process's over its window (the
+    // windows run together): their mean over all the threads' reads.
+    // Each thread's own per-read figure divided the whole process's CPU
+    // by its reads alone, N files counting it ~N times over (a review's
+    // finding).
+    let cpu = runs.iter().map(|r| r.cpu_seconds).sum::<f64>() / n;
+    let ios: u64 = runs.iter().map(|r| r.ios).sum();
     Ok(DeviceLimit {
         depth: per_dev * files.len() as u32,
         iops,
         lat_mean_us: runs.iter().map(|r| r.lat_mean_us).sum::<f64>() / n,
-        cpu_us_per_io: runs.iter().map(|r| r.cpu_us_per_io).sum::<f64>() / n,
+        cpu_us_per_io: if ios > 0 { cpu * 1e6 / ios as f64 } else { 0.0 },
         submit,
     })
 }
@@ -1091,16 +1163,16 @@ pub fn fresh_bench_dir(dir: &Path) -> CliResult<()> {
 }
 
 /// Removes dana's own files from a benchmark directory (never anything
-/// else), so a reload starts clean. Refuses a directory that holds a
-/// database but is neither marked as a bench's nor a bench's loaded data
-/// (`LOADED`): `--path` naming a real database must not delete it.
+/// else), so a reload starts clean. Refuses (changing nothing) a
+/// directory that holds files and was not made by a bench: neither marked
+/// as one nor holding a bench's loaded data (`LOADED`). The first version
+/// refused only a directory holding `dana.0`: any other it marked as a
+/// bench's, deleting every `dana.*` file in it, and a later `bench commit`
+/// there removed the whole directory (an outside review's finding).
 pub fn clear_dana_files(dir: &Path) -> CliResult<()> {
-    if dir.join("dana.0").exists()
-        && !dir.join(BENCH_MARKER).exists()
-        && !dir.join("LOADED").exists()
-    {
+    if !is_bench_dir(dir)? && !dir.join("LOADED").exists() {
         return Err(CliError(format!(
-            "refusing to reload {}: it holds a database that no dana bench loaded (no \
+            "refusing to load into {}: it holds files and no dana bench made it (no \
              {BENCH_MARKER} or LOADED in it); give a new or empty directory",
             dir.display()
         )));
@@ -1113,12 +1185,29 @@ pub fn clear_dana_files(dir: &Path) -> CliResult<()> {
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with("dana.") || name == "LOADED" {
+        if is_engine_file(&name) {
             std::fs::remove_file(e.path())
                 .map_err(|err| CliError(format!("removing {}: {err}", e.path().display())))?;
         }
     }
     Ok(())
+}
+
+/// True for the names of the files a database and its bench load make:
+/// `dana.N` and `dana.wal` (with a log's number `.N` and a copy's `.mN`),
+/// the creation marker `dana.creating`, and `LOADED`.
+fn is_engine_file(name: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if name == "LOADED" || name == "dana.creating" {
+        return true;
+    }
+    let Some(rest) = name.strip_prefix("dana.") else {
+        return false;
+    };
+    let mut parts = rest.split('.');
+    let first = parts.next().unwrap_or("");
+    (digits(first) || first == "wal")
+        && parts.all(|p| digits(p) || p.strip_prefix('m').is_some_and(digits))
 }
 
 /// Files of the database in `dir`.

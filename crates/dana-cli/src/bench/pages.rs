@@ -46,7 +46,7 @@ pub struct PagesArgs {
     #[arg(long, default_value_t = 10.0)]
     pub data_over_pool: f64,
     /// Measured seconds.
-    #[arg(long, default_value_t = 15.0, value_parser = crate::bench::parse_seconds)]
+    #[arg(long, default_value_t = 15.0, value_parser = crate::bench::parse_window)]
     pub seconds: f64,
     /// Warm-up seconds.
     #[arg(long, default_value_t = 3.0, value_parser = crate::bench::parse_seconds)]

@@ -51,7 +51,7 @@ pub enum Sweep {
 #[derive(Args, Debug, Clone)]
 pub struct IostudyArgs {
     /// Measured seconds per configuration [default: 10; 2 with --quick].
-    #[arg(long, value_parser = crate::bench::parse_seconds)]
+    #[arg(long, value_parser = crate::bench::parse_window)]
     pub seconds: Option<f64>,
     /// Short run: ~2 s per configuration and 256 MiB of data.
     #[arg(long)]

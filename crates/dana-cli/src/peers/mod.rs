@@ -226,8 +226,33 @@ pub fn open(name: &str, cfg: &PeerConfig) -> CliResult<Box<dyn PeerEngine>> {
     }
 }
 
+/// Checks `--engines` before anything runs: each name other than `dana`
+/// a known engine compiled into this binary. (Checked when a peer
+/// opened, a bad name failed after minutes of dana's runs, whose results
+/// were lost; a review's finding.)
+pub fn check_engines(names: &[String]) -> CliResult<()> {
+    let have = available();
+    for name in names.iter().filter(|n| n.as_str() != "dana") {
+        if !ENGINES.contains(&name.as_str()) {
+            return Err(CliError(format!(
+                "unknown engine {name:?}: known engines are dana, {}",
+                ENGINES.join(", ")
+            )));
+        }
+        if !have.contains(&name.as_str()) {
+            return Err(missing(name));
+        }
+    }
+    Ok(())
+}
+
 #[allow(dead_code)] // unused when every engine is compiled in
 fn not_compiled(name: &str, _cfg: &PeerConfig) -> CliError {
+    missing(name)
+}
+
+/// The error for an engine not compiled into this binary.
+fn missing(name: &str) -> CliError {
     let have = available();
     let have = if have.is_empty() {
         "none".to_string()

@@ -270,15 +270,15 @@ pub struct WafArgs {
     pub log_flush_block: u64,
     /// Warm-up: host writes to the data device, in device capacities,
     /// before the measured window.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 3.0, value_parser = crate::bench::parse_warmup_devices)]
     pub warmup_devices: f64,
     /// Measured window: host writes to the data device, in device
     /// capacities.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, value_parser = crate::bench::parse_measure_devices)]
     pub measure_devices: f64,
     /// Most seconds for each phase (warm-up, window); a phase cut short
     /// is reported as such.
-    #[arg(long, default_value_t = 120.0, value_parser = crate::bench::parse_seconds)]
+    #[arg(long, default_value_t = 120.0, value_parser = crate::bench::parse_window)]
     pub max_seconds: f64,
     /// Concurrent tasks (spread over the workers).
     #[arg(long, default_value_t = 64)]

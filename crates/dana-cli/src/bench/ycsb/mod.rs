@@ -146,7 +146,7 @@ pub struct YcsbArgs {
     #[arg(long, default_value_t = Options::default().log_bytes_value())]
     pub log_bytes: u64,
     /// Measured seconds per workload.
-    #[arg(long, default_value_t = 20.0, value_parser = crate::bench::parse_seconds)]
+    #[arg(long, default_value_t = 20.0, value_parser = crate::bench::parse_window)]
     pub seconds: f64,
     /// Warm-up seconds before each measured window.
     #[arg(long, default_value_t = 5.0, value_parser = crate::bench::parse_seconds)]
@@ -326,6 +326,7 @@ fn options(a: &YcsbArgs, pool_bytes: u64) -> Options {
 /// Runs `dana bench ycsb`.
 pub fn run(args: &YcsbArgs) -> CliResult<()> {
     let a = args.effective();
+    crate::peers::check_engines(&a.engines)?;
     if !a.pool_fraction.is_finite() || a.pool_fraction <= 0.0 {
         return Err(CliError("--pool-fraction must be > 0".into()));
     }
