@@ -23,6 +23,52 @@ pub fn process_cpu_seconds() -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+/// The memory file system `path` (or the nearest existing directory
+/// above it) lives on, `tmpfs` or `ramfs`; None on any other. tmpfs takes
+/// O_DIRECT since Linux 6.6, so a bench pointed there runs the real
+/// io_uring path with the CPU as the limit: its figures are not a disk's.
+pub fn memory_file_system(path: &std::path::Path) -> Option<&'static str> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut p = path;
+    while !p.as_os_str().is_empty() && !p.exists() {
+        p = p.parent()?;
+    }
+    let p = if p.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        p
+    };
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statfs is plain data; all-zero is a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a live, writable statfs.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    // The magic numbers of linux/magic.h (RAMFS_MAGIC is not in the
+    // libc crate); f_type's width differs by target.
+    const TMPFS_MAGIC: u32 = 0x0102_1994;
+    const RAMFS_MAGIC: u32 = 0x8584_58f6;
+    match st.f_type as u32 {
+        TMPFS_MAGIC => Some("tmpfs"),
+        RAMFS_MAGIC => Some("ramfs"),
+        _ => None,
+    }
+}
+
+/// Says on stderr, before a bench runs, that `path` is memory-backed (see
+/// [`memory_file_system`]), so that no figure of the run is taken for a
+/// disk's.
+pub fn note_memory_backed(path: &std::path::Path) {
+    if let Some(fs) = memory_file_system(path) {
+        eprintln!(
+            "note: {} is on {fs}: a memory-backed run; its figures are the CPU's and \
+             memory's, not a disk's",
+            path.display()
+        );
+    }
+}
+
 /// The resident set size of this process in bytes (0 if unknown).
 pub fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
@@ -222,6 +268,26 @@ pub fn num(v: f64, decimals: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A path under a tmpfs mount (one not made yet included) is
+    /// memory-backed; the build's own directory, on the disk, is not.
+    /// (Runs on tmpfs were told from disk runs only by a missing disk
+    /// name; a review's finding.)
+    #[test]
+    fn paths_on_tmpfs_are_told_memory_backed() {
+        let shm = std::path::Path::new("/dev/shm");
+        if memory_file_system(shm) == Some("tmpfs") {
+            assert_eq!(
+                memory_file_system(&shm.join("not-made/deeper")),
+                Some("tmpfs")
+            );
+        }
+        let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        if memory_file_system(std::path::Path::new("/")).is_none() {
+            assert_eq!(memory_file_system(here), None);
+            assert_eq!(memory_file_system(std::path::Path::new("rel/x")), None);
+        }
+    }
 
     #[test]
     fn cpuinfo_parsing() {

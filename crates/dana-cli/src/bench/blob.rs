@@ -724,6 +724,7 @@ pub fn run(args: &BlobArgs) -> CliResult<()> {
     let a = args.effective();
     std::fs::create_dir_all(&a.path).context(format!("creating {}", a.path.display()))?;
     let disk = Disk::of(&a.path);
+    crate::report::note_memory_backed(&a.path);
     let mut sizes = Vec::new();
     for &s in &a.sizes {
         if !a.output.quiet && !a.output.json {

@@ -295,6 +295,7 @@ pub fn run(a: &CommitArgs) -> CliResult<()> {
         super::check_tasks(t, a.workers)?;
     }
     super::fresh_bench_dir(&a.path)?;
+    crate::report::note_memory_backed(&a.path);
     println!(
         "dana bench commit: {} workers, {} logs, pool {} MiB, {} s per point, 8-byte keys, \
          120-byte values (60 random bytes, then a copy), one write per commit, log images {}, \

@@ -335,6 +335,9 @@ pub fn run(args: &LookupArgs) -> CliResult<()> {
     let load = ensure_loaded(&a)?;
     let files = db_files(&a);
     let disk = files.first().and_then(|f| Disk::of(f));
+    if let Some(f) = files.first() {
+        crate::report::note_memory_backed(f);
+    }
     // The device's limit at its best depth, swept before and after the
     // engine's runs (the disk drifts); the engine is measured against the
     // lower of the two.
@@ -994,11 +997,17 @@ pub fn render(r: &LookupReport) -> String {
         }
     }
     s += &format!(
-        "\nnotes: CPU = getrusage(RUSAGE_SELF) user+sys over the window, all threads; dev reads = engine page reads; disk reads = /proc/diskstats of {}; MB = 10^6 bytes.\n",
+        "\nnotes: CPU = getrusage(RUSAGE_SELF) user+sys over the window, all threads; dev reads = engine page reads; disk reads = /proc/diskstats of {}; MB = 10^6 bytes.{}\n",
         r.files
             .first()
             .and_then(|f| Disk::of(f))
-            .map_or("?".into(), |d| d.name)
+            .map_or("?".into(), |d| d.name),
+        r.files
+            .first()
+            .and_then(|f| crate::report::memory_file_system(f))
+            .map_or(String::new(), |fs| format!(
+                " The files are on {fs}: memory-backed figures, not a disk's."
+            ))
     );
     s
 }

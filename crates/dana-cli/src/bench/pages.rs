@@ -151,6 +151,9 @@ pub fn run(args: &PagesArgs) -> CliResult<()> {
         None => Db::open(&a.path, opts)?,
     };
     let disk = files.first().and_then(|f| Disk::of(f));
+    if let Some(f) = files.first() {
+        crate::report::note_memory_backed(f);
+    }
     let state = Arc::new(RunState::default());
     let (tx, rx) = std::sync::mpsc::channel();
     let tasks = a.engine.workers * a.engine.tasks_per_worker;

@@ -500,6 +500,7 @@ fn options(a: &TpccArgs, pool: u64, warehouses: u32) -> Options {
 /// Runs `dana bench tpcc`.
 pub fn run(a: &TpccArgs) -> CliResult<()> {
     let quiet = a.json;
+    crate::report::note_memory_backed(&a.path);
     let (warehouses, pool) = match (a.warehouses, a.pool_fraction) {
         (Some(w), Some(f)) => (w, (u64::from(w) * WAREHOUSE_BYTES) as f64 * f),
         (Some(w), None) => (w, a.pool_bytes as f64),

@@ -359,6 +359,7 @@ pub fn run(args: &YcsbArgs) -> CliResult<()> {
     // timing each op into the same per-kind histograms as `run_workload`.
     let mut runs = Vec::new();
     let mut fresh_done = false;
+    crate::report::note_memory_backed(&a.path);
     for w in a.workload.workloads() {
         // `all`: E starts from a fresh load, as YCSB recommends.
         let force = a.workload == WorkloadChoice::All && w == Workload::E && fresh_done;
