@@ -245,3 +245,50 @@ fn simulated_faults_name_device_and_offset() {
     );
     assert_eq!(disk.stats().faults_fired, 1);
 }
+
+/// The runtime makes each worker's rings on the thread that opens the
+/// database and hands them to the worker. With deferred task work
+/// (`UringOptions::defer_taskrun`, the default) a ring has one submitter:
+/// the thread that first uses it, which must then get its completions
+/// both by reaping and by sleeping on the ring's eventfd (they are posted
+/// only when it asks; the eventfd is signalled when the first waits).
+#[test]
+fn a_ring_made_on_one_thread_serves_the_thread_that_uses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = file_targets(&dir, 1).remove(0);
+    let backend = Backend::default();
+    let mut q = open_queue(&target, &backend, 8).unwrap();
+    let efd = dana::io::EventFd::new().unwrap();
+    q.attach_eventfd(efd.raw()).unwrap();
+    std::thread::spawn(move || {
+        let mut one = |req: Request| -> Completion {
+            q.set_notify(true);
+            q.push(req).unwrap();
+            assert_eq!(q.submit().unwrap(), 1);
+            let mut out = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while q.reap(&mut out) == 0 {
+                // Asleep as a worker sleeps: only the eventfd wakes it.
+                let woken = efd.wait(Some(Duration::from_secs(5)));
+                assert!(
+                    woken || q.reap(&mut out) > 0,
+                    "a completion neither signalled the eventfd nor was reaped"
+                );
+                assert!(Instant::now() < deadline, "the request never completed");
+                if !out.is_empty() {
+                    break;
+                }
+            }
+            q.set_notify(false);
+            let c = out.pop().unwrap();
+            assert!(c.result.is_ok(), "{:?}", c.result);
+            c
+        };
+        let data: Vec<u8> = (0..PAGE).map(|i| (i % 251) as u8).collect();
+        one(Request::write(1, 3 * PAGE as u64, buf_with(&data)));
+        let c = one(Request::read(2, 3 * PAGE as u64, empty_buf(PAGE)));
+        assert_eq!(&c.buf.unwrap().as_owned().unwrap()[..], &data[..]);
+    })
+    .join()
+    .unwrap();
+}

@@ -6,6 +6,15 @@
 //! submission queue; `submit` hands the whole batch to the kernel in one
 //! `io_uring_enter` (none at all with SQPOLL while the poller is awake).
 //!
+//! Completions are deferred task work (`IORING_SETUP_DEFER_TASKRUN`,
+//! Linux 6.1+, unless [`UringOptions::defer_taskrun`] is off): the kernel
+//! posts them when the ring's thread enters with GETEVENTS (`reap` does
+//! when the ring's TASKRUN flag is up), instead of interrupting that
+//! thread once per completion. Such a ring has one submitter, the thread
+//! that first pushes to it or waits on it: it is created disabled and
+//! enabled then, so that the thread that opens a database can make its
+//! workers' rings. It must never be used from another thread after that.
+//!
 //! Invariant: a slot holds the request's [`IoBuf`] from `push` until its
 //! completion is reaped, so the memory the kernel reads or writes is alive
 //! for as long as the kernel may touch it; `Drop` waits for every request in
@@ -38,6 +47,11 @@ pub struct UringOptions {
     pub iopoll: bool,
     /// Register the device's file descriptor with the ring.
     pub register_files: bool,
+    /// Completions wait in the ring until its thread asks for them
+    /// (`IORING_SETUP_DEFER_TASKRUN`, Linux 6.1+; an older kernel gets a
+    /// plain ring): no interrupt of the running thread per completion.
+    /// The thread that first uses the queue becomes its only submitter.
+    pub defer_taskrun: bool,
 }
 
 impl Default for UringOptions {
@@ -47,6 +61,7 @@ impl Default for UringOptions {
             sqpoll_idle_ms: 10,
             iopoll: false,
             register_files: true,
+            defer_taskrun: true,
         }
     }
 }
@@ -79,6 +94,15 @@ pub struct UringQueue {
     /// Keeps registered regions alive as long as the ring may use them.
     regions: Vec<Arc<AlignedBuf>>,
     options: UringOptions,
+    /// Completions are deferred task work, run only by an enter with
+    /// GETEVENTS from this ring's thread.
+    deferred: bool,
+    /// The ring is created disabled (its submitter is the thread that
+    /// enables it): true until the first push or wait enables it on the
+    /// thread that makes it.
+    disabled: bool,
+    /// The last reap could not post the deferred completions waiting.
+    deferred_left: bool,
 }
 
 fn backend_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
@@ -111,10 +135,37 @@ impl UringQueue {
         // No COOP_TASKRUN: with it the kernel posts completions only when
         // this thread next enters the kernel, and a worker asleep in
         // poll() on its eventfd would never see them (a load hung that
-        // way). Measured: no throughput difference without it.
-        let ring = builder.build(entries).map_err(backend_err(format!(
-            "setting up a ring of {entries} entries"
-        )))?;
+        // way). DEFER_TASKRUN is different: a completion added to the
+        // ring's empty list of deferred work signals the eventfd, and the
+        // TASKRUN flag tells `reap` to enter for the rest. The ring is
+        // created disabled, so that the worker thread that first uses it
+        // (not the thread that opens the database) is its one submitter.
+        let deferred = options.defer_taskrun && !options.sqpoll && !options.iopoll;
+        let mut ring = None;
+        if deferred {
+            let mut b = builder.clone();
+            b.setup_single_issuer()
+                .setup_defer_taskrun()
+                .setup_taskrun_flag()
+                .setup_r_disabled();
+            match b.build(entries) {
+                Ok(r) => ring = Some(r),
+                // A kernel before 6.1 refuses the flags: a plain ring.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                Err(e) => {
+                    return Err(backend_err(format!(
+                        "setting up a ring of {entries} entries"
+                    ))(e))
+                }
+            }
+        }
+        let deferred = ring.is_some();
+        let ring = match ring {
+            Some(r) => r,
+            None => builder.build(entries).map_err(backend_err(format!(
+                "setting up a ring of {entries} entries"
+            )))?,
+        };
         let mut fixed_file = false;
         if options.register_files {
             ring.submitter()
@@ -135,7 +186,23 @@ impl UringQueue {
             registered: Vec::new(),
             regions: Vec::new(),
             options,
+            deferred,
+            disabled: deferred,
+            deferred_left: false,
         })
+    }
+
+    /// Enables a ring created disabled, making the calling thread its
+    /// submitter (once).
+    fn enable(&mut self) -> Result<()> {
+        if self.disabled {
+            self.ring
+                .submitter()
+                .register_enable_rings()
+                .map_err(backend_err("enabling the ring on its worker"))?;
+            self.disabled = false;
+        }
+        Ok(())
     }
 
     fn registered_index(&self, addr: usize, len: usize) -> Option<u16> {
@@ -239,6 +306,12 @@ impl IoQueue for UringQueue {
     }
 
     fn push(&mut self, req: Request) -> std::result::Result<(), Rejected> {
+        if let Err(error) = self.enable() {
+            return Err(Rejected {
+                error,
+                request: req,
+            });
+        }
         let full = self.free.is_empty();
         let req = self.device.admit(req, full, self.capacity)?;
         let Some(slot) = self.free.pop() else {
@@ -309,6 +382,25 @@ impl IoQueue for UringQueue {
 
     fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
         let device = self.device.index();
+        if self.deferred && !self.disabled && self.ring.submission().taskrun() {
+            // Completions wait as deferred work: an enter with GETEVENTS
+            // (nothing to submit, nothing to wait for) posts them. An
+            // error leaves them for the next reap or wait, and the worker
+            // does not sleep on them (`ready_in`).
+            // SAFETY: no submission entries are handed over (0) and no
+            // argument is passed; the call only runs this ring's work.
+            let entered = unsafe {
+                self.ring.submitter().enter::<libc::sigset_t>(
+                    0,
+                    0,
+                    io_uring::EnterFlags::GETEVENTS.bits(),
+                    None,
+                )
+            };
+            self.deferred_left = entered.is_err();
+        } else {
+            self.deferred_left = false;
+        }
         let mut n = 0;
         let mut cq = self.ring.completion();
         cq.sync();
@@ -335,6 +427,10 @@ impl IoQueue for UringQueue {
     }
 
     fn wait(&mut self, min: usize, timeout: Option<Duration>) -> Result<()> {
+        if self.in_flight + self.queued == 0 {
+            return Ok(());
+        }
+        self.enable()?;
         self.in_flight += self.queued;
         self.queued = 0;
         let ready = self.ring.completion().len();
@@ -373,7 +469,11 @@ impl IoQueue for UringQueue {
     }
 
     fn ready_in(&self) -> Option<Duration> {
-        None
+        // Deferred completions the last reap left (its enter failed): the
+        // eventfd was signalled only for the first of them, perhaps while
+        // notifications were off, so no sleep. (Those that come after the
+        // reap find the list empty and signal.)
+        self.deferred_left.then_some(Duration::ZERO)
     }
 
     fn register_memory(&mut self, region: &Arc<AlignedBuf>) -> Result<bool> {

@@ -762,8 +762,14 @@ impl Remap {
             None => offered,
         };
         // io_uring where the host allows it (a victim's extents read at
-        // once), else one syscall per request.
-        let own = open_queue(&inner, &Backend::default(), 256)
+        // once), else one syscall per request. The queue is shared under
+        // a mutex by whichever thread collects or opens: a ring with
+        // deferred task work answers only its first thread (`uring.rs`).
+        let shared = Backend::Uring(super::uring::UringOptions {
+            defer_taskrun: false,
+            ..Default::default()
+        });
+        let own = open_queue(&inner, &shared, 256)
             .or_else(|_| open_queue(&inner, &Backend::Blocking, 256))?;
         let state = State {
             map: vec![NO_PAGE; pages as usize],
