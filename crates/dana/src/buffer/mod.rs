@@ -757,7 +757,11 @@ impl BufferPool {
         if self.free_count.load(Ordering::Acquire) == 0 {
             return None;
         }
-        let f = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        // The count moves with the list, under its lock: moved after the
+        // unlock, a pop could take it below zero for a moment (three
+        // threads; a review's finding).
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let f = free.pop();
         if f.is_some() {
             self.free_count.fetch_sub(1, Ordering::SeqCst);
         }
@@ -771,11 +775,10 @@ impl BufferPool {
         for &f in fs {
             debug_assert_eq!(self.frames[f as usize].pid.load(Ordering::Relaxed), NO_PAGE);
         }
-        self.free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend_from_slice(fs);
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        free.extend_from_slice(fs);
         self.free_count.fetch_add(fs.len(), Ordering::SeqCst);
+        drop(free);
         self.frame_waiters.wake_all();
     }
 
@@ -1026,6 +1029,11 @@ impl BufferPool {
             return Ok(None);
         }
         let wait = self.inflight.insert(pid);
+        // The frame's histories start now, before its page id shows: the
+        // evicted page's (the coldest of its sample) made a frame being
+        // read WATT's first choice, a victim it cannot latch, and that
+        // sample freed nothing (a review's finding).
+        self.arrived(f, false);
         self.frames[f as usize].pid.store(pid, Ordering::Release);
         let (device, offset) = self.array.locate(pid);
         // SAFETY: frame f came off the free list and its page is LOADING:
@@ -1861,8 +1869,11 @@ impl Future for FrameWait<'_> {
         self.pool.frame_waiters.register(cx.waker());
         self.registered = true;
         // A frame freed between the check and the registration would not
-        // wake us: look again.
-        if self.pool.free_count.load(Ordering::SeqCst) > 0 {
+        // wake us: look again. So would a poisoning (it wakes only the
+        // waiters registered by then), after which no write-back frees a
+        // frame: the waiter slept for good (a review's finding); the
+        // caller sees the poison once woken.
+        if self.pool.free_count.load(Ordering::SeqCst) > 0 || self.pool.poisoned().is_some() {
             return Poll::Ready(());
         }
         Poll::Pending
@@ -2279,6 +2290,33 @@ pub(crate) fn test_pool(array: Array, frames: usize) -> (Arc<BufferPool>, sched:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A wait for a free frame that registers after the pool was poisoned
+    /// ends: the poisoning woke only the waiters registered before it,
+    /// and no write-back frees a frame any more (the waiter slept for
+    /// good, and a close behind it; a review's finding).
+    #[test]
+    fn a_frame_wait_that_starts_after_a_poisoning_ends() {
+        use crate::io::sim::{SimConfig, SimDisk};
+        use crate::io::Target;
+        use std::task::{Context, Poll, Waker};
+        let disk = SimDisk::new(0, 1 << 20, SimConfig::default());
+        let array = Array::new(vec![Target::Sim(disk)], 4096).unwrap();
+        let (pool, _rt) = test_pool(array, 16);
+        let mut taken = Vec::new();
+        while let Some(f) = pool.take_frame() {
+            taken.push(f);
+        }
+        assert_eq!(pool.free_count.load(Ordering::SeqCst), 0);
+        pool.poison(&Error::Poisoned("a write-back failed".into()));
+        let mut wait = std::pin::pin!(FrameWait {
+            pool: &pool,
+            registered: false,
+        });
+        let mut cx = Context::from_waker(Waker::noop());
+        assert_eq!(wait.as_mut().poll(&mut cx), Poll::Ready(()));
+        pool.return_frames(&taken);
+    }
 
     /// A task that panics while it holds a page latched for writing, after
     /// changing it, leaves a change that may be half made: the pool stops
