@@ -70,6 +70,22 @@ fn empty_windows_no_tasks_and_unknown_engines_are_refused_at_once() {
         ),
         (&["bench", "blob", "--clients", "0"], "clients"),
         (
+            &["bench", "waf", "--quick", "--tasks", "3", "--workers", "2"],
+            "history ids",
+        ),
+        (
+            &[
+                "bench",
+                "waf",
+                "--quick",
+                "--tasks",
+                "8192",
+                "--workers",
+                "8",
+            ],
+            "history ids",
+        ),
+        (
             &[
                 "bench",
                 "ycsb",

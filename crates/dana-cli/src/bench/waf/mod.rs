@@ -485,6 +485,17 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
     if a.workloads.is_empty() {
         return Err(CliError("--workloads takes ycsb-a, tpcc or both".into()));
     }
+    // TPC-C runs `--tasks` as whole tasks per worker, and its history ids
+    // keep 12 bits of a task's number (past them, history rows were
+    // overwritten; a review's finding).
+    if a.workloads.contains(&WafWorkload::Tpcc)
+        && (a.tasks % a.workers.max(1) != 0 || a.tasks >= 1 << 12)
+    {
+        return Err(CliError(format!(
+            "--tasks {} with TPC-C: a multiple of --workers ({}) below 4,096 (history ids)",
+            a.tasks, a.workers
+        )));
+    }
     let mut runs = Vec::new();
     for &workload in &a.workloads {
         // TPC-C sizes its device to its data: measured once.
