@@ -1029,11 +1029,6 @@ impl BufferPool {
             return Ok(None);
         }
         let wait = self.inflight.insert(pid);
-        // The frame's histories start now, before its page id shows: the
-        // evicted page's (the coldest of its sample) made a frame being
-        // read WATT's first choice, a victim it cannot latch, and that
-        // sample freed nothing (a review's finding).
-        self.arrived(f, false);
         self.frames[f as usize].pid.store(pid, Ordering::Release);
         let (device, offset) = self.array.locate(pid);
         // SAFETY: frame f came off the free list and its page is LOADING:
