@@ -329,16 +329,17 @@ pub const MAX_TASKS_PER_WORKER: usize = 1024;
 /// Parses `--tasks-per-worker`: from 1 to [`MAX_TASKS_PER_WORKER`] (0
 /// ran the whole window with no task and printed zeros).
 pub fn parse_tasks_per_worker(s: &str) -> Result<usize, String> {
-    let v: usize = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of tasks"))?;
-    if v == 0 || v > MAX_TASKS_PER_WORKER {
-        return Err(format!(
-            "{v} tasks per worker: give from 1 to {MAX_TASKS_PER_WORKER}"
-        ));
+    parse_count(s, "tasks per worker", MAX_TASKS_PER_WORKER)
+}
+
+/// Parses a count of `what` from 1 to `max`.
+fn parse_count(s: &str, what: &str, max: usize) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(v) if (1..=max).contains(&v) => Ok(v),
+        Ok(v) if max == usize::MAX => Err(format!("{v} {what}: give at least 1")),
+        Ok(v) => Err(format!("{v} {what}: give from 1 to {max}")),
+        Err(_) => Err(format!("{s:?} is not a number of {what}")),
     }
-    Ok(v)
 }
 
 /// Parses an amount of device capacities written (`bench waf`'s
@@ -371,11 +372,7 @@ pub fn parse_measure_devices(s: &str) -> Result<f64, String> {
 
 /// Parses a count of concurrent clients: at least 1.
 pub fn parse_clients(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
-        Ok(0) => Err("0 clients: give at least 1".into()),
-        Ok(v) => Ok(v),
-        Err(_) => Err(format!("{s:?} is not a number of clients")),
-    }
+    parse_count(s, "clients", usize::MAX)
 }
 
 /// Checks a `--tasks` count against the workers that run them.

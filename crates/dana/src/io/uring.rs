@@ -140,31 +140,26 @@ impl UringQueue {
         // TASKRUN flag tells `reap` to enter for the rest. The ring is
         // created disabled, so that the worker thread that first uses it
         // (not the thread that opens the database) is its one submitter.
-        let deferred = options.defer_taskrun && !options.sqpoll && !options.iopoll;
-        let mut ring = None;
-        if deferred {
+        let setup_failed = |e| backend_err(format!("setting up a ring of {entries} entries"))(e);
+        let deferred_ring = if options.defer_taskrun && !options.sqpoll && !options.iopoll {
             let mut b = builder.clone();
             b.setup_single_issuer()
                 .setup_defer_taskrun()
                 .setup_taskrun_flag()
                 .setup_r_disabled();
             match b.build(entries) {
-                Ok(r) => ring = Some(r),
+                Ok(r) => Some(r),
                 // A kernel before 6.1 refuses the flags: a plain ring.
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-                Err(e) => {
-                    return Err(backend_err(format!(
-                        "setting up a ring of {entries} entries"
-                    ))(e))
-                }
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => None,
+                Err(e) => return Err(setup_failed(e)),
             }
-        }
-        let deferred = ring.is_some();
-        let ring = match ring {
+        } else {
+            None
+        };
+        let deferred = deferred_ring.is_some();
+        let ring = match deferred_ring {
             Some(r) => r,
-            None => builder.build(entries).map_err(backend_err(format!(
-                "setting up a ring of {entries} entries"
-            )))?,
+            None => builder.build(entries).map_err(setup_failed)?,
         };
         let mut fixed_file = false;
         if options.register_files {

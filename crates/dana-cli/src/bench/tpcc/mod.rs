@@ -333,8 +333,12 @@ impl RunResult {
 
 /// The key part of a History row written by the run with `seed`, task
 /// `task`, its `n`th transaction.
+/// Tasks (and peer threads) a TPC-C run's history ids tell apart: they
+/// keep 12 bits of a task's number.
+pub const HISTORY_TASKS: usize = 1 << 12;
+
 fn history_id(seed: u64, task: usize, n: u64) -> u64 {
-    debug_assert!(task < 1 << 12 && n < 1 << 28);
+    debug_assert!(task < HISTORY_TASKS && n < 1 << 28);
     (1 << 63)
         | ((seed & ((1 << 23) - 1)) << 40)
         | ((task as u64 & 0xfff) << 28)
@@ -517,12 +521,12 @@ pub fn run(a: &TpccArgs) -> CliResult<()> {
     if warehouses == 0 {
         return Err(CliError("--warehouses must be at least 1".into()));
     }
-    if a.workers * a.tasks_per_worker >= 1 << 12 || a.workers * a.tasks_per_worker == 0 {
+    if a.workers * a.tasks_per_worker >= HISTORY_TASKS || a.workers * a.tasks_per_worker == 0 {
         return Err(CliError(
             "--workers x --tasks-per-worker must be 1 to 4,095 (history ids)".into(),
         ));
     }
-    if a.peer_threads.iter().any(|&t| t == 0 || t >= 1 << 12) {
+    if a.peer_threads.iter().any(|&t| t == 0 || t >= HISTORY_TASKS) {
         return Err(CliError(
             "--peer-threads must each be 1 to 4,095 (history ids)".into(),
         ));

@@ -489,7 +489,7 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
     // keep 12 bits of a task's number (past them, history rows were
     // overwritten; a review's finding).
     if a.workloads.contains(&WafWorkload::Tpcc)
-        && (a.tasks % a.workers.max(1) != 0 || a.tasks >= 1 << 12)
+        && (a.tasks % a.workers.max(1) != 0 || a.tasks >= crate::bench::tpcc::HISTORY_TASKS)
     {
         return Err(CliError(format!(
             "--tasks {} with TPC-C: a multiple of --workers ({}) below 4,096 (history ids)",
