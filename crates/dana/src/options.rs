@@ -488,8 +488,9 @@ impl Options {
     /// The limit of requests in flight per device adapts to the device
     /// while the engine runs, starting at `start` (the default, from 32):
     /// it climbs while deeper queues bring proportionally more completions
-    /// and comes back down past the device's latency knee, between 1 and
-    /// the workers' queue capacity (`queue_depth` x workers). Each change
+    /// and comes back down past the device's latency knee, between one
+    /// request per worker and the workers' queue capacity (`queue_depth` x
+    /// workers). Each change
     /// is kept for reports ([`crate::sched::DeviceBudgets::changes`]).
     ///
     /// ```

@@ -172,6 +172,14 @@ impl DepthControl {
     pub fn observe(&mut self, e: &Epoch) -> Option<(usize, Reason)> {
         let bound = e.bound_by(self.limit) && e.completions > 0;
         let out = match self.phase {
+            Phase::Trial { base, .. } if e.completions == 0 => {
+                // Nothing completed at the trial limit: a stall of the
+                // device (or of the engine) for the whole epoch, not an
+                // answer about the depth. The trial is dropped unjudged.
+                self.phase = Phase::Base { trial: None };
+                self.limit = base;
+                Some((base, Reason::TrialEnd))
+            }
             Phase::Trial { base, before } => {
                 self.phase = Phase::Base {
                     trial: Some(TrialResult {
@@ -429,6 +437,31 @@ mod tests {
         let mut c = DepthControl::new(8, 1, 256);
         let l = settled(&mut c, &m, &mut || 0.0);
         assert!((32..=50).contains(&l), "settled at {l}");
+    }
+
+    #[test]
+    fn a_trial_during_which_nothing_completed_is_not_judged() {
+        // A down-trial whose epoch saw the device stall (requests waiting,
+        // none completed) must not count as "a shallower limit lost
+        // nothing".
+        let bound = Epoch {
+            completions: 5_000,
+            latency_sum: 0.05 * 32.0,
+            seconds: 0.05,
+            deferred: 10,
+        };
+        let stalled = Epoch {
+            completions: 0,
+            latency_sum: 0.0,
+            seconds: 1.0,
+            deferred: 5,
+        };
+        let mut c = DepthControl::new(32, 1, 256);
+        c.up_next = false;
+        assert_eq!(c.observe(&bound), Some((16, Reason::ProbeDown)));
+        assert_eq!(c.observe(&stalled), Some((32, Reason::TrialEnd)));
+        c.observe(&bound);
+        assert_eq!(c.down, Tally::default(), "the stalled trial was tallied");
     }
 
     #[test]

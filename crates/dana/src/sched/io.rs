@@ -91,8 +91,10 @@ struct DeviceBudget {
 ///
 /// Each device has a limit of requests in flight across all workers: fixed
 /// ([`RuntimeConfig::adaptive_budget`] off) or chosen and tracked while the
-/// engine runs by `DepthControl` (`sched/depth.rs`), from 1 to the
-/// workers' queue capacity. Every request counts: page reads, background
+/// engine runs by `DepthControl` (`sched/depth.rs`), from one request per
+/// worker (each worker is always granted one: a lower limit would not
+/// change the depth, so its trials would measure nothing and could hold
+/// the limit there) to the workers' queue capacity. Every request counts: page reads, background
 /// page writes, the log's writes and syncs. The limit is shared by demand:
 /// each worker with requests for the device gets an equal share of it, and
 /// a worker alone may fill the device. Below its *floor* (its equal part
@@ -125,7 +127,7 @@ impl DeviceBudgets {
                 .map(|_| {
                     let control = config
                         .adaptive_budget
-                        .then(|| DepthControl::new(initial, 1, max));
+                        .then(|| DepthControl::new(initial, config.workers.max(1), max));
                     DeviceBudget {
                         in_flight: AtomicUsize::new(0),
                         limit: AtomicUsize::new(control.as_ref().map_or(initial, |c| c.limit())),
@@ -225,6 +227,21 @@ impl DeviceBudgets {
         let now_ns = now.saturating_duration_since(self.started).as_nanos() as u64;
         let start = b.epoch_start.load(Ordering::Relaxed);
         let elapsed = Duration::from_nanos(now_ns.saturating_sub(start));
+        if elapsed > EPOCH_MAX * 2 {
+            // Nothing came to end the epoch for longer than any epoch
+            // lasts: the device sat idle (or the runtime just started),
+            // and a throughput over that gap says nothing about its depth.
+            // Start afresh; one worker does it.
+            if let Ok(_control) = control.try_lock() {
+                if b.epoch_start.load(Ordering::Relaxed) == start {
+                    b.completions.store(0, Ordering::Relaxed);
+                    b.latency_ns.store(0, Ordering::Relaxed);
+                    b.deferred.store(0, Ordering::Relaxed);
+                    b.epoch_start.store(now_ns, Ordering::Relaxed);
+                }
+            }
+            return;
+        }
         if elapsed < EPOCH
             || (elapsed < EPOCH_MAX && b.completions.load(Ordering::Relaxed) < EPOCH_COMPLETIONS)
         {
@@ -323,9 +340,12 @@ struct DeviceIo {
     urgent: VecDeque<Waiting>,
     /// Page write-backs: served after the urgent ones, but always with up
     /// to a quarter of the worker's share when they wait (eviction needs
-    /// them to free frames for the reads).
+    /// them to free frames for the reads); with a share of one, every
+    /// other pick while both wait.
     background: VecDeque<Waiting>,
     background_in_flight: usize,
+    /// Whether the last request picked was a write-back.
+    last_background: bool,
     /// Whether this worker's demand bit is set for the device.
     demand: bool,
     meta: Vec<Option<Meta>>,
@@ -340,6 +360,7 @@ impl DeviceIo {
             urgent: VecDeque::new(),
             background: VecDeque::new(),
             background_in_flight: 0,
+            last_background: false,
             demand: false,
             meta: vec![None; cap],
             free_meta: (0..cap as u32).rev().collect(),
@@ -353,11 +374,20 @@ impl DeviceIo {
     /// The next request to submit, reads first (see `background`), given
     /// the worker's share of the device.
     fn next(&mut self, share: usize) -> Option<(Waiting, bool)> {
-        let background_due = self.background_in_flight < (share / 4).max(1);
-        if !self.background.is_empty() && (self.urgent.is_empty() || background_due) {
-            return self.background.pop_front().map(|w| (w, true));
+        // A share of one slot would go to the write-backs every time it
+        // frees (none in flight then): reads and log writes would wait for
+        // the whole write-back queue. There the two take turns.
+        let background_due =
+            self.background_in_flight < (share / 4).max(1) && (share > 1 || !self.last_background);
+        let picked = if !self.background.is_empty() && (self.urgent.is_empty() || background_due) {
+            self.background.pop_front().map(|w| (w, true))
+        } else {
+            self.urgent.pop_front().map(|w| (w, false))
+        };
+        if let Some((_, background)) = &picked {
+            self.last_background = *background;
         }
-        self.urgent.pop_front().map(|w| (w, false))
+        picked
     }
 
     fn put_back(&mut self, w: Waiting, background: bool) {
@@ -775,5 +805,70 @@ mod tests {
         // of the write-backs (nothing else waits).
         assert_eq!(order, [0, 1, 10, 11, 12, 13, 2, 3]);
         assert_eq!(dev.waiting(), 0);
+    }
+
+    /// With a share of one request, each pick completing before the next,
+    /// write-backs and reads take turns: the write-backs never hold the
+    /// one slot while reads wait.
+    #[test]
+    fn with_a_share_of_one_reads_and_write_backs_take_turns() {
+        let disk = SimDisk::new(0, 1 << 20, SimConfig::default());
+        let mut dev = DeviceIo::new(Box::new(disk.queue(64)));
+        for i in 0..4 {
+            dev.background.push_back(waiting(RequestKind::PageWrite, i));
+        }
+        for i in 0..4 {
+            dev.urgent.push_back(waiting(RequestKind::PageRead, 10 + i));
+        }
+        let mut order = Vec::new();
+        while let Some((w, _)) = dev.next(1) {
+            // Completed before the next pick: nothing in flight.
+            order.push(w.req.tag & TAG_ID_MASK);
+        }
+        assert_eq!(order, [0, 10, 1, 11, 2, 12, 3, 13]);
+    }
+
+    /// An adaptive limit starts and stays at one request per worker or
+    /// more (a worker is always granted one, so a lower limit changes
+    /// nothing the law could measure), and an epoch that spans an idle
+    /// gap longer than any epoch is dropped, not judged.
+    #[test]
+    fn an_adaptive_limit_keeps_one_request_per_worker_and_skips_idle_gaps() {
+        let config = RuntimeConfig {
+            workers: 2,
+            device_budget: 1,
+            adaptive_budget: true,
+            ..RuntimeConfig::default()
+        };
+        let b = DeviceBudgets::new(1, &config);
+        assert_eq!(b.limit(0), 2);
+        // A short burst that waited for the budget, then 5 s of nothing.
+        let t0 = b.started;
+        b.account(
+            0,
+            10,
+            Duration::from_micros(100),
+            1,
+            t0 + Duration::from_millis(10),
+        );
+        b.account(
+            0,
+            1,
+            Duration::from_micros(100),
+            0,
+            t0 + Duration::from_secs(5),
+        );
+        assert_eq!(b.changes(), [], "an idle gap was judged as an epoch");
+        // Busy epochs after it are judged: a device as fast at any depth
+        // (all past its knee) draws trials and moves down, never below 2.
+        let mut t = t0 + Duration::from_secs(5);
+        for _ in 0..2_000 {
+            t += EPOCH + Duration::from_millis(1);
+            let limit = b.limit(0) as u32;
+            b.account(0, 5_000, Duration::from_millis(51) * limit, 1, t);
+            assert!(b.limit(0) >= 2, "limit {}", b.limit(0));
+        }
+        assert!(!b.changes().is_empty());
+        assert_eq!(b.limit(0), 2);
     }
 }
