@@ -403,3 +403,52 @@ fn close_returns_while_a_raw_tree_writer_waits_for_log_room() {
     let n = writes.recv_timeout(Duration::from_secs(5)).unwrap();
     assert!(n > 0);
 }
+
+/// Without a log, a plain write of a small value checks that the database
+/// holds no large value, then takes its key's lock: a commit of a large
+/// value to the same key in between used to make the plain write fail with
+/// `InvalidArgument` ("would replace or delete a large value"), a legal
+/// write refused (a review's finding). It now goes through a commit.
+#[test]
+fn a_plain_write_racing_a_large_value_to_its_key_is_not_refused() {
+    let mut refused = Vec::new();
+    for round in 0..40u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options::default()
+            .pool_bytes(8 << 20)
+            .capacity_bytes(64 << 20)
+            .durability(dana::Durability::Off);
+        let db = Db::open(dir.path(), opts).unwrap();
+        let t = db.create_tree("t").unwrap();
+        let go = Arc::new(std::sync::Barrier::new(3));
+        let large = {
+            let (t, go) = (t.clone(), go.clone());
+            std::thread::spawn(move || {
+                go.wait();
+                t.put(b"k", &vec![7u8; 64 << 10])
+            })
+        };
+        let small: Vec<_> = (0..2)
+            .map(|_| {
+                let (t, go) = (t.clone(), go.clone());
+                std::thread::spawn(move || {
+                    go.wait();
+                    (0..200)
+                        .map(|i| t.put(b"k", &[i as u8; 8]))
+                        .find(Result::is_err)
+                })
+            })
+            .collect();
+        large.join().unwrap().unwrap();
+        for s in small {
+            if let Some(Err(e)) = s.join().unwrap() {
+                refused.push(format!("round {round}: {e}"));
+            }
+        }
+        // Whatever the order, the key holds one of the values written.
+        let v = t.get(b"k").unwrap().unwrap();
+        assert!(v.len() == 8 || v == vec![7u8; 64 << 10]);
+        db.close().unwrap();
+    }
+    assert!(refused.is_empty(), "{refused:?}");
+}

@@ -689,7 +689,6 @@ impl BufferPool {
         } else {
             Some(self.reserve(1).await?)
         };
-        let geo = self.geometry();
         // The page is marked used in memory the moment it is chosen: a
         // large value's hold takes runs from the in-memory copy without
         // the space guard, and must never see this page free while the
@@ -705,7 +704,31 @@ impl BufferPool {
             None => (self.extend_mark(s).await?, false),
         };
         // On an error below the page stays used in memory: a page lost
-        // until the next open is safe, a page handed out twice is not.
+        // until the next open is safe, a page handed out twice is not. It
+        // leaves the count of available pages all the same (it was counted
+        // there, as free or past the mark): counted, a commit would be
+        // admitted for a page that is not there, and its apply would fail
+        // after its record (a review's finding).
+        let p = self
+            .claim_chosen(s, pid, t, reused)
+            .await
+            .inspect_err(|_| {
+                self.take_available(1);
+            })?;
+        self.took_page();
+        Ok(p)
+    }
+
+    /// The rest of an allocation of page `pid`, chosen and used in memory:
+    /// its frame, its map bit and the meta page's free count.
+    async fn claim_chosen<'a>(
+        &'a self,
+        s: &mut SpaceGuard<'a>,
+        pid: u64,
+        t: PageType,
+        reused: bool,
+    ) -> Result<PageMut<'a>> {
+        let geo = self.geometry();
         let map = s.map(self, geo.map_page_of(pid)).await?;
         let (at, mask) = geo.bit(pid);
         if map[at] & mask != 0 {
@@ -725,7 +748,6 @@ impl BufferPool {
         let meta = s.meta_mut();
         let count = get_u64(meta, OFF_FREE_COUNT);
         put_u64(meta, OFF_FREE_COUNT, count.saturating_sub(1));
-        self.took_page();
         Ok(p)
     }
 

@@ -2313,6 +2313,54 @@ mod tests {
         pool.return_frames(&taken);
     }
 
+    /// An allocation that fails after choosing its page (here: the read
+    /// of the page's free-space map page fails) leaves the page used in
+    /// memory until the next open, and takes it off the count of pages
+    /// available too: counted there, a commit would later be admitted for
+    /// a page that does not exist (a review's finding).
+    #[test]
+    fn a_failed_allocation_takes_its_page_off_the_count_available() {
+        use crate::io::sim::{Fault, SimConfig, SimDisk};
+        use crate::io::Target;
+        use crate::OpKind;
+        let disk = SimDisk::new(0, 1 << 20, SimConfig::default());
+        let array = Array::new(vec![Target::Sim(disk.clone())], 4096).unwrap();
+        let (pool, rt) = test_pool(array, 16);
+        let p = pool.clone();
+        let (failed, map_pid) = rt
+            .block_on(async move {
+                p.format().await?;
+                let mut pids = Vec::new();
+                for _ in 0..20 {
+                    pids.push(p.allocate(PageType::Raw).await?.pid());
+                }
+                let freed = p.fix_exclusive(pids[5]).await?;
+                p.free_page(freed).await?;
+                p.flush_all().await?;
+                let map_pid = p.geometry().map_page_of(pids[5]);
+                p.discard(map_pid).await?;
+                disk.inject(
+                    Fault::range(Some(OpKind::Read), map_pid * 4096..(map_pid + 1) * 4096).sticky(),
+                );
+                let failed = p.allocate(PageType::Raw).await.map(|g| g.pid());
+                disk.clear_faults();
+                Ok::<_, Error>((failed, map_pid))
+            })
+            .unwrap()
+            .unwrap();
+        assert!(failed.is_err(), "the allocation read map page {map_pid}");
+        let (next, free) = {
+            let m = pool.mirror();
+            (m.next_unused(), m.free_below_mark())
+        };
+        let geo = pool.geometry();
+        assert_eq!(
+            pool.alloc.available.load(Ordering::SeqCst),
+            geo.usable(next, pool.array.pages()) + free,
+            "pages counted available that memory holds used"
+        );
+    }
+
     /// A task that panics while it holds a page latched for writing, after
     /// changing it, leaves a change that may be half made: the pool stops
     /// (no write-back, no log record of it) instead of marking the page
