@@ -101,7 +101,7 @@ fn mutated_compressed_image(n: usize, flips: &[(usize, u8)]) -> Vec<u8> {
     let page = valid_leaf(&entries);
     let mut b = record::RecordBuilder::new(Kind::Pages);
     b.u32(1);
-    record::put_image_entry(&mut b, 3, &page, &record::image(&page), true);
+    record::put_image_entry(&mut b, 3, &page, &record::image(&page), true, false);
     let mut r = b.into_unsealed();
     for &(at, x) in flips {
         let i = record::HEADER + at % (r.len() - record::HEADER).max(1);

@@ -385,6 +385,14 @@ impl BufferPool {
             if let Some(mut p) = self.try_latch_resident(pid) {
                 self.return_frames(&[f]);
                 page::init_page(&mut p, pid, t);
+                // New all the same: logged whole, never as a difference
+                // from the frame. The frame may hold a version the device
+                // no longer has (a stale reader faulted the freed page in
+                // while a large value took it and wrote over it): a
+                // difference would not compose at redo, and with pages
+                // written whole (no images) the page could not be rebuilt
+                // at all (a review's finding).
+                p.make_fresh();
                 return Ok(p);
             }
             // Being read (a stale reader, a read-ahead) or latched by a

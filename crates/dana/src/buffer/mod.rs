@@ -1969,6 +1969,15 @@ impl PageMut<'_> {
         self.pid
     }
 
+    /// Makes this guard's page a new one: its first record is a full
+    /// image, redone at recovery whatever the device holds (`FRESH`).
+    fn make_fresh(&mut self) {
+        self.fresh = true;
+        if let Some(b) = self.before.take() {
+            recycle_image(b);
+        }
+    }
+
     /// Keeps a copy of the page as latched, to log the difference later.
     /// Not for a page with covered changes since its last record
     /// ([`page::UNLOGGED`]): a difference against it would not compose at

@@ -1180,8 +1180,9 @@ impl Wal {
             }
             if full {
                 let compress = self.shared.compress_images.load(Ordering::Relaxed);
-                put.compressed +=
-                    u64::from(record::put_image_entry(b, c.pid, c.after, &segs, compress));
+                put.compressed += u64::from(record::put_image_entry(
+                    b, c.pid, c.after, &segs, compress, c.fresh,
+                ));
             } else {
                 record::put_page_entry(b, c.pid, 0, c.after, &segs);
             }

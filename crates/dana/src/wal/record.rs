@@ -276,6 +276,14 @@ pub const CUT: u32 = 2;
 /// as in an image's.
 pub const LZ4: u32 = 4;
 
+/// Flag of a full page image ([`FULL_IMAGE`] set too): the page was
+/// handed out new (allocated), so the bytes on the device before it are
+/// no version of this page (a freed page's, trimmed zeros, a large
+/// value's, which the user chose and may make look like a page with any
+/// LSN). Redone whatever LSN the device's bytes carry; every later change
+/// of the page is in the log after it.
+pub const FRESH: u32 = 8;
+
 /// Plain images of at most this many bytes are logged as they are.
 const MIN_COMPRESSED_IMAGE: usize = 512;
 
@@ -373,12 +381,18 @@ pub fn put_image_entry(
     page: &[u8],
     segs: &[(usize, usize)],
     compress: bool,
+    fresh: bool,
 ) -> bool {
+    let fresh = if fresh { FRESH } else { 0 };
     let plain: usize = segs.iter().map(|&(_, len)| 8 + len).sum();
     // A small image is not worth a compressor's pass over the page.
     if compress && plain > MIN_COMPRESSED_IMAGE {
         let at = b.len();
-        b.u64(pid).u32(FULL_IMAGE | LZ4).u32(1).u32(0).u32(0);
+        b.u64(pid)
+            .u32(FULL_IMAGE | LZ4 | fresh)
+            .u32(1)
+            .u32(0)
+            .u32(0);
         let data = b.len();
         b.buf.resize(
             data + lz4_flex::block::get_maximum_output_size(page.len()),
@@ -393,7 +407,7 @@ pub fn put_image_entry(
             _ => b.truncate(at),
         }
     }
-    put_page_entry(b, pid, FULL_IMAGE, page, segs);
+    put_page_entry(b, pid, FULL_IMAGE | fresh, page, segs);
     false
 }
 
@@ -419,6 +433,11 @@ impl PageEntry<'_> {
     /// True for a full page image.
     pub fn is_full(&self) -> bool {
         self.flags & FULL_IMAGE != 0
+    }
+
+    /// True for the image of a page handed out new ([`FRESH`]).
+    pub fn is_fresh(&self) -> bool {
+        self.flags & (FULL_IMAGE | FRESH) == FULL_IMAGE | FRESH
     }
 
     /// True for a compressed full image ([`LZ4`]).
@@ -767,7 +786,7 @@ mod tests {
         let segs = image(&page);
         let mut b = RecordBuilder::new(Kind::Pages);
         b.u32(1);
-        assert!(put_image_entry(&mut b, 3, &page, &segs, true));
+        assert!(put_image_entry(&mut b, 3, &page, &segs, true, false));
         let plain: usize = segs.iter().map(|&(_, l)| 8 + l).sum();
         let rec = sealed(b, 0);
         assert!(rec.len() < plain / 4, "{} bytes for {plain}", rec.len());
@@ -794,7 +813,8 @@ mod tests {
             3,
             &page[..2048],
             &segs[..1],
-            true
+            true,
+            false
         ));
         let rec = sealed(small, 0);
         let Parsed::Record(r) = parse(&rec, 0) else {
@@ -811,7 +831,14 @@ mod tests {
         }
         let mut b = RecordBuilder::new(Kind::Pages);
         b.u32(1);
-        assert!(!put_image_entry(&mut b, 3, &page, &image(&page), true));
+        assert!(!put_image_entry(
+            &mut b,
+            3,
+            &page,
+            &image(&page),
+            true,
+            false
+        ));
     }
 
     #[test]

@@ -971,7 +971,9 @@ pub fn recover(
         let mut changed = false;
         for (gsn, lsn, e) in entries {
             match gsn_now {
-                Some(g) if gsn <= g => out.entries_skipped += 1,
+                // A page handed out new: the device's bytes before its
+                // image are no version of it, whatever LSN they carry.
+                Some(g) if gsn <= g && !e.is_fresh() => out.entries_skipped += 1,
                 None if !e.is_full() => out.entries_skipped += 1,
                 _ if e.is_cut() => {
                     let (tree, key) = e.cut(lsn)?;
