@@ -48,8 +48,9 @@ fn odd_durations_and_task_counts_are_refused() {
 
 /// Arguments that ran and printed figures nothing had measured (a window
 /// of 0 s, a waf window of no writes, no tasks, no clients) or failed
-/// only after minutes of dana's runs (an unknown or missing peer engine)
-/// are refused at once, each naming what is wrong (a review's findings).
+/// only after minutes of dana's runs (an unknown or missing peer engine,
+/// a waf device shape the FTL refuses or too small for the fills) are
+/// refused at once, each naming what is wrong (a review's findings).
 #[test]
 fn empty_windows_no_tasks_and_unknown_engines_are_refused_at_once() {
     for (args, says) in [
@@ -84,6 +85,18 @@ fn empty_windows_no_tasks_and_unknown_engines_are_refused_at_once() {
                 "8",
             ],
             "history ids",
+        ),
+        (
+            &["bench", "waf", "--quick", "--oop-over-provisioning", "0.01"],
+            "spare blocks",
+        ),
+        (
+            &["bench", "waf", "--quick", "--over-provisioning", "0.05"],
+            "spare blocks",
+        ),
+        (
+            &["bench", "waf", "--quick", "--oop-over-provisioning", "0.28"],
+            "fewer than",
         ),
         (
             &[

@@ -94,6 +94,9 @@ impl FtlConfig {
 pub struct FtlStats {
     /// Logical pages the host wrote.
     pub host_pages: u64,
+    /// Bytes the host wrote ([`Ftl::host_wrote`]): a write shorter than a
+    /// page counts its own bytes, though it programs a whole page.
+    pub host_bytes: u64,
     /// Pages programmed: host pages plus collection copies.
     pub flash_pages: u64,
     /// Valid pages the collector copied.
@@ -115,10 +118,24 @@ impl FtlStats {
         }
     }
 
+    /// Flash bytes programmed per byte the host wrote, for flash pages of
+    /// `page_bytes` (1.0 before any write): the write amplification as
+    /// NAND bytes over host bytes, where writes shorter than a page (a
+    /// log's 512-byte flushes) cost a whole page each. [`FtlStats::waf`]
+    /// counts pages instead, the same for whole-page writes.
+    pub fn waf_bytes(&self, page_bytes: u64) -> f64 {
+        if self.host_bytes == 0 {
+            1.0
+        } else {
+            (self.flash_pages * page_bytes) as f64 / self.host_bytes as f64
+        }
+    }
+
     /// What happened between `earlier` and `self`.
     pub fn since(&self, earlier: &FtlStats) -> FtlStats {
         FtlStats {
             host_pages: self.host_pages - earlier.host_pages,
+            host_bytes: self.host_bytes - earlier.host_bytes,
             flash_pages: self.flash_pages - earlier.flash_pages,
             gc_copies: self.gc_copies - earlier.gc_copies,
             erases: self.erases - earlier.erases,
@@ -239,6 +256,12 @@ impl Ftl {
     /// Counters since it was made.
     pub fn stats(&self) -> FtlStats {
         self.stats
+    }
+
+    /// Counts `bytes` written by the host (once per write request, which
+    /// [`Ftl::write`] sees page by page).
+    pub fn host_wrote(&mut self, bytes: u64) {
+        self.stats.host_bytes += bytes;
     }
 
     /// Writes logical page `lpn` through placement handle `handle`.

@@ -671,6 +671,7 @@ impl Inner {
                                 u32::try_from(page).is_ok_and(|p| ftl.write(handle, p).is_ok());
                             debug_assert!(mapped, "page {page} beyond the FTL");
                         }
+                        ftl.host_wrote(len as u64);
                     }
                     Ok(len)
                 }
@@ -1041,6 +1042,7 @@ impl SimDisk {
                     .ok()
                     .and_then(|p| ftl.write(0, p).ok())
                     .ok_or_else(|| Error::InvalidArgument(format!("page {idx} beyond the FTL")))?;
+                ftl.host_wrote(CHUNK as u64);
             }
             inner.durable.insert(idx, chunk);
         }
@@ -1643,6 +1645,27 @@ mod tests {
         }
     }
 
+    /// A page written as eight 512-byte writes (a log's flushes) is 4 KiB
+    /// from the host and eight page programs on the flash: a WAF of 8 by
+    /// bytes (by pages it read 1, which `bench waf` printed for the log).
+    #[test]
+    fn writes_shorter_than_a_page_count_their_bytes_and_a_whole_program_each() {
+        use crate::io::ftl::FtlConfig;
+        let config = SimConfig {
+            io_align: 512,
+            ..paged(7)
+        };
+        let disk = SimDisk::new(0, 256 * PAGE as u64, config);
+        disk.attach_ftl(FtlConfig::new(16, 24, 0.5)).unwrap();
+        let mut q = disk.queue(8);
+        for i in 0..8u64 {
+            run_ok(&mut q, vec![write(0, i * 512, &[i as u8 + 1; 512])]);
+        }
+        let s = disk.ftl_stats().unwrap();
+        assert_eq!((s.host_bytes, s.host_pages, s.flash_pages), (4096, 8, 8));
+        assert_eq!(s.waf_bytes(PAGE as u64), 8.0);
+    }
+
     /// A copy of another disk's durable image reads the same, and an
     /// attached FTL counts each copied page once; a disk too small for the
     /// image, or holding unflushed writes, refuses it.
@@ -1664,6 +1687,7 @@ mod tests {
         assert_eq!(to.read_durable(0, all), from.read_durable(0, all));
         assert_eq!(to.read_durable(5 * PAGE as u64, PAGE), vec![0; PAGE]);
         assert_eq!(to.ftl_stats().unwrap().host_pages, 3);
+        assert_eq!(to.ftl_stats().unwrap().host_bytes, 3 * PAGE as u64);
         let small = SimDisk::new(2, 100 * PAGE as u64, paged(3));
         assert!(small.copy_durable_from(&from).is_err());
         let busy = SimDisk::new(3, pages * PAGE as u64, paged(4));

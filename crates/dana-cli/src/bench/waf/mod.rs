@@ -312,12 +312,15 @@ impl WafArgs {
 /// One device's share of a window.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct DeviceFigures {
-    /// Host bytes written per operation.
+    /// Host bytes written per operation (the bytes of the requests: a
+    /// log flush of 512 bytes counts 512).
     pub host_bytes_per_op: f64,
     /// Flash bytes programmed per operation (host writes plus the
     /// collector's copies).
     pub flash_bytes_per_op: f64,
-    /// Flash pages per host page.
+    /// Flash bytes per host byte (a write shorter than a flash page
+    /// programs a whole one; counted by pages, a log's 512-byte flushes
+    /// showed a WAF near 1).
     pub waf: f64,
     /// Valid pages the collector copied, per operation.
     pub gc_copies_per_op: f64,
@@ -332,9 +335,9 @@ impl DeviceFigures {
     fn of(s: &FtlStats, ops: u64) -> DeviceFigures {
         let per = |pages: u64| pages as f64 * PAGE as f64 / ops.max(1) as f64;
         DeviceFigures {
-            host_bytes_per_op: per(s.host_pages),
+            host_bytes_per_op: s.host_bytes as f64 / ops.max(1) as f64,
             flash_bytes_per_op: per(s.flash_pages),
-            waf: s.waf(),
+            waf: s.waf_bytes(PAGE),
             gc_copies_per_op: s.gc_copies as f64 / ops.max(1) as f64,
             erases: s.erases,
             trims_per_op: s.trims as f64 / ops.max(1) as f64,
@@ -495,6 +498,35 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
             "--tasks {} with TPC-C: a multiple of --workers ({}) below 4,096 (history ids)",
             a.tasks, a.workers
         )));
+    }
+    // Every device shape of the runs, before any runs: a shape the FTL
+    // refuses (too few spare blocks for the handles of `classes`), or an
+    // out-of-place device too small for the highest fill of the in-place
+    // one's capacity, failed its run mid-invocation, and the report of
+    // the runs before it was lost (a review's finding).
+    let highest_fill = a.fills.iter().copied().max().unwrap_or(0);
+    for &placement in &a.placement {
+        for &mode in &a.write_mode {
+            let cfg = ftl_config_for(a, a.blocks, placement, mode);
+            let pages = dana::io::ftl::Ftl::new(cfg)
+                .map_err(|e| {
+                    CliError(format!(
+                        "the device for --placement {} and --write-mode {}: {e}",
+                        cli_name(placement),
+                        cli_name(mode)
+                    ))
+                })?
+                .logical_pages();
+            let wanted = (device_bytes / PAGE) as f64 * f64::from(highest_fill) / 100.0;
+            if f64::from(pages) < wanted {
+                return Err(CliError(format!(
+                    "the device for --write-mode {} holds {pages} pages, fewer than the \
+                     {wanted:.0} that a fill of {highest_fill}% of the in-place device asks \
+                     (lower --oop-over-provisioning or the fills)",
+                    cli_name(mode)
+                )));
+            }
+        }
     }
     let mut runs = Vec::new();
     for &workload in &a.workloads {
@@ -983,7 +1015,7 @@ struct Window {
 impl Window {
     fn figures(&self) -> FillRun {
         let (d, l, n) = (&self.data, &self.log, self.ops);
-        let host = d.host_pages + l.host_pages;
+        let host = d.host_bytes + l.host_bytes;
         let flash = d.flash_pages + l.flash_pages;
         let device = self.device_pages as f64;
         FillRun {
@@ -1014,13 +1046,19 @@ impl Window {
             waf_total: if host == 0 {
                 1.0
             } else {
-                flash as f64 / host as f64
+                (flash * PAGE) as f64 / host as f64
             },
             flash_bytes_per_op: flash as f64 * PAGE as f64 / n.max(1) as f64,
             page_writes_per_update: d.host_pages as f64 / self.writes.max(1) as f64,
             hot_share: self.hot_writebacks as f64 / self.writebacks.max(1) as f64,
         }
     }
+}
+
+/// An option value as the command line spells it.
+fn cli_name(v: impl ValueEnum) -> String {
+    v.to_possible_value()
+        .map_or_else(String::new, |p| p.get_name().to_string())
 }
 
 /// The report as text.
