@@ -332,6 +332,12 @@ impl BufferPool {
         if pages == 0 {
             return Ok(hold);
         }
+        // Pages in one run past the mark span this many groups at least:
+        // refused before anything is taken if its commit could not latch
+        // their map pages.
+        self.check_map_pages(pages.div_ceil(self.geometry().per_group()) + 1, || {
+            format!("a large value of {pages} pages")
+        })?;
         let min_run = (MIN_RUN_BYTES / self.page_size as u64).max(1);
         let mut left = pages;
         // Reused runs may take half the extents; the mark needs few.
@@ -503,6 +509,19 @@ impl BufferPool {
         freed: &[Extent],
         delta_values: i64,
     ) -> Result<()> {
+        let geo = self.geometry();
+        let groups: std::collections::BTreeSet<u64> = taken
+            .iter()
+            .chain(freed)
+            .flat_map(|e| geo.group(e.start)..=geo.group(e.start + u64::from(e.pages).max(1) - 1))
+            .collect();
+        self.check_map_pages(groups.len() as u64, || {
+            format!(
+                "a commit taking {} and freeing {} runs of large values",
+                taken.len(),
+                freed.len()
+            )
+        })?;
         let live = s
             .large_values()
             .checked_add_signed(delta_values)
@@ -528,6 +547,29 @@ impl BufferPool {
         s.freed
             .extend(freed.iter().map(|e| (e.start, u64::from(e.pages))));
         Ok(())
+    }
+
+    /// Refuses a change of the free-space map that `groups` map pages
+    /// take, past a quarter of the pool's frames: a commit's space guard
+    /// keeps every map page it changes latched until its record is logged,
+    /// and one past the pool waited for a frame that never freed, holding
+    /// the meta page's latch that every allocation waits for (a 2 GiB
+    /// value in a pool of 16 frames hung the database; a review's
+    /// finding).
+    fn check_map_pages(&self, groups: u64, what: impl FnOnce() -> String) -> Result<()> {
+        let max = (self.frames() as u64 / 4).max(1);
+        if groups <= max {
+            return Ok(());
+        }
+        let covers = self.geometry().per_group() * self.page_size as u64;
+        Err(Error::InvalidArgument(format!(
+            "{} changes {groups} free-space map pages (each covers {} MiB); a buffer pool \
+             of {} frames latches at most {max} for one commit: open with a larger \
+             Options::pool_bytes",
+            what(),
+            covers >> 20,
+            self.frames()
+        )))
     }
 
     /// Queues extents whose freeing commit is applied (its leaves no
@@ -1042,6 +1084,62 @@ mod tests {
             .unwrap()
             .unwrap();
         (pool, rt)
+    }
+
+    /// A value whose commit would latch more free-space map pages than a
+    /// quarter of the pool's frames is refused with an error at once; in
+    /// a pool of 16 frames it waited for a frame that never freed, holding
+    /// the meta page's latch (a review's finding). One that fits is taken.
+    #[test]
+    fn a_value_whose_map_pages_overflow_a_small_pool_is_refused_not_hung() {
+        use crate::io::sim::{SimConfig, SimDisk};
+        use crate::io::{Array, Target};
+        // Sparse: 3 GiB, of which only the pages written take memory.
+        let disk = SimDisk::new(0, 3 << 30, SimConfig::default());
+        let array = Array::new(vec![Target::Sim(disk)], 4096).unwrap();
+        let (pool, rt) = crate::buffer::test_pool(array, 16);
+        let per_group = pool.geometry().per_group();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = pool.clone();
+        std::thread::spawn(move || {
+            let r = rt.block_on(async move {
+                p.format().await?;
+                let too_many = p.blob_hold(16 * per_group, 84).await.map(|_| ());
+                let fits = p
+                    .blob_hold(per_group / 2, 84)
+                    .await
+                    .map(|h| h.extents.len());
+                // Holds that fit one by one, whose extents together span
+                // 16 groups, one map page each (with the meta page, more
+                // than the 16 frames): the commit taking them all is
+                // refused.
+                let mut holds = Vec::new();
+                let mut taken = Vec::new();
+                for _ in 0..32 {
+                    let h = p.blob_hold(per_group / 2, 84).await?;
+                    taken.extend(h.extents.iter().copied());
+                    holds.push(h);
+                }
+                let mut s = p.lock_space().await?;
+                let commit = p.blob_space_in(&mut s, &taken, &[], 1).await;
+                drop(s);
+                drop(holds);
+                Ok::<_, Error>(([too_many, commit], fits))
+            });
+            let _ = tx.send(r.map(|r| r.map_err(|e| e.to_string())));
+        });
+        let (refused, fits) = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the hold hung")
+            .unwrap()
+            .unwrap();
+        for r in refused {
+            match r {
+                Err(Error::InvalidArgument(m)) => assert!(m.contains("Options::pool_bytes"), "{m}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(fits.unwrap() >= 1);
     }
 
     /// A large value that does not fit in its runs of free pages fails
