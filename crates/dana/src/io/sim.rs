@@ -926,11 +926,14 @@ impl SimDisk {
         let ftl = Ftl::new(config)?;
         let cap = u64::from(ftl.logical_pages()) * CHUNK as u64;
         let mut inner = self.lock();
-        if self.space_limit() > cap {
+        // The size too: a space limit set below it never shrinks the
+        // device, and writes past the FTL's pages went uncounted (a
+        // review's finding).
+        let reach = self.space_limit().max(self.size());
+        if reach > cap {
             return Err(Error::InvalidArgument(format!(
-                "simulated device {} may grow to {} bytes; the FTL maps {cap}",
-                self.index,
-                self.space_limit()
+                "simulated device {} is or may grow to {reach} bytes; the FTL maps {cap}",
+                self.index
             )));
         }
         inner.ftl = Some(ftl);
@@ -1664,6 +1667,17 @@ mod tests {
         let s = disk.ftl_stats().unwrap();
         assert_eq!((s.host_bytes, s.host_pages, s.flash_pages), (4096, 8, 8));
         assert_eq!(s.waf_bytes(PAGE as u64), 8.0);
+    }
+
+    /// An FTL smaller than the device is refused even when a space limit
+    /// below the device's size was set (the limit never shrinks it).
+    #[test]
+    fn an_ftl_smaller_than_the_device_is_refused_whatever_its_space_limit() {
+        use crate::io::ftl::FtlConfig;
+        let disk = SimDisk::new(0, 4096 * PAGE as u64, paged(8));
+        disk.set_space_limit(PAGE as u64);
+        // 16 blocks of 24 pages with half spare: far fewer than 4,096.
+        assert!(disk.attach_ftl(FtlConfig::new(16, 24, 0.5)).is_err());
     }
 
     /// A copy of another disk's durable image reads the same, and an

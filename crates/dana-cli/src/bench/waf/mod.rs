@@ -935,6 +935,9 @@ fn run_fill(a: &WafArgs, setup: Setup) -> CliResult<FillRun> {
     let (base_data, base_log) = devices.stats();
     let remap0 = devices.remap_stats();
     let pool0 = db.pool().stats();
+    // The fill reached at the window's start (after the load and the
+    // warm-up, as TPC-C measures it; it was taken after the load).
+    let used = used_pages(&db)?;
     let (ops0, upd0, t0) = (
         ops.load(Ordering::Relaxed),
         updates.load(Ordering::Relaxed),
@@ -967,6 +970,7 @@ fn run_fill(a: &WafArgs, setup: Setup) -> CliResult<FillRun> {
         mode,
         remap: remap1.since(&remap0),
         device_pages,
+        data_device_bytes: device_bytes,
         used_start: used,
         used_end,
         records,
@@ -993,7 +997,12 @@ struct Window {
     mode: WriteMode,
     /// Out of place: dana's collection in the window.
     remap: RemapStats,
+    /// The in-place device's logical pages: the fill and the phases are
+    /// measured against them.
     device_pages: u64,
+    /// The data device's own logical bytes (an out-of-place device may
+    /// have another spare: `--oop-over-provisioning`).
+    data_device_bytes: u64,
     /// Pages in use at the window's start and end.
     used_start: u64,
     used_end: u64,
@@ -1021,7 +1030,7 @@ impl Window {
         FillRun {
             workload: self.workload,
             fill_percent: self.fill,
-            device_bytes: self.device_pages * PAGE,
+            device_bytes: self.data_device_bytes,
             placement: self.placement,
             write_mode: self.mode,
             dana_gc_copies_per_op: self.remap.gc_copies as f64 / n.max(1) as f64,

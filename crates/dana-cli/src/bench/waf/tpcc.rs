@@ -313,6 +313,7 @@ pub(super) fn run_fill(
         mode,
         remap: remap1.since(&remap0),
         device_pages,
+        data_device_bytes: data_pages * PAGE,
         used_start,
         used_end,
         records: rows,
