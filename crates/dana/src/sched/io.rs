@@ -783,10 +783,8 @@ mod tests {
         assert!(out[0].0.result.is_ok());
     }
 
-    /// Reads go before write-backs, except that write-backs always have
-    /// up to a quarter of the share in flight when they wait.
-    #[test]
-    fn reads_first_and_write_backs_keep_a_quarter_of_the_share() {
+    /// A device with write-backs 0..4 and reads 10..14 waiting.
+    fn writes_and_reads_waiting() -> DeviceIo {
         let disk = SimDisk::new(0, 1 << 20, SimConfig::default());
         let mut dev = DeviceIo::new(Box::new(disk.queue(64)));
         for i in 0..4 {
@@ -795,6 +793,14 @@ mod tests {
         for i in 0..4 {
             dev.urgent.push_back(waiting(RequestKind::PageRead, 10 + i));
         }
+        dev
+    }
+
+    /// Reads go before write-backs, except that write-backs always have
+    /// up to a quarter of the share in flight when they wait.
+    #[test]
+    fn reads_first_and_write_backs_keep_a_quarter_of_the_share() {
+        let mut dev = writes_and_reads_waiting();
         let share = 8; // a quarter: 2 write-backs
         let mut order = Vec::new();
         while let Some((w, background)) = dev.next(share) {
@@ -812,14 +818,7 @@ mod tests {
     /// one slot while reads wait.
     #[test]
     fn with_a_share_of_one_reads_and_write_backs_take_turns() {
-        let disk = SimDisk::new(0, 1 << 20, SimConfig::default());
-        let mut dev = DeviceIo::new(Box::new(disk.queue(64)));
-        for i in 0..4 {
-            dev.background.push_back(waiting(RequestKind::PageWrite, i));
-        }
-        for i in 0..4 {
-            dev.urgent.push_back(waiting(RequestKind::PageRead, 10 + i));
-        }
+        let mut dev = writes_and_reads_waiting();
         let mut order = Vec::new();
         while let Some((w, _)) = dev.next(1) {
             // Completed before the next pick: nothing in flight.
