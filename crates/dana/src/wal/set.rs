@@ -253,11 +253,14 @@ impl PageLog for LogSet {
         if page::page_lsn(page) >= self.full_image_below(pid) {
             return Ok(None);
         }
+        // Not a page handed out new (no `FRESH` flag: a review found the
+        // flag on these images); whole all the same, with no copy to
+        // build on and its LSN below the shard's bound.
         let change = PageChange {
             pid,
             before: None,
             after: page,
-            fresh: true,
+            fresh: false,
             cut: None,
         };
         // The image holds the covering commit's change too.

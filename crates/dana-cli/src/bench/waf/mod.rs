@@ -504,8 +504,11 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
     // out-of-place device too small for the highest fill of the in-place
     // one's capacity, failed its run mid-invocation, and the report of
     // the runs before it was lost (a review's finding).
+    // YCSB-A's devices only: TPC-C sizes its blocks to its data per fill
+    // (`tpcc::Image`), so `--blocks` says nothing about its shapes.
     let highest_fill = a.fills.iter().copied().max().unwrap_or(0);
-    for &placement in &a.placement {
+    let ycsb = a.workloads.contains(&WafWorkload::YcsbA);
+    for &placement in a.placement.iter().filter(|_| ycsb) {
         for &mode in &a.write_mode {
             let cfg = ftl_config_for(a, a.blocks, placement, mode);
             let pages = dana::io::ftl::Ftl::new(cfg)
@@ -932,12 +935,13 @@ fn run_fill(a: &WafArgs, setup: Setup) -> CliResult<FillRun> {
     let (start_data, _) = devices.stats();
     let warm = phase(start_data, a.warmup_devices, &mut cut_by_time);
     pb.inc(1);
+    // The fill reached at the window's start (after the load and the
+    // warm-up, as TPC-C measures it; it was taken after the load), before
+    // the window's counters are read.
+    let used = used_pages(&db)?;
     let (base_data, base_log) = devices.stats();
     let remap0 = devices.remap_stats();
     let pool0 = db.pool().stats();
-    // The fill reached at the window's start (after the load and the
-    // warm-up, as TPC-C measures it; it was taken after the load).
-    let used = used_pages(&db)?;
     let (ops0, upd0, t0) = (
         ops.load(Ordering::Relaxed),
         updates.load(Ordering::Relaxed),
