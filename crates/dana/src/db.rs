@@ -1585,14 +1585,9 @@ impl Tree {
     /// ```
     pub async fn put_async(&self, key: &[u8], value: &[u8]) -> Result<bool> {
         let _fence = self.live(true)?;
-        if !self.commits(Some(value)) {
-            let c = &self.db.inner.committer;
-            let plain = c
-                .with_key_locked(self.btree.root(), key, self.btree.put(key, value))
-                .await;
-            if !self.raced_a_large_value(&plain) {
-                return plain;
-            }
+        let plain = self.btree.put(key, value);
+        if let Some(done) = self.write_plain(Some(value), key, plain).await {
+            return done;
         }
         self.commit_one_async(key, Some(value), vec![]).await
     }
@@ -1611,14 +1606,9 @@ impl Tree {
     /// ```
     pub async fn insert_async(&self, key: &[u8], value: &[u8]) -> Result<()> {
         let _fence = self.live(true)?;
-        if !self.commits(Some(value)) {
-            let c = &self.db.inner.committer;
-            let plain = c
-                .with_key_locked(self.btree.root(), key, self.btree.insert(key, value))
-                .await;
-            if !self.raced_a_large_value(&plain) {
-                return plain;
-            }
+        let plain = self.btree.insert(key, value);
+        if let Some(done) = self.write_plain(Some(value), key, plain).await {
+            return done;
         }
         let check = (self.btree.root(), key.to_vec(), Expect::Absent);
         self.commit_one_async(key, Some(value), vec![check])
@@ -1640,14 +1630,8 @@ impl Tree {
     /// ```
     pub async fn delete_async(&self, key: &[u8]) -> Result<bool> {
         let _fence = self.live(true)?;
-        if !self.commits(None) {
-            let c = &self.db.inner.committer;
-            let plain = c
-                .with_key_locked(self.btree.root(), key, self.btree.delete(key))
-                .await;
-            if !self.raced_a_large_value(&plain) {
-                return plain;
-            }
+        if let Some(done) = self.write_plain(None, key, self.btree.delete(key)).await {
+            return done;
         }
         self.commit_one_async(key, None, vec![]).await
     }
@@ -1675,18 +1659,13 @@ impl Tree {
         f: impl Fn(&[u8]) -> Vec<u8> + Send + Sync,
     ) -> Result<bool> {
         let _fence = self.live(true)?;
-        if !self.commits(None) {
-            let c = &self.db.inner.committer;
-            let plain = c
-                .with_key_locked(self.btree.root(), key, self.btree.update(key, &f))
-                .await;
-            // Past the inline limit: a large value, through a commit (as
-            // `Tree::update`).
-            if !matches!(plain, Err(Error::ValueTooLarge { .. }))
-                && !self.raced_a_large_value(&plain)
-            {
-                return plain;
-            }
+        // Past the inline limit, the new value is a large one: through a
+        // commit (as `Tree::update`).
+        if let Some(done) = self
+            .write_plain(None, key, self.btree.update(key, &f))
+            .await
+        {
+            return done;
         }
         let mut last = String::new();
         for _ in 0..16 {
@@ -1787,16 +1766,40 @@ impl Tree {
             || c.pool.large_values() > 0
     }
 
-    /// Whether a plain write (no log, no large value when it checked) is
-    /// to go through a commit after all: it failed with `InvalidArgument`,
-    /// which is how the tree refuses, having changed nothing, to drop a
-    /// large value's reference outside a commit. A commit of a large value
-    /// to the key came in between the check and the key's lock (before, a
-    /// legal write failed; a review's finding). The count of large values
-    /// cannot tell: another commit may have replaced the value since. Any
-    /// other `InvalidArgument` the commit refuses again.
-    fn raced_a_large_value<T>(&self, plain: &Result<T>) -> bool {
-        matches!(plain, Err(Error::InvalidArgument(_)))
+    /// Whether a plain write (no log, no large value when it checked)
+    /// refused, having changed nothing, what only a commit may do, so that
+    /// it goes through a commit after all:
+    /// - `ValueTooLarge`: an update's new value is past the inline limit
+    ///   (a large value);
+    /// - `InvalidArgument`: the tree refuses to drop a large value's
+    ///   reference outside a commit. A commit of a large value to the key
+    ///   came in between the check and the key's lock (before, a legal
+    ///   write failed; a review's finding); the count of large values
+    ///   cannot tell, as another commit may have replaced the value since.
+    ///
+    /// Any other such refusal the commit makes again.
+    fn plain_refused<T>(plain: &Result<T>) -> bool {
+        matches!(
+            plain,
+            Err(Error::InvalidArgument(_) | Error::ValueTooLarge { .. })
+        )
+    }
+
+    /// The write `plain` under its key's lock where it needs no commit (no
+    /// log, no large value: [`Tree::commits`] of `value`): its result, or
+    /// None where it needs one or refused ([`Tree::plain_refused`]).
+    async fn write_plain<T>(
+        &self,
+        value: Option<&[u8]>,
+        key: &[u8],
+        plain: impl Future<Output = Result<T>>,
+    ) -> Option<Result<T>> {
+        if self.commits(value) {
+            return None;
+        }
+        let c = &self.db.inner.committer;
+        let done = c.with_key_locked(self.btree.root(), key, plain).await;
+        (!Self::plain_refused(&done)).then_some(done)
     }
 
     /// One write committed on its own (with the database's durability),
@@ -1887,7 +1890,7 @@ impl Tree {
                         .await
                 }
             });
-            if !self.raced_a_large_value(&plain) {
+            if !Self::plain_refused(&plain) {
                 return plain;
             }
         }
@@ -1913,7 +1916,7 @@ impl Tree {
                 let (key, value, c) = (key.clone(), value.clone(), c.clone());
                 async move { c.with_key_locked(t.root(), &key, t.put(&key, &value)).await }
             });
-            if !self.raced_a_large_value(&plain) {
+            if !Self::plain_refused(&plain) {
                 return plain;
             }
         }
@@ -1950,9 +1953,7 @@ impl Tree {
             // which only a commit writes (it failed with `ValueTooLarge`
             // without a log until some large value existed; a review's
             // finding). The plain update changed nothing.
-            if !matches!(plain, Err(Error::ValueTooLarge { .. }))
-                && !self.raced_a_large_value(&plain)
-            {
+            if !Self::plain_refused(&plain) {
                 return plain;
             }
         }
@@ -1984,7 +1985,7 @@ impl Tree {
                 let (key, c) = (k.clone(), c.clone());
                 async move { c.with_key_locked(t.root(), &key, t.delete(&key)).await }
             });
-            if !self.raced_a_large_value(&plain) {
+            if !Self::plain_refused(&plain) {
                 return plain;
             }
         }

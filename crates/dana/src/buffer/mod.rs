@@ -1970,7 +1970,7 @@ impl PageMut<'_> {
     }
 
     /// Makes this guard's page a new one: its first record is a full
-    /// image, redone at recovery whatever the device holds (`FRESH`).
+    /// image flagged `FRESH` (a page handed out new, FORMAT.md).
     fn make_fresh(&mut self) {
         self.fresh = true;
         if let Some(b) = self.before.take() {

@@ -94,8 +94,8 @@ struct DeviceBudget {
 /// engine runs by `DepthControl` (`sched/depth.rs`), from one request per
 /// worker (each worker is always granted one: a lower limit would not
 /// change the depth, so its trials would measure nothing and could hold
-/// the limit there) to the workers' queue capacity. Every request counts: page reads, background
-/// page writes, the log's writes and syncs. The limit is shared by demand:
+/// the limit there) to the workers' queue capacity. Every request counts:
+/// page reads, background page writes, the log's writes and syncs. The limit is shared by demand:
 /// each worker with requests for the device gets an equal share of it, and
 /// a worker alone may fill the device. Below its *floor* (its equal part
 /// of the limit among all workers) a worker's request is always granted,
@@ -227,21 +227,6 @@ impl DeviceBudgets {
         let now_ns = now.saturating_duration_since(self.started).as_nanos() as u64;
         let start = b.epoch_start.load(Ordering::Relaxed);
         let elapsed = Duration::from_nanos(now_ns.saturating_sub(start));
-        if elapsed > EPOCH_MAX * 2 {
-            // Nothing came to end the epoch for longer than any epoch
-            // lasts: the device sat idle (or the runtime just started),
-            // and a throughput over that gap says nothing about its depth.
-            // Start afresh; one worker does it.
-            if let Ok(_control) = control.try_lock() {
-                if b.epoch_start.load(Ordering::Relaxed) == start {
-                    b.completions.store(0, Ordering::Relaxed);
-                    b.latency_ns.store(0, Ordering::Relaxed);
-                    b.deferred.store(0, Ordering::Relaxed);
-                    b.epoch_start.store(now_ns, Ordering::Relaxed);
-                }
-            }
-            return;
-        }
         if elapsed < EPOCH
             || (elapsed < EPOCH_MAX && b.completions.load(Ordering::Relaxed) < EPOCH_COMPLETIONS)
         {
@@ -261,6 +246,13 @@ impl DeviceBudgets {
             deferred: b.deferred.swap(0, Ordering::Relaxed),
         };
         b.epoch_start.store(now_ns, Ordering::Relaxed);
+        if elapsed > EPOCH_MAX * 2 {
+            // Nothing came to end the epoch for longer than any epoch
+            // lasts: the device sat idle (or the runtime just started),
+            // and a throughput over that gap says nothing about its depth.
+            // Dropped; the next epoch starts now.
+            return;
+        }
         if let Some((limit, reason)) = control.observe(&epoch) {
             b.limit.store(limit, Ordering::Relaxed);
             let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());

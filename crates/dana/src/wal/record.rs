@@ -280,8 +280,9 @@ pub const LZ4: u32 = 4;
 /// handed out new (allocated), so the bytes on the device before it are
 /// no version of this page (a freed page's, trimmed zeros, a large
 /// value's, which the user chose and may make look like a page with any
-/// LSN). Redone whatever LSN the device's bytes carry; every later change
-/// of the page is in the log after it.
+/// LSN). Recovery redoes it when the device's bytes carry an LSN at or
+/// past the logs' end, which no version of the page can (below that, the
+/// page LSN rule holds: FORMAT.md says why).
 pub const FRESH: u32 = 8;
 
 /// Plain images of at most this many bytes are logged as they are.
@@ -372,7 +373,8 @@ pub fn put_page_entry(
 
 /// Appends a full image of `page` (its non-zero ranges `segs`, from
 /// [`image`]) to `b`: with `compress`, as one LZ4 block ([`LZ4`]) when that
-/// takes fewer bytes than the segments, else as the segments. True if
+/// takes fewer bytes than the segments, else as the segments; with
+/// `fresh`, flagged as a page handed out new ([`FRESH`]). True if
 /// compressed. Compresses straight into the record's buffer (no
 /// allocation beyond the buffer's growth).
 pub fn put_image_entry(

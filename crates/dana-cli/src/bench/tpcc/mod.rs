@@ -331,12 +331,12 @@ impl RunResult {
     }
 }
 
-/// The key part of a History row written by the run with `seed`, task
-/// `task`, its `n`th transaction.
 /// Tasks (and peer threads) a TPC-C run's history ids tell apart: they
 /// keep 12 bits of a task's number.
 pub const HISTORY_TASKS: usize = 1 << 12;
 
+/// The key part of a History row written by the run with `seed`, task
+/// `task`, its `n`th transaction.
 fn history_id(seed: u64, task: usize, n: u64) -> u64 {
     debug_assert!(task < HISTORY_TASKS && n < 1 << 28);
     (1 << 63)

@@ -507,6 +507,7 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
     // YCSB-A's devices only: TPC-C sizes its blocks to its data per fill
     // (`tpcc::Image`), so `--blocks` says nothing about its shapes.
     let highest_fill = a.fills.iter().copied().max().unwrap_or(0);
+    let wanted = (device_bytes / PAGE) as f64 * f64::from(highest_fill) / 100.0;
     let ycsb = a.workloads.contains(&WafWorkload::YcsbA);
     for &placement in a.placement.iter().filter(|_| ycsb) {
         for &mode in &a.write_mode {
@@ -520,7 +521,6 @@ pub fn run(a: &WafArgs) -> CliResult<()> {
                     ))
                 })?
                 .logical_pages();
-            let wanted = (device_bytes / PAGE) as f64 * f64::from(highest_fill) / 100.0;
             if f64::from(pages) < wanted {
                 return Err(CliError(format!(
                     "the device for --write-mode {} holds {pages} pages, fewer than the \
