@@ -93,6 +93,58 @@ impl Extent {
     }
 }
 
+/// Splits `extents` (a value's, in order) into the runs kept and a tail
+/// of them whose pages lie in at most `groups` groups of the free-space
+/// map, the tail as long as that allows (an extent is cut where a group
+/// begins). Freeing a value whose map pages are too many for one change
+/// (see [`BufferPool::map_pages_per_change`]) frees such tails one change
+/// at a time. `groups` 0 is taken as 1; the kept runs are empty when the
+/// whole value fits.
+pub(crate) fn split_tail(
+    extents: &[Extent],
+    geo: super::space_map::Geometry,
+    groups: u64,
+) -> (Vec<Extent>, Vec<Extent>) {
+    let groups = groups.max(1) as usize;
+    let mut kept = extents.to_vec();
+    let mut tail = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    // Each turn takes an extent whole or the part of it in one group; an
+    // extent's parts lie in distinct groups, so at most `groups` + 1 turns
+    // per extent.
+    for _ in 0..extents
+        .len()
+        .saturating_mul(groups.saturating_add(1))
+        .saturating_add(1)
+    {
+        let Some(e) = kept.last_mut() else {
+            break;
+        };
+        if e.pages == 0 {
+            tail.push(*e);
+            kept.pop();
+            continue;
+        }
+        let end = e.start + u64::from(e.pages);
+        let g = geo.group(end - 1);
+        if !seen.contains(&g) && seen.len() == groups {
+            break;
+        }
+        seen.insert(g);
+        let from = e.start.max(g * geo.per_group());
+        tail.push(Extent {
+            start: from,
+            pages: (end - from) as u32,
+        });
+        e.pages -= (end - from) as u32;
+        if e.pages == 0 {
+            kept.pop();
+        }
+    }
+    tail.reverse();
+    (kept, tail)
+}
+
 /// How long dropping a freed page's frame waits for whoever latches it.
 const DISCARD_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -199,6 +251,8 @@ pub(crate) struct BlobState {
     /// Staging buffers of [`IO_BYTES`] for reuse, at most
     /// [`STAGING_KEPT`].
     staging: Mutex<Vec<AlignedBuf>>,
+    /// A test's lower limit of map pages latched by one change (0: none).
+    map_pages_cap: AtomicU64,
 }
 
 /// A read of large values in progress: while it lives, no extent freed
@@ -557,7 +611,7 @@ impl BufferPool {
     /// value in a pool of 16 frames hung the database; a review's
     /// finding).
     fn check_map_pages(&self, groups: u64, what: impl FnOnce() -> String) -> Result<()> {
-        let max = (self.frames() as u64 / 4).max(1);
+        let max = self.map_pages_latched_most();
         if groups <= max {
             return Ok(());
         }
@@ -570,6 +624,40 @@ impl BufferPool {
             covers >> 20,
             self.frames()
         )))
+    }
+
+    /// The most free-space map pages one change may keep latched: a
+    /// quarter of the pool's frames (see `check_map_pages`), or less in a
+    /// test.
+    fn map_pages_latched_most(&self) -> u64 {
+        let most = (self.frames() as u64 / 4).max(1);
+        match self.alloc.blobs.map_pages_cap.load(Ordering::Relaxed) {
+            0 => most,
+            cap => most.min(cap),
+        }
+    }
+
+    /// The most free-space map pages a change that is not a commit (a
+    /// dropped tree's value freed, see `catalog.rs`) may change: as many
+    /// as it may keep latched, and few enough that their images, with the
+    /// leaf's and the meta page's, fit in the log's longest record. At
+    /// least 1.
+    pub(crate) fn map_pages_per_change(&self) -> u64 {
+        let latched = self.map_pages_latched_most();
+        let logged = self.wal.get().map_or(u64::MAX, |w| {
+            (w.max_record() / (self.page_size as u64 + 64)).saturating_sub(2)
+        });
+        latched.min(logged).max(1)
+    }
+
+    /// Lowers the most map pages one change may latch, so that a test
+    /// reaches the limit with small values.
+    #[cfg(test)]
+    pub(crate) fn cap_map_pages(&self, most: u64) {
+        self.alloc
+            .blobs
+            .map_pages_cap
+            .store(most, Ordering::Relaxed);
     }
 
     /// Queues extents whose freeing commit is applied (its leaves no
@@ -1207,5 +1295,64 @@ mod tests {
         assert_eq!(admitted, Some(0));
         a.reserved.fetch_sub(available + 10, Ordering::SeqCst);
         rt.shutdown();
+    }
+
+    /// A value's tail freed within a few map groups: the kept runs and the
+    /// tail are the value's pages in order, the tail lies in at most the
+    /// groups allowed and is as long as they allow, an extent is cut where
+    /// a group begins.
+    #[test]
+    fn a_tail_freed_apart_spans_at_most_its_groups() {
+        let geo = super::super::space_map::Geometry::new(4096);
+        let g = geo.per_group();
+        let e = |start, pages| Extent { start, pages };
+        let value = [e(10, 100), e(g - 12, 100), e(2 * g + 5, 5)];
+        assert_eq!(
+            split_tail(&value, geo, 1),
+            (value[..2].to_vec(), vec![value[2]])
+        );
+        assert_eq!(
+            split_tail(&value, geo, 2),
+            (vec![e(10, 100), e(g - 12, 12)], vec![e(g, 88), value[2]])
+        );
+        let (kept, tail) = split_tail(&value, geo, 3);
+        assert!(kept.is_empty());
+        assert_eq!(tail, vec![e(10, 100), e(g - 12, 12), e(g, 88), value[2]]);
+        // One extent over four groups, two at a time.
+        let long = [e(5, (3 * g) as u32)];
+        assert_eq!(
+            split_tail(&long, geo, 2),
+            (
+                vec![e(5, (2 * g - 5) as u32)],
+                vec![e(2 * g, g as u32), e(3 * g, 5)]
+            )
+        );
+    }
+
+    proptest::proptest! {
+        /// Any value's extents: kept then tail are its pages in order, the
+        /// tail touches at most `groups` groups, and one more page of the
+        /// kept runs would have touched another.
+        #[test]
+        fn any_split_keeps_the_pages_in_order(
+            runs in proptest::collection::vec((0u64..200_000, 0u32..70_000), 1..6),
+            groups in 1u64..4,
+        ) {
+            let geo = super::super::space_map::Geometry::new(4096);
+            let value: Vec<Extent> =
+                runs.iter().map(|&(start, pages)| Extent { start, pages }).collect();
+            let (kept, tail) = split_tail(&value, geo, groups);
+            let pages = |v: &[Extent]| v.iter().flat_map(|e| e.page_ids()).collect::<Vec<_>>();
+            let mut joined = pages(&kept);
+            joined.extend(pages(&tail));
+            proptest::prop_assert_eq!(joined, pages(&value));
+            let touched: std::collections::BTreeSet<u64> =
+                pages(&tail).iter().map(|&p| geo.group(p)).collect();
+            proptest::prop_assert!(touched.len() as u64 <= groups);
+            if let Some(last) = pages(&kept).last() {
+                proptest::prop_assert!(!touched.contains(&geo.group(*last)));
+                proptest::prop_assert_eq!(touched.len() as u64, groups);
+            }
+        }
     }
 }

@@ -92,6 +92,9 @@ pub trait PageLog: Send + Sync {
     /// past what a checkpoint can free; the room is held until the
     /// returned value drops. Call it before latching anything.
     fn admit(&self, bytes: u64) -> Admission<'_>;
+    /// The longest record the log takes, in bytes (the shortest of its
+    /// logs' limits).
+    fn max_record(&self) -> u64;
     /// Everything before this LSN is on stable storage.
     fn durable(&self) -> u64;
     /// The LSN the next record will get: every LSN assigned so far lies

@@ -280,6 +280,10 @@ impl PageLog for LogSet {
         self.shared.next_gsn()
     }
 
+    fn max_record(&self) -> u64 {
+        self.logs.iter().map(|l| l.max_record()).min().unwrap_or(0)
+    }
+
     fn durable(&self) -> u64 {
         self.shared.durable_below()
     }
