@@ -216,41 +216,97 @@ impl Mirror {
     /// (`min >= 1`): marks up to `max` of its first pages used and returns
     /// the run's start and the pages taken. A run never holds a map page
     /// (map pages are marked used).
+    ///
+    /// Cost: O(words below the mark x log2(min)) at worst (a fragmented
+    /// map with no run long enough), plus the words it marks. It went
+    /// page by page through every word with a bit set: 0.39 s under the
+    /// allocator's mutex for a 1 TiB map of alternate free pages (a
+    /// review's finding; 8.5 ms now: a timing in a unit test, not
+    /// kept).
     pub fn take_run(&mut self, min: u64, max: u64) -> Option<(u64, u64)> {
         let min = min.max(1);
         if self.free < min || max < min {
             return None;
         }
+        let start = self.first_run(min)?;
+        let limit = self.next_unused.min(start.saturating_add(max));
+        let to = self.next_used_at(start, limit);
+        debug_assert!(to - start >= min);
+        self.mark_used(start, to);
+        Some((start, to - start))
+    }
+
+    /// The start of the lowest run of at least `min` free pages below the
+    /// mark, a word at a time: a run ending at a word's top is carried
+    /// into the next word, and runs inside one word are found by ANDing
+    /// the free bits with themselves shifted (bit i stays set while bits
+    /// i..i+len are free, len doubling).
+    fn first_run(&self, min: u64) -> Option<u64> {
         let end = self.next_unused;
-        let mut pid = self.cursor as u64 * 64;
-        // Bounded by the pages below the mark: every turn moves `pid` on.
-        while pid < end {
-            let wi = (pid / 64) as usize;
-            if self.words[wi] == u64::MAX {
-                pid = (wi as u64 + 1) * 64;
+        // Free pages ending at the previous word's top bit.
+        let mut carry = 0u64;
+        for wi in self.cursor..self.words.len() {
+            let base = wi as u64 * 64;
+            let mut free = !self.words[wi];
+            if end < base + 64 {
+                // The word holding the mark (base < end: words are
+                // ceil(mark / 64)): bits past it are no pages.
+                free &= (1u64 << (end - base)) - 1;
+            }
+            let low = u64::from(free.trailing_ones());
+            if carry > 0 && carry + low >= min {
+                return Some(base - carry);
+            }
+            if low == 64 {
+                carry += 64;
                 continue;
             }
-            if self.is_used(pid) {
-                pid += 1;
-                continue;
-            }
-            let start = pid;
-            while pid < end && pid - start < max && !self.is_used(pid) {
-                let whole = pid % 64 == 0
-                    && pid + 64 <= end
-                    && pid - start + 64 <= max
-                    && self.words[(pid / 64) as usize] == 0;
-                pid += if whole { 64 } else { 1 };
-            }
-            let n = pid - start;
-            if n >= min {
-                for p in start..pid {
-                    self.set(p);
+            if min <= 64 {
+                let (mut runs, mut len) = (free, 1);
+                while len < min {
+                    let s = len.min(min - len);
+                    runs &= runs >> s;
+                    len += s;
                 }
-                return Some((start, n));
+                if runs != 0 {
+                    return Some(base + u64::from(runs.trailing_zeros()));
+                }
             }
+            carry = u64::from(free.leading_ones());
         }
         None
+    }
+
+    /// The first used bit at or after `pid`, or `limit` if none is below
+    /// it (`limit` at most the mark).
+    fn next_used_at(&self, mut pid: u64, limit: u64) -> u64 {
+        while pid < limit {
+            let w = self.words[(pid / 64) as usize] >> (pid % 64);
+            if w != 0 {
+                return (pid + u64::from(w.trailing_zeros())).min(limit);
+            }
+            pid = (pid / 64 + 1) * 64;
+        }
+        limit
+    }
+
+    /// Marks the free pages `from..to` (below the mark) used, a word at a
+    /// time.
+    fn mark_used(&mut self, from: u64, to: u64) {
+        let mut p = from;
+        while p < to {
+            let (wi, bit) = ((p / 64) as usize, p % 64);
+            let n = (64 - bit).min(to - p);
+            let mask = (u64::MAX >> (64 - n)) << bit;
+            assert_eq!(
+                self.words[wi] & mask,
+                0,
+                "pages {from}..{to} were not all free"
+            );
+            self.words[wi] |= mask;
+            p += n;
+        }
+        self.free -= to - from;
     }
 
     /// A mirror of `next_unused` pages, every one used (for an open that
@@ -350,6 +406,56 @@ mod tests {
                 let first = model.iter().position(|u| !u).map(|p| p as u64);
                 prop_assert_eq!(m.find_free(), first);
                 prop_assert_eq!(m.free_below_mark(), model.iter().filter(|u| !**u).count() as u64);
+            }
+        }
+
+        /// `take_run` against a Vec<bool> model: the lowest run of at
+        /// least `min` free pages, at most `max` of them taken, or None
+        /// when there is no such run; counts and `find_free` agree after.
+        #[test]
+        fn take_run_matches_a_model(
+            stretches in proptest::collection::vec((1usize..150, any::<bool>()), 0..12),
+            runs in proptest::collection::vec((1u64..150, 0u64..200), 1..8),
+        ) {
+            // Stretches of used and free pages, short and long (past a
+            // word).
+            let used: Vec<bool> =
+                stretches.iter().flat_map(|&(n, u)| std::iter::repeat_n(u, n)).collect();
+            let mut m = Mirror::new();
+            m.extend_to(used.len() as u64);
+            let mut model = used.clone();
+            for (p, &u) in used.iter().enumerate() {
+                if u {
+                    m.set(p as u64);
+                }
+            }
+            for (min, extra) in runs {
+                let max = min + extra;
+                let mut want = None;
+                let mut p = 0;
+                while p < model.len() {
+                    if model[p] {
+                        p += 1;
+                        continue;
+                    }
+                    let q = (p..model.len()).find(|&q| model[q]).unwrap_or(model.len());
+                    if (q - p) as u64 >= min {
+                        want = Some((p as u64, ((q - p) as u64).min(max)));
+                        break;
+                    }
+                    p = q;
+                }
+                prop_assert_eq!(m.take_run(min, max), want);
+                if let Some((s, n)) = want {
+                    for q in s..s + n {
+                        model[q as usize] = true;
+                    }
+                }
+                prop_assert_eq!(m.free_below_mark(), model.iter().filter(|u| !**u).count() as u64);
+                prop_assert_eq!(m.find_free(), model.iter().position(|u| !u).map(|p| p as u64));
+                for (q, &u) in model.iter().enumerate() {
+                    prop_assert_eq!(m.is_used(q as u64), u, "page {}", q);
+                }
             }
         }
 
