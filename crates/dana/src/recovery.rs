@@ -44,6 +44,20 @@ pub struct RecoveryReport {
     pub log_end: u64,
 }
 
+/// What [`prepare_logs`] found.
+#[derive(Default)]
+pub(crate) struct Prepared {
+    /// Where the logs resume (None: no log to use).
+    pub(crate) start: Option<LogStart>,
+    /// What recovery found.
+    pub(crate) recovered: Option<Recovered>,
+    /// The identity of logs it formatted.
+    pub(crate) new_id: Option<u64>,
+    /// A read-only open's logs' end: pages with an LSN at or past it are
+    /// newer than the log.
+    pub(crate) read_only_end: Option<u64>,
+}
+
 /// Where the logs resume: each log's stream position, and the next GSN.
 pub(crate) struct LogStart {
     pub(crate) resume: Vec<Resume>,
@@ -57,8 +71,9 @@ pub(crate) struct LogStart {
 /// `checkpoint_stamp` (the meta page's; 0: unknown) against their moment
 /// (`buffer::alloc`'s module doc), refuses a read-only open that would
 /// need recovery. Returns where the logs resume (None: no
-/// log to use), what recovery found, and the identity of logs it
-/// formatted.
+/// log to use), what recovery found, the identity of logs it
+/// formatted, and on a read-only open of a database with logs, the logs'
+/// end (no page read may carry an LSN at or past it).
 pub(crate) fn prepare_logs(
     array: &Array,
     logs: &[Target],
@@ -66,16 +81,16 @@ pub(crate) fn prepare_logs(
     checkpoint_stamp: u64,
     create: bool,
     opts: &Options,
-) -> Result<(Option<LogStart>, Option<Recovered>, Option<u64>)> {
+) -> Result<Prepared> {
     if logs.is_empty() {
-        return Ok((None, None, None));
+        return Ok(Prepared::default());
     }
     let count = logs.len() as u32;
     if create || db_log_id == 0 {
         // A new database, or one that never had a log: whatever the files
         // hold is not ours; format them.
         if opts.read_only {
-            return Ok((None, None, None));
+            return Ok(Prepared::default());
         }
         let id = opts.log_identity.unwrap_or_else(new_log_id);
         let per_log = crate::wal::per_log_bytes(opts.log_bytes, logs.len());
@@ -93,7 +108,11 @@ pub(crate) fn prepare_logs(
             resume,
             next_gsn: 1,
         };
-        return Ok((Some(start), None, Some(id)));
+        return Ok(Prepared {
+            start: Some(start),
+            new_id: Some(id),
+            ..Prepared::default()
+        });
     }
     if !opts.read_only {
         // A crash can leave a mirrored log's copies different, each valid
@@ -142,14 +161,21 @@ pub(crate) fn prepare_logs(
             }
         }
         recover::check_not_newer(checkpoint_stamp, end)?;
-        return Ok((None, None, None));
+        return Ok(Prepared {
+            read_only_end: Some(end),
+            ..Prepared::default()
+        });
     }
     let r = recover::recover(array, &ctls, cut_leaf, checkpoint_stamp)?;
     let start = LogStart {
         resume: r.resume.clone(),
         next_gsn: r.next_gsn,
     };
-    Ok((Some(start), Some(r), None))
+    Ok(Prepared {
+        start: Some(start),
+        recovered: Some(r),
+        ..Prepared::default()
+    })
 }
 
 /// The flush block a new log on `t` gets: the device's alignment (at least

@@ -72,7 +72,12 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         )));
     }
     let array = array.with_max_bytes(opts.capacity_bytes);
-    let (start, mut recovered, new_id) = recovery::prepare_logs(
+    let recovery::Prepared {
+        start,
+        mut recovered,
+        new_id,
+        read_only_end,
+    } = recovery::prepare_logs(
         &array,
         &logs,
         meta.map_or(0, |m| m.log_id),
@@ -83,6 +88,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
     let frames = opts.pool_bytes / opts.page_size;
     let mut pool_config = PoolConfig::with_frames(frames);
     pool_config.read_only = read_only;
+    pool_config.lsn_end = read_only_end;
     // Every data device writes a page untorn (RWF_ATOMIC): write-backs ask
     // for it, and the log logs no torn-page images (as out of place).
     let untorn = opts.untorn_page_writes

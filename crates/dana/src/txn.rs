@@ -62,6 +62,12 @@ use crate::{Error, Result};
 /// Number of key lock stripes.
 const STRIPES: usize = 4096;
 
+/// Places a large value may be tried in before one whose bytes read as a
+/// valid dana page in each is refused (`BufferPool::page_look_alike`):
+/// bytes that do so by chance move at the first retry; only bytes built
+/// for the allocator's next choices can match in every place.
+const LOOK_ALIKE_TRIES: usize = 4;
+
 /// Striped key locks, held from validation until the writes are applied.
 pub(crate) struct KeyLocks {
     stripes: Box<[AtomicBool]>,
@@ -787,12 +793,27 @@ impl Committer {
         let max_extents = blob::max_extents(node::max_payload_len(ps));
         let mut holds = Vec::with_capacity(plan.writes.len());
         for &i in &plan.writes {
-            let len = writes[i].value.as_ref().map_or(0, |v| v.len()) as u64;
-            holds.push(
-                self.pool
-                    .blob_hold(len.div_ceil(ps as u64), max_extents)
-                    .await?,
-            );
+            let v = writes[i].value.as_deref().unwrap_or(&[]);
+            let pages = (v.len() as u64).div_ceil(ps as u64);
+            let mut hold = self.pool.blob_hold(pages, max_extents).await?;
+            // Bytes that would read as a valid page where they land go
+            // elsewhere (`BufferPool::page_look_alike`): the holds tried
+            // are kept until the value has its own, so each try takes
+            // other pages.
+            let mut tried = Vec::new();
+            while let Some(pid) = self.pool.page_look_alike(hold.extents(), v) {
+                if tried.len() + 1 == LOOK_ALIKE_TRIES {
+                    return Err(Error::InvalidArgument(format!(
+                        "a large value whose bytes read as a dana page wherever it was \
+                         placed ({LOOK_ALIKE_TRIES} places; page {pid} the last): after a \
+                         crash they could be taken for a page of the tree"
+                    )));
+                }
+                let other = self.pool.blob_hold(pages, max_extents).await?;
+                tried.push(std::mem::replace(&mut hold, other));
+            }
+            drop(tried);
+            holds.push(hold);
         }
         if let (Some(w), true) = (&self.wal, holds.iter().any(BlobHold::reused)) {
             w.wait_all_durable(w.next_gsn()).await?;

@@ -111,7 +111,8 @@ fn newer_data_files_beside_an_older_log_are_refused() {
 /// stamps agree (no checkpoint in between), but those pages carry LSNs
 /// the old log never reached. Their reads fail (`Corrupt`), where the
 /// first change of such a page once tripped a release assertion and
-/// aborted the process, and a crashed database's open hung.
+/// aborted the process, and a crashed database's open hung; a read-only
+/// open's reads fail the same way.
 #[test]
 fn a_page_newer_than_the_log_is_an_error_not_a_panic() {
     let dir = tempfile::tempdir().unwrap();
@@ -137,6 +138,20 @@ fn a_page_newer_than_the_log_is_an_error_not_a_panic() {
 
     let newer =
         |e: &Error| matches!(e, Error::Corrupt { what, .. } if what.contains("newer than the log"));
+    // Read-only first (it changes nothing): a read of a newer page fails
+    // too (a read-only open had no check: it served them; a review's
+    // finding).
+    match Db::open(&mixed, o().read_only()) {
+        Err(e) => assert!(newer(&e), "{e}"),
+        Ok(db) => {
+            let t = db.tree("t").unwrap();
+            let e = (0..KEYS)
+                .find_map(|i| t.get(&key(i)).err())
+                .expect("a read-only open read every page of the newer data files");
+            assert!(newer(&e), "{e}");
+            drop(db);
+        }
+    }
     let db = match Db::open(&mixed, o()) {
         Err(e) => {
             assert!(newer(&e), "{e}");
