@@ -254,7 +254,7 @@ pub(crate) async fn begin_drop(
         }
         return Err(e);
     }
-    committer.mark_dropped(root).await;
+    committer.mark_dropped(root, name).await;
     Ok(())
 }
 

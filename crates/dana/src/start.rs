@@ -11,7 +11,6 @@
 //! checkpoint is done, or hands out a database whose catalogue root is
 //! missing.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -272,7 +271,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         read_only,
         closed: AtomicBool::new(false),
         writers: crate::read_fence::ReadFence::new(opts.workers),
-        dropped: Mutex::new(HashSet::new()),
+        dropped: Mutex::new(Default::default()),
         any_dropped: AtomicBool::new(false),
         readers: Arc::new(crate::read_fence::ReadFence::new(opts.workers)),
         in_flight: InFlight::new(),

@@ -43,7 +43,7 @@
 //! acknowledges a `Sync` commit before its record is durable.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -180,8 +180,9 @@ pub(crate) struct Committer {
     pub(crate) writers: ReadFence,
     /// Roots of the trees dropped since open: reads and commits through a
     /// stale handle fail with [`Error::NoSuchTree`], and none is handed
-    /// out as a new tree's root.
-    pub(crate) dropped: Mutex<HashSet<u64>>,
+    /// out as a new tree's root. With each, the tree's name (for the
+    /// error).
+    pub(crate) dropped: Mutex<HashMap<u64, String>>,
     /// True once `dropped` has an entry (false, the common case: no lock
     /// taken).
     pub(crate) any_dropped: AtomicBool,
@@ -272,12 +273,22 @@ impl Committer {
 
     /// [`Error::NoSuchTree`] if the tree at `root` was dropped.
     pub(crate) fn tree_alive(&self, root: u64) -> Result<()> {
-        if self.was_dropped(root) {
-            return Err(Error::NoSuchTree(format!(
-                "the tree whose root was page {root} (dropped)"
-            )));
+        if !self.any_dropped.load(Ordering::Acquire) {
+            return Ok(());
         }
-        Ok(())
+        match self
+            .dropped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&root)
+        {
+            // The handle's name, said to be dropped (it read "the tree
+            // whose root was page 1909 (dropped)"; an outside probe).
+            Some(name) => Err(Error::NoSuchTree(format!(
+                "{name} (dropped; this handle is stale)"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Enters a read of the tree at `root` (see `read_fence.rs`): hold
@@ -305,7 +316,9 @@ impl Committer {
         self.dropped
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .keys()
+            .copied()
+            .collect()
     }
 
     /// True if the tree at `root` was dropped since open.
@@ -315,15 +328,16 @@ impl Committer {
                 .dropped
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .contains(&root)
+                .contains_key(&root)
     }
 
     /// Refuses every later commit to the tree at `root` and waits for the
-    /// commits writing to it now. Must run on a worker.
-    pub(crate) async fn mark_dropped(&self, root: u64) {
+    /// commits writing to it now (`name`: the tree's, for the errors of
+    /// stale handles). Must run on a worker.
+    pub(crate) async fn mark_dropped(&self, root: u64, name: &[u8]) {
         {
             let mut d = self.dropped.lock().unwrap_or_else(|e| e.into_inner());
-            d.insert(root);
+            d.insert(root, String::from_utf8_lossy(name).into_owned());
             self.any_dropped.store(true, Ordering::Release);
         }
         self.locks.barrier().await;

@@ -155,6 +155,10 @@ fn a_dropped_trees_stale_handle_fails_and_never_writes_elsewhere() {
     let u = db.create_tree("u").unwrap();
     assert!(matches!(t.put(b"k2", b"v"), Err(Error::NoSuchTree(_))));
     assert!(matches!(t.get(b"k"), Err(Error::NoSuchTree(_))));
+    // The error names the handle's tree (it named its root page; an
+    // outside probe).
+    let said = t.get(b"k").unwrap_err().to_string();
+    assert_eq!(said, r#"no tree named "t (dropped; this handle is stale)""#);
     let mut tx = db.begin();
     tx.put(&t, b"k3", b"v").unwrap();
     assert!(matches!(db.commit(tx), Err(Error::NoSuchTree(_))));

@@ -216,12 +216,21 @@ fn within_reserve(
     if pages + room >= least {
         return Ok((pages + room, least));
     }
+    // The reserve is only kept from the data files: other files on the
+    // file system may have taken it (the message read "0 bytes free,
+    // 4194304 of them kept"; an outside probe).
+    let kept = if free >= needed {
+        format!("{needed} of them kept for the log to grow into (its first lap)")
+    } else {
+        format!(
+            "less than the {needed} the data files leave for the log to grow into (its first \
+             lap): other files took it"
+        )
+    };
     Err(format!(
-        "the file system of {} is nearly full: {} bytes free, {needed} of them kept for the \
-         log to grow into (its first lap); delete data to make room in the database, or free \
-         space on the file system",
+        "the file system of {} is nearly full: {free} bytes free, {kept}; delete data to make \
+         room in the database, or free space on the file system",
         d.path().display(),
-        free
     ))
 }
 

@@ -532,5 +532,13 @@ impl Drop for UringQueue {
                 return;
             }
         }
+        // The ring's teardown runs in the kernel after its fd closes, and
+        // a file registered with it stays open until then: a file system
+        // unmounted right after `Db::close` was busy for ~50 ms (an
+        // outside probe). Unregistered now, the file goes with the
+        // device's own descriptor. (An error leaves it to the teardown.)
+        if self.fixed_file {
+            let _ = self.ring.submitter().unregister_files();
+        }
     }
 }
