@@ -734,7 +734,17 @@ fn taken_by_large_values<T>(
 /// whose commit never came (written into a freed page, synced, then the
 /// crash) or of a torn write of a free page; it becomes a clean free page.
 /// If the map has it used, it is damage recovery cannot repair.
-fn reinit_if_free(array: &Array, queues: &mut [Box<dyn IoQueue>], pid: u64) -> Result<()> {
+/// The free page carries `newest`, the GSN of the page's newest entry, so
+/// that a recovery after a crash during this one skips them all (with LSN
+/// 0 it applied them to the zeroed page again: garbage in a free page,
+/// never read, but redo was not idempotent there; a review's finding, no
+/// test).
+fn reinit_if_free(
+    array: &Array,
+    queues: &mut [Box<dyn IoQueue>],
+    pid: u64,
+    newest: u64,
+) -> Result<()> {
     let ps = array.page_size() as usize;
     let geo = Geometry::new(ps);
     let map_pid = geo.map_page_of(pid);
@@ -751,6 +761,7 @@ fn reinit_if_free(array: &Array, queues: &mut [Box<dyn IoQueue>], pid: u64) -> R
     }
     let mut free = vec![0u8; ps];
     page::init_page(&mut free, pid, page::PageType::Free);
+    page::set_page_lsn(&mut free, newest);
     page::seal(&mut free);
     let (dev, offset) = array.locate(pid);
     write_at(queues[dev].as_mut(), offset, &free, Placement::Cold)
@@ -970,7 +981,9 @@ pub fn recover(
             None
         };
         let mut changed = false;
+        let mut newest = 0;
         for (gsn, lsn, e) in entries {
+            newest = newest.max(gsn);
             match gsn_now {
                 // A page handed out new whose bytes on the device carry
                 // an LSN the logs never reached: no version of it (a
@@ -1013,7 +1026,7 @@ pub fn recover(
             }
         }
         if gsn_now.is_none() {
-            damaged.push(pid);
+            damaged.push((pid, newest));
             continue;
         }
         if changed {
@@ -1022,8 +1035,8 @@ pub fn recover(
             out.pages_redone += 1;
         }
     }
-    for pid in damaged {
-        reinit_if_free(array, &mut queues, pid)?;
+    for (pid, newest) in damaged {
+        reinit_if_free(array, &mut queues, pid, newest)?;
         out.pages_repaired += 1;
     }
     for q in &mut queues {
