@@ -129,14 +129,25 @@ async fn free_leaf_values(pool: &BufferPool, pid: u64) -> Result<()> {
     let geo = crate::buffer::space_map::Geometry::new(pool.page_size());
     // Each turn removes one entry, or frees at least one page of a value.
     for _ in 0..pool.page_size() as u64 + pool.array().pages() {
-        let extents = match leaf_value(pool, &pool.fix_shared(pid).await?, pid)? {
-            Some((_, r)) => r.extents.len() as u64,
+        let groups = match leaf_value(pool, &pool.fix_shared(pid).await?, pid)? {
+            Some((_, r)) => {
+                let (_, freed) = crate::buffer::blob::split_tail(&r.extents, geo, per_change);
+                let mut g: Vec<u64> = freed
+                    .iter()
+                    .flat_map(|e| {
+                        geo.group(e.start)..=geo.group(e.start + u64::from(e.pages).max(1) - 1)
+                    })
+                    .collect();
+                g.sort_unstable();
+                g.dedup();
+                g.len() as u64
+            }
             None => return Ok(()),
         };
-        // The leaf, the meta page, and at most two map pages per extent
-        // (one may cross a group's end), at most as many as one change
-        // may take.
-        let _room = pool.admit_log(2 + (2 * extents).min(per_change)).await?;
+        // The leaf, the meta page and the map pages of the tail freed (the
+        // leaf changes only here: the tree is gone). An extent may span
+        // many groups (it counted two per extent; a review's finding).
+        let _room = pool.admit_log(2 + groups).await?;
         let mut m = pool.lock_space().await?;
         let mut leaf = pool.fix_exclusive(pid).await?;
         let Some((i, r)) = leaf_value(pool, &leaf, pid)? else {

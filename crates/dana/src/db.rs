@@ -2310,10 +2310,11 @@ mod tests {
     }
 }
 
-/// Drops of trees whose large values take more map pages than one change
-/// may (`catalog.rs`): here, the layer that may use the whole database.
+/// Large values whose map pages are more than one change may latch:
+/// drops (`catalog.rs`) and commits. Here, the layer that may use the
+/// whole database.
 #[cfg(test)]
-mod drop_tests {
+mod map_page_limits {
     use std::sync::Arc;
 
     use crate::io::sim::{PowerCutPolicy, PowerSwitch, SimConfig, SimDisk};
@@ -2332,7 +2333,7 @@ mod drop_tests {
 
     /// A data and a log disk (fresh, or copies of `from`'s durable bytes).
     fn disks(from: Option<&(Arc<SimDisk>, Arc<SimDisk>)>) -> (Arc<SimDisk>, Arc<SimDisk>) {
-        let data = SimDisk::new(0, 256 << 20, SimConfig::replayable(3));
+        let data = SimDisk::new(0, 512 << 20, SimConfig::replayable(3));
         let log = SimDisk::new(1, CONTROL_BYTES + LOG_BYTES, SimConfig::replayable(4));
         if let Some((d, l)) = from {
             data.copy_durable_from(d).unwrap();
@@ -2456,5 +2457,40 @@ mod drop_tests {
             checked(&db, "reopened");
             db.close().unwrap();
         }
+    }
+
+    /// A transaction whose values each fit the map pages one commit may
+    /// latch, but not together, is refused before any byte is written
+    /// (each hold checked its own; the commit refused them after they were
+    /// written and synced; a review's finding).
+    #[test]
+    fn values_that_fit_one_by_one_but_not_together_are_refused_before_their_write() {
+        let d = disks(None);
+        let db = open(&d, true).unwrap();
+        db.pool().cap_map_pages(2);
+        let t = db.tree_or_create("t").unwrap();
+        // Values of 0.7 groups, placed one after the other: each lies in
+        // one group or two, the three together in three.
+        let per_group = crate::buffer::space_map::Geometry::new(4096).per_group() as usize;
+        let v = vec![5u8; per_group * 7 / 10 * 4096];
+        let mut tx = db.begin();
+        for k in [b"a", b"b", b"c"] {
+            tx.put(&t, k, &v).unwrap();
+        }
+        let writes = db.pool_stats().blob_writes;
+        match db.commit(tx) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("Options::pool_bytes"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            db.pool_stats().blob_writes,
+            writes,
+            "the values were written"
+        );
+        // One alone fits.
+        t.put(b"a", &v).unwrap();
+        assert_eq!(t.get(b"a").unwrap().as_deref(), Some(&v[..]));
+        checked(&db, "after the refusal");
+        db.close().unwrap();
     }
 }

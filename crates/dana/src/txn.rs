@@ -814,6 +814,9 @@ impl Committer {
             // elsewhere (`BufferPool::page_look_alike`): the holds tried
             // are kept until the value has its own, so each try takes
             // other pages.
+            // Each try's pages are promised first, as the commit's were:
+            // taken unpromised, they could be pages promised to commits
+            // in flight (a review's finding).
             let mut tried = Vec::new();
             while let Some(pid) = self.pool.page_look_alike(hold.extents(), v) {
                 if tried.len() + 1 == LOOK_ALIKE_TRIES {
@@ -823,12 +826,26 @@ impl Committer {
                          crash they could be taken for a page of the tree"
                     )));
                 }
+                let Some(promise) = self.pool.reserve_now(pages) else {
+                    return Err(Error::NoSpace(format!(
+                        "a large value whose bytes read as a dana page where it was placed \
+                         (page {pid}) finds no room elsewhere"
+                    )));
+                };
                 let other = self.pool.blob_hold(pages, max_extents).await?;
-                tried.push(std::mem::replace(&mut hold, other));
+                tried.push((std::mem::replace(&mut hold, other), promise));
             }
             drop(tried);
             holds.push(hold);
         }
+        // The map pages of every value and every freed extent, before
+        // any byte is written (each hold checked its own only; a review's
+        // finding).
+        let held: Vec<Extent> = holds
+            .iter()
+            .flat_map(|h| h.extents().iter().copied())
+            .collect();
+        self.pool.check_space_change(&held, &plan.freed)?;
         if let (Some(w), true) = (&self.wal, holds.iter().any(BlobHold::reused)) {
             w.wait_all_durable(w.next_gsn()).await?;
         }

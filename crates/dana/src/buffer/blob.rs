@@ -577,19 +577,7 @@ impl BufferPool {
         freed: &[Extent],
         delta_values: i64,
     ) -> Result<()> {
-        let geo = self.geometry();
-        let groups: std::collections::BTreeSet<u64> = taken
-            .iter()
-            .chain(freed)
-            .flat_map(|e| geo.group(e.start)..=geo.group(e.start + u64::from(e.pages).max(1) - 1))
-            .collect();
-        self.check_map_pages(groups.len() as u64, || {
-            format!(
-                "a commit taking {} and freeing {} runs of large values",
-                taken.len(),
-                freed.len()
-            )
-        })?;
+        self.check_space_change(taken, freed)?;
         let live = s
             .large_values()
             .checked_add_signed(delta_values)
@@ -615,6 +603,26 @@ impl BufferPool {
         s.freed
             .extend(freed.iter().map(|e| (e.start, u64::from(e.pages))));
         Ok(())
+    }
+
+    /// Refuses a commit taking the extents `taken` and freeing `freed`
+    /// whose map pages are more than one commit may latch (see
+    /// `check_map_pages`). [`BufferPool::blob_space_in`] checks it; a
+    /// commit checks it first before it writes its values' bytes.
+    pub(crate) fn check_space_change(&self, taken: &[Extent], freed: &[Extent]) -> Result<()> {
+        let geo = self.geometry();
+        let groups: std::collections::BTreeSet<u64> = taken
+            .iter()
+            .chain(freed)
+            .flat_map(|e| geo.group(e.start)..=geo.group(e.start + u64::from(e.pages).max(1) - 1))
+            .collect();
+        self.check_map_pages(groups.len() as u64, || {
+            format!(
+                "a commit taking {} and freeing {} runs of large values",
+                taken.len(),
+                freed.len()
+            )
+        })
     }
 
     /// Refuses a change of the free-space map that `groups` map pages

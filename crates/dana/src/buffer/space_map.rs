@@ -274,7 +274,10 @@ impl Mirror {
             }
             carry = u64::from(free.leading_ones());
         }
-        None
+        // A run ending at the mark, on a word's end: no word after it
+        // judged it (a review's finding: mark 128, pages 64..128 free,
+        // and no run found).
+        (carry >= min).then(|| end - carry)
     }
 
     /// The first used bit at or after `pid`, or `limit` if none is below
@@ -352,6 +355,31 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A free run that ends at the mark on a word's end is found (the
+    /// word-at-a-time scan carried it past its last word; a review's
+    /// finding).
+    #[test]
+    fn a_run_ending_at_the_mark_on_a_word_s_end_is_found() {
+        for (used, mark, min) in [
+            (64, 128, 1),
+            (64, 128, 64),
+            (0, 64, 1),
+            (0, 64, 64),
+            (0, 128, 100),
+        ] {
+            let mut m = Mirror::new();
+            m.extend_to(mark);
+            for p in 0..used {
+                m.set(p);
+            }
+            assert_eq!(
+                m.take_run(min, 1000),
+                Some((used, mark - used)),
+                "{used} {mark} {min}"
+            );
+        }
+    }
+
     #[test]
     fn geometry_of_4k_pages() {
         let g = Geometry::new(4096);
@@ -416,11 +444,15 @@ mod tests {
         fn take_run_matches_a_model(
             stretches in proptest::collection::vec((1usize..150, any::<bool>()), 0..12),
             runs in proptest::collection::vec((1u64..150, 0u64..200), 1..8),
+            whole_words in any::<bool>(),
         ) {
             // Stretches of used and free pages, short and long (past a
-            // word).
-            let used: Vec<bool> =
+            // word); the mark on a word's end or not.
+            let mut used: Vec<bool> =
                 stretches.iter().flat_map(|&(n, u)| std::iter::repeat_n(u, n)).collect();
+            if whole_words {
+                used.resize(used.len().next_multiple_of(64), false);
+            }
             let mut m = Mirror::new();
             m.extend_to(used.len() as u64);
             let mut model = used.clone();
