@@ -18,7 +18,7 @@
 //! could have seen it has left; lets a frame of a reused page reach the
 //! disk after the value's bytes; gives back the extents of a write that
 //! may still be in flight (a failed write waits for its others; a write
-//! whose future is dropped keeps its extents until the next open).
+//! whose future is dropped keeps its extents until its writes end).
 //!
 //! Reference layout (little endian): length u64, crc32c of the bytes u32,
 //! extent count u32, then per extent its first page u64 and its pages u32.
@@ -253,6 +253,21 @@ pub(crate) struct BlobState {
     staging: Mutex<Vec<AlignedBuf>>,
     /// A test's lower limit of map pages latched by one change (0: none).
     map_pages_cap: AtomicU64,
+    /// Holds dropped during their writes, until those writes end.
+    abandoned: Mutex<Vec<Abandoned>>,
+    any_abandoned: AtomicBool,
+}
+
+/// A hold dropped while its value's writes were in flight (the commit's
+/// future dropped mid-way): its extents go back once every write it issued
+/// has ended, which the requests' buffers say (a request owns its buffer
+/// until its completion). They stayed used in memory until the next open
+/// (a review's finding: space leaked under cancelled large writes).
+struct Abandoned {
+    extents: Vec<Extent>,
+    counted: bool,
+    guarded: bool,
+    writes: Vec<std::sync::Weak<AlignedBuf>>,
 }
 
 /// A read of large values in progress: while it lives, no extent freed
@@ -285,6 +300,9 @@ pub struct BlobHold<'a> {
     /// was made whole): given back unkept, they go back on it; a hold
     /// that failed part-way never took them off.
     counted: bool,
+    /// The buffers of the writes it issued: alive while a write is in
+    /// flight.
+    writes: Vec<std::sync::Weak<AlignedBuf>>,
 }
 
 impl BlobHold<'_> {
@@ -310,7 +328,10 @@ impl BlobHold<'_> {
     /// commit record) and returns their crc32c. Runs on a worker.
     pub async fn write(&mut self, bytes: &[u8]) -> Result<u32> {
         self.writing = true;
-        let crc = self.pool.write_blob(&self.extents, bytes).await;
+        let crc = self
+            .pool
+            .write_blob_to(&self.extents, 0, bytes, None, Some(&mut self.writes))
+            .await;
         // No write of it is in flight any more, failed or not.
         self.writing = false;
         self.unguard();
@@ -331,15 +352,21 @@ impl Drop for BlobHold<'_> {
     fn drop(&mut self) {
         // A hold dropped during its write (the commit's future dropped
         // mid-way) may have writes still in flight into its extents: they
-        // stay used in memory until the next open (free on disk, so
-        // nothing leaks past it) rather than go to another value whose
-        // bytes a late write would overwrite.
+        // stay used in memory (and listed as being taken) until those
+        // writes end, rather than go to another value whose bytes a late
+        // write would overwrite.
+        if self.writing && !self.kept {
+            self.pool.abandon(Abandoned {
+                extents: std::mem::take(&mut self.extents),
+                counted: self.counted,
+                guarded: self.guarded,
+                writes: std::mem::take(&mut self.writes),
+            });
+            return;
+        }
         if !self.kept && !self.writing {
             self.pool.unhold(&self.extents, self.counted);
         }
-        // Writes still in flight (the future dropped mid-way) keep their
-        // runs listed, as the pages stay used in memory, until the next
-        // open.
         if !self.writing {
             self.unguard();
         }
@@ -382,6 +409,7 @@ impl BufferPool {
             writing: false,
             guarded: false,
             counted: false,
+            writes: Vec::new(),
         };
         if pages == 0 {
             return Ok(hold);
@@ -702,6 +730,7 @@ impl BufferPool {
     /// Moves the epoch on when the readers of the one before have left,
     /// and hands out the retired extents no reader can be in any more.
     pub(crate) fn release_retired(&self) {
+        self.release_abandoned();
         let s = &self.alloc.blobs;
         if !s.any_retired.load(Ordering::Acquire) {
             return;
@@ -731,13 +760,40 @@ impl BufferPool {
         }
     }
 
-    /// Writes `bytes` into `extents` (which hold exactly its pages), 8
-    /// I/Os in flight, and returns their crc32c. Returns only once none of
-    /// its writes is in flight, also on a failure: the caller gives the
-    /// extents back then, and a write still in flight must not land in
-    /// pages that another value has taken meanwhile.
-    async fn write_blob(&self, extents: &[Extent], bytes: &[u8]) -> Result<u32> {
-        self.write_blob_to(extents, 0, bytes, None).await
+    /// Keeps the extents of a hold dropped during its write until its
+    /// writes end (see [`Abandoned`]).
+    fn abandon(&self, a: Abandoned) {
+        let s = &self.alloc.blobs;
+        s.abandoned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(a);
+        s.any_abandoned.store(true, Ordering::Release);
+        self.release_abandoned();
+    }
+
+    /// Gives back the extents of abandoned holds whose writes have all
+    /// ended (their buffers gone).
+    fn release_abandoned(&self) {
+        let s = &self.alloc.blobs;
+        if !s.any_abandoned.load(Ordering::Acquire) {
+            return;
+        }
+        let done: Vec<Abandoned> = {
+            let mut list = s.abandoned.lock().unwrap_or_else(|p| p.into_inner());
+            let (done, left) = std::mem::take(&mut *list)
+                .into_iter()
+                .partition(|a: &Abandoned| a.writes.iter().all(|w| w.strong_count() == 0));
+            *list = left;
+            s.any_abandoned.store(!list.is_empty(), Ordering::Release);
+            done
+        };
+        for a in done {
+            self.unhold(&a.extents, a.counted);
+            if a.guarded {
+                self.being_taken(&a.extents, false);
+            }
+        }
     }
 
     /// The first page of `extents` where the value's bytes `bytes`, written
@@ -768,15 +824,22 @@ impl BufferPool {
         None
     }
 
-    /// [`BufferPool::write_blob`] to one copy of mirrored devices (`copy`),
-    /// or to every copy (`None`), of the value's pages from its page
-    /// `first` on (`bytes` starts there).
+    /// Writes `bytes`, the value's pages from its page `first` on, into
+    /// `extents` (which hold exactly the value's pages), to one copy of
+    /// mirrored devices (`copy`) or to every copy (`None`), 8 I/Os in
+    /// flight, and returns their crc32c. Returns only once none of its
+    /// writes is in flight, also on a failure: the caller gives the
+    /// extents back then, and a write still in flight must not land in
+    /// pages that another value has taken meanwhile. `track` keeps a weak
+    /// reference to each write's buffer (a hold's: if its future is
+    /// dropped mid-way, see [`Abandoned`]).
     async fn write_blob_to(
         &self,
         extents: &[Extent],
         first: u64,
         bytes: &[u8],
         copy: Option<u8>,
+        mut track: Option<&mut Vec<std::sync::Weak<AlignedBuf>>>,
     ) -> Result<u32> {
         let ps = self.page_size;
         let crc = crc32c::crc32c(bytes);
@@ -803,6 +866,9 @@ impl BufferPool {
                 st.blob_writes.fetch_add(1, Ordering::Relaxed);
                 st.blob_write_bytes.fetch_add(len as u64, Ordering::Relaxed);
                 let region = Arc::new(buf);
+                if let Some(t) = track.as_deref_mut() {
+                    t.push(Arc::downgrade(&region));
+                }
                 // SAFETY: `region` is ours alone; nobody writes it until
                 // this request's completion is awaited.
                 let io = unsafe { IoBuf::shared(region.clone(), 0, len)? };
@@ -880,7 +946,9 @@ impl BufferPool {
             for other in (0..copies).filter(|&o| o != c) {
                 // A copy that cannot take the repair is failed by the
                 // mirror; the value is whole on this one either way.
-                let _ = self.write_blob_to(&r.extents, 0, out, Some(other)).await;
+                let _ = self
+                    .write_blob_to(&r.extents, 0, out, Some(other), None)
+                    .await;
             }
             let _ = self.sync_devices().await;
             return Ok(());
@@ -988,7 +1056,7 @@ impl BufferPool {
             let n = (r.len - at).min(chunk) as usize;
             self.read_blob_from(r, at, &mut buf[..n], from).await?;
             for &c in to {
-                self.write_blob_to(&r.extents, at / ps, &buf[..n], Some(c))
+                self.write_blob_to(&r.extents, at / ps, &buf[..n], Some(c), None)
                     .await?;
             }
             at += n as u64;
@@ -1356,6 +1424,57 @@ mod tests {
         let admitted = pool.reserve_now(0).map(|r| r.pages());
         assert_eq!(admitted, Some(0));
         a.reserved.fetch_sub(available + 10, Ordering::SeqCst);
+        rt.shutdown();
+    }
+
+    /// A hold dropped while its value's writes are in flight (the
+    /// commit's future dropped mid-way) gives its pages back once those
+    /// writes end, without a reopen: they stayed used in memory until the
+    /// next open (a review's finding).
+    #[test]
+    fn a_hold_dropped_during_its_write_gives_its_pages_back_once_the_writes_end() {
+        use crate::io::sim::{SimConfig, SimDisk};
+        use crate::io::{Array, Target};
+        use std::future::Future;
+        let disk = SimDisk::new(0, 64 << 20, SimConfig::default());
+        let array = Array::new(vec![Target::Sim(disk)], 4096).unwrap();
+        let (pool, rt) = crate::buffer::test_pool(array, 16);
+        let p = pool.clone();
+        let (before, dropped, after) = rt
+            .block_on(async move {
+                p.format().await?;
+                let before = p.alloc.available.load(Ordering::SeqCst);
+                // 16 MiB: more writes than go in flight at once.
+                let bytes = vec![3u8; 16 << 20];
+                let mut hold = p.blob_hold(4096, 84).await?;
+                {
+                    let mut w = Box::pin(hold.write(&bytes));
+                    // One poll issues the first writes; then dropped.
+                    std::future::poll_fn(|cx| {
+                        assert!(w.as_mut().poll(cx).is_pending());
+                        std::task::Poll::Ready(())
+                    })
+                    .await;
+                }
+                drop(hold);
+                let dropped = p.alloc.available.load(Ordering::SeqCst);
+                // The writes end as the worker reaps them.
+                for _ in 0..10_000 {
+                    p.release_retired();
+                    if p.alloc.available.load(Ordering::SeqCst) == before {
+                        break;
+                    }
+                    crate::sched::yield_now().await;
+                }
+                Ok::<_, Error>((before, dropped, p.alloc.available.load(Ordering::SeqCst)))
+            })
+            .unwrap()
+            .unwrap();
+        assert!(
+            dropped < before,
+            "the writes ended before the hold was dropped"
+        );
+        assert_eq!(after, before);
         rt.shutdown();
     }
 
