@@ -2356,6 +2356,24 @@ mod map_page_limits {
             .collect()
     }
 
+    /// A switch cutting the power of both disks at request `point` (0:
+    /// never), each unsynced write kept, dropped or torn by `seed`.
+    fn power_switch(
+        disks: &(Arc<SimDisk>, Arc<SimDisk>),
+        point: u64,
+        seed: u64,
+    ) -> Arc<PowerSwitch> {
+        let policy = PowerCutPolicy::Random {
+            keep: 1.0,
+            drop: 1.0,
+            tear: 1.0,
+        };
+        let switch = PowerSwitch::new(point, policy, seed);
+        switch.attach(&disks.0);
+        switch.attach(&disks.1);
+        switch
+    }
+
     /// Asserts the checker is clean and every page is accounted for.
     fn checked(db: &Db, what: &str) -> crate::check::CheckReport {
         let report = db.check().unwrap();
@@ -2396,17 +2414,7 @@ mod map_page_limits {
         let d = disks(Some(&base));
         let db = open(&d, false).unwrap();
         db.pool().cap_map_pages(1);
-        let switch = PowerSwitch::new(
-            0,
-            PowerCutPolicy::Random {
-                keep: 1.0,
-                drop: 1.0,
-                tear: 1.0,
-            },
-            1,
-        );
-        switch.attach(&d.0);
-        switch.attach(&d.1);
+        let switch = power_switch(&d, 0, 1);
         assert!(db.drop_tree("big").unwrap());
         db.flush().unwrap();
         let requests = switch.count();
@@ -2422,17 +2430,7 @@ mod map_page_limits {
             let d = disks(Some(&base));
             let db = open(&d, false).unwrap();
             db.pool().cap_map_pages(1);
-            let switch = PowerSwitch::new(
-                point,
-                PowerCutPolicy::Random {
-                    keep: 1.0,
-                    drop: 1.0,
-                    tear: 1.0,
-                },
-                n,
-            );
-            switch.attach(&d.0);
-            switch.attach(&d.1);
+            let switch = power_switch(&d, point, n);
             let dropped = db.drop_tree("big").and_then(|_| db.flush());
             assert!(switch.fired(), "point {point} of {requests}: {dropped:?}");
             drop(db);
