@@ -560,6 +560,15 @@ fn an_update_without_a_log_grows_a_value_past_the_inline_limit() {
     db.close().unwrap();
 }
 
+/// The first page id never handed out (where the next large value goes).
+fn next_unused(db: &Db) -> u64 {
+    let p = db.pool().clone();
+    db.block_on(async move { p.space().await })
+        .unwrap()
+        .unwrap()
+        .next_unused
+}
+
 /// After a crash, the 3,000 small keys of the forged-page tests read back
 /// and `check` is clean.
 fn the_small_keys_are_there(dir: &std::path::Path) {
@@ -599,12 +608,7 @@ fn value_bytes_that_look_like_pages_never_stand_in_for_new_pages_after_a_crash()
         let db = Db::open(dir.path(), opts()).unwrap();
         let t = db.create_tree("t").unwrap();
         db.checkpoint().unwrap();
-        let p = db.pool().clone();
-        let mark = db
-            .block_on(async move { p.space().await })
-            .unwrap()
-            .unwrap()
-            .next_unused;
+        let mark = next_unused(&db);
         t.put(b"freed", &vec![7u8; PAGES as usize * 4096]).unwrap();
         t.delete(b"freed").unwrap();
         db.close().unwrap();
@@ -653,12 +657,7 @@ fn value_bytes_that_look_like_pages_below_the_log_s_end_never_stand_in_for_new_p
         let db = Db::open(dir.path(), opts()).unwrap();
         let t = db.create_tree("t").unwrap();
         db.checkpoint().unwrap();
-        let p = db.pool().clone();
-        let mark = db
-            .block_on(async move { p.space().await })
-            .unwrap()
-            .unwrap()
-            .next_unused;
+        let mark = next_unused(&db);
         let end = db.wal_stats().unwrap().end;
         let mut v = vec![0u8; PAGES as usize * 4096];
         for (i, forged) in v.chunks_mut(4096).enumerate() {
