@@ -565,15 +565,15 @@ impl Committer {
         // select, a timeout) would leave the trees without writes the log
         // holds, the key locks let go, and the log unable to checkpoint
         // past the commit. The guard stops the database instead; the
-        // next open finishes the commit from its record.
-        let unapplied = logged.map(|_| DroppedMidApply(&self.pool));
+        // next open finishes the commit from its record. Without a log
+        // the trees would keep part of the commit (and a large value's
+        // map bits without its reference): the database stops too.
+        let unapplied = DroppedMidApply(&self.pool, logged.is_some());
         let applied = match (&log, logged.as_mut()) {
             (Some(w), Some(at)) => apply_logged(&self.pool, w, &writes, at).await,
             _ => apply(&self.pool, &writes, true, 0).await,
         };
-        if let Some(guard) = unapplied {
-            guard.disarm();
-        }
+        unapplied.disarm();
         if applied.is_ok() {
             // No leaf names the replaced values' extents any more.
             self.pool.retire(large.freed);
@@ -620,11 +620,15 @@ impl Committer {
     }
 }
 
-/// Armed while a logged commit is being applied: dropped armed (the
-/// commit's future dropped by its caller mid-apply), it poisons the pool,
-/// which refuses every later write and write-back, so that no checkpoint
-/// moves past the commit's record and the next open applies it whole.
-struct DroppedMidApply<'a>(&'a BufferPool);
+/// Armed while a commit is being applied: dropped armed (the commit's
+/// future dropped by its caller mid-apply), it poisons the pool, which
+/// refuses every later write and write-back. Logged (`.1`), so that no
+/// checkpoint moves past the commit's record and the next open applies it
+/// whole. Without a log, because the trees may hold part of the commit,
+/// and its large values' map bits changed while leaves not yet updated
+/// still name the extents it freed (an outside probe: later writes failed
+/// with `Corrupt`, and `check` found tree pages free in the map).
+struct DroppedMidApply<'a>(&'a BufferPool, bool);
 
 impl DroppedMidApply<'_> {
     fn disarm(self) {
@@ -634,11 +638,15 @@ impl DroppedMidApply<'_> {
 
 impl Drop for DroppedMidApply<'_> {
     fn drop(&mut self) {
-        self.0.poison(&Error::Poisoned(
+        let what = if self.1 {
             "a commit's future was dropped after its record was logged and before it was \
              applied; reopen the database to finish it from the log"
-                .into(),
-        ));
+        } else {
+            "a commit's future was dropped while it was being applied (no log: the trees may \
+             hold part of it); reopen the database (with Durability::Off, what was not \
+             flushed may be lost)"
+        };
+        self.0.poison(&Error::Poisoned(what.into()));
     }
 }
 

@@ -1,7 +1,7 @@
 //! Large values: stored outside the leaves, written and synced before the
 //! commit record, freed when replaced or deleted, across reopen and crash.
 
-use dana::{Db, Durability, Options};
+use dana::{Db, Durability, Error, Options};
 
 fn opts() -> Options {
     Options::default()
@@ -675,4 +675,93 @@ fn value_bytes_that_look_like_pages_below_the_log_s_end_never_stand_in_for_new_p
         assert!(db.wal_stats().unwrap().end > end + 300);
     }
     the_small_keys_are_there(dir.path());
+}
+
+/// A commit whose future its caller drops part way (a select, a timeout)
+/// without a log: once its large values' map bits changed, a leaf it had
+/// not yet updated named extents the map marked free, and the pages of
+/// the new value were lost; later writes failed with `Corrupt` and `check`
+/// found pages owned by a tree but free in the map (an outside probe,
+/// with `Durability::Off`). The database now stops, as with a log: at
+/// every drop point the transaction is whole, absent, or the database
+/// poisoned, never a map that disagrees with the trees.
+#[test]
+fn a_commit_dropped_part_way_without_a_log_never_leaves_the_map_wrong() {
+    use dana::io::sim::{SimConfig, SimDisk};
+    use dana::io::{Array, Target};
+    use std::future::Future;
+    use std::task::Poll;
+    let (old, new) = (value(1, 300_000), value(2, 200_000));
+    let (mut poisoned, mut finished_at) = (0, None);
+    for polls in 1..400u32 {
+        // Replayable: every request completes at the worker's next reap,
+        // so each count of polls is its own drop point.
+        let disk = SimDisk::new(0, 64 << 20, SimConfig::replayable(7));
+        let array = Array::new(vec![Target::Sim(disk)], 4096).unwrap();
+        // 16 frames: the small tree's leaf is read by the apply.
+        let o = opts()
+            .pool_bytes(dana::MIN_POOL_FRAMES * 4096)
+            .durability(Durability::Off);
+        let db = Db::open_array_with_log(array, None, o, true).unwrap();
+        // A transaction of two trees: a small write to one, whose leaf the
+        // apply reads, and a large value replacing another in the other.
+        let small = db.create_tree("s").unwrap();
+        let t = db.create_tree("t").unwrap();
+        t.put(b"k", &old).unwrap();
+        for i in 0..3000u32 {
+            small.put(&i.to_be_bytes(), &[7; 100]).unwrap();
+        }
+        let mut tx = db.begin();
+        tx.put(&small, &1500u32.to_be_bytes(), &[8; 100]).unwrap();
+        tx.put(&t, b"k", &new).unwrap();
+        let finished = db
+            .block_on(async move {
+                let mut commit = Box::pin(tx.commit_async());
+                for _ in 0..polls {
+                    let step =
+                        std::future::poll_fn(|cx| Poll::Ready(commit.as_mut().poll(cx))).await;
+                    if step.is_ready() {
+                        return true;
+                    }
+                    // Lets the worker reap the I/O the commit waits for.
+                    let mut yielded = false;
+                    std::future::poll_fn(|cx| {
+                        if yielded {
+                            return Poll::Ready(());
+                        }
+                        yielded = true;
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    })
+                    .await;
+                }
+                false
+            })
+            .unwrap();
+        // A poisoned database refuses writes (reads go on).
+        if let Err(e) = small.put(b"after", b"x") {
+            assert!(matches!(e, Error::Poisoned(_)), "polls {polls}: {e}");
+            poisoned += 1;
+            continue;
+        }
+        match (t.get(b"k"), small.get(&1500u32.to_be_bytes())) {
+            (Ok(Some(got)), Ok(Some(s))) => {
+                let whole = got == new && s == [8; 100];
+                let absent = got == old && s == [7; 100];
+                assert!(whole || absent, "polls {polls}: the transaction in part");
+                assert!(!finished || whole, "polls {polls}: finished, not there");
+                let r = db.check().unwrap();
+                assert!(r.is_ok() && r.lost_pages == 0, "polls {polls}: {r:?}");
+                t.delete(b"k").unwrap();
+            }
+            other => panic!("polls {polls}: {other:?}"),
+        }
+        drop(db);
+        if finished {
+            finished_at = Some(polls);
+            break;
+        }
+    }
+    let at = finished_at.expect("the commit never finished");
+    eprintln!("finished at {at} polls; {poisoned} drop points stopped the database");
 }

@@ -256,6 +256,38 @@ pub(crate) struct BlobState {
     /// Holds dropped during their writes, until those writes end.
     abandoned: Mutex<Vec<Abandoned>>,
     any_abandoned: AtomicBool,
+    /// The buffers of repair writes over a value's copies whose caller's
+    /// future was dropped mid-way ([`RepairWrites`]): while one is alive,
+    /// no retired extent is handed out.
+    repairs: Mutex<Vec<std::sync::Weak<AlignedBuf>>>,
+}
+
+/// The writes of a repair of a value's copies. A repair runs under a
+/// [`BlobReadGuard`], so the value's extents cannot be reused meanwhile;
+/// but a caller that drops its future mid-way drops the guard with it,
+/// and a write still in flight could land on the extents after another
+/// value took them (a review's finding; the next read of that value
+/// healed it from its other copy). Dropped, it leaves the buffers of
+/// writes still in flight with the pool, which hands out no retired
+/// extent until they are gone.
+struct RepairWrites<'a> {
+    pool: &'a BufferPool,
+    writes: Vec<std::sync::Weak<AlignedBuf>>,
+}
+
+impl Drop for RepairWrites<'_> {
+    fn drop(&mut self) {
+        self.writes.retain(|w| w.strong_count() > 0);
+        if !self.writes.is_empty() {
+            self.pool
+                .alloc
+                .blobs
+                .repairs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .append(&mut self.writes);
+        }
+    }
 }
 
 /// A hold dropped while its value's writes were in flight (the commit's
@@ -744,6 +776,15 @@ impl BufferPool {
                     .compare_exchange(e, e + 1, Ordering::SeqCst, Ordering::SeqCst);
             }
         }
+        // No retired extent goes while a dropped repair may still write
+        // into one (see [`RepairWrites`]).
+        {
+            let mut r = s.repairs.lock().unwrap_or_else(|p| p.into_inner());
+            r.retain(|w| w.strong_count() > 0);
+            if !r.is_empty() {
+                return;
+            }
+        }
         let now = s.epoch.load(Ordering::SeqCst);
         let mut ready = Vec::new();
         {
@@ -943,13 +984,18 @@ impl BufferPool {
                 return Ok(());
             }
             self.stats.blob_repairs.fetch_add(1, Ordering::Relaxed);
+            let mut repair = RepairWrites {
+                pool: self,
+                writes: Vec::new(),
+            };
             for other in (0..copies).filter(|&o| o != c) {
                 // A copy that cannot take the repair is failed by the
                 // mirror; the value is whole on this one either way.
                 let _ = self
-                    .write_blob_to(&r.extents, 0, out, Some(other), None)
+                    .write_blob_to(&r.extents, 0, out, Some(other), Some(&mut repair.writes))
                     .await;
             }
+            drop(repair);
             let _ = self.sync_devices().await;
             return Ok(());
         }
@@ -1052,15 +1098,21 @@ impl BufferPool {
             )));
         }
         let mut at = 0u64;
+        let mut repair = RepairWrites {
+            pool: self,
+            writes: Vec::new(),
+        };
         while at < r.len {
             let n = (r.len - at).min(chunk) as usize;
             self.read_blob_from(r, at, &mut buf[..n], from).await?;
             for &c in to {
-                self.write_blob_to(&r.extents, at / ps, &buf[..n], Some(c), None)
+                let track = Some(&mut repair.writes);
+                self.write_blob_to(&r.extents, at / ps, &buf[..n], Some(c), track)
                     .await?;
             }
             at += n as u64;
         }
+        drop(repair);
         self.sync_devices().await?;
         self.stats.blob_repairs.fetch_add(1, Ordering::Relaxed);
         Ok(())
