@@ -34,6 +34,10 @@ pub struct CheckArgs {
     /// Use blocking pread instead of io_uring.
     #[arg(long)]
     pub blocking: bool,
+    /// The database's page size (`Options::page_size` when it was
+    /// created); a database of another size is refused, naming its own.
+    #[arg(long, default_value_t = 4096)]
+    pub page_size: usize,
 }
 
 /// One tree, for JSON.
@@ -191,7 +195,10 @@ fn run_checker(args: &CheckArgs) -> CliResult<CheckReport> {
     // Read-only: nothing is written (no recovery, no checkpoint, no log
     // format); a database that needs recovery, or whose log is damaged
     // where it had been durable, is reported as such.
-    let mut opts = Options::default().pool_bytes(POOL_BYTES).read_only();
+    let mut opts = Options::default()
+        .pool_bytes(POOL_BYTES)
+        .page_size(args.page_size)
+        .read_only();
     if args.blocking {
         opts = opts.backend(Backend::Blocking);
     }

@@ -31,6 +31,10 @@ pub struct RebuildArgs {
     /// Buffer pool while rebuilding.
     #[arg(long, default_value_t = 64 << 20)]
     pub pool_bytes: usize,
+    /// The database's page size (`Options::page_size` when it was
+    /// created).
+    #[arg(long, default_value_t = 4096)]
+    pub page_size: usize,
 }
 
 fn print_status(status: &[MirrorStatus]) {
@@ -65,7 +69,9 @@ pub fn run(args: &RebuildArgs) -> CliResult<()> {
             args.path.display()
         )));
     }
-    let opts = Options::default().pool_bytes(args.pool_bytes);
+    let opts = Options::default()
+        .pool_bytes(args.pool_bytes)
+        .page_size(args.page_size);
     // Read-only first: a database that is not mirrored is left as it was
     // (the first version opened it writable, formatting a log for a
     // database without one, before finding nothing to rebuild). One that

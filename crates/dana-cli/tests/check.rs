@@ -167,3 +167,40 @@ fn check_is_locked_out_by_a_writer_in_another_process_and_writes_nothing() {
     ));
     drop(ro);
 }
+
+/// Databases of another page size, in place and out of place: `dana
+/// check` without `--page-size` says the size the files hold (out of
+/// place it failed with "misaligned out-of-place request"), and with it
+/// checks them (an outside probe: such databases could not be checked).
+#[test]
+fn check_takes_the_page_size_of_a_database_of_another() {
+    for out_of_place in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = Options::default()
+            .pool_bytes(4 << 20)
+            .page_size(16384)
+            .capacity_bytes(64 << 20);
+        if out_of_place {
+            opts = opts.write_mode(dana::WriteMode::OutOfPlace);
+        }
+        let db = Db::open(dir.path(), opts).unwrap();
+        let t = db.create_tree("t").unwrap();
+        for i in 0u32..2000 {
+            t.put(format!("k{i:06}").as_bytes(), &[7u8; 60]).unwrap();
+        }
+        db.close().unwrap();
+        let refused = dana(&["check"], dir.path());
+        assert!(!refused.status.success());
+        let said = text(&refused);
+        assert!(
+            said.contains("16384-byte pages") && said.contains("page_size"),
+            "out of place {out_of_place}: {said}"
+        );
+        let checked = dana(&["check", "--page-size", "16384"], dir.path());
+        assert!(
+            checked.status.success(),
+            "out of place {out_of_place}: {}",
+            text(&checked)
+        );
+    }
+}

@@ -355,7 +355,7 @@ fn open_device(
         }
         let t = Target::File(Arc::new(d));
         locks.device(&t);
-        return out_of_place(t, role, create, opts);
+        return out_of_place(t, path, role, create, opts);
     }
     let mut specs = Vec::with_capacity(copies);
     for c in 0..copies {
@@ -395,7 +395,13 @@ fn open_device(
 
 /// A data file as an out-of-place device when it is one (its label says
 /// so) or is created as one ([`Options::write_mode`]); else as it is.
-fn out_of_place(t: Target, role: Role, create: bool, opts: &Options) -> Result<Target> {
+fn out_of_place(
+    t: Target,
+    path: &Path,
+    role: Role,
+    create: bool,
+    opts: &Options,
+) -> Result<Target> {
     if !matches!(role, Role::Data(_)) {
         return Ok(t);
     }
@@ -406,7 +412,22 @@ fn out_of_place(t: Target, role: Role, create: bool, opts: &Options) -> Result<T
         return Ok(t);
     }
     if Remap::is_formatted(&t)? {
-        return Ok(Target::Remap(Remap::open(t)?));
+        let r = Remap::open(t)?;
+        // Its label names its page size: one the options do not ask for
+        // failed later as "misaligned out-of-place request" (an outside
+        // probe).
+        let ps = r.config().page_size as usize;
+        if ps != opts.page_size_value() {
+            return Err(Error::NotADatabase {
+                path: path.to_path_buf(),
+                what: format!(
+                    "the database has {ps}-byte pages; the options ask for {} \
+                     (Options::page_size)",
+                    opts.page_size_value()
+                ),
+            });
+        }
+        return Ok(Target::Remap(r));
     }
     Ok(t)
 }

@@ -709,7 +709,15 @@ impl BufferPool {
         };
         let (pid, reused) = match found {
             Some(pid) => (pid, true),
-            None => (self.extend_mark(s).await?, false),
+            None => match self.extend_mark(s).await {
+                // The free pages are all to be passed over: the array
+                // grows for this one (see `grow_now`).
+                Err(Error::NoSpace(_)) if self.mirror().free_below_mark() > 0 => {
+                    self.grow_now().await?;
+                    (self.extend_mark(s).await?, false)
+                }
+                r => (r?, false),
+            },
         };
         // On an error below the page stays used in memory: a page lost
         // until the next open is safe, a page handed out twice is not. It

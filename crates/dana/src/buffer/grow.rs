@@ -150,6 +150,29 @@ impl BufferPool {
         self.alloc.growth.grower.finish();
     }
 
+    /// Grows the array by a step (or waits for the growth under way) and
+    /// fails with [`Error::NoSpace`] if it did not grow: for an allocation
+    /// that must pass over the free pages there are (the roots of trees
+    /// dropped since open), which the count of available pages holds, so
+    /// no growth came for them (an outside probe: `create_tree` failed
+    /// with `NoSpace` after ~250 creates and drops in one session).
+    pub(crate) async fn grow_now(&self) -> Result<()> {
+        let pages = self.array.pages();
+        let growth = &self.alloc.growth;
+        // Two rounds at most: one that was under way, then ours.
+        for _ in 0..2 {
+            let round = growth.rounds.load(Ordering::Acquire);
+            self.start_growth(1)?;
+            growth.waiters.until_changed(&growth.rounds, round).await;
+            if self.array.pages() > pages {
+                return Ok(());
+            }
+        }
+        Err(Error::NoSpace(format!(
+            "all {pages} pages of the array are in use or to be passed over, and it did not grow"
+        )))
+    }
+
     /// Waits until `pages` more pages than those promised are available,
     /// growing the array as needed. Fails with [`Error::NoSpace`] when the
     /// array cannot grow enough. Bounded: each round either succeeds,

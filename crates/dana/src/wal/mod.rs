@@ -189,6 +189,11 @@ pub enum Durability {
     /// A commit returns at once; a flush starts within the database's
     /// async window ([`crate::Options::async_window`]), so a crash loses
     /// the commits of that window and of the flush then in progress.
+    /// With one log the commits lost are the last ones acknowledged; with
+    /// several ([`crate::Options::logs`]) each log loses its own last
+    /// ones, so a commit may survive that was acknowledged after one lost
+    /// on another log (docs/FORMAT.md, "The log files", says what
+    /// recovery keeps of the records of several logs).
     Async,
     /// No log at all: changes reach storage by write-back and
     /// [`crate::Db::flush`] only, and a crash can leave any mix of them
