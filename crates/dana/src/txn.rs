@@ -537,7 +537,8 @@ impl Committer {
                 (space, stored, head, log_space)
             }
         };
-        let mut logged = if stored.changes_space() {
+        let changes_space = stored.changes_space();
+        let mut logged = if changes_space {
             // The map bits of the extents taken and freed go into the
             // commit record: durable exactly when the commit is.
             let mut s = self.pool.lock_space().await?;
@@ -568,12 +569,19 @@ impl Committer {
         // next open finishes the commit from its record. Without a log
         // the trees would keep part of the commit (and a large value's
         // map bits without its reference): the database stops too.
-        let unapplied = DroppedMidApply(&self.pool, logged.is_some());
+        // A single write without a large value is safe to drop (a split
+        // makes its changes after its last await): no guard then (an
+        // early version stopped the database for every such dropped write
+        // on a database holding a large value; a review's finding).
+        let unapplied = (logged.is_some() || changes_space || writes.len() > 1)
+            .then(|| DroppedMidApply(&self.pool, logged.is_some()));
         let applied = match (&log, logged.as_mut()) {
             (Some(w), Some(at)) => apply_logged(&self.pool, w, &writes, at).await,
             _ => apply(&self.pool, &writes, true, 0).await,
         };
-        unapplied.disarm();
+        if let Some(guard) = unapplied {
+            guard.disarm();
+        }
         if applied.is_ok() {
             // No leaf names the replaced values' extents any more.
             self.pool.retire(large.freed);
@@ -592,8 +600,11 @@ impl Committer {
             Err(e) => {
                 // The commit record is in the log but the trees lack some
                 // of its writes: refuse further writes; recovery on the
-                // next open completes the commit.
-                if logged.is_some() {
+                // next open completes the commit. Without a log, a commit
+                // whose large values changed the map (the old value's
+                // extents free, leaves not yet updated naming them) stops
+                // the database too (a review's finding).
+                if logged.is_some() || changes_space {
                     self.pool.poison(&Error::Poisoned(format!(
                         "a commit could not be applied: {e}"
                     )));

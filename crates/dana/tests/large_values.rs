@@ -677,6 +677,66 @@ fn value_bytes_that_look_like_pages_below_the_log_s_end_never_stand_in_for_new_p
     the_small_keys_are_there(dir.path());
 }
 
+/// Runs `work` on a worker for `polls` polls (letting the worker reap
+/// I/O between them), then drops it; true if it finished first.
+fn drop_after_polls<F>(db: &Db, work: F, polls: u32) -> bool
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send,
+{
+    use std::task::Poll;
+    db.block_on(async move {
+        let mut work = Box::pin(work);
+        for _ in 0..polls {
+            let step = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
+            if step.is_ready() {
+                return true;
+            }
+            let mut yielded = false;
+            std::future::poll_fn(|cx| {
+                if yielded {
+                    return Poll::Ready(());
+                }
+                yielded = true;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            })
+            .await;
+        }
+        false
+    })
+    .unwrap()
+}
+
+/// A database without a log on a simulated disk whose requests complete
+/// at the worker's next reap (each count of polls is its own point), in
+/// a pool of 16 frames: tree `s` holds 3,000 small keys, tree `t` one
+/// large value at `k`.
+fn off_on_a_replayable_disk(
+    old: &[u8],
+) -> (
+    Db,
+    dana::Tree,
+    dana::Tree,
+    std::sync::Arc<dana::io::sim::SimDisk>,
+) {
+    use dana::io::sim::{SimConfig, SimDisk};
+    use dana::io::{Array, Target};
+    let disk = SimDisk::new(0, 64 << 20, SimConfig::replayable(7));
+    let array = Array::new(vec![Target::Sim(disk.clone())], 4096).unwrap();
+    let o = opts()
+        .pool_bytes(dana::MIN_POOL_FRAMES * 4096)
+        .durability(Durability::Off);
+    let db = Db::open_array_with_log(array, None, o, true).unwrap();
+    let small = db.create_tree("s").unwrap();
+    let t = db.create_tree("t").unwrap();
+    t.put(b"k", old).unwrap();
+    for i in 0..3000u32 {
+        small.put(&i.to_be_bytes(), &[7; 100]).unwrap();
+    }
+    (db, small, t, disk)
+}
+
 /// A commit whose future its caller drops part way (a select, a timeout)
 /// without a log: once its large values' map bits changed, a leaf it had
 /// not yet updated named extents the map marked free, and the pages of
@@ -687,57 +747,16 @@ fn value_bytes_that_look_like_pages_below_the_log_s_end_never_stand_in_for_new_p
 /// poisoned, never a map that disagrees with the trees.
 #[test]
 fn a_commit_dropped_part_way_without_a_log_never_leaves_the_map_wrong() {
-    use dana::io::sim::{SimConfig, SimDisk};
-    use dana::io::{Array, Target};
-    use std::future::Future;
-    use std::task::Poll;
     let (old, new) = (value(1, 300_000), value(2, 200_000));
     let (mut poisoned, mut finished_at) = (0, None);
     for polls in 1..400u32 {
-        // Replayable: every request completes at the worker's next reap,
-        // so each count of polls is its own drop point.
-        let disk = SimDisk::new(0, 64 << 20, SimConfig::replayable(7));
-        let array = Array::new(vec![Target::Sim(disk)], 4096).unwrap();
-        // 16 frames: the small tree's leaf is read by the apply.
-        let o = opts()
-            .pool_bytes(dana::MIN_POOL_FRAMES * 4096)
-            .durability(Durability::Off);
-        let db = Db::open_array_with_log(array, None, o, true).unwrap();
+        let (db, small, t, _) = off_on_a_replayable_disk(&old);
         // A transaction of two trees: a small write to one, whose leaf the
         // apply reads, and a large value replacing another in the other.
-        let small = db.create_tree("s").unwrap();
-        let t = db.create_tree("t").unwrap();
-        t.put(b"k", &old).unwrap();
-        for i in 0..3000u32 {
-            small.put(&i.to_be_bytes(), &[7; 100]).unwrap();
-        }
         let mut tx = db.begin();
         tx.put(&small, &1500u32.to_be_bytes(), &[8; 100]).unwrap();
         tx.put(&t, b"k", &new).unwrap();
-        let finished = db
-            .block_on(async move {
-                let mut commit = Box::pin(tx.commit_async());
-                for _ in 0..polls {
-                    let step =
-                        std::future::poll_fn(|cx| Poll::Ready(commit.as_mut().poll(cx))).await;
-                    if step.is_ready() {
-                        return true;
-                    }
-                    // Lets the worker reap the I/O the commit waits for.
-                    let mut yielded = false;
-                    std::future::poll_fn(|cx| {
-                        if yielded {
-                            return Poll::Ready(());
-                        }
-                        yielded = true;
-                        cx.waker().wake_by_ref();
-                        Poll::Pending
-                    })
-                    .await;
-                }
-                false
-            })
-            .unwrap();
+        let finished = drop_after_polls(&db, tx.commit_async(), polls);
         // A poisoned database refuses writes (reads go on).
         if let Err(e) = small.put(b"after", b"x") {
             assert!(matches!(e, Error::Poisoned(_)), "polls {polls}: {e}");
@@ -764,4 +783,43 @@ fn a_commit_dropped_part_way_without_a_log_never_leaves_the_map_wrong() {
     }
     let at = finished_at.expect("the commit never finished");
     eprintln!("finished at {at} polls; {poisoned} drop points stopped the database");
+}
+
+/// The same transaction failing part way without a log (a read error on
+/// the small tree's leaf during its apply, the map bits of its large
+/// values already changed): the database went on with tree pages free in
+/// the map (a review's finding). It stops now. Each read of the commit
+/// fails in turn.
+#[test]
+fn a_commit_failing_part_way_without_a_log_never_leaves_the_map_wrong() {
+    use dana::io::sim::Fault;
+    let (old, new) = (value(1, 300_000), value(2, 200_000));
+    let mut stopped = 0;
+    for nth in 0..40u64 {
+        let (db, small, t, disk) = off_on_a_replayable_disk(&old);
+        let mut tx = db.begin();
+        tx.put(&small, &1500u32.to_be_bytes(), &[8; 100]).unwrap();
+        tx.put(&t, b"k", &new).unwrap();
+        disk.inject(Fault::nth(Some(dana::OpKind::Read), nth));
+        let committed = db.commit(tx);
+        disk.clear_faults();
+        if let Err(e) = small.put(b"after", b"x") {
+            assert!(matches!(e, Error::Poisoned(_)), "read {nth}: {e}");
+            stopped += 1;
+            continue;
+        }
+        let got = t.get(b"k").unwrap().unwrap();
+        let s = small.get(&1500u32.to_be_bytes()).unwrap().unwrap();
+        let whole = got == new && s == [8; 100];
+        let absent = got == old && s == [7; 100];
+        assert!(whole || absent, "read {nth}: the transaction in part");
+        assert_eq!(committed.is_ok(), whole, "read {nth}: {committed:?}");
+        let r = db.check().unwrap();
+        assert!(r.is_ok() && r.lost_pages == 0, "read {nth}: {r:?}");
+        if committed.is_ok() && nth > 0 {
+            // Past the commit's reads: the rest are the same.
+            break;
+        }
+    }
+    eprintln!("{stopped} failed reads stopped the database");
 }

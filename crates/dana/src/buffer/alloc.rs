@@ -703,7 +703,7 @@ impl BufferPool {
         // awaits below run.
         let found = {
             let mut m = self.mirror();
-            m.find_free_except(skip).inspect(|&pid| {
+            m.find_free_except(&skip).inspect(|&pid| {
                 m.set(pid);
             })
         };
@@ -713,8 +713,21 @@ impl BufferPool {
                 // The free pages are all to be passed over: the array
                 // grows for this one (see `grow_now`).
                 Err(Error::NoSpace(_)) if self.mirror().free_below_mark() > 0 => {
-                    self.grow_now().await?;
-                    (self.extend_mark(s).await?, false)
+                    // A page freed since the search (a hold given back)
+                    // serves first: no growth for it.
+                    let again = {
+                        let mut m = self.mirror();
+                        m.find_free_except(&skip).inspect(|&pid| {
+                            m.set(pid);
+                        })
+                    };
+                    match again {
+                        Some(pid) => (pid, true),
+                        None => {
+                            self.grow_now().await?;
+                            (self.extend_mark(s).await?, false)
+                        }
+                    }
                 }
                 r => (r?, false),
             },
