@@ -185,6 +185,17 @@ impl Drop for Reservation<'_> {
     }
 }
 
+/// A page chosen and marked used in memory whose claim has not finished:
+/// dropped (the claim failed, or its future was dropped), it takes the
+/// page off the count of available pages (see `allocate_in_except`).
+struct Unclaimed<'a>(&'a BufferPool);
+
+impl Drop for Unclaimed<'_> {
+    fn drop(&mut self) {
+        self.0.take_available(1);
+    }
+}
+
 /// How much of the array is used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpaceInfo {
@@ -738,12 +749,13 @@ impl BufferPool {
         // there, as free or past the mark): counted, a commit would be
         // admitted for a page that is not there, and its apply would fail
         // after its record (a review's finding).
-        let p = self
-            .claim_chosen(s, pid, t, reused)
-            .await
-            .inspect_err(|_| {
-                self.take_available(1);
-            })?;
+        // Also when the caller drops this future during the claim's
+        // awaits (a plain write's split, cancelled): the page stays used
+        // in memory, and counted it was one more than there are (a
+        // review's finding).
+        let unclaimed = Unclaimed(self);
+        let p = self.claim_chosen(s, pid, t, reused).await?;
+        std::mem::forget(unclaimed);
         self.took_page();
         Ok(p)
     }

@@ -179,6 +179,10 @@ impl BufferPool {
     /// fails, or waits for a growth that adds pages or fails.
     pub(crate) async fn wait_for_space(&self, pages: u64) -> Result<()> {
         loop {
+            // Extents of holds whose writes have ended (and retired ones
+            // readers no longer see) first: a growth is not started for
+            // pages about to come back (a review's finding).
+            self.release_retired();
             let free = self.unpromised_pages();
             if free >= pages {
                 return Ok(());
