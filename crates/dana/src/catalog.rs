@@ -33,7 +33,7 @@ use crate::btree::node::{self, Node};
 use crate::btree::BTree;
 use crate::buffer::alloc::SpaceGuard;
 use crate::buffer::alloc::META_PAGE;
-use crate::buffer::blob::BlobRef;
+use crate::buffer::blob::{self, BlobRef};
 use crate::buffer::page::PageType;
 use crate::buffer::{BufferPool, PageMut};
 use crate::txn::{Committer, Expect};
@@ -131,16 +131,8 @@ async fn free_leaf_values(pool: &BufferPool, pid: u64) -> Result<()> {
     for _ in 0..pool.page_size() as u64 + pool.array().pages() {
         let groups = match leaf_value(pool, &pool.fix_shared(pid).await?, pid)? {
             Some((_, r)) => {
-                let (_, freed) = crate::buffer::blob::split_tail(&r.extents, geo, per_change);
-                let mut g: Vec<u64> = freed
-                    .iter()
-                    .flat_map(|e| {
-                        geo.group(e.start)..=geo.group(e.start + u64::from(e.pages).max(1) - 1)
-                    })
-                    .collect();
-                g.sort_unstable();
-                g.dedup();
-                g.len() as u64
+                let (_, freed) = blob::split_tail(&r.extents, geo, per_change);
+                blob::map_groups(geo, &freed).len() as u64
             }
             None => return Ok(()),
         };
@@ -153,7 +145,7 @@ async fn free_leaf_values(pool: &BufferPool, pid: u64) -> Result<()> {
         let Some((i, r)) = leaf_value(pool, &leaf, pid)? else {
             return Ok(());
         };
-        let (kept, freed) = crate::buffer::blob::split_tail(&r.extents, geo, per_change);
+        let (kept, freed) = blob::split_tail(&r.extents, geo, per_change);
         let mut n = node::NodeMut::new(&mut leaf).map_err(|c| c.into_error(pid))?;
         if kept.is_empty() {
             pool.blob_space_in(&mut m, &[], &freed, -1).await?;

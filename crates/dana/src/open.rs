@@ -418,18 +418,23 @@ fn out_of_place(
         // probe).
         let ps = r.config().page_size as usize;
         if ps != opts.page_size_value() {
-            return Err(Error::NotADatabase {
-                path: path.to_path_buf(),
-                what: format!(
-                    "the database has {ps}-byte pages; the options ask for {} \
-                     (Options::page_size)",
-                    opts.page_size_value()
-                ),
-            });
+            return Err(other_page_size(path, ps, opts.page_size_value()));
         }
         return Ok(Target::Remap(r));
     }
     Ok(t)
+}
+
+/// The error of a database of `found`-byte pages opened with options
+/// asking for `asked`.
+fn other_page_size(path: &Path, found: usize, asked: usize) -> Error {
+    Error::NotADatabase {
+        path: path.to_path_buf(),
+        what: format!(
+            "the database has {found}-byte pages; the options ask for {asked} \
+             (Options::page_size)"
+        ),
+    }
 }
 
 /// Readies the mirrored data devices of `array` for an open: the page
@@ -619,10 +624,7 @@ pub(crate) fn meta_of(
     }
     let facts = facts.map_err(not_ours)?;
     if facts.page_size != ps {
-        return Err(not_ours(format!(
-            "the database has {}-byte pages; the options ask for {ps} (Options::page_size)",
-            facts.page_size
-        )));
+        return Err(other_page_size(path, facts.page_size, ps));
     }
     if facts.width != width {
         let given = match width {

@@ -273,15 +273,7 @@ impl Committer {
 
     /// [`Error::NoSuchTree`] if the tree at `root` was dropped.
     pub(crate) fn tree_alive(&self, root: u64) -> Result<()> {
-        if !self.any_dropped.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        match self
-            .dropped
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&root)
-        {
+        match self.dropped_name(root) {
             // The handle's name, said to be dropped (it read "the tree
             // whose root was page 1909 (dropped)"; an outside probe).
             Some(name) => Err(Error::NoSuchTree(format!(
@@ -323,12 +315,20 @@ impl Committer {
 
     /// True if the tree at `root` was dropped since open.
     pub(crate) fn was_dropped(&self, root: u64) -> bool {
-        self.any_dropped.load(Ordering::Acquire)
-            && self
-                .dropped
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains_key(&root)
+        self.dropped_name(root).is_some()
+    }
+
+    /// The name of the tree at `root` if it was dropped since open (no
+    /// lock taken while none was).
+    fn dropped_name(&self, root: u64) -> Option<String> {
+        if !self.any_dropped.load(Ordering::Acquire) {
+            return None;
+        }
+        self.dropped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&root)
+            .cloned()
     }
 
     /// Refuses every later commit to the tree at `root` and waits for the
@@ -860,15 +860,14 @@ impl Committer {
         // The map pages of every value and every freed extent, before
         // any byte is written (each hold checked its own only; a review's
         // finding).
-        let held: Vec<Extent> = holds
+        let taken: Vec<Extent> = holds
             .iter()
             .flat_map(|h| h.extents().iter().copied())
             .collect();
-        self.pool.check_space_change(&held, &plan.freed)?;
+        self.pool.check_space_change(&taken, &plan.freed)?;
         if let (Some(w), true) = (&self.wal, holds.iter().any(BlobHold::reused)) {
             w.wait_all_durable(w.next_gsn()).await?;
         }
-        let mut taken = Vec::new();
         for (h, &i) in holds.iter_mut().zip(&plan.writes) {
             let Some(v) = writes[i].value.take() else {
                 continue;
@@ -881,19 +880,11 @@ impl Committer {
             };
             writes[i].value = Some(Cow::Owned(r.encode()));
             writes[i].reference = true;
-            taken.extend_from_slice(h.extents());
         }
         if !holds.is_empty() {
             self.pool.sync_devices().await?;
         }
-        let geo = self.pool.space_geometry();
-        let mut groups: Vec<u64> = taken
-            .iter()
-            .chain(&plan.freed)
-            .flat_map(|e| geo.group(e.start)..=geo.group(e.start + u64::from(e.pages) - 1))
-            .collect();
-        groups.sort_unstable();
-        groups.dedup();
+        let groups = blob::map_groups(self.pool.space_geometry(), taken.iter().chain(&plan.freed));
         let delta = holds.len() as i64 - plan.freed_values;
         // Every large value taken or freed has an extent, so no groups
         // means no space change at all.

@@ -712,27 +712,14 @@ impl BufferPool {
         // large value's hold takes runs from the in-memory copy without
         // the space guard, and must never see this page free while the
         // awaits below run.
-        let found = {
-            let mut m = self.mirror();
-            m.find_free_except(&skip).inspect(|&pid| {
-                m.set(pid);
-            })
-        };
-        let (pid, reused) = match found {
+        let (pid, reused) = match self.take_free_except(&skip) {
             Some(pid) => (pid, true),
             None => match self.extend_mark(s).await {
                 // The free pages are all to be passed over: the array
-                // grows for this one (see `grow_now`).
+                // grows for this one (see `grow_now`), unless a page was
+                // freed since the search (a hold given back).
                 Err(Error::NoSpace(_)) if self.mirror().free_below_mark() > 0 => {
-                    // A page freed since the search (a hold given back)
-                    // serves first: no growth for it.
-                    let again = {
-                        let mut m = self.mirror();
-                        m.find_free_except(&skip).inspect(|&pid| {
-                            m.set(pid);
-                        })
-                    };
-                    match again {
+                    match self.take_free_except(&skip) {
                         Some(pid) => (pid, true),
                         None => {
                             self.grow_now().await?;
@@ -758,6 +745,15 @@ impl BufferPool {
         std::mem::forget(unclaimed);
         self.took_page();
         Ok(p)
+    }
+
+    /// The lowest free page below the mark for which `skip` is false,
+    /// marked used in memory at once, if any.
+    fn take_free_except(&self, skip: &impl Fn(u64) -> bool) -> Option<u64> {
+        let mut m = self.mirror();
+        let pid = m.find_free_except(skip)?;
+        m.set(pid);
+        Some(pid)
     }
 
     /// The rest of an allocation of page `pid`, chosen and used in memory:

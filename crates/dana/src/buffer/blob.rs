@@ -93,6 +93,17 @@ impl Extent {
     }
 }
 
+/// The free-space map's groups (one map page each) that `extents` touch.
+pub(crate) fn map_groups<'a>(
+    geo: super::space_map::Geometry,
+    extents: impl IntoIterator<Item = &'a Extent>,
+) -> std::collections::BTreeSet<u64> {
+    extents
+        .into_iter()
+        .flat_map(|e| geo.group(e.start)..=geo.group(e.start + u64::from(e.pages).max(1) - 1))
+        .collect()
+}
+
 /// Splits `extents` (a value's, in order) into the runs kept and a tail
 /// of them whose pages lie in at most `groups` groups of the free-space
 /// map, the tail as long as that allows (an extent is cut where a group
@@ -495,13 +506,8 @@ impl BufferPool {
         // now, not by the commit after the value's bytes are written (a
         // review's finding). The runs go back when the hold drops.
         if hold.reused {
-            let geo = self.geometry();
-            let groups: std::collections::BTreeSet<u64> = hold
-                .extents
-                .iter()
-                .flat_map(|e| geo.group(e.start)..=geo.group(e.start + u64::from(e.pages) - 1))
-                .collect();
-            self.check_map_pages(groups.len() as u64, || {
+            let groups = map_groups(self.geometry(), &hold.extents).len() as u64;
+            self.check_map_pages(groups, || {
                 format!("a large value of {pages} pages in the free runs of a fragmented file")
             })?;
         }
@@ -670,13 +676,8 @@ impl BufferPool {
     /// `check_map_pages`). [`BufferPool::blob_space_in`] checks it; a
     /// commit checks it first before it writes its values' bytes.
     pub(crate) fn check_space_change(&self, taken: &[Extent], freed: &[Extent]) -> Result<()> {
-        let geo = self.geometry();
-        let groups: std::collections::BTreeSet<u64> = taken
-            .iter()
-            .chain(freed)
-            .flat_map(|e| geo.group(e.start)..=geo.group(e.start + u64::from(e.pages).max(1) - 1))
-            .collect();
-        self.check_map_pages(groups.len() as u64, || {
+        let groups = map_groups(self.geometry(), taken.iter().chain(freed)).len() as u64;
+        self.check_map_pages(groups, || {
             format!(
                 "a commit taking {} and freeing {} runs of large values",
                 taken.len(),
