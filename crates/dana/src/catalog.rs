@@ -146,6 +146,7 @@ async fn free_leaf_values(pool: &BufferPool, pid: u64) -> Result<()> {
             return Ok(());
         };
         let (kept, freed) = blob::split_tail(&r.extents, geo, per_change);
+        let tail = !kept.is_empty();
         let mut n = node::NodeMut::new(&mut leaf).map_err(|c| c.into_error(pid))?;
         if kept.is_empty() {
             pool.blob_space_in(&mut m, &[], &freed, -1).await?;
@@ -167,6 +168,9 @@ async fn free_leaf_values(pool: &BufferPool, pid: u64) -> Result<()> {
         }
         pool.log_with_space(&mut [&mut leaf], &mut m)?;
         pool.retire(freed);
+        if tail {
+            pool.tail_freed()?;
+        }
     }
     Err(Error::Corrupt {
         page: pid,

@@ -2457,6 +2457,50 @@ mod map_page_limits {
         }
     }
 
+    /// A drop stopped after freeing a value's first tail, with a
+    /// checkpoint written since, leaves a cut reference on disk (a
+    /// reference to the extents left, with the whole value's checksum):
+    /// `check` on a read-only open (which does not resume drops) passes
+    /// over it, and a writable open resumes the drop from it and frees the
+    /// rest. (A power cut does not reach this state: both tails' records
+    /// go in one log write; see the test above.)
+    #[test]
+    fn a_drop_stopped_after_a_tail_resumes_from_the_cut_reference() {
+        let d = disks(None);
+        let v = value();
+        let db = open(&d, true).unwrap();
+        db.tree_or_create("keep").unwrap().put(b"k", b"v").unwrap();
+        let free_before = checked(&db, "empty").free_pages;
+        db.tree_or_create("big").unwrap().put(b"v", &v).unwrap();
+        db.pool().cap_map_pages(1);
+        db.pool().fail_drop_after_tails(1);
+        assert!(db.drop_tree("big").is_err());
+        // One tail free, the rest held by the cut reference.
+        let freed = (v.len() / 4096) as u64 + 1;
+        let cut = checked(&db, "stopped").free_pages;
+        assert!(
+            cut > free_before && cut < free_before + freed,
+            "{cut} free: before {free_before}, the tree {freed}"
+        );
+        db.flush().unwrap();
+        db.close().unwrap();
+
+        let array = Array::new(vec![Target::Sim(d.0.clone())], 4096).unwrap();
+        let log = Some(Target::Sim(d.1.clone()));
+        let db = Db::open_array_with_log(array, log, opts().read_only(), false).unwrap();
+        assert_eq!(checked(&db, "read-only").free_pages, cut);
+        db.close().unwrap();
+
+        let db = open(&d, false).unwrap();
+        assert!(matches!(db.tree("big"), Err(Error::NoSuchTree(_))));
+        assert_eq!(checked(&db, "resumed").free_pages, free_before + freed);
+        assert_eq!(
+            db.tree("keep").unwrap().get(b"k").unwrap().as_deref(),
+            Some(&b"v"[..])
+        );
+        db.close().unwrap();
+    }
+
     /// A transaction whose values each fit the map pages one commit may
     /// latch, but not together, is refused before any byte is written
     /// (each hold checked its own; the commit refused them after they were

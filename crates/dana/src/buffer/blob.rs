@@ -264,6 +264,9 @@ pub(crate) struct BlobState {
     staging: Mutex<Vec<AlignedBuf>>,
     /// A test's lower limit of map pages latched by one change (0: none).
     map_pages_cap: AtomicU64,
+    /// A test's count of value tails a drop frees before it fails (0:
+    /// never fails).
+    tails_before_failure: AtomicU64,
     /// Holds dropped during their writes, until those writes end.
     abandoned: Mutex<Vec<Abandoned>>,
     any_abandoned: AtomicBool,
@@ -741,6 +744,35 @@ impl BufferPool {
             .blobs
             .map_pages_cap
             .store(most, Ordering::Relaxed);
+    }
+
+    /// Makes the drop of a tree fail once it has freed `tails` value
+    /// tails, so that a test reaches a cut reference's resume.
+    #[cfg(test)]
+    pub(crate) fn fail_drop_after_tails(&self, tails: u64) {
+        self.alloc
+            .blobs
+            .tails_before_failure
+            .store(tails, Ordering::Relaxed);
+    }
+
+    /// Counts a value tail freed by a drop: an error when a test's count
+    /// ([`Self::fail_drop_after_tails`]) runs out.
+    pub(crate) fn tail_freed(&self) -> crate::Result<()> {
+        let left = &self.alloc.blobs.tails_before_failure;
+        match left.load(Ordering::Relaxed) {
+            0 => Ok(()),
+            1 => {
+                left.store(0, Ordering::Relaxed);
+                Err(crate::Error::Log(
+                    "a test's failure after a dropped value's tail".into(),
+                ))
+            }
+            n => {
+                left.store(n - 1, Ordering::Relaxed);
+                Ok(())
+            }
+        }
     }
 
     /// Queues extents whose freeing commit is applied (its leaves no
