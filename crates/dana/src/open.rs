@@ -774,7 +774,7 @@ fn open_logs(
     };
     // A new log file holds its control blocks and the first MiB of its
     // stream (the log grows it ahead of its flushes), or all of it.
-    let per_log = crate::wal::per_log_bytes(opts.log_bytes_value(), count);
+    let per_log = crate::wal::per_log_bytes(opts.log_bytes_value(), count, opts.page_size_value());
     if per_log > crate::wal::recover::MAX_LOG_BYTES {
         // Before any file is created (the size of a preallocated one
         // overflowed: `log_bytes(u64::MAX)`).

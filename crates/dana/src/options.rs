@@ -652,7 +652,8 @@ impl Options {
     }
 
     /// Bytes of the circular logs, split evenly among them (default 64
-    /// MiB; a multiple of 4 KiB; at least 1 MiB per log; at most
+    /// MiB; a multiple of 4 KiB; at least 1 MiB and
+    /// [`crate::wal::MIN_LOG_PAGES`] pages per log; at most
     /// [`crate::wal::recover::MAX_LOG_BYTES`] each). A checkpoint of one
     /// shard of the pages starts each time 3/8 of a log over the shards
     /// has been appended (a quarter where pages are written whole, see

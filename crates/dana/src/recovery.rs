@@ -93,7 +93,7 @@ pub(crate) fn prepare_logs(
             return Ok(Prepared::default());
         }
         let id = opts.log_identity.unwrap_or_else(new_log_id);
-        let per_log = crate::wal::per_log_bytes(opts.log_bytes, logs.len());
+        let per_log = crate::wal::per_log_bytes(opts.log_bytes, logs.len(), opts.page_size);
         let mut resume = Vec::with_capacity(logs.len());
         for (i, t) in logs.iter().enumerate() {
             let block = flush_block(t, opts)?;

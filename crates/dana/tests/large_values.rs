@@ -823,3 +823,29 @@ fn a_commit_failing_part_way_without_a_log_never_leaves_the_map_wrong() {
     }
     eprintln!("{stopped} failed reads stopped the database");
 }
+
+/// 64 KiB pages with the smallest log: a value stored after a checkpoint,
+/// and a drop of the tree holding it, log whole images of the leaf, the
+/// map page and the meta page in one change.
+#[test]
+fn the_largest_pages_with_the_smallest_log_store_and_drop_large_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default()
+        .page_size(64 << 10)
+        .pool_bytes(16 << 20)
+        .log_bytes(1 << 20);
+    let db = Db::open(dir.path(), opts.clone()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for round in 0..4u8 {
+        db.flush().unwrap();
+        t.put(&[round], &value(round, 300 << 10)).unwrap();
+    }
+    db.flush().unwrap();
+    assert!(db.drop_tree("t").unwrap());
+    let r = db.check().unwrap();
+    assert!(r.is_ok() && r.lost_pages == 0, "{r:?}");
+    db.close().unwrap();
+    let db = Db::open(dir.path(), opts).unwrap();
+    assert!(matches!(db.tree("t"), Err(Error::NoSuchTree(_))));
+    db.close().unwrap();
+}

@@ -157,11 +157,20 @@ fn shard_of(pid: u64, shards: usize) -> usize {
     (pid % shards.max(1) as u64) as usize
 }
 
+/// The fewest pages of `page_size` a log's stream holds: its longest
+/// record ([`Wal::max_record`], an eighth of it) then holds 32 whole
+/// pages. With 64 KiB pages a 1 MiB log's longest record held two, and a
+/// large value stored after a checkpoint (the leaf's, the map page's and
+/// the meta page's images in one change) failed `TooLarge`.
+pub const MIN_LOG_PAGES: u64 = 256;
+
 /// Stream bytes of each of `count` logs sharing `total` (whole control
-/// blocks, at least 1 MiB each).
-pub fn per_log_bytes(total: u64, count: usize) -> u64 {
+/// blocks, at least 1 MiB and [`MIN_LOG_PAGES`] pages of `page_size`
+/// each).
+pub fn per_log_bytes(total: u64, count: usize, page_size: usize) -> u64 {
     let block = control::BLOCK;
-    (total / count.max(1) as u64 / block * block).max(1 << 20)
+    let least = (MIN_LOG_PAGES * page_size as u64).max(1 << 20);
+    (total / count.max(1) as u64 / block * block).max(least)
 }
 
 /// How long a failed growth of the log file answers for the next ones.
