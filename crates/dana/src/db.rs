@@ -97,6 +97,36 @@ impl DbInner {
         }
     }
 
+    /// Makes every appended log record durable when the last handle is
+    /// dropped without [`Db::close`]: `Durability::Async` commits wait in
+    /// memory for their window, and the workers stopped with them there
+    /// (a drop without close lost acknowledged commits, with no crash; a
+    /// review's finding). The records are whole commits in order, so the
+    /// next open applies them. On a worker (the last handle dropped in a
+    /// task) it cannot wait: the flush runs as a task of its own, which
+    /// the workers finish before they stop. Nothing after `close` (it
+    /// flushed), on a read-only open or without a log.
+    fn flush_log_at_drop(&self) {
+        let Some(w) = self.committer.wal.clone() else {
+            return;
+        };
+        if self.committer.read_only || self.committer.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let end = w.next_gsn();
+        if w.durable_below() >= end {
+            return;
+        }
+        let flush = async move {
+            let _ = w.wait_all_durable(end).await;
+        };
+        if crate::sched::on_worker() {
+            let _ = self.rt.spawn(flush);
+        } else {
+            let _ = self.rt.block_on(flush);
+        }
+    }
+
     /// Waits for the growth threads of the data files and the log: none
     /// may write once the locks are released (a log growth writes zeros,
     /// which could land on the records of the next open).
@@ -110,6 +140,7 @@ impl DbInner {
 
 impl Drop for DbInner {
     fn drop(&mut self) {
+        self.flush_log_at_drop();
         // No checkpoint starts while the workers stop.
         self.stop.store(true, Ordering::Release);
         self.stop_checkpoints();

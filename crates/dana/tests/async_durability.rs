@@ -141,6 +141,66 @@ fn a_read_only_sync_transaction_waits_for_what_it_read() {
     db.close().unwrap();
 }
 
+/// `Durability::Async` commits acknowledged just before the last handle
+/// is dropped without `close` are in the database at the next open: the
+/// drop flushes the log (it stopped the workers with the records still
+/// in memory, waiting for their window: a review's finding). Also when
+/// the last handle is dropped inside a task.
+#[test]
+fn async_commits_survive_a_drop_without_close() {
+    for inside_a_task in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = opts()
+            .durability(Durability::Async)
+            .async_window(Duration::from_secs(30));
+        let db = Db::open(dir.path(), opts.clone()).unwrap();
+        let t = db.create_tree("t").unwrap();
+        db.checkpoint().unwrap();
+        for i in 0..100u32 {
+            t.put(&i.to_be_bytes(), b"acknowledged").unwrap();
+        }
+        let stats = db.wal_stats().unwrap();
+        assert!(stats.durable < stats.end, "flushed before the drop");
+        if inside_a_task {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let handles = (db.clone(), t);
+            drop(db);
+            let spawner = handles.0.clone();
+            spawner
+                .spawn(async move {
+                    drop(handles);
+                    let _ = tx.send(());
+                })
+                .unwrap();
+            drop(spawner);
+            rx.recv().unwrap();
+        } else {
+            drop(t);
+            drop(db);
+        }
+        // The locks are released once the workers end (a thread of its
+        // own waits for them when the drop ran inside a task).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let db = loop {
+            match Db::open(dir.path(), opts.clone()) {
+                Err(dana::Error::Locked { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                other => break other.unwrap(),
+            }
+        };
+        let t = db.tree("t").unwrap();
+        for i in 0..100u32 {
+            assert_eq!(
+                t.get(&i.to_be_bytes()).unwrap().as_deref(),
+                Some(&b"acknowledged"[..]),
+                "key {i} lost (inside a task: {inside_a_task})"
+            );
+        }
+        db.close().unwrap();
+    }
+}
+
 /// A read-committed transaction that only reads commits on a read-only
 /// open: it writes nothing (it was refused with `ReadOnly`).
 #[test]
