@@ -1668,7 +1668,10 @@ impl Tree {
     }
 
     /// [`Tree::update`] inside a task (a commit of its own; `f` may run
-    /// more than once).
+    /// more than once). A conflict is tried again after a random number
+    /// of turns given to the other tasks (doubling from 1 to 256), up to
+    /// [`TRANSACTION_ATTEMPTS`] times in all; then the last
+    /// [`Error::Conflict`].
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -1699,7 +1702,18 @@ impl Tree {
             return done;
         }
         let mut last = String::new();
-        for _ in 0..16 {
+        for attempt in 0..TRANSACTION_ATTEMPTS {
+            if attempt > 0 {
+                // As `Db::transaction` pauses: here by turns given to the
+                // other tasks (16 immediate tries failed about one of
+                // 32,000 updates of one key by 64 tasks; a review).
+                use rand::Rng;
+                let turns = 1u32 << attempt.min(8);
+                let pause = rand::thread_rng().gen_range(turns / 2..=turns);
+                for _ in 0..pause {
+                    crate::sched::yield_now().await;
+                }
+            }
             let Some(old) = self.btree.get(key).await? else {
                 return Ok(false);
             };

@@ -905,6 +905,36 @@ fn odd_calls_get_clear_answers() {
     });
     let n = t.get(b"n").unwrap().unwrap();
     assert_eq!(u64::from_le_bytes(n.try_into().unwrap()), 2400);
+    // So does `update_async`, from many tasks (it tried 16 times at once:
+    // about 1 of these 32,000 failed with `Conflict`; a docs review's
+    // finding).
+    t.put(b"m", &0u64.to_le_bytes()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..64 {
+        let (t, tx) = (t.clone(), tx.clone());
+        db.spawn(async move {
+            for _ in 0..500 {
+                let r = t
+                    .update_async(b"m", |v| {
+                        let n = u64::from_le_bytes(v.try_into().unwrap());
+                        (n + 1).to_le_bytes().to_vec()
+                    })
+                    .await;
+                let _ = tx.send(r);
+            }
+        })
+        .unwrap();
+    }
+    drop(tx);
+    let failed: Vec<_> = rx.iter().filter_map(|r| r.err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} failed: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    let n = t.get(b"m").unwrap().unwrap();
+    assert_eq!(u64::from_le_bytes(n.try_into().unwrap()), 32_000);
     // An iterator outliving the close answers Closed, also for entries
     // of a leaf it had fetched.
     let mut it = t.iter();
