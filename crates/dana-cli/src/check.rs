@@ -239,7 +239,8 @@ pub fn run_check(args: &CheckArgs) -> CliResult<()> {
         // Still an error (exit 1): the redundancy is not whole.
         Err(CliError(format!(
             "{}: the data is whole, but {} findings are about mirror copies \
-             (failed, rebuilding or damaged; dana rebuild repairs them)",
+             (failed, rebuilding, damaged or older: dana rebuild repairs what each \
+             finding says it repairs)",
             args.path.display(),
             r.findings.len()
         )))

@@ -46,7 +46,7 @@ use std::sync::Arc;
 use crate::btree::node::{self, Node};
 use crate::buffer::alloc::{self, SpaceInfo, ROOT_SLOTS};
 use crate::buffer::blob::{BlobRef, CopyPick, Extent};
-use crate::buffer::{page, BufferPool, PageType};
+use crate::buffer::{newest_version, page, BufferPool, PageType};
 use crate::catalog::{CATALOG_SLOT, CREATING_SLOT, DROPPING_SLOT};
 use crate::{Error, Result};
 
@@ -1276,8 +1276,20 @@ pub(crate) fn compare_mirrors(
                     .iter()
                     .map(|b| page::verify(&b[at.clone()], pid).is_ok())
                     .collect();
-                let repair = if valid.iter().any(|&v| v) {
+                let versions: Vec<&[u8]> = copies
+                    .iter()
+                    .zip(&valid)
+                    .filter(|&(_, &v)| v)
+                    .map(|(b, _)| &b[at.clone()])
+                    .collect();
+                let repair = if versions.windows(2).all(|w| w[0] == w[1]) && !versions.is_empty() {
                     "dana rebuild repairs it (and so does a read that meets the damaged copy)"
+                } else if newest_version(&versions).is_some() {
+                    "valid versions differ: dana rebuild writes the newest (the highest page \
+                     LSN) over the others"
+                } else if !versions.is_empty() {
+                    "valid versions of the same page LSN differ: no copy can be told the \
+                     newest, and dana rebuild leaves it"
                 } else {
                     "no copy is a page with a header, as a large value's pages: the value's \
                      own finding, if any, names its damaged copies, which dana rebuild repairs"

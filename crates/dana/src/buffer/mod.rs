@@ -44,7 +44,7 @@ mod page_table;
 pub mod policy;
 pub mod records;
 mod scrub;
-pub(crate) use scrub::PageRepair;
+pub(crate) use scrub::{newest_version, PageRepair};
 pub mod space_map;
 mod stall;
 mod trim;

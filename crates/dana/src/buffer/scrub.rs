@@ -12,13 +12,15 @@
 //! (it takes the exclusive latch) and land a newer version that the
 //! repair would then overwrite with an older one on one copy. A dirty
 //! page, or one being written, needs nothing: its write-back writes every
-//! copy. The frame is written only over copies that fail, and only when a
+//! copy. The frame is written only over copies that fail or hold an older
+//! version (a lower page LSN), and only when a
 //! valid copy holds exactly what it holds.
 //!
 //! A page not in the pool: the repair claims it as being read (EVICTED ->
 //! LOADING, with an in-flight entry, so every fault, allocation and frame
 //! drop of it waits), reads each healthy copy alone, and writes the
-//! valid version over the copies that are not a valid page, then lets it
+//! newest valid version over the copies that are not a valid page or an
+//! older one, then lets it
 //! go (EVICTED).
 //!
 //! Either way, while latched or claimed nothing can be written to the
@@ -42,10 +44,16 @@
 //! copies of the value. The first guard was one count for the whole
 //! database, and a database writing large values left every page.)
 //!
-//! Never: writes a version other than the pool's clean one or the one
-//! valid version the copies hold (copies valid and different are left to
-//! the check's finding), writes a copy that holds a valid page, or marks a
-//! page dirty without a logged change (a write with no record since the
+//! The version written over a page not in the pool is the newest its
+//! valid copies hold: the highest page LSN, which grows with every logged
+//! change, so a copy that missed a write (a write the device lost) holds
+//! a lower one and is written over. Valid copies that differ at the same
+//! LSN are damage no LSN tells apart: left to the check's finding.
+//!
+//! Never: writes a version other than the pool's clean one or the newest
+//! valid version the copies hold, writes over a copy that holds a valid
+//! page of that LSN or a higher one, or marks a page dirty without a
+//! logged change (a write with no record since the
 //! checkpoint could tear the good copies with nothing to rebuild them).
 
 use std::sync::atomic::Ordering;
@@ -64,13 +72,13 @@ const LATCH_TRIES: usize = 1000;
 
 impl BufferPool {
     /// Writes a valid version of page `pid` over its copies that are not a
-    /// valid page, among the copies `healthy` (copy numbers of the page's
+    /// valid page or an older version of it, among the copies `healthy` (copy numbers of the page's
     /// mirrored device), unless the page changed hands since watcher
     /// `watch` ([`BufferPool::watch_handovers`]) began, before the check's
     /// walk that found the page in use. A page in the pool gets
     /// the pool's version if it is clean, not being written, and what a
-    /// valid copy holds; a page not in the pool, the version its valid
-    /// copies agree on. Holds the page's latch, or its claim, until the
+    /// valid copy holds; a page not in the pool, the newest version its
+    /// valid copies hold (see the module doc). Holds the page's latch, or its claim, until the
     /// writes are done (one page: whoever wants it waits that long).
     pub(crate) async fn repair_page_copies(
         &self,
@@ -83,8 +91,23 @@ impl BufferPool {
         }
         for _ in 0..LATCH_TRIES {
             if self.table.try_lock_exclusive(pid) {
-                let guard = self.guard_of(pid, self.table.frame(pid));
-                return self.repair_from_frame(guard, healthy, watch).await;
+                let f = self.table.frame(pid);
+                let guard = self.guard_of(pid, f);
+                match self.repair_from_frame(guard, healthy, watch).await? {
+                    Some(done) => return Ok(done),
+                    // The frame holds an older version than a valid copy
+                    // (read from a copy that lost writes): evicted while
+                    // clean, so that the next read and the repair below
+                    // take the newest; the records cached from it go too.
+                    None => {
+                        if self.try_evict(f, pid) {
+                            self.return_frames(&[f]);
+                            self.records().clear();
+                        }
+                        sched::yield_now().await;
+                        continue;
+                    }
+                }
             }
             match lock_of(self.table.state(pid).load(Ordering::Acquire)) {
                 EVICTED => {
@@ -93,7 +116,7 @@ impl BufferPool {
                         // dropped).
                         let repair = self.repair_copies(pid, healthy, watch, None).await;
                         drop(claim);
-                        return repair;
+                        return repair.map(|r| r.unwrap_or(PageRepair::Nothing));
                     }
                 }
                 LOADING => self.read_settled(pid).await,
@@ -122,15 +145,15 @@ impl BufferPool {
         guard: PageMut<'_>,
         healthy: &[u8],
         watch: usize,
-    ) -> Result<PageRepair> {
+    ) -> Result<Option<PageRepair>> {
         let pid = guard.pid();
         let meta = &self.frames[guard.frame as usize];
         if meta.dirty.load(Ordering::Acquire) || meta.writing.load(Ordering::Acquire) {
-            return Ok(PageRepair::Nothing);
+            return Ok(Some(PageRepair::Nothing));
         }
         let bytes: &[u8] = &guard;
         if page::verify(bytes, pid).is_err() {
-            return Ok(PageRepair::Nothing);
+            return Ok(Some(PageRepair::Nothing));
         }
         let repair = self.repair_copies(pid, healthy, watch, Some(bytes)).await;
         drop(guard);
@@ -138,9 +161,10 @@ impl BufferPool {
     }
 
     /// Both paths' repair, the page latched or claimed: reads the copies
-    /// `healthy` and writes over those that are not a valid page `frame`
-    /// (a resident page's version) if a valid copy holds it, or, for a
-    /// page not in the pool, the version the valid copies agree on; asks
+    /// `healthy` and writes over those that are not a valid page, or hold
+    /// an older version, `frame` (a resident page's version) if a valid
+    /// copy holds it, or, for a
+    /// page not in the pool, the newest version valid copies hold; asks
     /// whether the page was handed over just before it writes.
     async fn repair_copies(
         &self,
@@ -148,27 +172,53 @@ impl BufferPool {
         healthy: &[u8],
         watch: usize,
         frame: Option<&[u8]>,
-    ) -> Result<PageRepair> {
+    ) -> Result<Option<PageRepair>> {
         let copies = self.read_copies(pid, healthy).await?;
-        let (valid, damaged): (Vec<_>, Vec<_>) = copies
+        let valid: Vec<&(u8, Vec<u8>)> = copies
             .iter()
-            .partition(|(_, b)| page::verify(b, pid).is_ok());
-        let source: &[u8] = match (frame, valid.first()) {
-            (Some(f), _) if valid.iter().any(|(_, b)| b[..] == *f) => f,
-            (None, Some((_, good))) if valid.iter().all(|(_, b)| b == good) => good,
-            _ => return Ok(PageRepair::Nothing),
+            .filter(|(_, b)| page::verify(b, pid).is_ok())
+            .collect();
+        let source: &[u8] = match frame {
+            Some(f)
+                if valid
+                    .iter()
+                    .any(|(_, b)| page::page_lsn(b) > page::page_lsn(f)) =>
+            {
+                return Ok(None)
+            }
+            Some(f) if valid.iter().any(|(_, b)| b[..] == *f) => f,
+            Some(_) => return Ok(Some(PageRepair::Nothing)),
+            None => match newest_version(&valid.iter().map(|(_, b)| &b[..]).collect::<Vec<_>>()) {
+                Some(b) => b,
+                None => return Ok(Some(PageRepair::Nothing)),
+            },
         };
+        // Copies that are no valid page, or an older version of it (a
+        // write one copy lost: `dana check` found the copies different,
+        // and `rebuild`, which left them, said all was healthy; a docs
+        // review's finding).
+        let lsn = page::page_lsn(source);
+        let damaged: Vec<&(u8, Vec<u8>)> = copies
+            .iter()
+            .filter(|(_, b)| page::verify(b, pid).is_err() || page::page_lsn(b) < lsn)
+            .collect();
         if damaged.is_empty() {
-            return Ok(PageRepair::Nothing);
+            return Ok(Some(PageRepair::Nothing));
         }
         // Asked after the copies are read (a page with nothing to repair
         // is never counted as left), before anything is written.
         if self.handed_over(watch, pid) {
-            return Ok(PageRepair::Moved);
+            return Ok(Some(PageRepair::Moved));
         }
-        let damaged: Vec<u8> = damaged.iter().map(|&&(c, _)| c).collect();
+        let older = damaged.iter().any(|(_, b)| page::verify(b, pid).is_ok());
+        let damaged: Vec<u8> = damaged.iter().map(|&(c, _)| *c).collect();
         self.write_copies(pid, source, &damaged).await?;
-        Ok(PageRepair::Repaired)
+        if older {
+            // A record read from the older version meanwhile (a read of
+            // that copy) is not the tree's any more.
+            self.records().clear();
+        }
+        Ok(Some(PageRepair::Repaired))
     }
 
     /// Page `pid`'s bytes on each of `copies`, read from that copy alone.
@@ -222,14 +272,26 @@ impl BufferPool {
     }
 }
 
+/// The version of a page its valid copies `valid` name as newest: the
+/// one with the highest page LSN, if no other version has that LSN (a
+/// page's LSN grows with every logged change, so a copy that missed a
+/// write holds a lower one). None if no copy is valid, or if two
+/// different versions share the highest LSN: damage no LSN tells apart.
+pub(crate) fn newest_version<'a>(valid: &[&'a [u8]]) -> Option<&'a [u8]> {
+    let newest = valid.iter().map(|b| page::page_lsn(b)).max()?;
+    let mut at_newest = valid.iter().filter(|b| page::page_lsn(b) == newest);
+    let first = *at_newest.next()?;
+    at_newest.all(|b| *b == first).then_some(first)
+}
+
 /// What [`BufferPool::repair_page_copies`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PageRepair {
     /// Wrote a valid version over the damaged copies.
     Repaired,
     /// Nothing to do, or nothing it may do: no damaged copy now, no valid
-    /// one, valid copies that differ, a dirty page, or one that stays
-    /// latched.
+    /// one, valid copies that differ at the same page LSN, a dirty page,
+    /// or one that stays latched.
     Nothing,
     /// Left alone: freed pages changed hands since the walk, so the page
     /// may hold something else now (a later walk may repair it).
@@ -265,6 +327,25 @@ mod tests {
     use crate::sched::Runtime;
 
     const PAGE: usize = 4096;
+
+    /// The newest version is the one of the highest page LSN, if no other
+    /// version has that LSN.
+    #[test]
+    fn the_newest_version_is_the_highest_lsn_if_alone_there() {
+        let version = |lsn: u64, fill: u8| {
+            let mut p = vec![0; PAGE];
+            page::init_page(&mut p, 7, PageType::Leaf);
+            p[PAGE - 1] = fill;
+            page::set_page_lsn(&mut p, lsn);
+            page::seal(&mut p);
+            p
+        };
+        let (old, new, other) = (version(5, 1), version(9, 2), version(9, 3));
+        assert!(newest_version(&[&old, &new]) == Some(&new[..]));
+        assert!(newest_version(&[&new, &old, &new]) == Some(&new[..]));
+        assert!(newest_version(&[&old, &new, &other]).is_none());
+        assert!(newest_version(&[]).is_none());
+    }
 
     /// A pool of 16 frames over a mirrored pair of simulated devices, on
     /// one worker.
