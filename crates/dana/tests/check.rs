@@ -461,3 +461,99 @@ fn a_merge_that_cannot_read_the_free_space_map_changes_nothing() {
     assert_eq!(t.iter().count(), 1970);
     db.close().unwrap();
 }
+
+/// A leaf forged with a valid checksum (its prefix length one more than
+/// its fences share; the header check alone passes it) fails a write into
+/// it with `Corrupt` naming the leaf: the write path checks a node whole
+/// once it arrives (a review's finding: the insert asserted and the
+/// worker's task panicked). Opens then refuse naming the leaf.
+#[test]
+fn a_forged_leaf_fails_a_write_with_corrupt_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = build(dir.path());
+    let (_, leaf, kids) = pages(&db, "alpha").remove(0);
+    assert!(!leaf && kids.len() >= 3, "alpha's root should be inner");
+    let target = kids[1];
+    db.close().unwrap();
+    let mut inside = Vec::new();
+    edit_page(dir.path(), target, |p| {
+        let n = Node::new(p).unwrap();
+        inside = n.lower_fence().unwrap().to_vec();
+        inside.push(0);
+        let prefix = n.prefix_len() as u16 + 1;
+        // The node header's prefix length (`btree/node.rs`: H_PREFIX, 16
+        // bytes into the node region after the page header).
+        let at = page::PAGE_HEADER_SIZE + 16;
+        p[at..at + 2].copy_from_slice(&prefix.to_le_bytes());
+        page::seal(p);
+    });
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let t = db.tree("alpha").unwrap();
+    match t.put(&inside, b"x") {
+        Err(Error::Corrupt { page, .. }) => assert_eq!(page, target),
+        other => panic!("{other:?}"),
+    }
+    // The commit was logged before its apply met the leaf: the database
+    // stops (the log and the pages must not disagree), with a clear error.
+    match db.tree("beta").unwrap().put(b"after", b"ok") {
+        Err(Error::Poisoned(m)) => assert!(m.contains(&format!("page {target}")), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    drop((t, db));
+    // Each open redoes the commit into the leaf: refused, naming it.
+    match Db::open(dir.path(), opts()) {
+        Err(Error::Corrupt { page, .. }) => assert_eq!(page, target),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    // A read-only open cannot redo it.
+    assert!(matches!(
+        Db::open(dir.path(), opts().read_only()),
+        Err(Error::NeedsRecovery(_))
+    ));
+}
+
+/// An inner node naming itself as a leaf's right sibling: a delete that
+/// empties the leaf tries to merge it and must not wait for the latch it
+/// holds (a review's finding: it hung with the structure guard held).
+#[test]
+fn a_parent_naming_itself_as_a_sibling_does_not_hang_a_merge() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = build(dir.path());
+    let (root, leaf, kids) = pages(&db, "gamma").remove(0);
+    assert!(!leaf && kids.len() >= 3, "gamma's root should be inner");
+    let first = kids[0];
+    let bt = db.tree("gamma").unwrap().unlogged_btree().clone();
+    let keys = db
+        .block_on(async move {
+            let mut keys = Vec::new();
+            bt.walk(|pid, bytes| {
+                if pid == first {
+                    let n = Node::new(bytes).unwrap();
+                    keys = (0..n.len()).map(|i| n.key_vec_at(i)).collect();
+                }
+                Ok(())
+            })
+            .await
+            .map(|_| keys)
+        })
+        .unwrap()
+        .unwrap();
+    assert!(!keys.is_empty());
+    db.close().unwrap();
+    edit_page(dir.path(), root, |p| {
+        NodeMut::new(p).unwrap().set_child_at(1, root);
+        page::seal(p);
+    });
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let t = db.tree("gamma").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for k in &keys {
+            let _ = t.delete(k);
+        }
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the deletes hung");
+    db.close().unwrap();
+}

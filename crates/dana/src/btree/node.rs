@@ -73,7 +73,10 @@
 //!   O(1), accessors bounds-check with `get`, and [`check`] validates
 //!   everything and reports [`Corrupt`] instead of indexing blindly. The
 //!   write path ([`NodeMut`]) trusts a page that passed [`check`] or was
-//!   built by this module.
+//!   built by this module: the tree checks each page it latches to change
+//!   once per arrival in its frame (`btree::tree::checked`); [`split`],
+//!   [`split_at`], [`merge`] and [`cut_leaf`] check their inputs
+//!   themselves (they run on copies and at recovery).
 //! - Panic when full: inserts return [`Full`] and the tree splits.
 //!
 //! # Costs
@@ -236,6 +239,9 @@ pub enum SplitError {
     /// No split point gives two halves that fit (possible only with keys
     /// beyond [`max_key_len`]).
     NoFit,
+    /// The node fails [`check`] (damaged, or forged with a valid
+    /// checksum): splitting it could index past its bytes.
+    Damaged,
 }
 
 impl fmt::Display for SplitError {
@@ -244,6 +250,7 @@ impl fmt::Display for SplitError {
             SplitError::TooFewEntries => "node has fewer than two entries",
             SplitError::BadSplitPoint => "split point out of range",
             SplitError::NoFit => "no split point gives two halves that fit",
+            SplitError::Damaged => "the node fails its structure check",
         })
     }
 }
@@ -1113,7 +1120,8 @@ pub fn split_point(src: &Node) -> Option<usize> {
 /// nodes push the separator entry up (its child becomes `left`'s upper
 /// child).
 pub fn split(src: &[u8], left: &mut [u8], right: &mut [u8]) -> Result<Vec<u8>, SplitError> {
-    let node = Node::new(src).map_err(|_| SplitError::BadSplitPoint)?;
+    let node = Node::new(src).map_err(|_| SplitError::Damaged)?;
+    check_node(&node).map_err(|_| SplitError::Damaged)?;
     let target = split_point(&node).ok_or(SplitError::TooFewEntries)?;
     let n = node.len();
     let (first, last) = if node.is_leaf() {
@@ -1161,7 +1169,8 @@ pub fn split_at(
     left: &mut [u8],
     right: &mut [u8],
 ) -> Result<Vec<u8>, SplitError> {
-    let node = Node::new(src).map_err(|_| SplitError::BadSplitPoint)?;
+    let node = Node::new(src).map_err(|_| SplitError::Damaged)?;
+    check_node(&node).map_err(|_| SplitError::Damaged)?;
     let n = node.len();
     if n < 2 {
         return Err(SplitError::TooFewEntries);
@@ -1238,6 +1247,7 @@ pub fn cut_leaf(
 ) -> Result<usize, Corrupt> {
     let src = page.to_vec();
     let node = Node::new(&src)?;
+    check_node(&node)?;
     if !node.is_leaf() {
         return Err(Corrupt::new("a leaf cut names an inner node"));
     }
@@ -1273,18 +1283,24 @@ pub fn cut_leaf(
 /// follows `left`) into page `out`, covering `(left.lower, right.upper]`.
 /// Inner nodes pull the separator between them (`left`'s upper fence) down
 /// as an entry pointing to `left`'s upper child. Returns [`Full`] (and
-/// leaves `out` alone) if the union does not fit one node.
+/// leaves `out` alone) if the union does not fit one node, or if the
+/// pages are not sound adjacent siblings of one kind.
 pub fn merge(left: &[u8], right: &[u8], out: &mut [u8]) -> Result<(), Full> {
     let (Ok(l), Ok(r)) = (Node::new(left), Node::new(right)) else {
         return Err(Full);
     };
-    assert_eq!(
-        l.is_leaf(),
-        r.is_leaf(),
-        "merging a leaf with an inner node"
-    );
-    assert_eq!(out.len(), l.page_size());
-    debug_assert_eq!(l.upper_fence(), r.lower_fence(), "not adjacent siblings");
+    // Pages that are not two sound adjacent siblings of one kind (damaged,
+    // or forged with a valid checksum) are never merged: the build below
+    // trusts their slots and fences (it asserted, and a forged parent
+    // pointer to an inner node made a delete panic; a review's finding).
+    if check_node(&l).is_err()
+        || check_node(&r).is_err()
+        || l.is_leaf() != r.is_leaf()
+        || l.upper_fence() != r.lower_fence()
+        || out.len() != l.page_size()
+    {
+        return Err(Full);
+    }
     let leaf = l.is_leaf();
     let lower = l.lower_fence();
     let upper = r.upper_fence();
@@ -1742,6 +1758,38 @@ mod tests {
         let mut after = entries(&l);
         after.extend(entries(&r));
         assert_eq!(before, after);
+    }
+
+    /// Structure changes of nodes that fail `check` (forged with a valid
+    /// checksum: the header check passes them) return errors: merging a
+    /// leaf with an inner node asserted, and a split or cut of a leaf
+    /// whose prefix length its fences do not share indexed past its keys
+    /// (a review's finding).
+    #[test]
+    fn structure_changes_of_unsound_nodes_are_errors_not_panics() {
+        let mut l = leaf(4096, Some(b"k1"), Some(b"k5"));
+        let mut r = page(4096);
+        init(&mut r, false, Some(b"k5"), Some(b"k9"), 77);
+        for k in [&b"k2"[..], b"k3", b"k4"] {
+            NodeMut::new(&mut l).unwrap().insert(k, k).unwrap();
+        }
+        let mut m = page(4096);
+        assert!(merge(&l, &r, &mut m).is_err());
+        // Not adjacent: refused too.
+        let far = leaf(4096, Some(b"k7"), Some(b"k9"));
+        assert!(merge(&l, &far, &mut m).is_err());
+        // The fences share 1 byte ("k"); say 2.
+        let mut forged = l.clone();
+        wr16(&mut forged[PAGE_HEADER_SIZE..], H_PREFIX, 2);
+        assert!(Node::new(&forged).is_ok() && check(&forged).is_err());
+        let (mut a, mut b) = (page(4096), page(4096));
+        assert_eq!(split(&forged, &mut a, &mut b), Err(SplitError::Damaged));
+        assert_eq!(
+            split_at(&forged, 1, &mut a, &mut b),
+            Err(SplitError::Damaged)
+        );
+        assert!(cut_leaf(&mut forged, b"k3", |_| false).is_err());
+        assert!(merge(&forged, &leaf(4096, Some(b"k5"), None), &mut m).is_err());
     }
 
     #[test]

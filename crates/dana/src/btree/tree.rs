@@ -107,6 +107,45 @@ fn corrupt(pid: u64) -> impl FnOnce(node::Corrupt) -> Error {
     move |c| c.into_error(pid)
 }
 
+/// Checks the node in latched page `pid` whole ([`node::check`], and its
+/// page type against its leaf flag), once since the page came into its
+/// frame ([`PageMut::contents_checked`]). The write path's arithmetic
+/// (`NodeMut`, `node::split`, `node::merge`) trusts slot offsets and
+/// lengths, the heap's use, the prefix and the fences, which the header
+/// check of [`Node::new`] does not cover: a page forged with a valid
+/// checksum made an insert, an update or a split panic, and a redo at
+/// open with it made every open panic (a review's finding). One check
+/// per arrival, not per change: a resident leaf's inserts pay nothing.
+pub(crate) fn checked(g: &PageMut<'_>, pid: u64) -> Result<()> {
+    if g.contents_checked() {
+        return Ok(());
+    }
+    node::check(g).map_err(corrupt(pid))?;
+    let leaf = Node::new(g).map_err(corrupt(pid))?.is_leaf();
+    let kind = if leaf {
+        PageType::Leaf
+    } else {
+        PageType::Inner
+    };
+    if page::page_type(g) != Some(kind) {
+        return Err(Error::Corrupt {
+            page: pid,
+            what: format!(
+                "a node whose flags say {kind:?} in a page of type {:?}",
+                page::page_type(g)
+            ),
+        });
+    }
+    g.set_contents_checked();
+    Ok(())
+}
+
+/// A [`NodeMut`] over latched page `pid`, [`checked`] first.
+pub(crate) fn node_mut<'a>(g: &'a mut PageMut<'_>, pid: u64) -> Result<NodeMut<'a>> {
+    checked(g, pid)?;
+    NodeMut::new(g).map_err(corrupt(pid))
+}
+
 /// True if `e`, met fixing a page that node `named_by` named, says only
 /// that the page was freed and reused since (a free page, or a large
 /// value's bytes that fail the page checksum): the node no longer
@@ -822,7 +861,7 @@ impl BTree {
         loop {
             let mut leaf = self.leaf_exclusive(key).await?;
             let pid = leaf.pid();
-            let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
+            let mut n = node_mut(&mut leaf, pid)?;
             let (i, present) = n.as_node().lower_bound(key);
             if present && !self.commit && n.as_node().is_ref_at(i) {
                 leaf.unchanged();
@@ -865,7 +904,7 @@ impl BTree {
         loop {
             let mut leaf = self.leaf_exclusive(key).await?;
             let pid = leaf.pid();
-            let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
+            let mut n = node_mut(&mut leaf, pid)?;
             let (i, found) = n.as_node().lower_bound(key);
             if !found {
                 leaf.unchanged();
@@ -901,7 +940,7 @@ impl BTree {
         self.check_key(key)?;
         let mut leaf = self.leaf_exclusive(key).await?;
         let pid = leaf.pid();
-        let mut n = NodeMut::new(&mut leaf).map_err(corrupt(pid))?;
+        let mut n = node_mut(&mut leaf, pid)?;
         let (i, present) = n.as_node().lower_bound(key);
         if !present {
             leaf.unchanged();
@@ -1083,6 +1122,7 @@ impl BTree {
         };
         // Under the parent's latch the child cannot be freed.
         let mut child = self.pool.fix_exclusive(pid).await?;
+        checked(&child, pid)?;
         {
             let c = Node::new(&child).map_err(corrupt(pid))?;
             if c.len() < 2 {
@@ -1114,7 +1154,7 @@ impl BTree {
         let right_pid = right.pid();
         right[page::PAGE_HEADER_SIZE..].copy_from_slice(&right_tmp[page::PAGE_HEADER_SIZE..]);
         child[page::PAGE_HEADER_SIZE..].copy_from_slice(&left[page::PAGE_HEADER_SIZE..]);
-        let mut p = NodeMut::new(&mut parent).map_err(corrupt(parent_pid))?;
+        let mut p = node_mut(&mut parent, parent_pid)?;
         let (i, _) = p.as_node().lower_bound(key);
         if i < p.as_node().len() {
             p.set_child_at(i, right_pid);
@@ -1200,8 +1240,17 @@ impl BTree {
         let Some((i, right_pid)) = right_sibling(&p, pid, key) else {
             return Ok(());
         };
+        if right_pid == pid || right_pid == parent_pid {
+            // Latching it would wait for the latch this task holds.
+            return Err(Error::Corrupt {
+                page: parent_pid,
+                what: format!("leaf {pid}'s right sibling is {right_pid}"),
+            });
+        }
         let mut left = self.pool.fix_exclusive(pid).await?;
         let mut right = self.pool.fix_exclusive(right_pid).await?;
+        checked(&left, pid)?;
+        checked(&right, right_pid)?;
         let ps = self.pool.page_size();
         let mut merged = vec![0u8; ps];
         if node::merge(&left, &right, &mut merged).is_err() {
@@ -1212,7 +1261,7 @@ impl BTree {
         // page, and a failure there after the right page and the parent
         // changed left the left page lost (used, in no tree) and the
         // merge logged as two records (a review's finding).
-        let mut p = NodeMut::new(&mut parent).map_err(corrupt(parent_pid))?;
+        let mut p = node_mut(&mut parent, parent_pid)?;
         self.pool.free_in(&mut space, &mut left).await?;
         right[page::PAGE_HEADER_SIZE..].copy_from_slice(&merged[page::PAGE_HEADER_SIZE..]);
         p.remove_at(i);

@@ -417,6 +417,9 @@ impl BufferPool {
                 }
             }
         }
+        self.frames[f as usize]
+            .checked
+            .store(false, Ordering::Release);
         self.frames[f as usize].pid.store(pid, Ordering::Release);
         self.arrived(f, true);
         self.table.set_frame(pid, f);

@@ -147,6 +147,10 @@ struct FrameMeta {
     writes: History,
     dirty: AtomicBool,
     writing: AtomicBool,
+    /// The layer above checked the page's contents whole since it came
+    /// into this frame ([`PageMut::contents_checked`]); cleared when a
+    /// page arrives.
+    checked: AtomicBool,
 }
 
 /// Counters of the buffer pool.
@@ -360,6 +364,7 @@ impl BufferPool {
                 writes: History::default(),
                 dirty: AtomicBool::new(false),
                 writing: AtomicBool::new(false),
+                checked: AtomicBool::new(false),
             })
             .collect();
         // Sized for the most the array can grow to (the mapping costs
@@ -1037,6 +1042,9 @@ impl BufferPool {
             return Ok(None);
         }
         let wait = self.inflight.insert(pid);
+        self.frames[f as usize]
+            .checked
+            .store(false, Ordering::Release);
         self.frames[f as usize].pid.store(pid, Ordering::Release);
         let (device, offset) = self.array.locate(pid);
         // SAFETY: frame f came off the free list and its page is LOADING:
@@ -1978,6 +1986,26 @@ impl PageMut<'_> {
     /// The page id.
     pub fn pid(&self) -> u64 {
         self.pid
+    }
+
+    /// True once the layer above checked this page's contents whole since
+    /// the page came into its frame ([`PageMut::set_contents_checked`]):
+    /// bytes read from a device may be damaged or forged (with a valid
+    /// checksum), and the B-tree's write path checks a node's whole
+    /// structure once per arrival rather than at every change.
+    pub fn contents_checked(&self) -> bool {
+        self.pool.frames[self.frame as usize]
+            .checked
+            .load(Ordering::Acquire)
+    }
+
+    /// Records that this page's contents were checked whole (they stay
+    /// so: only the layer that checked them changes them until the page
+    /// leaves its frame).
+    pub fn set_contents_checked(&self) {
+        self.pool.frames[self.frame as usize]
+            .checked
+            .store(true, Ordering::Release);
     }
 
     /// Makes this guard's page a new one: its first record is a full
