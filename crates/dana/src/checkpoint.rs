@@ -63,10 +63,18 @@ async fn write_back_and_record(
     redo: u64,
 ) -> Result<()> {
     let shards = wal.checkpoint_shards();
+    // Each log's end, durable before the meta page that records it is
+    // written: a log found ending before it at open is older than the data
+    // files. With several logs the stamp's check takes the newest log's
+    // end, so one log put back from an older copy passed it beside the
+    // others, and its acknowledged commits were lost with no error (an
+    // outside probe's finding).
+    let ends: Vec<u64> = wal.logs().iter().map(|l| l.appended_end()).collect();
+    wal.wait_all_durable(wal.next_gsn()).await?;
     // The data files' stamp of this moment, written with every shard
     // (`buffer::alloc`'s module doc): synced before any control block
     // names the redo GSN.
-    pool.stamp_checkpoint(redo).await?;
+    pool.stamp_checkpoint(redo, &ends).await?;
     pool.flush_where(|pid| pid == META_PAGE || scope.holds(pid, shards))
         .await?;
     let mut ends = Vec::with_capacity(wal.logs().len());

@@ -590,6 +590,7 @@ pub(crate) fn meta_of(
                 log_id: ctl.log_id,
                 logs: ctl.count,
                 checkpoint_stamp: 0,
+                log_ends: [0; crate::buffer::alloc::META_LOG_ENDS],
             }),
             None => Err(not_ours(what)),
         };
@@ -611,10 +612,12 @@ pub(crate) fn meta_of(
             )));
         }
         return match log_control() {
-            // Its checkpoint stamp is not believed (nothing is checked
-            // against it): recovery rebuilds the page.
+            // Its checkpoint stamp and log ends are not believed
+            // (nothing is checked against them): recovery rebuilds the
+            // page.
             Some(ctl) if facts.log_id != 0 && ctl.log_id == facts.log_id => Ok(MetaFacts {
                 checkpoint_stamp: 0,
+                log_ends: [0; crate::buffer::alloc::META_LOG_ENDS],
                 ..facts
             }),
             _ => Err(damaged(

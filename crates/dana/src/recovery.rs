@@ -79,6 +79,7 @@ pub(crate) fn prepare_logs(
     logs: &[Target],
     db_log_id: u64,
     checkpoint_stamp: u64,
+    log_ends: &[u64],
     create: bool,
     opts: &Options,
 ) -> Result<Prepared> {
@@ -151,7 +152,8 @@ pub(crate) fn prepare_logs(
         // its control block leaves its stamp's record there).
         let mut end = ctls.iter().map(|(_, c)| c.next_gsn).max().unwrap_or(0);
         for (i, (t, ctl)) in ctls.iter().enumerate() {
-            match recover::needs_recovery(array, t, *ctl)? {
+            let durable = log_ends.get(i).copied().unwrap_or(0);
+            match recover::needs_recovery(array, t, *ctl, durable)? {
                 Some(e) => end = end.max(e),
                 None => {
                     return Err(Error::NeedsRecovery(format!(
@@ -166,7 +168,7 @@ pub(crate) fn prepare_logs(
             ..Prepared::default()
         });
     }
-    let r = recover::recover(array, &ctls, cut_leaf, checkpoint_stamp)?;
+    let r = recover::recover(array, &ctls, cut_leaf, checkpoint_stamp, log_ends)?;
     let start = LogStart {
         resume: r.resume.clone(),
         next_gsn: r.next_gsn,

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crate::btree::BTree;
+use crate::buffer::alloc::META_LOG_ENDS;
 use crate::buffer::{BufferPool, PoolConfig};
 use crate::catalog::{self, CATALOG_SLOT};
 use crate::checkpoint::{checkpoint, Checkpointer};
@@ -81,6 +82,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         &logs,
         meta.map_or(0, |m| m.log_id),
         meta.map_or(0, |m| m.checkpoint_stamp),
+        &meta.map_or([0; META_LOG_ENDS], |m| m.log_ends),
         create,
         &opts,
     )?;

@@ -88,6 +88,12 @@ const OFF_LOG_ID: usize = 80;
 const OFF_LOG_COUNT: usize = 88;
 const OFF_CHECKPOINT_STAMP: usize = 96;
 const OFF_ROOTS: usize = 128;
+/// Each log's stream position (LSN) that the last checkpoint whose
+/// write-back began made durable before it wrote this page: one u64 per
+/// log, [`META_LOG_ENDS`] at most (0: unknown).
+const OFF_LOG_ENDS: usize = 384;
+/// The most logs whose ends the meta page records.
+pub const META_LOG_ENDS: usize = 64;
 /// Number of root slots in the meta page.
 pub const ROOT_SLOTS: usize = 32;
 
@@ -226,6 +232,10 @@ pub struct MetaFacts {
     /// checkpoint whose write-back began; 0 if none did, or if the page
     /// failed its checksum (nothing to check against then).
     pub checkpoint_stamp: u64,
+    /// Each log's stream position (LSN) that checkpoint made durable
+    /// before it wrote the meta page (0: unknown): a log that ends before
+    /// its own is older than the data files.
+    pub log_ends: [u64; META_LOG_ENDS],
 }
 
 /// The page size a meta page names, if `first` starts like a meta page
@@ -278,6 +288,7 @@ pub fn meta_facts(first: &[u8]) -> std::result::Result<MetaFacts, String> {
         log_id: get_u64(first, OFF_LOG_ID),
         logs: get_u32(first, OFF_LOG_COUNT),
         checkpoint_stamp: get_u64(first, OFF_CHECKPOINT_STAMP),
+        log_ends: std::array::from_fn(|i| get_u64(first, OFF_LOG_ENDS + 8 * i)),
     })
 }
 
@@ -486,17 +497,34 @@ impl BufferPool {
     }
 
     /// Sets the checkpoint stamp (the module doc) to `redo_gsn` if it is
-    /// older: a change of the meta page, logged like any, so recovery
+    /// older, and each log's recorded end to `log_ends[i]` (stream
+    /// positions durable before the meta page is written) if it is
+    /// lower: a change of the meta page, logged like any, so recovery
     /// redoes it wherever the page is rebuilt from the log.
-    pub async fn stamp_checkpoint(&self, redo_gsn: u64) -> Result<()> {
-        if get_u64(&self.fix_shared(META_PAGE).await?, OFF_CHECKPOINT_STAMP) >= redo_gsn {
+    pub async fn stamp_checkpoint(&self, redo_gsn: u64, log_ends: &[u64]) -> Result<()> {
+        let ends = &log_ends[..log_ends.len().min(META_LOG_ENDS)];
+        let behind = |m: &[u8]| {
+            get_u64(m, OFF_CHECKPOINT_STAMP) < redo_gsn
+                || ends
+                    .iter()
+                    .enumerate()
+                    .any(|(i, &e)| get_u64(m, OFF_LOG_ENDS + 8 * i) < e)
+        };
+        if !behind(&self.fix_shared(META_PAGE).await?) {
             return Ok(());
         }
         let mut m = self.fix_exclusive(META_PAGE).await?;
+        if !behind(&m) {
+            m.unchanged();
+            return Ok(());
+        }
         if get_u64(&m, OFF_CHECKPOINT_STAMP) < redo_gsn {
             put_u64(&mut m, OFF_CHECKPOINT_STAMP, redo_gsn);
-        } else {
-            m.unchanged();
+        }
+        for (i, &e) in ends.iter().enumerate() {
+            if get_u64(&m, OFF_LOG_ENDS + 8 * i) < e {
+                put_u64(&mut m, OFF_LOG_ENDS + 8 * i, e);
+            }
         }
         Ok(())
     }

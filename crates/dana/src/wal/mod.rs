@@ -94,6 +94,8 @@ pub const INITIAL_LOG_BYTES: u64 = 1 << 20;
 
 /// The most logs a database has (one per worker).
 pub const MAX_LOGS: usize = 64;
+// The meta page records each log's end (`buffer::alloc`).
+const _: () = assert!(MAX_LOGS <= crate::buffer::alloc::META_LOG_ENDS);
 
 /// Most checkpoint shards ([`crate::Options::checkpoint_shards`]).
 pub const MAX_CHECKPOINT_SHARDS: usize = 64;

@@ -645,9 +645,15 @@ pub fn compare_mirror(m: &Arc<Mirror>) -> Vec<String> {
 /// needed, else the GSN after the last change record past the redo LSN
 /// (0 if none): the log's end, which the data files' stamp must lie
 /// below. Reads only.
-pub fn needs_recovery(array: &Array, log: &Target, ctl: Control) -> Result<Option<u64>> {
+pub fn needs_recovery(
+    array: &Array,
+    log: &Target,
+    ctl: Control,
+    durable: u64,
+) -> Result<Option<u64>> {
     let stream = read_stream(log, &ctl)?;
     let s = scan(&stream, &ctl)?;
+    check_log_not_older(ctl.index as usize, s.end, durable)?;
     let mut queues: Vec<Option<Box<dyn IoQueue>>> = array.targets().iter().map(|_| None).collect();
     let ps = array.page_size() as usize;
     let mut end = 0;
@@ -808,6 +814,22 @@ pub fn check_not_older(stamp: u64, logs: &[(Target, Control)]) -> Result<()> {
     Ok(())
 }
 
+/// Log `index` older than the data files: its valid log ends at LSN
+/// `end`, before `durable` (the meta page's end of it: 0, unknown), the
+/// stream position the data files' last checkpoint made durable before it
+/// wrote them. With several logs [`check_not_newer`] takes the newest
+/// log's end, so one log put back from an older copy passed it beside
+/// the others (an outside probe's finding).
+pub fn check_log_not_older(index: usize, end: u64, durable: u64) -> Result<()> {
+    if end < durable {
+        return Err(different_moments(format!(
+            "log {index} is older than the data files: it ends at LSN {end}, and their last \
+             checkpoint had made it durable to LSN {durable}"
+        )));
+    }
+    Ok(())
+}
+
 /// Data files newer than the log: their checkpoint `stamp` (the meta
 /// page's, 0: unknown) at or past `end`, the GSN after the log's last
 /// record. The stamp's own change is logged before the meta page that
@@ -824,7 +846,9 @@ pub fn check_not_newer(stamp: u64, end: u64) -> Result<()> {
 
 /// Scans every log (`logs[i]`: log `i` and its newest control block),
 /// checks the data files' checkpoint `stamp` (0: unknown) against where
-/// the logs end ([`check_not_newer`]) before anything is written, and
+/// the logs end ([`check_not_newer`]) and each log against its end the
+/// meta page recorded (`log_ends[i]`, [`check_log_not_older`]) before
+/// anything is written, and
 /// redoes page changes onto `array`'s devices in GSN order (leaf cuts
 /// through `cut`), then syncs them. Returns the commits to re-apply (in
 /// GSN order) and where each log resumes.
@@ -833,9 +857,10 @@ pub fn recover(
     logs: &[(Target, Control)],
     cut: CutLeaf,
     stamp: u64,
+    log_ends: &[u64],
 ) -> Result<Recovered> {
     let mut found = Vec::with_capacity(logs.len());
-    for (t, ctl) in logs {
+    for (i, (t, ctl)) in logs.iter().enumerate() {
         if ctl.next_gsn >= u64::MAX / 2 || ctl.redo_gsn >= u64::MAX / 2 {
             return Err(Error::Log(format!(
                 "log {} names GSN {}, beyond any the database assigns",
@@ -845,6 +870,7 @@ pub fn recover(
         }
         let stream = read_stream(t, ctl)?;
         let scan = scan(&stream, ctl)?;
+        check_log_not_older(i, scan.end, log_ends.get(i).copied().unwrap_or(0))?;
         found.push(Found {
             stream,
             ctl: *ctl,
