@@ -38,6 +38,10 @@ pub struct CheckArgs {
     /// created); a database of another size is refused, naming its own.
     #[arg(long, default_value_t = 4096)]
     pub page_size: usize,
+    /// The log's path, for a database created with `Options::log_path`
+    /// (its log is elsewhere than DIR/dana.wal).
+    #[arg(long)]
+    pub log_path: Option<PathBuf>,
 }
 
 /// One tree, for JSON.
@@ -201,6 +205,9 @@ fn run_checker(args: &CheckArgs) -> CliResult<CheckReport> {
         .read_only();
     if args.blocking {
         opts = opts.backend(Backend::Blocking);
+    }
+    if let Some(log) = &args.log_path {
+        opts = opts.log_path(log);
     }
     let what = || format!("checking {}", args.path.display());
     let db = Db::open(&args.path, opts).context(format!("opening {}", args.path.display()))?;

@@ -37,7 +37,7 @@ struct Cli {
     command: Command,
 }
 
-/// The subcommands. Planned: `check`, `inspect`.
+/// The subcommands.
 #[derive(Subcommand, Debug)]
 enum Command {
     /// The HTAP I/O-stack study (Haas et al., CIDR 2020): scan, point

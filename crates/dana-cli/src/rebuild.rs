@@ -35,6 +35,9 @@ pub struct RebuildArgs {
     /// created).
     #[arg(long, default_value_t = 4096)]
     pub page_size: usize,
+    /// The log's path, for a database created with `Options::log_path`.
+    #[arg(long)]
+    pub log_path: Option<PathBuf>,
 }
 
 fn print_status(status: &[MirrorStatus]) {
@@ -69,9 +72,12 @@ pub fn run(args: &RebuildArgs) -> CliResult<()> {
             args.path.display()
         )));
     }
-    let opts = Options::default()
+    let mut opts = Options::default()
         .pool_bytes(args.pool_bytes)
         .page_size(args.page_size);
+    if let Some(log) = &args.log_path {
+        opts = opts.log_path(log);
+    }
     // Read-only first: a database that is not mirrored is left as it was
     // (the first version opened it writable, formatting a log for a
     // database without one, before finding nothing to rebuild). One that

@@ -204,3 +204,25 @@ fn check_takes_the_page_size_of_a_database_of_another() {
         );
     }
 }
+
+/// A database whose log is elsewhere (`Options::log_path`): `dana check`
+/// and `dana inspect` take `--log-path` (without it they could not open
+/// it: "dana.wal is missing", an outside probe).
+#[test]
+fn check_takes_the_log_path_of_a_database_with_its_log_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db_dir, log) = (dir.path().join("db"), dir.path().join("elsewhere.wal"));
+    let opts = Options::default()
+        .pool_bytes(4 << 20)
+        .capacity_bytes(64 << 20)
+        .log_path(&log);
+    let db = Db::open(&db_dir, opts).unwrap();
+    db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    db.close().unwrap();
+    assert!(!dana(&["check"], &db_dir).status.success());
+    let log = log.to_str().unwrap();
+    for cmd in ["check", "inspect"] {
+        let out = dana(&[cmd, "--log-path", log], &db_dir);
+        assert!(out.status.success(), "{cmd}: {}", text(&out));
+    }
+}

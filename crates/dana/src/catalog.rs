@@ -110,7 +110,7 @@ async fn clear_intent(pool: &BufferPool, slot: usize, free: Option<u64>) -> Resu
 /// one value per log group: its entry removed from the leaf with the map
 /// bits of its extents, so that a resumed drop never frees a value twice.
 /// The group freeing the leaf then holds no value's map pages: with all
-/// of the leaf's values in it, one map page per 128 MiB group their
+/// of the leaf's values in it, one map page per 127 MiB group their
 /// extents lie in and an admission of 4 pages, a leaf naming values in
 /// ~30 groups of a database with a 1 MiB log made a change past the
 /// log's record limit, which stopped the database, and every open

@@ -238,7 +238,11 @@ impl Db {
     /// the same database, in this process or another, fails with
     /// [`Error::Locked`]. Files that are not a dana database of this
     /// build's format fail with [`Error::NotADatabase`]. An open that fails
-    /// removes whatever it created and changes no existing file.
+    /// removes whatever it created; one refused before recovery (wrong
+    /// files, locks, options, files from different moments) changes no
+    /// existing file, while recovery that fails part way (damage it meets
+    /// while redoing) may have written pages it redid before: the next
+    /// open redoes them again.
     ///
     /// ```
     /// let dir = tempfile::tempdir().unwrap();
@@ -920,8 +924,10 @@ impl Db {
     }
 
     /// Checks the whole database (every tree, the free-space map, page
-    /// accounting) on a worker, without modifying it; see [`crate::check`].
-    /// Run it while no other thread writes.
+    /// accounting) on a worker, without modifying it (on mirrored devices
+    /// of a writable open, a page read that meets a damaged copy rewrites
+    /// that copy, as any read does); see [`crate::check`]. Run it while no
+    /// other thread writes.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -958,6 +964,13 @@ impl Db {
 
     /// Drops the tree `name` and frees its pages. Returns false if it did
     /// not exist.
+    ///
+    /// The drop waits for every read that began before it (of any tree:
+    /// the readers' fence is shared) before it frees the pages, at most a
+    /// minute. An error after the tree's name is gone (that wait ran out
+    /// behind a very long read, a checkpoint failed) leaves the tree
+    /// dropped and its pages held: the next `drop_tree`, or the next
+    /// open, frees them.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();

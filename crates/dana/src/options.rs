@@ -607,7 +607,11 @@ impl Options {
     }
 
     /// How commits wait for the log (default [`Durability::Sync`]);
-    /// [`Durability::Off`] opens the database without a log.
+    /// [`Durability::Off`] creates a database without a log, and opens
+    /// one that has none. A database that has a log keeps it: opened
+    /// with `Off`, its commits are logged and wait as with
+    /// [`Durability::Async`] ([`Db::durability`](crate::Db::durability)
+    /// says `Async`).
     ///
     /// ```
     /// let dir = tempfile::tempdir().unwrap();

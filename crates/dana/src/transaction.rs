@@ -373,6 +373,9 @@ impl Transaction {
     }
 
     fn check(&self, tree: &crate::Tree, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        // After `close`, `Closed` at once, as every handle answers (it was
+        // buffered, and refused only at the commit; a docs review).
+        self.committer.live(false)?;
         self.own(tree)?;
         tree.unlogged_btree().check_sizes(key, None)?;
         match value {

@@ -97,7 +97,11 @@ fn handles_of_a_closed_database_fail_with_closed() {
     assert!(matches!(other.tree("t"), Err(Error::Closed)));
     assert!(matches!(other.block_on(async {}), Err(Error::Closed)));
     let mut tx = other.begin();
-    tx.put(&t, b"x", b"y").unwrap();
+    // A transaction's writes too, at once (they were buffered and refused
+    // only at the commit; a docs review).
+    assert!(matches!(tx.put(&t, b"x", b"y"), Err(Error::Closed)));
+    assert!(matches!(tx.insert(&t, b"x", b"y"), Err(Error::Closed)));
+    assert!(matches!(tx.delete(&t, b"x"), Err(Error::Closed)));
     assert!(matches!(other.commit(tx), Err(Error::Closed)));
     // The old handles are alive, and the database opens again.
     let db = Db::open(dir.path(), opts()).unwrap();

@@ -646,7 +646,7 @@ impl BufferPool {
 
     /// Latches the meta page for space changes (and root slot changes),
     /// under the structure guard ([`BufferPool::structure_change`]): its
-    /// holder may latch many map pages (one per 128 MiB group a large
+    /// holder may latch many map pages (one per 127 MiB group a large
     /// value's extents lie in) while it waits for frames. The caller
     /// holds no page latch.
     pub async fn lock_space(&self) -> Result<SpaceGuard<'_>> {
