@@ -557,3 +557,37 @@ fn a_parent_naming_itself_as_a_sibling_does_not_hang_a_merge() {
         .expect("the deletes hung");
     db.close().unwrap();
 }
+
+/// A large value's reference forged to name pages past the array (a
+/// valid checksum on its leaf) is `Corrupt` on `get`, before a buffer of
+/// the value's length is taken (a review's finding: up to 4 GiB for a
+/// forged length).
+#[test]
+fn a_reference_past_the_array_is_corrupt_before_its_buffer() {
+    use dana::buffer::blob::BlobRef;
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    t.put(b"big", &vec![9u8; 3 * PAGE]).unwrap();
+    let leaf = pages(&db, "t")[0].0;
+    db.close().unwrap();
+    edit_page(dir.path(), leaf, |p| {
+        let n = Node::new(p).unwrap();
+        let i = (0..n.len()).find(|&i| n.is_ref_at(i)).unwrap();
+        let mut r = BlobRef::decode(n.payload_at(i), PAGE).unwrap();
+        r.extents[0].start = 1 << 30;
+        let mut m = NodeMut::new(p).unwrap();
+        m.update_at(i, &r.encode()).unwrap();
+        m.set_ref_at(i, true);
+        page::seal(p);
+    });
+    let db = Db::open(dir.path(), opts()).unwrap();
+    match db.tree("t").unwrap().get(b"big") {
+        Err(Error::Corrupt { page, what }) => {
+            assert_eq!(page, 1 << 30);
+            assert!(what.contains("past the array"), "{what}");
+        }
+        other => panic!("{other:?}"),
+    }
+    db.close().unwrap();
+}

@@ -770,7 +770,30 @@ impl BTree {
                 page: r.extents.first().map_or(self.root, |e| e.start),
                 what: format!("a large value of {} bytes, beyond the limit", r.len),
             })?;
-        let mut out = vec![0u8; len];
+        // Extents past the array's end (a damaged or forged reference
+        // with a valid checksum) are refused before a buffer of up to 4
+        // GiB is taken for them (a review's finding).
+        let pages = self.pool.array().pages();
+        if let Some(e) = r
+            .extents
+            .iter()
+            .find(|e| e.start + u64::from(e.pages) > pages)
+        {
+            return Err(Error::Corrupt {
+                page: e.start,
+                what: format!(
+                    "a large value's extent of {} pages at page {} lies past the array's {pages}",
+                    e.pages, e.start
+                ),
+            });
+        }
+        let mut out = Vec::new();
+        out.try_reserve_exact(len).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "no memory for a large value of {len} bytes (Tree::read_value reads it in parts)"
+            ))
+        })?;
+        out.resize(len, 0);
         self.pool.read_blob_checked(&r, &mut out).await?;
         Ok((Some(out), gsn))
     }

@@ -1154,6 +1154,16 @@ impl BufferPool {
                 "page {pid} (the meta page or a free-space map page) cannot be freed"
             )));
         }
+        if pid >= get_u64(s.meta(), OFF_NEXT) {
+            // A tree naming a page past the high-water mark (damaged or
+            // forged): its bit may be set in a map page, but the map in
+            // memory never holds it (the clear below asserted; a review's
+            // finding).
+            return Err(Error::Corrupt {
+                page: pid,
+                what: "a page past the high-water mark is being freed".into(),
+            });
+        }
         let map = s.map(self, geo.map_page_of(pid)).await?;
         let (at, mask) = geo.bit(pid);
         if map[at] & mask == 0 {

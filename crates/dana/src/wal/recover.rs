@@ -384,6 +384,14 @@ pub struct Scan {
 /// exists the break is damage to durable records ([`Error::CorruptLog`]);
 /// otherwise the break is the torn tail of the last flush, and the end.
 pub fn scan(stream: &[u8], ctl: &Control) -> Result<Scan> {
+    if ctl.redo >= u64::MAX / 4 {
+        // Positions past it would overflow (a damaged or forged control
+        // block with a valid checksum; a review's finding).
+        return Err(Error::Log(format!(
+            "log {} names redo LSN {}, beyond any a log reaches",
+            ctl.index, ctl.redo
+        )));
+    }
     let cap = ctl.capacity;
     let mut out = Scan::default();
     let mut pos = ctl.redo;
@@ -653,7 +661,7 @@ pub fn needs_recovery(
 ) -> Result<Option<u64>> {
     let stream = read_stream(log, &ctl)?;
     let s = scan(&stream, &ctl)?;
-    check_log_not_older(ctl.index as usize, s.end, durable)?;
+    check_log_not_older(ctl.index as usize, s.end, ctl.block, durable)?;
     let mut queues: Vec<Option<Box<dyn IoQueue>>> = array.targets().iter().map(|_| None).collect();
     let ps = array.page_size() as usize;
     let mut end = 0;
@@ -820,8 +828,14 @@ pub fn check_not_older(stamp: u64, logs: &[(Target, Control)]) -> Result<()> {
 /// wrote them. With several logs [`check_not_newer`] takes the newest
 /// log's end, so one log put back from an older copy passed it beside
 /// the others (an outside probe's finding).
-pub fn check_log_not_older(index: usize, end: u64, durable: u64) -> Result<()> {
-    if end < durable {
+pub fn check_log_not_older(index: usize, end: u64, block: u64, durable: u64) -> Result<()> {
+    // The recorded end may be a flush's padded end (zeros to the log's
+    // block after its last record, where the next record starts): the
+    // valid log, rounded up to the block, reaches it (a first version
+    // compared the valid end itself and refused an idle log after a crash
+    // in a kill -9 campaign).
+    let padded = end.div_ceil(block.max(1)).saturating_mul(block.max(1));
+    if padded < durable {
         return Err(different_moments(format!(
             "log {index} is older than the data files: it ends at LSN {end}, and their last \
              checkpoint had made it durable to LSN {durable}"
@@ -870,7 +884,8 @@ pub fn recover(
         }
         let stream = read_stream(t, ctl)?;
         let scan = scan(&stream, ctl)?;
-        check_log_not_older(i, scan.end, log_ends.get(i).copied().unwrap_or(0))?;
+        let durable = log_ends.get(i).copied().unwrap_or(0);
+        check_log_not_older(i, scan.end, ctl.block, durable)?;
         found.push(Found {
             stream,
             ctl: *ctl,

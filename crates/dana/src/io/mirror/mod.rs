@@ -413,6 +413,24 @@ impl Mirror {
                 "{role}: no healthy copy left (states {states:?})"
             )));
         }
+        // A rebuild's progress past the healthy copies' size (a damaged or
+        // forged label with a valid checksum) would mark the copy healthy
+        // with nothing copied, and reads would take its bytes below it (a
+        // review's finding): such a rebuild starts again from the start.
+        let healthy_size = states
+            .iter()
+            .zip(&copies)
+            .filter(|(s, _)| **s == CopyState::Healthy)
+            .filter_map(|(_, spec)| spec.target.as_ref())
+            .map(|t| t.size().saturating_sub(LABEL_BYTES))
+            .min()
+            .unwrap_or(0);
+        for s in states.iter_mut() {
+            if matches!(*s, CopyState::Rebuilding { done } if done > healthy_size) {
+                *s = CopyState::Rebuilding { done: 0 };
+                changed = true;
+            }
+        }
         let disagree = labels.iter().enumerate().any(|(c, l)| {
             states[c].writable() && l.as_ref().map(|l| l.generation) != Some(newest.generation)
         });

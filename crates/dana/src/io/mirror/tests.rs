@@ -325,6 +325,29 @@ fn a_rebuild_stopped_records_its_progress_and_resumes() {
     assert_eq!(m.states()[1], CopyState::Healthy);
 }
 
+/// A label whose rebuild progress lies past the healthy copies' size
+/// (damaged or forged, with a valid checksum) restarts the rebuild at 0:
+/// trusted, the rebuild ended at once and marked the copy healthy with
+/// nothing copied (a review's finding).
+#[test]
+fn a_rebuild_progress_past_the_device_restarts_from_zero() {
+    const BLOCKS: u64 = 64;
+    let d = disks(2, LABEL_BYTES + BLOCKS * 4096);
+    let m = mirror(&d);
+    let mut q = m.queue(&Backend::Blocking, 8).unwrap();
+    for i in 0..BLOCKS {
+        write(&mut q, i * 4096, &block(1, i as u8)).unwrap();
+    }
+    m.set_state(1, CopyState::Rebuilding { done: 1 << 40 })
+        .unwrap();
+    drop(q);
+    let m = Mirror::open(Role::Data(0), 0, specs(&d), false).unwrap();
+    assert_eq!(m.states()[1], CopyState::Rebuilding { done: 0 });
+    let r = m.rebuild(1, &AtomicBool::new(false)).unwrap();
+    assert_eq!((r.resumed_from, r.bytes), (0, BLOCKS * 4096));
+    assert_eq!(m.states()[1], CopyState::Healthy);
+}
+
 /// A copy rebuilt while the healthy ones grew (a growth between the
 /// rebuild's preparation and its first range leaves the failed copy out)
 /// is grown to their size and copied whole: rebuilt to the old size, the

@@ -2369,6 +2369,10 @@ fn encode_intent(b: &mut [u8], number: u64, segments: impl Iterator<Item = u32>)
     b[8..12].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// Stamps, versions and intent numbers (one clock) stay below this: a
+/// summary keeps a stamp in 7 bytes.
+const STAMP_END: u64 = 1 << 56;
+
 /// The intent in `b` (its number and segments), if it is a valid one.
 fn decode_intent(b: &[u8]) -> Option<(u64, Vec<u32>)> {
     if b.len() < INTENT_HEADER || &b[..8] != INTENT_MAGIC {
@@ -2383,6 +2387,13 @@ fn decode_intent(b: &[u8]) -> Option<(u64, Vec<u32>)> {
         return None;
     }
     let number = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes"));
+    if number >= STAMP_END {
+        // The clock restarts past it, and stamps keep 7 bytes: a larger
+        // one (forged, with a valid checksum) would be cut short in every
+        // later summary, and older versions would win at the next open (a
+        // review's finding).
+        return None;
+    }
     let segments = (0..count)
         .map(|i| {
             let o = INTENT_HEADER + 4 * i;
@@ -2418,7 +2429,7 @@ fn encode_summary(b: &mut [u8], head: SummaryHead, entries: &[Entry]) {
         } else {
             e.page
         };
-        debug_assert!(page <= NO_PAGE_40 && e.stamp < 1 << 56);
+        debug_assert!(page <= NO_PAGE_40 && e.stamp < STAMP_END);
         debug_assert!(e.start < 1 << 16 && (1..=256).contains(&e.units));
         b[o..o + 5].copy_from_slice(&page.to_le_bytes()[..5]);
         b[o + 5..o + 12].copy_from_slice(&e.stamp.to_le_bytes()[..7]);
@@ -2458,6 +2469,10 @@ fn decode_summary(b: &[u8], g: &Geometry) -> Option<Summary> {
         return None;
     }
     let version = u64::from_le_bytes(b[24..32].try_into().expect("8 bytes"));
+    if version >= STAMP_END {
+        // As an intent's number (`decode_intent`).
+        return None;
+    }
     let mut entries = Vec::with_capacity(count);
     for i in 0..count {
         let o = SUMMARY_HEADER + i * ENTRY_BYTES;

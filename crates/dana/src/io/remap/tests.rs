@@ -783,6 +783,14 @@ fn summaries_round_trip_and_reject_damage() {
     encode_summary(&mut b, head, &entries);
     b[40] ^= 1;
     assert_eq!(decode_summary(&b, &g), None);
+    // A version (or an intent's number) past what 7-byte stamps hold:
+    // the clock would restart there and cut every later stamp short.
+    let far = SummaryHead {
+        version: 1 << 56,
+        ..head
+    };
+    encode_summary(&mut b, far, &entries);
+    assert_eq!(decode_summary(&b, &g), None, "a version of 2^56");
     for c in configs() {
         let mut l = vec![0u8; PAGE];
         encode_label(&mut l, &c, 321);
@@ -804,6 +812,10 @@ fn summaries_round_trip_and_reject_damage() {
     assert_eq!(decode_intent(&i), Some((77, vec![4, 9, 1])));
     i[30] ^= 1;
     assert_eq!(decode_intent(&i), None);
+    encode_intent(&mut i, (1 << 56) - 1, [4u32].into_iter());
+    assert!(decode_intent(&i).is_some());
+    encode_intent(&mut i, 1 << 56, [4u32].into_iter());
+    assert_eq!(decode_intent(&i), None, "an intent numbered 2^56");
 }
 
 #[test]
