@@ -452,10 +452,27 @@ impl Checker {
         let values = std::mem::take(&mut self.values);
         let mut buf = vec![0u8; VALUE_CHUNK];
         let copies = self.pool.array().copies().clamp(1, u8::MAX as usize);
+        // Copies healthy on every data device: a failed or rebuilding copy
+        // is a finding of its own, and its values are not compared (every
+        // value was reported damaged on a removed copy; an outside probe).
+        let healthy: Vec<bool> = (0..copies)
+            .map(|c| {
+                self.pool.array().targets().iter().all(|t| match t {
+                    crate::io::Target::Mirror(m) => {
+                        m.states().get(c) == Some(&crate::io::mirror::CopyState::Healthy)
+                    }
+                    _ => true,
+                })
+            })
+            .collect();
         for (pid, tree, r) in values {
             // Each copy's checksum of the value (any copy's, unmirrored).
             let mut crcs = Vec::with_capacity(copies);
-            for c in 0..copies {
+            for (c, &ok) in healthy.iter().enumerate() {
+                if !ok {
+                    crcs.push(Err(Error::Mirror(format!("copy {c} is not healthy"))));
+                    continue;
+                }
                 let pick = if copies > 1 {
                     CopyPick::One(c as u8)
                 } else {
@@ -493,7 +510,7 @@ impl Checker {
                 },
             };
             let damaged: Vec<u8> = (0..copies)
-                .filter(|&c| !whole[c])
+                .filter(|&c| !whole[c] && healthy[c])
                 .map(|c| c as u8)
                 .collect();
             if damaged.is_empty() {
