@@ -452,20 +452,42 @@ impl Checker {
         let values = std::mem::take(&mut self.values);
         let mut buf = vec![0u8; VALUE_CHUNK];
         let copies = self.pool.array().copies().clamp(1, u8::MAX as usize);
-        // Copies healthy on every data device: a failed or rebuilding copy
-        // is a finding of its own, and its values are not compared (every
-        // value was reported damaged on a removed copy; an outside probe).
-        let healthy: Vec<bool> = (0..copies)
-            .map(|c| {
-                self.pool.array().targets().iter().all(|t| match t {
-                    crate::io::Target::Mirror(m) => {
-                        m.states().get(c) == Some(&crate::io::mirror::CopyState::Healthy)
-                    }
-                    _ => true,
-                })
+        // Each data device's healthy copies: a failed or rebuilding copy
+        // is a finding of its own, and a value is compared only on the
+        // copies healthy on every device its extents lie on (every value
+        // was reported damaged on a removed copy; an outside probe).
+        let pool = self.pool.clone();
+        let array = pool.array();
+        let device_healthy: Vec<Vec<bool>> = array
+            .targets()
+            .iter()
+            .map(|t| {
+                (0..copies)
+                    .map(|c| match t {
+                        crate::io::Target::Mirror(m) => {
+                            m.states().get(c) == Some(&crate::io::mirror::CopyState::Healthy)
+                        }
+                        _ => true,
+                    })
+                    .collect()
             })
             .collect();
+        let width = array.width() as u64;
         for (pid, tree, r) in values {
+            let mut on = vec![false; device_healthy.len()];
+            for e in &r.extents {
+                for p in e.start..e.start + u64::from(e.pages).min(width) {
+                    on[array.locate(p).0] = true;
+                }
+            }
+            let healthy: Vec<bool> = (0..copies)
+                .map(|c| {
+                    device_healthy
+                        .iter()
+                        .zip(&on)
+                        .all(|(h, &used)| !used || h[c])
+                })
+                .collect();
             // Each copy's checksum of the value (any copy's, unmirrored).
             let mut crcs = Vec::with_capacity(copies);
             for (c, &ok) in healthy.iter().enumerate() {
@@ -1303,7 +1325,7 @@ pub(crate) fn compare_mirrors(
                     "dana rebuild repairs it (and so does a read that meets the damaged copy)"
                 } else if newest_version(&versions).is_some() {
                     "valid versions differ: dana rebuild writes the newest (the highest page \
-                     LSN) over the others"
+                     LSN below the log's end) over the others"
                 } else if !versions.is_empty() {
                     "valid versions of the same page LSN differ: no copy can be told the \
                      newest, and dana rebuild leaves it"

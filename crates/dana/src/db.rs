@@ -120,7 +120,13 @@ impl DbInner {
         let flush = async move {
             let _ = w.wait_all_durable(end).await;
         };
-        if crate::sched::on_worker() {
+        if crate::sched::current_runtime() == Some(self.rt.id()) {
+            // On one of this database's workers: a task of this worker,
+            // admitted without a queue (a spawn through the injector can
+            // fail when it is full, and the commits went with it; a
+            // review's finding).
+            let _ = crate::sched::spawn_here(flush);
+        } else if crate::sched::on_worker() {
             let _ = self.rt.spawn(flush);
         } else {
             let _ = self.rt.block_on(flush);

@@ -162,17 +162,24 @@ fn async_commits_survive_a_drop_without_close() {
         let stats = db.wal_stats().unwrap();
         assert!(stats.durable < stats.end, "flushed before the drop");
         if inside_a_task {
+            // The task drops the last handles: it waits until this thread
+            // dropped its own.
             let (tx, rx) = std::sync::mpsc::channel();
-            let handles = (db.clone(), t);
+            let outside = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+            let handles = (db.clone(), t, outside.clone());
             drop(db);
             let spawner = handles.0.clone();
             spawner
                 .spawn(async move {
+                    while handles.2.load(std::sync::atomic::Ordering::SeqCst) {
+                        dana::sched::yield_now().await;
+                    }
                     drop(handles);
                     let _ = tx.send(());
                 })
                 .unwrap();
             drop(spawner);
+            outside.store(false, std::sync::atomic::Ordering::SeqCst);
             rx.recv().unwrap();
         } else {
             drop(t);

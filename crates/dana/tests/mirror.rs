@@ -647,6 +647,62 @@ fn rebuild_writes_the_newest_version_over_a_copy_that_lost_writes() {
     db.close().unwrap();
 }
 
+/// A copy holding valid pages whose LSN lies past the log's end (an
+/// earlier database's pages on a reused device, or bytes made to look so)
+/// is not taken as the newest: `rebuild` writes the database's own version
+/// over them. (The first version of the newest-LSN rule took them and
+/// would have written them over the good copy; a review's finding.)
+#[test]
+fn rebuild_never_takes_a_page_from_past_the_log_as_the_newest() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default().pool_bytes(2 << 20).mirrored();
+    let put_round = |db: &Db, round: u64| {
+        let t = db.tree_or_create("t").unwrap();
+        let mut tx = db.begin();
+        for k in 0..4000 {
+            tx.put(&t, &key(0, k), &value(round, k)).unwrap();
+        }
+        db.commit(tx).unwrap();
+    };
+    let db = Db::open(dir.path(), opts.clone()).unwrap();
+    put_round(&db, 0);
+    db.close().unwrap();
+    let m1 = dir.path().join("dana.0.m1");
+    let old = std::fs::read(&m1).unwrap();
+    let db = Db::open(dir.path(), opts.clone()).unwrap();
+    put_round(&db, 1);
+    db.close().unwrap();
+    // The old leaves back on copy 1, each stamped with an LSN far past
+    // the log's end and sealed again.
+    let f = std::fs::OpenOptions::new().write(true).open(&m1).unwrap();
+    let new = std::fs::read(&m1).unwrap();
+    let mut pasted = 0;
+    let mut at = LABEL_BYTES as usize + 4096;
+    while at + 4096 <= old.len().min(new.len()) {
+        if old[at..at + 4096] != new[at..at + 4096] {
+            let mut p = old[at..at + 4096].to_vec();
+            dana::buffer::page::set_page_lsn(&mut p, 1 << 40);
+            dana::buffer::page::seal(&mut p);
+            f.write_all_at(&p, at as u64).unwrap();
+            pasted += 1;
+        }
+        at += 4096;
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    assert!(pasted > 10, "{pasted} pages pasted");
+    let db = Db::open(dir.path(), opts).unwrap();
+    db.rebuild().unwrap();
+    let report = db.check().unwrap();
+    assert!(report.is_ok(), "{:?}", report.findings);
+    let t = db.tree("t").unwrap();
+    for k in 0..4000 {
+        assert_eq!(t.get(&key(0, k)).unwrap(), Some(value(1, k)), "key {k}");
+    }
+    db.close().unwrap();
+}
+
 /// A byte damaged past a large value's end, in its last page, is not a
 /// difference between the copies: nothing reads it and no checksum covers
 /// it, so no repair would ever make the copies agree (an outside probe:

@@ -1351,6 +1351,72 @@ pub fn check(page: &[u8]) -> Result<(), Corrupt> {
     check_node(&node)
 }
 
+/// The part of [`check`] that [`NodeMut`]'s arithmetic relies on not to
+/// index past the node or wrap a count: the prefix is the fences' common
+/// prefix, every entry lies inside the heap with a payload of its kind's
+/// size, and the heap entries (fences included) add up to the recorded
+/// usage. O(n), no allocation: the tree runs it on each page it latches
+/// to change, once per arrival in the pool (`btree::tree::checked`); the
+/// whole [`check`] (with key order, key heads and overlapping entries,
+/// which give wrong answers but never a panic) cost ~7% of memory-backed
+/// YCSB-A's throughput there. Never panics, whatever the bytes.
+pub fn check_writable(page: &[u8]) -> Result<(), Corrupt> {
+    let node = Node::new(page)?;
+    let data = node.data;
+    let region = data.len();
+    let heap = node.heap_start();
+    let p = node.prefix_len();
+    let leaf = node.is_leaf();
+    let expect_prefix = match (node.lower_fence(), node.upper_fence()) {
+        (Some(l), Some(u)) if l < u => common_prefix_len(l, u),
+        (Some(_), Some(_)) => {
+            return Err(Corrupt::new("lower fence is not below the upper fence"));
+        }
+        _ => 0,
+    };
+    if p != expect_prefix {
+        return Err(Corrupt::new(format!(
+            "prefix length {p} is not the fences' common prefix {expect_prefix}"
+        )));
+    }
+    let max_key = max_key_len(node.page_size());
+    let max_payload = if leaf {
+        max_payload_len(node.page_size())
+    } else {
+        CHILD_ID_SIZE
+    };
+    let mut sum = rd16(data, H_LOWER_LEN) + rd16(data, H_UPPER_LEN);
+    for i in 0..node.len() {
+        let off = node.slot(i, S_OFF);
+        let key_len = node.slot(i, S_KEY_LEN);
+        let payload_len = node.payload_len_at(i);
+        let end = off + key_len + payload_len;
+        let empty = end == off;
+        if (!empty && (off < heap || end > region)) || (empty && off > region) {
+            return Err(Corrupt::new(format!(
+                "slot {i}: entry [{off}, {end}) outside the heap [{heap}, {region})"
+            )));
+        }
+        if p + key_len > max_key
+            || payload_len > max_payload
+            || (!leaf && (payload_len != CHILD_ID_SIZE || node.is_ref_at(i)))
+        {
+            return Err(Corrupt::new(format!(
+                "slot {i}: a key of {} bytes or a payload of {payload_len}",
+                p + key_len
+            )));
+        }
+        sum += end - off;
+    }
+    if sum != node.heap_used() {
+        return Err(Corrupt::new(format!(
+            "heap entries take {sum} bytes but the header says {}",
+            node.heap_used()
+        )));
+    }
+    Ok(())
+}
+
 fn check_node(node: &Node) -> Result<(), Corrupt> {
     let data = node.data;
     let region = data.len();
@@ -1782,6 +1848,7 @@ mod tests {
         let mut forged = l.clone();
         wr16(&mut forged[PAGE_HEADER_SIZE..], H_PREFIX, 2);
         assert!(Node::new(&forged).is_ok() && check(&forged).is_err());
+        assert!(check_writable(&forged).is_err() && check_writable(&l).is_ok());
         let (mut a, mut b) = (page(4096), page(4096));
         assert_eq!(split(&forged, &mut a, &mut b), Err(SplitError::Damaged));
         assert_eq!(
@@ -2233,7 +2300,25 @@ mod tests {
                 let at = PAGE_HEADER_SIZE + at.index(p.len() - PAGE_HEADER_SIZE);
                 p[at] ^= byte | 1;
             }
+            if check_writable(&p).is_ok() {
+                // What the write path does to a page that passed the
+                // write check (its answers may be wrong, with keys out of
+                // order or entries overlapping, but nothing panics; an
+                // insert's debug assertions of key order are left out).
+                let mut c = p.clone();
+                let n = Node::new(&c).unwrap();
+                let (len, leaf) = (n.len(), n.is_leaf());
+                let mut m = NodeMut::new(&mut c).unwrap();
+                if leaf && len > 0 {
+                    let _ = m.update_at(0, b"updated");
+                }
+                if len > 1 {
+                    m.remove_at(1);
+                }
+                m.compact();
+            }
             if check(&p).is_ok() {
+                prop_assert_eq!(check_writable(&p), Ok(()));
                 read_everything(&p);
                 // A page that passed check also takes writes and splits.
                 let mut c = p.clone();

@@ -107,9 +107,10 @@ fn corrupt(pid: u64) -> impl FnOnce(node::Corrupt) -> Error {
     move |c| c.into_error(pid)
 }
 
-/// Checks the node in latched page `pid` whole ([`node::check`], and its
-/// page type against its leaf flag), once since the page came into its
-/// frame ([`PageMut::contents_checked`]). The write path's arithmetic
+/// Checks the node in latched page `pid` for the write path
+/// ([`node::check_writable`], and its page type against its leaf flag),
+/// once since the page came into its frame
+/// ([`PageMut::contents_checked`]). The write path's arithmetic
 /// (`NodeMut`, `node::split`, `node::merge`) trusts slot offsets and
 /// lengths, the heap's use, the prefix and the fences, which the header
 /// check of [`Node::new`] does not cover: a page forged with a valid
@@ -120,7 +121,7 @@ pub(crate) fn checked(g: &PageMut<'_>, pid: u64) -> Result<()> {
     if g.contents_checked() {
         return Ok(());
     }
-    node::check(g).map_err(corrupt(pid))?;
+    node::check_writable(g).map_err(corrupt(pid))?;
     let leaf = Node::new(g).map_err(corrupt(pid))?.is_leaf();
     let kind = if leaf {
         PageType::Leaf

@@ -26,6 +26,7 @@
 //! | 88..92   | number of logs (one per worker at creation)  |
 //! | 96..104  | checkpoint stamp: the redo GSN of the last checkpoint whose write-back began (0: none yet) |
 //! | 128..384 | 32 root slots (u64 page ids) for upper layers|
+//! | 384..896 | each log's end (an LSN) the last checkpoint whose write-back began made durable before it wrote this page (0: unknown) |
 //!
 //! (Upper layers give the slots their meaning: the catalogue in slot 0,
 //! a create's and a drop's intent in slots 1 and 2; see `catalog.rs`.)
@@ -44,7 +45,16 @@
 //! their log's place and a GSN); version 8 the leaf-cut page entry (a
 //! split's left half logged as its cut key, `wal::record::CUT`); version
 //! 9 the compressed full page image (`wal::record::LZ4`); version 10 the
-//! checkpoint stamp at bytes 96..104.
+//! checkpoint stamp at bytes 96..104. The log ends at bytes 384..896 came
+//! without a version: those bytes were zero in every version-10 meta page,
+//! and zero means "unknown" (nothing checked), so older files open and a
+//! build before them ignores the bytes.
+//!
+//! Each checkpoint also records every log's end, durable before the meta
+//! page is written: at open each log, its valid end rounded up to its
+//! flush block, must reach its own (with several logs, the stamp's check
+//! against the newest log's end let one log put back from an older copy
+//! pass; an outside probe).
 //!
 //! The checkpoint stamp ties the data files to a moment of the log. Every
 //! checkpoint sets it to its redo GSN (a logged change of the meta page)

@@ -47,8 +47,13 @@
 //! The version written over a page not in the pool is the newest its
 //! valid copies hold: the highest page LSN, which grows with every logged
 //! change, so a copy that missed a write (a write the device lost) holds
-//! a lower one and is written over. Valid copies that differ at the same
-//! LSN are damage no LSN tells apart: left to the check's finding.
+//! a lower one and is written over. Only LSNs below the log's next GSN
+//! count: a valid page past it is none of this database's versions (an
+//! earlier database's page on a reused device, or a large value's bytes
+//! made to look like a page) and is written over as damage. Valid copies
+//! that differ at the same LSN are damage no LSN tells apart, and without
+//! a log no version is taken over another: both left to the check's
+//! finding.
 //!
 //! Never: writes a version other than the pool's clean one or the newest
 //! valid version the copies hold, writes over a copy that holds a valid
@@ -174,33 +179,51 @@ impl BufferPool {
         frame: Option<&[u8]>,
     ) -> Result<Option<PageRepair>> {
         let copies = self.read_copies(pid, healthy).await?;
-        let valid: Vec<&(u8, Vec<u8>)> = copies
+        // Versions of this database: valid pages below the log's next GSN.
+        // A valid page of a higher LSN is none of ours (a device reused
+        // from an earlier database, or a large value's bytes made to look
+        // like a page, as recovery's rule for new pages says) and counts
+        // as damage: taken as the newest, it would have been written over
+        // the good copy (a review's finding). Without a log, versions
+        // cannot be ordered: only copies that agree are used.
+        let end = self.wal.get().map(|w| w.next_lsn());
+        let ours =
+            |b: &[u8]| page::verify(b, pid).is_ok() && end.is_none_or(|e| page::page_lsn(b) < e);
+        let valid: Vec<&[u8]> = copies
             .iter()
-            .filter(|(_, b)| page::verify(b, pid).is_ok())
+            .map(|(_, b)| &b[..])
+            .filter(|b| ours(b))
             .collect();
         let source: &[u8] = match frame {
             Some(f)
-                if valid
-                    .iter()
-                    .any(|(_, b)| page::page_lsn(b) > page::page_lsn(f)) =>
+                if end.is_some() && valid.iter().any(|b| page::page_lsn(b) > page::page_lsn(f)) =>
             {
                 return Ok(None)
             }
-            Some(f) if valid.iter().any(|(_, b)| b[..] == *f) => f,
+            Some(f) if valid.contains(&f) => f,
             Some(_) => return Ok(Some(PageRepair::Nothing)),
-            None => match newest_version(&valid.iter().map(|(_, b)| &b[..]).collect::<Vec<_>>()) {
-                Some(b) => b,
-                None => return Ok(Some(PageRepair::Nothing)),
-            },
+            None => {
+                let pick = match end {
+                    Some(_) => newest_version(&valid),
+                    None => valid
+                        .first()
+                        .copied()
+                        .filter(|first| valid.iter().all(|b| b == first)),
+                };
+                match pick {
+                    Some(b) => b,
+                    None => return Ok(Some(PageRepair::Nothing)),
+                }
+            }
         };
-        // Copies that are no valid page, or an older version of it (a
-        // write one copy lost: `dana check` found the copies different,
+        // Copies that are no valid page of ours, or an older version of it
+        // (a write one copy lost: `dana check` found the copies different,
         // and `rebuild`, which left them, said all was healthy; a docs
         // review's finding).
         let lsn = page::page_lsn(source);
         let damaged: Vec<&(u8, Vec<u8>)> = copies
             .iter()
-            .filter(|(_, b)| page::verify(b, pid).is_err() || page::page_lsn(b) < lsn)
+            .filter(|(_, b)| !ours(b) || page::page_lsn(b) < lsn)
             .collect();
         if damaged.is_empty() {
             return Ok(Some(PageRepair::Nothing));
@@ -210,7 +233,7 @@ impl BufferPool {
         if self.handed_over(watch, pid) {
             return Ok(Some(PageRepair::Moved));
         }
-        let older = damaged.iter().any(|(_, b)| page::verify(b, pid).is_ok());
+        let older = damaged.iter().any(|(_, b)| ours(b));
         let damaged: Vec<u8> = damaged.iter().map(|&(c, _)| *c).collect();
         self.write_copies(pid, source, &damaged).await?;
         if older {
