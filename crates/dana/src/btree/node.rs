@@ -1356,10 +1356,11 @@ pub fn check(page: &[u8]) -> Result<(), Corrupt> {
 /// prefix, every entry lies inside the heap with a payload of its kind's
 /// size, and the heap entries (fences included) add up to the recorded
 /// usage. O(n), no allocation: the tree runs it on each page it latches
-/// to change, once per arrival in the pool (`btree::tree::checked`); the
-/// whole [`check`] (with key order, key heads and overlapping entries,
-/// which give wrong answers but never a panic) cost ~7% of memory-backed
-/// YCSB-A's throughput there. Never panics, whatever the bytes.
+/// to change, once per arrival in the pool (`btree::tree::checked`),
+/// where the whole [`check`] (with key order, key heads and overlapping
+/// entries, which give wrong answers but never a panic) sorts and
+/// allocates. (On memory-backed YCSB-A neither showed a cost above this
+/// host's noise: docs/PERF.md.) Never panics, whatever the bytes.
 pub fn check_writable(page: &[u8]) -> Result<(), Corrupt> {
     let node = Node::new(page)?;
     let data = node.data;
