@@ -111,6 +111,32 @@ fn newer_data_files_beside_an_older_log_are_refused() {
     old_file_put_back("dana.wal", "log 0 is older than the data files");
 }
 
+/// Data files whose meta page records no log ends (0: written before the
+/// ends were recorded, as every file of an older build) beside an older
+/// log: the stamp's own check still refuses them, "newer than the log".
+#[test]
+fn without_recorded_log_ends_the_stamp_still_refuses_an_older_log() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (live, old) = (dir.path().join("db"), dir.path().join("old"));
+    two_moments(&live, &old, &opts());
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(live.join("dana.0"))
+        .unwrap();
+    let mut meta = vec![0u8; 4096];
+    f.read_exact_at(&mut meta, 0).unwrap();
+    // The log ends (`buffer::alloc`: bytes 384..896 of the meta page).
+    meta[384..896].fill(0);
+    dana::buffer::page::seal(&mut meta);
+    f.write_all_at(&meta, 0).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    std::fs::copy(old.join("dana.wal"), live.join("dana.wal")).unwrap();
+    refused_with(&live, &opts(), "newer than the log");
+}
+
 /// With a log per worker, either log put back from an older copy is
 /// refused: the other log, newer, hid it from the check of the stamp
 /// against the logs' newest end, and its acknowledged commits were lost
