@@ -579,6 +579,58 @@ fn rebuild_repairs_damaged_copies_of_pages_not_in_the_pool() {
     db.close().unwrap();
 }
 
+/// A mirrored database in `dir` (2 MiB pool) whose keys `key(0, 0..4000)`
+/// were written with round 0's values, closed, then with round 1's,
+/// closed; then every page past the meta page that changed between (the
+/// values are the same length: the leaves) put back on copy 1 in its
+/// round-0 version, passed through `forge` (each a valid page unless
+/// `forge` breaks it). Returns the options and the pages put back.
+fn older_leaves_on_copy_1(dir: &std::path::Path, forge: impl Fn(&mut [u8])) -> (Options, usize) {
+    use std::os::unix::fs::FileExt;
+    let opts = Options::default().pool_bytes(2 << 20).mirrored();
+    let put_round = |round: u64| {
+        let db = Db::open(dir, opts.clone()).unwrap();
+        let t = db.tree_or_create("t").unwrap();
+        let mut tx = db.begin();
+        for k in 0..4000 {
+            tx.put(&t, &key(0, k), &value(round, k)).unwrap();
+        }
+        db.commit(tx).unwrap();
+        drop(t);
+        db.close().unwrap();
+    };
+    put_round(0);
+    let m1 = dir.join("dana.0.m1");
+    let old = std::fs::read(&m1).unwrap();
+    put_round(1);
+    let f = std::fs::OpenOptions::new().write(true).open(&m1).unwrap();
+    let new = std::fs::read(&m1).unwrap();
+    let mut pasted = 0;
+    let mut at = LABEL_BYTES as usize + 4096;
+    while at + 4096 <= old.len().min(new.len()) {
+        if old[at..at + 4096] != new[at..at + 4096] {
+            let mut p = old[at..at + 4096].to_vec();
+            forge(&mut p);
+            f.write_all_at(&p, at as u64).unwrap();
+            pasted += 1;
+        }
+        at += 4096;
+    }
+    f.sync_all().unwrap();
+    assert!(pasted > 10, "{pasted} pages pasted");
+    (opts, pasted)
+}
+
+/// Asserts `check` is clean and every key holds round 1's value.
+fn newest_everywhere(db: &Db) {
+    let report = db.check().unwrap();
+    assert!(report.is_ok(), "{:?}", report.findings);
+    let t = db.tree("t").unwrap();
+    for k in 0..4000 {
+        assert_eq!(t.get(&key(0, k)).unwrap(), Some(value(1, k)), "key {k}");
+    }
+}
+
 /// Pages one copy holds in an older version (writes that copy lost: the
 /// pages of an older copy of its file pasted back, each a valid page) are
 /// named by `check` as valid versions that differ, and `rebuild` writes
@@ -587,42 +639,8 @@ fn rebuild_repairs_damaged_copies_of_pages_not_in_the_pool() {
 /// review's finding).
 #[test]
 fn rebuild_writes_the_newest_version_over_a_copy_that_lost_writes() {
-    use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().unwrap();
-    let opts = Options::default().pool_bytes(2 << 20).mirrored();
-    let put_round = |db: &Db, round: u64| {
-        let t = db.tree_or_create("t").unwrap();
-        let mut tx = db.begin();
-        for k in 0..4000 {
-            tx.put(&t, &key(0, k), &value(round, k)).unwrap();
-        }
-        db.commit(tx).unwrap();
-    };
-    let db = Db::open(dir.path(), opts.clone()).unwrap();
-    put_round(&db, 0);
-    db.close().unwrap();
-    let m1 = dir.path().join("dana.0.m1");
-    let old = std::fs::read(&m1).unwrap();
-    let db = Db::open(dir.path(), opts.clone()).unwrap();
-    put_round(&db, 1);
-    db.close().unwrap();
-    // Every page past the meta page that changed since (the values are
-    // the same length: the leaves), back to its old version on copy 1.
-    let f = std::fs::OpenOptions::new().write(true).open(&m1).unwrap();
-    let new = std::fs::read(&m1).unwrap();
-    let mut pasted = 0;
-    let mut at = LABEL_BYTES as usize + 4096;
-    while at + 4096 <= old.len().min(new.len()) {
-        if old[at..at + 4096] != new[at..at + 4096] {
-            f.write_all_at(&old[at..at + 4096], at as u64).unwrap();
-            pasted += 1;
-        }
-        at += 4096;
-    }
-    f.sync_all().unwrap();
-    drop(f);
-    assert!(pasted > 10, "{pasted} pages pasted");
-
+    let (opts, pasted) = older_leaves_on_copy_1(dir.path(), |_| {});
     let db = Db::open(dir.path(), opts).unwrap();
     let report = db.check().unwrap();
     assert!(report.data_ok(), "{:?}", report.findings);
@@ -638,12 +656,7 @@ fn rebuild_writes_the_newest_version_over_a_copy_that_lost_writes() {
         report.findings
     );
     db.rebuild().unwrap();
-    let report = db.check().unwrap();
-    assert!(report.is_ok(), "{:?}", report.findings);
-    let t = db.tree("t").unwrap();
-    for k in 0..4000 {
-        assert_eq!(t.get(&key(0, k)).unwrap(), Some(value(1, k)), "key {k}");
-    }
+    newest_everywhere(&db);
     db.close().unwrap();
 }
 
@@ -654,52 +667,14 @@ fn rebuild_writes_the_newest_version_over_a_copy_that_lost_writes() {
 /// would have written them over the good copy; a review's finding.)
 #[test]
 fn rebuild_never_takes_a_page_from_past_the_log_as_the_newest() {
-    use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().unwrap();
-    let opts = Options::default().pool_bytes(2 << 20).mirrored();
-    let put_round = |db: &Db, round: u64| {
-        let t = db.tree_or_create("t").unwrap();
-        let mut tx = db.begin();
-        for k in 0..4000 {
-            tx.put(&t, &key(0, k), &value(round, k)).unwrap();
-        }
-        db.commit(tx).unwrap();
-    };
-    let db = Db::open(dir.path(), opts.clone()).unwrap();
-    put_round(&db, 0);
-    db.close().unwrap();
-    let m1 = dir.path().join("dana.0.m1");
-    let old = std::fs::read(&m1).unwrap();
-    let db = Db::open(dir.path(), opts.clone()).unwrap();
-    put_round(&db, 1);
-    db.close().unwrap();
-    // The old leaves back on copy 1, each stamped with an LSN far past
-    // the log's end and sealed again.
-    let f = std::fs::OpenOptions::new().write(true).open(&m1).unwrap();
-    let new = std::fs::read(&m1).unwrap();
-    let mut pasted = 0;
-    let mut at = LABEL_BYTES as usize + 4096;
-    while at + 4096 <= old.len().min(new.len()) {
-        if old[at..at + 4096] != new[at..at + 4096] {
-            let mut p = old[at..at + 4096].to_vec();
-            dana::buffer::page::set_page_lsn(&mut p, 1 << 40);
-            dana::buffer::page::seal(&mut p);
-            f.write_all_at(&p, at as u64).unwrap();
-            pasted += 1;
-        }
-        at += 4096;
-    }
-    f.sync_all().unwrap();
-    drop(f);
-    assert!(pasted > 10, "{pasted} pages pasted");
+    let (opts, _) = older_leaves_on_copy_1(dir.path(), |p| {
+        dana::buffer::page::set_page_lsn(p, 1 << 40);
+        dana::buffer::page::seal(p);
+    });
     let db = Db::open(dir.path(), opts).unwrap();
     db.rebuild().unwrap();
-    let report = db.check().unwrap();
-    assert!(report.is_ok(), "{:?}", report.findings);
-    let t = db.tree("t").unwrap();
-    for k in 0..4000 {
-        assert_eq!(t.get(&key(0, k)).unwrap(), Some(value(1, k)), "key {k}");
-    }
+    newest_everywhere(&db);
     db.close().unwrap();
 }
 
