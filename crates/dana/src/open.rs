@@ -456,6 +456,49 @@ pub(crate) fn arm_mirrors(array: &Array) {
     }
 }
 
+/// Fails each healthy copy of mirrored data device `m` (the first: the
+/// meta page's) whose meta page is older than the log beside it (its
+/// checkpoint stamp below the log's redo GSN: a copy put back whole from
+/// an older backup beside the others), unless it is the last healthy
+/// copy. Runs before the open's first read of page 0, which compares the
+/// copies and writes the newest over the others: recovery then ran over
+/// a mix of the older copy's pages and the newer one's, and served wrong
+/// values (an outside probe). Every checkpoint writes the meta page to
+/// every copy before any control block names its redo GSN, so a copy a
+/// crash left behind still holds a stamp at least that GSN. Reads only;
+/// a read-only open keeps the failure in memory.
+fn fail_copies_older_than_the_log(m: &Arc<crate::io::mirror::Mirror>, log: &Target, ps: usize) {
+    use crate::io::mirror::CopyState;
+    let Ok(Some(ctl)) = crate::wal::recover::read_control(log) else {
+        return;
+    };
+    for (c, state) in m.states().into_iter().enumerate() {
+        if state != CopyState::Healthy {
+            continue;
+        }
+        let Ok(bytes) = m.read_copy(c, 0, ps) else {
+            continue;
+        };
+        let Ok(facts) = meta_facts(&bytes) else {
+            continue;
+        };
+        if crate::buffer::page::verify(&bytes, 0).is_err() {
+            continue;
+        }
+        let stamp = facts.checkpoint_stamp;
+        if stamp != 0 && stamp < ctl.redo_gsn {
+            m.fail_stale_copy(
+                c,
+                format!(
+                    "its meta page's checkpoint stamp {stamp} is older than the log's redo GSN \
+                     {} (a copy put back from an older backup?): rebuild it",
+                    ctl.redo_gsn
+                ),
+            );
+        }
+    }
+}
+
 /// Bytes each file of a new database starts with: a share of
 /// [`INITIAL_DATA_BYTES`] (or of the maximum size, if smaller), at least
 /// one page; the files grow from there.
@@ -579,8 +622,15 @@ pub(crate) fn meta_of(
     // compares its copies page by page, and would judge every copy of a
     // larger page bad from a read of its first 4 KiB.
     let ps = opts.page_size_value();
+    let log = log();
+    if let (Target::Mirror(m), Some(l)) = (device, &log) {
+        fail_copies_older_than_the_log(m, l, ps);
+    }
     let first = read_first_bytes(device, if device.size() >= ps as u64 { ps } else { 4096 })?;
-    let log_control = || log().and_then(|l| crate::wal::recover::read_control(&l).ok().flatten());
+    let log_control = || {
+        log.as_ref()
+            .and_then(|l| crate::wal::recover::read_control(l).ok().flatten())
+    };
     if !crate::buffer::alloc::has_meta_magic(&first) {
         let what = meta_facts(&first).err().unwrap_or_default();
         return match log_control() {

@@ -1028,6 +1028,14 @@ impl Mirror {
         self.mismatches.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Fails copy `c` because it holds an older moment than the database
+    /// (`why`: a copy put back from an older backup beside the others), as
+    /// an I/O error would; false if it is the last healthy copy (nothing
+    /// changes then).
+    pub fn fail_stale_copy(self: &Arc<Self>, c: usize, why: String) -> bool {
+        self.fail_copy(c, &Error::Mirror(why))
+    }
+
     /// Reads `len` bytes at logical `offset` from copy `c` alone, from the
     /// calling thread (the checker compares copies with it).
     pub fn read_copy(&self, c: usize, offset: u64, len: usize) -> Result<AlignedBuf> {
