@@ -591,3 +591,32 @@ fn a_reference_past_the_array_is_corrupt_before_its_buffer() {
     }
     db.close().unwrap();
 }
+
+/// An inner node naming itself as its first child: dropping its tree
+/// fails with `Corrupt` instead of waiting for the latch the drop holds
+/// (a review's finding: it hung, holding the space guard, and every open
+/// resumed the drop). The database answers after it.
+#[test]
+fn a_drop_of_a_tree_whose_inner_node_names_itself_is_corrupt_not_a_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = build(dir.path());
+    let (root, leaf, _) = pages(&db, "alpha").remove(0);
+    assert!(!leaf, "alpha's root should be inner");
+    db.close().unwrap();
+    edit_page(dir.path(), root, |p| {
+        NodeMut::new(p).unwrap().set_child_at(0, root);
+        page::seal(p);
+    });
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = db.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(d.drop_tree("alpha"));
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(Err(Error::Corrupt { page, .. })) => assert_eq!(page, root),
+        Ok(other) => panic!("{other:?}"),
+        Err(_) => panic!("the drop hung"),
+    }
+    assert!(db.tree("beta").unwrap().get(&key(1)).unwrap().is_some());
+}
