@@ -102,17 +102,25 @@ impl DbInner {
     /// memory for their window, and the workers stopped with them there
     /// (a drop without close lost acknowledged commits, with no crash; a
     /// review's finding). The records are whole commits in order, so the
-    /// next open applies them. On a worker (the last handle dropped in a
-    /// task) it cannot wait: the flush runs as a task of its own, which
-    /// the workers finish before they stop. Nothing after `close` (it
-    /// flushed), on a read-only open or without a log.
+    /// next open applies them. Nothing after `close` (it flushed), on a
+    /// read-only open or without a log.
     fn flush_log_at_drop(&self) {
-        let Some(w) = self.committer.wal.clone() else {
-            return;
-        };
         if self.committer.read_only || self.committer.closed.load(Ordering::Acquire) {
             return;
         }
+        self.make_log_durable();
+    }
+
+    /// Makes every log record appended so far durable, without a
+    /// checkpoint. On a thread it waits; on one of this database's workers
+    /// (the last handle dropped in a task) it cannot, and the flush is a
+    /// task of that worker, admitted without a queue (a spawn through the
+    /// injector can fail when it is full; a review's finding), which the
+    /// workers finish before they stop.
+    fn make_log_durable(&self) {
+        let Some(w) = self.committer.wal.clone() else {
+            return;
+        };
         let end = w.next_gsn();
         if w.durable_below() >= end {
             return;
@@ -121,10 +129,6 @@ impl DbInner {
             let _ = w.wait_all_durable(end).await;
         };
         if crate::sched::current_runtime() == Some(self.rt.id()) {
-            // On one of this database's workers: a task of this worker,
-            // admitted without a queue (a spawn through the injector can
-            // fail when it is full, and the commits went with it; a
-            // review's finding).
             let _ = crate::sched::spawn_here(flush);
         } else if crate::sched::on_worker() {
             let _ = self.rt.spawn(flush);
@@ -1117,13 +1121,7 @@ impl Db {
             // whole commits in order: make them durable, so that the next
             // open applies every commit that was logged (async ones, and
             // one whose apply its caller abandoned).
-            if let Some(w) = self.inner.committer.wal.clone() {
-                let end = w.next_gsn();
-                let _ = self
-                    .inner
-                    .rt
-                    .block_on(async move { w.wait_all_durable(end).await });
-            }
+            self.inner.make_log_durable();
         }
         self.inner.stop.store(true, Ordering::Release);
         self.inner.stop_checkpoints();

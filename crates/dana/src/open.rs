@@ -458,7 +458,8 @@ pub(crate) fn arm_mirrors(array: &Array) {
 
 /// Fails each healthy copy of mirrored data device `m` (the first: the
 /// meta page's) whose meta page is older than the log beside it (its
-/// checkpoint stamp below the log's redo GSN: a copy put back whole from
+/// checkpoint stamp below the redo GSN of the log's control block `ctl`:
+/// a copy put back whole from
 /// an older backup beside the others), unless it is the last healthy
 /// copy. Runs before the open's first read of page 0, which compares the
 /// copies and writes the newest over the others: recovery then ran over
@@ -467,11 +468,12 @@ pub(crate) fn arm_mirrors(array: &Array) {
 /// every copy before any control block names its redo GSN, so a copy a
 /// crash left behind still holds a stamp at least that GSN. Reads only;
 /// a read-only open keeps the failure in memory.
-fn fail_copies_older_than_the_log(m: &Arc<crate::io::mirror::Mirror>, log: &Target, ps: usize) {
+fn fail_copies_older_than_the_log(
+    m: &Arc<crate::io::mirror::Mirror>,
+    ctl: &crate::wal::control::Control,
+    ps: usize,
+) {
     use crate::io::mirror::CopyState;
-    let Ok(Some(ctl)) = crate::wal::recover::read_control(log) else {
-        return;
-    };
     for (c, state) in m.states().into_iter().enumerate() {
         if state != CopyState::Healthy {
             continue;
@@ -622,15 +624,12 @@ pub(crate) fn meta_of(
     // compares its copies page by page, and would judge every copy of a
     // larger page bad from a read of its first 4 KiB.
     let ps = opts.page_size_value();
-    let log = log();
-    if let (Target::Mirror(m), Some(l)) = (device, &log) {
-        fail_copies_older_than_the_log(m, l, ps);
+    let control = log().and_then(|l| crate::wal::recover::read_control(&l).ok().flatten());
+    if let (Target::Mirror(m), Some(ctl)) = (device, &control) {
+        fail_copies_older_than_the_log(m, ctl, ps);
     }
     let first = read_first_bytes(device, if device.size() >= ps as u64 { ps } else { 4096 })?;
-    let log_control = || {
-        log.as_ref()
-            .and_then(|l| crate::wal::recover::read_control(l).ok().flatten())
-    };
+    let log_control = || control;
     if !crate::buffer::alloc::has_meta_magic(&first) {
         let what = meta_facts(&first).err().unwrap_or_default();
         return match log_control() {

@@ -588,21 +588,10 @@ fn rebuild_repairs_damaged_copies_of_pages_not_in_the_pool() {
 fn older_leaves_on_copy_1(dir: &std::path::Path, forge: impl Fn(&mut [u8])) -> (Options, usize) {
     use std::os::unix::fs::FileExt;
     let opts = Options::default().pool_bytes(2 << 20).mirrored();
-    let put_round = |round: u64| {
-        let db = Db::open(dir, opts.clone()).unwrap();
-        let t = db.tree_or_create("t").unwrap();
-        let mut tx = db.begin();
-        for k in 0..4000 {
-            tx.put(&t, &key(0, k), &value(round, k)).unwrap();
-        }
-        db.commit(tx).unwrap();
-        drop(t);
-        db.close().unwrap();
-    };
-    put_round(0);
+    put_round(dir, &opts, 0);
     let m1 = dir.join("dana.0.m1");
     let old = std::fs::read(&m1).unwrap();
-    put_round(1);
+    put_round(dir, &opts, 1);
     let f = std::fs::OpenOptions::new().write(true).open(&m1).unwrap();
     let new = std::fs::read(&m1).unwrap();
     let mut pasted = 0;
@@ -621,14 +610,33 @@ fn older_leaves_on_copy_1(dir: &std::path::Path, forge: impl Fn(&mut [u8])) -> (
     (opts, pasted)
 }
 
-/// Asserts `check` is clean and every key holds round 1's value.
-fn newest_everywhere(db: &Db) {
-    let report = db.check().unwrap();
-    assert!(report.is_ok(), "{:?}", report.findings);
+/// Opens the database in `dir`, writes `key(0, 0..4000)` with `round`'s
+/// values in one transaction, closes it.
+fn put_round(dir: &std::path::Path, opts: &Options, round: u64) {
+    let db = Db::open(dir, opts.clone()).unwrap();
+    let t = db.tree_or_create("t").unwrap();
+    let mut tx = db.begin();
+    for k in 0..4000 {
+        tx.put(&t, &key(0, k), &value(round, k)).unwrap();
+    }
+    db.commit(tx).unwrap();
+    drop(t);
+    db.close().unwrap();
+}
+
+/// Asserts every key holds round 1's value.
+fn newest_values(db: &Db) {
     let t = db.tree("t").unwrap();
     for k in 0..4000 {
         assert_eq!(t.get(&key(0, k)).unwrap(), Some(value(1, k)), "key {k}");
     }
+}
+
+/// Asserts `check` is clean and every key holds round 1's value.
+fn newest_everywhere(db: &Db) {
+    let report = db.check().unwrap();
+    assert!(report.is_ok(), "{:?}", report.findings);
+    newest_values(db);
 }
 
 /// Pages one copy holds in an older version (writes that copy lost: the
@@ -689,26 +697,11 @@ fn rebuild_never_takes_a_page_from_past_the_log_as_the_newest() {
 fn a_data_copy_put_back_from_an_older_backup_is_failed_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let opts = Options::default().pool_bytes(2 << 20).mirrored();
-    let put_round = |round: u64| {
-        let db = Db::open(dir.path(), opts.clone()).unwrap();
-        let t = db.tree_or_create("t").unwrap();
-        for k in 0..3000 {
-            t.put(&key(0, k), &value(round, k)).unwrap();
-        }
-        drop(t);
-        db.close().unwrap();
-    };
-    put_round(0);
+    put_round(dir.path(), &opts, 0);
     let copy0 = dir.path().join("dana.0");
     let old = std::fs::read(&copy0).unwrap();
-    put_round(1);
+    put_round(dir.path(), &opts, 1);
     std::fs::write(&copy0, old).unwrap();
-    let newest = |db: &Db| {
-        let t = db.tree("t").unwrap();
-        for k in 0..3000 {
-            assert_eq!(t.get(&key(0, k)).unwrap(), Some(value(1, k)), "key {k}");
-        }
-    };
     for read_only in [true, false] {
         let o = if read_only {
             opts.clone().read_only()
@@ -721,11 +714,10 @@ fn a_data_copy_put_back_from_an_older_backup_is_failed_at_open() {
             CopyState::Failed,
             "read-only {read_only}"
         );
-        newest(&db);
+        newest_values(&db);
         if !read_only {
             db.rebuild().unwrap();
-            let report = db.check().unwrap();
-            assert!(report.is_ok(), "{:?}", report.findings);
+            newest_everywhere(&db);
         }
         db.close().unwrap();
     }
@@ -734,7 +726,7 @@ fn a_data_copy_put_back_from_an_older_backup_is_failed_at_open() {
         .mirror_status()
         .iter()
         .all(|g| g.copies.iter().all(|c| c.state == CopyState::Healthy)));
-    newest(&db);
+    newest_values(&db);
     db.close().unwrap();
 }
 

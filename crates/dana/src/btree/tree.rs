@@ -110,13 +110,13 @@ fn corrupt(pid: u64) -> impl FnOnce(node::Corrupt) -> Error {
 /// Checks the node in latched page `pid` for the write path
 /// ([`node::check_writable`], and its page type against its leaf flag),
 /// once since the page came into its frame
-/// ([`PageMut::contents_checked`]). The write path's arithmetic
-/// (`NodeMut`, `node::split`, `node::merge`) trusts slot offsets and
-/// lengths, the heap's use, the prefix and the fences, which the header
+/// ([`PageMut::contents_checked`]). `NodeMut`'s arithmetic trusts slot
+/// offsets and lengths, the heap's use and the prefix, which the header
 /// check of [`Node::new`] does not cover: a page forged with a valid
-/// checksum made an insert, an update or a split panic, and a redo at
-/// open with it made every open panic (a review's finding). One check
-/// per arrival, not per change: a resident leaf's inserts pay nothing.
+/// checksum made an insert or an update panic (a review's finding;
+/// `node::split`, `merge` and `cut_leaf` check their inputs whole). One
+/// check per arrival, not per change: a resident leaf's inserts pay
+/// nothing.
 pub(crate) fn checked(g: &PageMut<'_>, pid: u64) -> Result<()> {
     if g.contents_checked() {
         return Ok(());
@@ -1145,8 +1145,8 @@ impl BTree {
             return Ok(SplitOutcome::Retry);
         };
         // Under the parent's latch the child cannot be freed.
+        // (`node::split` checks it whole.)
         let mut child = self.pool.fix_exclusive(pid).await?;
-        checked(&child, pid)?;
         {
             let c = Node::new(&child).map_err(corrupt(pid))?;
             if c.len() < 2 {
@@ -1271,10 +1271,9 @@ impl BTree {
                 what: format!("leaf {pid}'s right sibling is {right_pid}"),
             });
         }
+        // (`node::merge` checks both whole.)
         let mut left = self.pool.fix_exclusive(pid).await?;
         let mut right = self.pool.fix_exclusive(right_pid).await?;
-        checked(&left, pid)?;
-        checked(&right, right_pid)?;
         let ps = self.pool.page_size();
         let mut merged = vec![0u8; ps];
         if node::merge(&left, &right, &mut merged).is_err() {
