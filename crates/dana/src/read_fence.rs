@@ -188,8 +188,10 @@ mod tests {
         let f = Arc::new(ReadFence::new(2));
         let before = FenceGuard::enter(&*f);
         let f2 = f.clone();
+        // Timed from here: the thread may start late on a busy machine,
+        // while the read below leaves 50 ms from now at the earliest.
+        let t = Instant::now();
         let waiter = std::thread::spawn(move || {
-            let t = Instant::now();
             f2.wait_readers().unwrap();
             t.elapsed()
         });

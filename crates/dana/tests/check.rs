@@ -620,3 +620,54 @@ fn a_drop_of_a_tree_whose_inner_node_names_itself_is_corrupt_not_a_hang() {
     }
     assert!(db.tree("beta").unwrap().get(&key(1)).unwrap().is_some());
 }
+
+/// A tree naming a sound leaf past the high-water mark (its map bit set
+/// too: damage or forgery with valid checksums) fails its drop with
+/// `Corrupt` naming that page; the in-memory free-space map never holds
+/// pages past the mark, and freeing one asserted there.
+#[test]
+fn a_drop_freeing_a_page_past_the_high_water_mark_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = build(dir.path());
+    let tree = pages(&db, "alpha");
+    let (root, _, kids) = tree[0].clone();
+    let leaf = kids[0];
+    assert!(tree.iter().any(|(p, l, _)| *p == leaf && *l), "{leaf}");
+    db.close().unwrap();
+    let file = std::fs::File::open(dir.path().join("dana.0")).unwrap();
+    let mut meta = vec![0u8; PAGE];
+    file.read_exact_at(&mut meta, 0).unwrap();
+    // Meta page bytes 56..64: the high-water mark (docs/FORMAT.md).
+    let mark = u64::from_le_bytes(meta[56..64].try_into().unwrap());
+    let past = mark + 3;
+    assert!(past < file.metadata().unwrap().len() / PAGE as u64 && past < 32_512);
+    let mut copy = vec![0u8; PAGE];
+    file.read_exact_at(&mut copy, leaf * PAGE as u64).unwrap();
+    copy[16..24].copy_from_slice(&past.to_le_bytes());
+    page::seal(&mut copy);
+    edit_page(dir.path(), past, |p| p.copy_from_slice(&copy));
+    // Its bit in group 0's map page (page 1; bit i of body byte i / 8).
+    edit_page(dir.path(), 1, |p| {
+        p[32 + (past / 8) as usize] |= 1 << (past % 8);
+        page::seal(p);
+    });
+    edit_page(dir.path(), root, |p| {
+        NodeMut::new(p).unwrap().set_child_at(0, past);
+        page::seal(p);
+    });
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = db.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(d.drop_tree("alpha"));
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(Err(Error::Corrupt { page, what })) => {
+            assert_eq!(page, past, "{what}");
+            assert!(what.contains("high-water"), "{what}");
+        }
+        Ok(other) => panic!("{other:?}"),
+        Err(_) => panic!("the drop hung"),
+    }
+    assert!(db.tree("beta").unwrap().get(&key(1)).unwrap().is_some());
+}

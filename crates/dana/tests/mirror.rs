@@ -1031,6 +1031,46 @@ fn a_missing_copy_file_opens_degraded_and_dana_rebuild_recreates_it() {
     db.close().unwrap();
 }
 
+/// Two striped devices, each mirrored, with copy 1 of the second device
+/// removed: `check` names the failed copy, and compares each large value
+/// only on the copies healthy on every device its pages lie on (copy 1
+/// of the first device is healthy; taking its health for the whole array
+/// reported each value striped onto the second device as damaged).
+#[test]
+fn check_compares_large_values_on_the_copies_healthy_on_their_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default().pool_bytes(2 << 20).devices(2).mirrored();
+    let db = Db::open(dir.path(), opts.clone()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for n in 0..500u64 {
+        t.put(&key(1, n), &value(1, n)).unwrap();
+    }
+    for n in 0..6u64 {
+        t.put(&key(2, n), &vec![n as u8 + 1; 9000]).unwrap();
+    }
+    db.close().unwrap();
+    std::fs::remove_file(dir.path().join("dana.1.m1")).unwrap();
+    let db = Db::open(dir.path(), opts).unwrap();
+    let status = db.mirror_status();
+    assert_eq!(status[0].copies[1].state, CopyState::Healthy);
+    assert_eq!(status[1].copies[1].state, CopyState::Failed);
+    let report = db.check().unwrap();
+    assert!(!report.is_ok(), "a degraded array is a finding");
+    assert!(
+        report
+            .findings
+            .iter()
+            .all(|f| !f.what.contains("large value")),
+        "{:?}",
+        report.findings
+    );
+    let t = db.tree("t").unwrap();
+    for n in 0..6u64 {
+        assert_eq!(t.get(&key(2, n)).unwrap(), Some(vec![n as u8 + 1; 9000]));
+    }
+    rebuild_and_check(db);
+}
+
 /// Copy 0 of the data file truncated (to nothing, or to less than its
 /// label): the database opens from copy 1, copy 0 failed, every value
 /// there, and a rebuild makes copy 0 whole again. The first version read
