@@ -39,6 +39,13 @@ pub struct RecoveryReport {
     pub flushes_past_end: u64,
     /// Commit records re-applied through the trees.
     pub commits: u64,
+    /// Commit records this recovery appended again at the log end, to
+    /// checkpoint while it re-applied commits (the log was short of room).
+    pub commits_appended_again: u64,
+    /// Commit records an earlier recovery appended again, ignored here:
+    /// a crash came before the checkpoint after them finished (their
+    /// first copies, still in the log, were re-applied instead).
+    pub appended_again_ignored: u64,
     /// The GSN after the last valid record of every log (where the
     /// database's sequence numbers go on).
     pub log_end: u64,
@@ -206,7 +213,8 @@ fn cut_leaf(
         .map_err(|c| c.what)
 }
 
-/// Recovery, part two: re-applies `commits` (GSN, writes), in GSN order.
+/// Recovery, part two: re-applies `commits` (GSN, writes), in GSN order;
+/// returns how many commit records it appended again (below).
 ///
 /// Their page changes are logged (full images first: a page written back
 /// now may tear), so the log grows. Before the log in use plus the commit
@@ -230,12 +238,13 @@ pub(crate) async fn reapply(
     pool: &Arc<BufferPool>,
     wal: Option<&Arc<LogSet>>,
     commits: &[(u64, Vec<Write<'static>>)],
-) -> Result<()> {
+) -> Result<u64> {
     // GSN of each commit's record, and whether the log counts it as being
     // applied (only after it was appended again). Everything is appended
     // to this task's log.
     let mut lsns: Vec<u64> = commits.iter().map(|c| c.0).collect();
     let mut registered = false;
+    let mut appended_again = 0u64;
     let local = wal.map(|w| w.local().clone());
     // Bytes of the commit records from each one to the last: what
     // appending the rest again costs.
@@ -269,7 +278,21 @@ pub(crate) async fn reapply(
                     } else {
                         &commits[j].1[..]
                     };
-                    let (lsn, _) = w.append_commit(record::commit(left).into_unsealed(), 0)?;
+                    // Flagged, so that a recovery after a crash before
+                    // the checkpoint below moved the redo point here
+                    // ignores the batch (`recover::drop_unfinished_batches`):
+                    // its flush may survive as a prefix.
+                    let mut again = record::commit(left).into_unsealed();
+                    record::set_flags(
+                        &mut again,
+                        if j == i {
+                            record::APPENDED_AGAIN | record::FIRST_APPENDED_AGAIN
+                        } else {
+                            record::APPENDED_AGAIN
+                        },
+                    );
+                    let (lsn, _) = w.append_commit(again, 0)?;
+                    appended_again += 1;
                     if registered {
                         w.applied(lsns[j]);
                     }
@@ -287,7 +310,7 @@ pub(crate) async fn reapply(
             w.applied(lsns[i]);
         }
     }
-    Ok(())
+    Ok(appended_again)
 }
 
 /// A fresh log identity: nonzero, unlikely to repeat across databases.

@@ -191,17 +191,17 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         .unwrap_or_default();
     let reapplied = commits.len() as u64;
     let w2 = wal.clone();
-    let catalog_root = rt.block_on(async move {
-        let root = if create {
+    let (catalog_root, appended_again) = rt.block_on(async move {
+        let (root, appended_again) = if create {
             p.format().await?;
             let catalog = BTree::create(&p).await?;
             p.set_root(CATALOG_SLOT, catalog.root()).await?;
-            catalog.root()
+            (catalog.root(), 0)
         } else {
             p.open_meta().await?;
             // Recovery, part two: complete every commit found.
-            reapply(&p, w2.as_ref(), &commits).await?;
-            p.root(CATALOG_SLOT).await?
+            let again = reapply(&p, w2.as_ref(), &commits).await?;
+            (p.root(CATALOG_SLOT).await?, again)
         };
         if let Some(id) = new_id {
             p.set_log_id(id, log_count as u32).await?;
@@ -212,7 +212,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
                 None => p.flush_all().await?,
             }
         }
-        Ok::<_, Error>(root)
+        Ok::<_, Error>((root, appended_again))
     })??;
     if catalog_root == 0 {
         return Err(Error::Corrupt {
@@ -257,6 +257,8 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         keys_left_to_reapply: r.keys_left_to_reapply,
         flushes_past_end: r.flushes_past_end,
         commits: reapplied,
+        commits_appended_again: appended_again,
+        appended_again_ignored: r.appended_again_ignored,
         log_end: r.next_gsn,
     });
     // A database that has a log keeps using it: `Off` then means that

@@ -48,7 +48,9 @@
 //! checkpoint stamp at bytes 96..104. The log ends at bytes 384..896 came
 //! without a version: those bytes were zero in every version-10 meta page,
 //! and zero means "unknown" (nothing checked), so older files open and a
-//! build before them ignores the bytes.
+//! build before them ignores the bytes. Version 11: commit records' flags
+//! at header byte 17 (`wal::record::APPENDED_AGAIN`): a build before it
+//! would re-apply a recovery's unfinished batch.
 //!
 //! Each checkpoint also records every log's end, durable before the meta
 //! page is written: at open each log, its valid end rounded up to its
@@ -85,7 +87,7 @@ use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"DANAMETA";
 /// The on-disk format this build reads and writes (see the module doc).
-pub const FORMAT_VERSION: u32 = 10;
+pub const FORMAT_VERSION: u32 = 11;
 const OFF_MAGIC: usize = 32;
 const OFF_VERSION: usize = 40;
 const OFF_PAGE_SIZE: usize = 44;

@@ -316,6 +316,11 @@ pub enum PowerCutPolicy {
         /// Weight of tearing a write.
         tear: f64,
     },
+    /// Each write is torn after a random number of its 512-byte sectors
+    /// (none to all): those land, the rest keep their durable content, as
+    /// on a device that writes a request front to back. A flush of many
+    /// log records survives as a prefix of them.
+    Prefix,
 }
 
 /// What happened to one 512-byte sector of a torn write.
@@ -1223,6 +1228,21 @@ impl SimDisk {
                         WriteFate::Torn(Vec::new())
                     }
                 }
+                PowerCutPolicy::Prefix => {
+                    let sectors = data.len().div_ceil(SECTOR);
+                    let landed = rng.gen_range(0..=sectors);
+                    WriteFate::Torn(
+                        (0..sectors)
+                            .map(|i| {
+                                if i < landed {
+                                    SectorFate::New
+                                } else {
+                                    SectorFate::Old
+                                }
+                            })
+                            .collect(),
+                    )
+                }
             };
             // An untorn write lands whole or not at all. (One in flight
             // that the device would refuse is refused before it lands:
@@ -1250,14 +1270,18 @@ impl SimDisk {
                     report.dropped += 1;
                     WriteFate::Dropped
                 }
-                WriteFate::Torn(_) => {
+                WriteFate::Torn(chosen) => {
                     let mut sectors = Vec::with_capacity(data.len().div_ceil(SECTOR));
                     for (i, new) in data.chunks(SECTOR).enumerate() {
                         let at = offset + (i * SECTOR) as u64;
-                        let fate = match rng.gen_range(0..3) {
-                            0 => SectorFate::New,
-                            1 => SectorFate::Old,
-                            _ => SectorFate::Garbage,
+                        // Chosen by the policy, else at random.
+                        let fate = match chosen.get(i) {
+                            Some(&f) => f,
+                            None => match rng.gen_range(0..3) {
+                                0 => SectorFate::New,
+                                1 => SectorFate::Old,
+                                _ => SectorFate::Garbage,
+                            },
                         };
                         match fate {
                             SectorFate::New => inner.write_durable(at, new),

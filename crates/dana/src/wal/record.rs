@@ -13,7 +13,8 @@
 //! | 4..8   | len: bytes of the record, header and padding included     |
 //! | 8..16  | lsn: the record's position in the log stream               |
 //! | 16     | kind ([`Kind`])                                           |
-//! | 17..20 | zero                                                      |
+//! | 17     | flags: [`APPENDED_AGAIN`], [`FIRST_APPENDED_AGAIN`]; else zero |
+//! | 18..20 | zero                                                      |
 //! | 20..24 | crc32c of the previous record (the chain)                 |
 //! | 24..32 | GSN: the record's global sequence number (0: none)        |
 //!
@@ -167,6 +168,23 @@ impl RecordBuilder {
     }
 }
 
+/// Flag of a commit record (header byte 17): recovery appended it again
+/// at the log end to make room (`recovery::reapply`), a copy of a commit
+/// (or of the writes one has left) that an earlier record holds.
+pub const APPENDED_AGAIN: u8 = 1;
+
+/// Flag of a commit record, with [`APPENDED_AGAIN`]: the first of one
+/// batch appended again. A batch stands for its first copies only once
+/// the checkpoint after it moved the redo point to it; before that a
+/// crash can leave a prefix of it (a torn flush), and recovery ignores the
+/// batch (`recover::drop_unfinished_batches`).
+pub const FIRST_APPENDED_AGAIN: u8 = 2;
+
+/// Sets the flags (header byte 17) of an unsealed record.
+pub fn set_flags(record: &mut [u8], flags: u8) {
+    record[17] = flags;
+}
+
 /// Sets the GSN of an unsealed record (when it is appended).
 pub fn set_gsn(record: &mut [u8], gsn: u64) {
     record[24..32].copy_from_slice(&gsn.to_le_bytes());
@@ -196,6 +214,8 @@ pub struct Record<'a> {
     pub gsn: u64,
     /// What it holds.
     pub kind: Kind,
+    /// Header byte 17 ([`APPENDED_AGAIN`], [`FIRST_APPENDED_AGAIN`]).
+    pub flags: u8,
     /// The body (after the header, padding included).
     pub body: &'a [u8],
     /// Total length.
@@ -249,6 +269,7 @@ pub fn parse(bytes: &[u8], lsn: u64) -> Parsed<'_> {
         lsn,
         gsn,
         kind,
+        flags: head[17],
         body: &bytes[HEADER..len],
         len,
         crc,

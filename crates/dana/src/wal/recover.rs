@@ -63,6 +63,11 @@ pub struct Recovered {
     pub flushes_past_end: u64,
     /// Committed writes to re-apply, by GSN, in GSN order.
     pub commits: Vec<(u64, Vec<Write<'static>>)>,
+    /// Commit records an earlier recovery appended again whose batch it
+    /// had not finished (its checkpoint had not moved the redo point to
+    /// them): ignored, their first copies are re-applied
+    /// (`drop_unfinished_batches`).
+    pub appended_again_ignored: u64,
 }
 
 pub use crate::io::sync_io;
@@ -719,6 +724,55 @@ pub fn needs_recovery(
 
 /// For each page with log entries that a committed large value took: the
 /// GSN of the last commit that took it. Commits are in GSN order.
+/// Drops from `commits` (sorted by GSN) the commit records appended
+/// again by a recovery (`flags`, by GSN: [`record::APPENDED_AGAIN`]) whose
+/// batch had not finished; returns how many.
+///
+/// A recovery short of log room appends the commits it has left again at
+/// the log end, in one batch, then checkpoints with the redo point at the
+/// batch's first record (`recovery::reapply`). Until that checkpoint's
+/// control block is written, the first copies stay past the redo point
+/// and are re-applied; a crash in the batch's flush can also leave only a
+/// prefix of it. Re-applying such a prefix after every first copy undid
+/// later commits: a key a commit in the prefix wrote took that value
+/// again over the value of an acknowledged commit left out of the prefix
+/// (a review's finding). So a batch stands only where nothing from
+/// `redo_gsn` on precedes its first record: then the checkpoint finished
+/// (which it does only once the batch is durable whole) and the first
+/// copies lie below the redo point. A batch whose first record lies below
+/// `redo_gsn` finished too. Every other batch is dropped whole; its first
+/// copies, all past the redo point, are re-applied instead.
+fn drop_unfinished_batches(
+    commits: &mut Vec<(u64, Vec<Write<'static>>)>,
+    flags: &BTreeMap<u64, u8>,
+    redo_gsn: u64,
+) -> u64 {
+    if flags.is_empty() {
+        return 0;
+    }
+    let first_past = commits.partition_point(|c| c.0 < redo_gsn);
+    let mut keep_batch = true;
+    let mut index = 0usize;
+    let before = commits.len();
+    commits.retain(|(gsn, _)| {
+        let at = index;
+        index += 1;
+        if at < first_past {
+            return true;
+        }
+        match flags.get(gsn) {
+            None => true,
+            Some(f) => {
+                if f & record::FIRST_APPENDED_AGAIN != 0 {
+                    keep_batch = at == first_past;
+                }
+                keep_batch
+            }
+        }
+    });
+    (before - commits.len()) as u64
+}
+
 fn taken_by_large_values<T>(
     commits: &[(u64, Vec<Write<'static>>)],
     by_page: &BTreeMap<u64, T>,
@@ -908,6 +962,8 @@ pub fn recover(
     // Pages records and the map changes that commit records of large
     // values carry.
     let mut by_page: BTreeMap<u64, Vec<(u64, u64, record::PageEntry<'_>)>> = BTreeMap::new();
+    // The flags of commit records appended again by a recovery, by GSN.
+    let mut appended_again: BTreeMap<u64, u8> = BTreeMap::new();
     for f in &found {
         for &(lsn, off) in &f.scan.changes {
             let Parsed::Record(r) = record::parse(&f.stream[off..], lsn) else {
@@ -924,6 +980,9 @@ pub fn recover(
             out.next_gsn = out.next_gsn.max(r.gsn + 1);
             let entries = if r.kind == Kind::Commit {
                 out.commits.push((r.gsn, record::commit_writes(&r)?));
+                if r.flags & record::APPENDED_AGAIN != 0 {
+                    appended_again.insert(r.gsn, r.flags);
+                }
                 record::commit_pages(&r)?
             } else {
                 record::page_entries(&r)?
@@ -945,6 +1004,13 @@ pub fn recover(
     for entries in by_page.values_mut() {
         entries.sort_by_key(|e| e.0);
     }
+    // The pages hold every commit below the newest checkpoint's redo GSN
+    // (its pages were synced before any log's control block named it); a
+    // log whose control block is older scans from further back, and
+    // re-applying its older commits could undo later ones of other logs.
+    let redo_gsn = logs.iter().map(|(_, c)| c.redo_gsn).max().unwrap_or(0);
+    out.appended_again_ignored =
+        drop_unfinished_batches(&mut out.commits, &appended_again, redo_gsn);
     // Nothing is written before this (the stamp's record is a page
     // record, so `next_gsn` has passed it).
     check_not_newer(stamp, out.next_gsn)?;
@@ -975,11 +1041,6 @@ pub fn recover(
         .collect();
     // Every commit found says which pages its large values took.
     let taken = taken_by_large_values(&out.commits, &by_page, ps)?;
-    // The pages hold every commit below the newest checkpoint's redo GSN
-    // (its pages were synced before any log's control block named it); a
-    // log whose control block is older scans from further back, and
-    // re-applying its older commits could undo later ones of other logs.
-    let redo_gsn = logs.iter().map(|(_, c)| c.redo_gsn).max().unwrap_or(0);
     let applied_before = out.commits.partition_point(|c| c.0 < redo_gsn);
     out.commits.drain(..applied_before);
     let next_gsn = out.next_gsn;
@@ -1289,5 +1350,22 @@ mod tests {
         // The fresh log's block names no checkpoint record.
         let (stream, ctl) = one_record(0);
         assert!(scan(&stream, &ctl).is_ok());
+    }
+
+    /// A control block (valid checksum, forged or damaged fields) naming a
+    /// redo LSN past any a log reaches is an error, not an overflow of
+    /// the positions read from it (a panic in debug builds, a wrapped
+    /// position in release).
+    #[test]
+    fn a_redo_lsn_past_any_log_is_an_error() {
+        let (stream, _) = one_record(0);
+        for redo in [u64::MAX / 4, u64::MAX - 4095, u64::MAX] {
+            match scan(&stream, &log_control(redo)) {
+                Err(Error::Log(what)) => assert!(what.contains("beyond any"), "{what}"),
+                other => panic!("redo {redo}: {other:?}"),
+            }
+        }
+        // The bound leaves every LSN a log reaches in a lifetime.
+        assert!(scan(&stream, &log_control(1 << 60)).is_ok());
     }
 }
