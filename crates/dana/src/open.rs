@@ -330,6 +330,27 @@ fn copies_of(candidates: &[PathBuf]) -> Result<usize> {
     }
 }
 
+/// Opens (or creates, with `create_size`) one file of the database with
+/// its write-life hint. A file that did not exist is removed by `undo` if
+/// the open fails, also when this call fails after creating it (its
+/// preallocation found the disk full: an empty file left behind made the
+/// directory unopenable, "shorter than a page"; an outside probe).
+fn open_file(
+    path: &Path,
+    index: usize,
+    role: Role,
+    create_size: Option<u64>,
+    opts: &Options,
+    undo: &mut Undo,
+) -> Result<Device> {
+    if !path.exists() {
+        undo.created_file(path);
+    }
+    let d = Device::open(path, index, device_options(opts, create_size))?;
+    hint_write_life(&d, role, opts);
+    Ok(d)
+}
+
 /// Opens device `role` at `path` (created with `create_size` bytes if
 /// `create`): a plain file, or with `copies > 1` a mirrored group of the
 /// copies' files (a copy missing from an existing group counts as
@@ -347,12 +368,7 @@ fn open_device(
 ) -> Result<Target> {
     let create = create_size.is_some();
     if copies <= 1 {
-        let existed = path.exists();
-        let d = Device::open(path, index, device_options(opts, create_size))?;
-        hint_write_life(&d, role, opts);
-        if !existed {
-            undo.created_file(path);
-        }
+        let d = open_file(path, index, role, create_size, opts, undo)?;
         let t = Target::File(Arc::new(d));
         locks.device(&t);
         return out_of_place(t, path, role, create, opts);
@@ -369,15 +385,8 @@ fn open_device(
             });
             continue;
         }
-        let d = Device::open(
-            &p,
-            index,
-            device_options(opts, create_size.map(|b| b + LABEL_BYTES)),
-        )?;
-        hint_write_life(&d, role, opts);
-        if !existed {
-            undo.created_file(&p);
-        }
+        let size = create_size.map(|b| b + LABEL_BYTES);
+        let d = open_file(&p, index, role, size, opts, undo)?;
         let t = Target::File(Arc::new(d));
         locks.device(&t);
         specs.push(CopySpec {
@@ -1233,11 +1242,7 @@ fn open_group(
             continue;
         }
         let size = create_size.map(|b| b + LABEL_BYTES);
-        let d = Device::open(p, index, device_options(opts, size))?;
-        hint_write_life(&d, role, opts);
-        if !existed {
-            undo.created_file(p);
-        }
+        let d = open_file(p, index, role, size, opts, undo)?;
         let t = Target::File(Arc::new(d));
         locks.device(&t);
         specs.push(CopySpec {

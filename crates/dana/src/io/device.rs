@@ -122,7 +122,16 @@ impl Device {
             let mut size = meta.len();
             if let Some(want) = opts.create_size {
                 if size < want {
-                    preallocate(fd, size, want).map_err(open_err("allocate", path))?;
+                    preallocate(fd, size, want).map_err(|source| {
+                        if source.raw_os_error() == Some(libc::ENOSPC) {
+                            Error::NoSpace(format!(
+                                "creating {} ({want} bytes): the file system is full",
+                                path.display()
+                            ))
+                        } else {
+                            open_err("allocate", path)(source)
+                        }
+                    })?;
                     size = want;
                 }
             }
@@ -432,7 +441,8 @@ impl Device {
     /// there allocates again: ext4 takes the file's lock for it and
     /// io_uring hands it to a blocking worker; an out-of-place file, whose
     /// freed segments come here, ran `bench ycsb` at 0.74x of in place so,
-    /// 0.78-0.82x with zeroed ranges), or punched where the file system has no
+    /// 0.78-0.82x with zeroed ranges; and on a full file system the write
+    /// fails), or punched and allocated again where the file system has no
     /// zero range (tmpfs). Either way the range reads as zeros after, and
     /// `Target::discard_reads_zeros` promises that for files: a file
     /// system that can do neither is an error, not advice (the
@@ -461,7 +471,18 @@ impl Device {
             let zeroed = range(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE);
             let errno = std::io::Error::last_os_error().raw_os_error();
             if zeroed != 0 && matches!(errno, Some(libc::EOPNOTSUPP) | Some(libc::EINVAL)) {
-                range(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
+                // No zero range (tmpfs): punched, then allocated again
+                // (zeros), so that the range keeps its blocks. A hole gave
+                // them back, another file took them on a full file
+                // system, and the next write there failed with ENOSPC,
+                // which poisoned an out-of-place database (an outside
+                // probe). Between the two calls the blocks are free: a
+                // failure to get them back is this call's error (the
+                // range reads as zeros either way).
+                match range(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) {
+                    0 => range(0),
+                    failed => failed,
+                }
             } else {
                 zeroed
             }
@@ -728,37 +749,40 @@ mod tests {
     /// A file's discarded range reads as zeros after (what
     /// `Target::discard_reads_zeros` promises the out-of-place device),
     /// and its blocks stay allocated (zeroed in place, no hole: later
-    /// writes there need no allocation).
+    /// writes there need no allocation), here and on a tmpfs (`/dev/shm`,
+    /// where there is one), which has no zero range: a punched hole there
+    /// gave the blocks back.
     #[test]
     fn a_discarded_file_range_reads_zeros_and_keeps_its_blocks() {
         use std::os::unix::fs::{FileExt, MetadataExt};
-        let dir = tempfile::tempdir().unwrap();
-        let (path, dev) = new_device(&dir);
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .read(true)
-            .open(&path)
-            .unwrap();
-        f.write_all_at(&[0xAB; 3 * 4096], 4096).unwrap();
-        f.sync_all().unwrap();
-        let blocks = std::fs::metadata(&path).unwrap().blocks();
-        dev.discard(4096, 2 * 4096).unwrap();
-        let mut back = vec![0u8; 3 * 4096];
-        f.read_exact_at(&mut back, 4096).unwrap();
-        assert!(
-            back[..2 * 4096].iter().all(|&b| b == 0),
-            "the range reads zeros"
-        );
-        assert!(back[2 * 4096..].iter().all(|&b| b == 0xAB), "the rest kept");
-        // Where the file system has no zero range (tmpfs), a hole.
-        let probe = std::fs::File::create(dir.path().join("probe")).unwrap();
-        probe.set_len(4096).unwrap();
-        let mode = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
-        // SAFETY: a valid open descriptor; fallocate reads no memory.
-        let zero_range = unsafe { libc::fallocate(probe.as_raw_fd(), mode, 0, 4096) } == 0;
-        if zero_range {
+        let mut dirs = vec![tempfile::tempdir().unwrap()];
+        if let Ok(shm) = tempfile::tempdir_in("/dev/shm") {
+            dirs.push(shm);
+        }
+        for dir in &dirs {
+            let (path, dev) = new_device(dir);
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .read(true)
+                .open(&path)
+                .unwrap();
+            f.write_all_at(&[0xAB; 3 * 4096], 4096).unwrap();
+            f.sync_all().unwrap();
+            let blocks = std::fs::metadata(&path).unwrap().blocks();
+            dev.discard(4096, 2 * 4096).unwrap();
+            let mut back = vec![0u8; 3 * 4096];
+            f.read_exact_at(&mut back, 4096).unwrap();
+            let at = dir.path().display();
+            assert!(
+                back[..2 * 4096].iter().all(|&b| b == 0),
+                "{at}: the range reads zeros"
+            );
+            assert!(
+                back[2 * 4096..].iter().all(|&b| b == 0xAB),
+                "{at}: the rest kept"
+            );
             let now = std::fs::metadata(&path).unwrap().blocks();
-            assert_eq!(now, blocks, "no hole");
+            assert_eq!(now, blocks, "{at}: no hole");
         }
     }
 
