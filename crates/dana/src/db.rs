@@ -2280,6 +2280,57 @@ mod tests {
         db.close().unwrap();
     }
 
+    /// A commit of another tree still applying when a drop's barrier
+    /// ends, appended before the dropped tree's last commit, holds the
+    /// drop: its checkpoint would put the redo point at that commit,
+    /// before the tree's last one, and recovery would re-apply that one
+    /// into the tree's freed (maybe reused) pages (a review's finding).
+    /// The older commit here is a record appended and left unapplied
+    /// until the test says.
+    #[test]
+    fn a_drop_waits_for_older_commits_still_applying() {
+        use crate::wal::record;
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options::default()
+            .pool_bytes(8 << 20)
+            .capacity_bytes(64 << 20);
+        let db = Db::open(dir.path(), opts).unwrap();
+        let a = db.create_tree("a").unwrap();
+        let b = db.create_tree("b").unwrap();
+        a.put(b"k", b"v").unwrap();
+        let wal = db.inner.committer.wal.clone().unwrap();
+        let b_root = b.btree.root();
+        let w = wal.clone();
+        let (log, older) = db
+            .block_on(async move {
+                let x = [Write::new(b_root, b"x".to_vec(), Some(b"1".to_vec()))];
+                let log = w.local().clone();
+                let (gsn, _) = log.append_commit(record::commit(&x).into_unsealed(), 0)?;
+                Ok::<_, Error>((log, gsn))
+            })
+            .unwrap()
+            .unwrap();
+        // The tree's last commit, after it.
+        a.put(b"w", b"2").unwrap();
+        let last = wal.next_gsn();
+        std::thread::scope(|s| {
+            let dropping = s.spawn(|| db.drop_tree("a"));
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(
+                !dropping.is_finished(),
+                "the drop went on with an older commit still applying"
+            );
+            log.applied(older);
+            assert!(dropping.join().unwrap().unwrap());
+        });
+        let floors = wal.redo_floors();
+        assert!(
+            floors.iter().all(|&f| f >= last),
+            "redo floors {floors:?}, the dropped tree's last commit below {last}"
+        );
+        db.close().unwrap();
+    }
+
     /// A count walks its tree leaf by leaf under the read fence, not under
     /// one fence for the whole walk: a drop of another tree during a long
     /// count ends at once. (Held for the walk, the drop waited for the

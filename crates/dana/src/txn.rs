@@ -341,6 +341,23 @@ impl Committer {
             self.any_dropped.store(true, Ordering::Release);
         }
         self.locks.barrier().await;
+        // Every commit appended before now has finished applying, not only
+        // those to the tree: the drop's checkpoint puts its redo point at
+        // the oldest commit still applying, and one of another tree
+        // appended before the tree's last commit (which the barrier waited
+        // for) held it there: recovery would re-apply that last commit
+        // into the tree's freed, maybe reused, pages (a review's finding).
+        if let Some(w) = &self.wal {
+            let end = w.next_gsn();
+            while w.oldest_applying().is_some_and(|a| a < end) {
+                if self.pool.poisoned().is_some() {
+                    // No commit finishes applying; the drop's checkpoint
+                    // fails on the poison.
+                    break;
+                }
+                sched::yield_now().await;
+            }
+        }
     }
 
     /// Commits `writes` atomically after checking `checks`. Returns, per

@@ -96,6 +96,14 @@ impl LogSet {
         self.shared.next_gsn()
     }
 
+    /// The oldest GSN of a commit any log is still applying, if any.
+    pub(crate) fn oldest_applying(&self) -> Option<u64> {
+        self.logs
+            .iter()
+            .filter_map(|l| Wal::oldest_applying(&l.lock()))
+            .min()
+    }
+
     /// Every record of every log below this GSN is durable (the next GSN
     /// if nothing waits; never moving backwards, see
     /// `Shared::durable_below`, which caps it at the next GSN itself).
