@@ -900,7 +900,12 @@ fn open_logs(
 /// not free to take: one that holds a dana log (its control blocks say
 /// so: the log of a database whose data files are missing, or of another
 /// database), or a regular file that this open did not create. A missing
-/// file, or a block device without a dana log, is free. (The first version formatted any file at the log's path: a
+/// file, a block device without a dana log, and a dana log whose control
+/// block names no checkpoint are free: a log is checkpointed before the
+/// open that formatted it returns, so that one holds no acknowledged
+/// commit (an open adding a log to a database that had none, cut by a
+/// crash before its checkpoint made the meta page name the log: every
+/// later open was refused; a review's finding). (The first version formatted any file at the log's path: a
 /// database whose `dana.0` was missing opened as a new one and overwrote
 /// the log that held its commits.)
 fn refuse_foreign_log(path: &Path) -> Result<()> {
@@ -928,6 +933,9 @@ fn refuse_foreign_log(path: &Path) -> Result<()> {
         })
         .flatten();
     if let Some(c) = ctl {
+        if c.checkpoint == 0 {
+            return Ok(());
+        }
         return Err(Error::Log(format!(
             "{} holds the log of a dana database (identity {:016x}) and this open would \
              create a new one: restore the database's data files, or remove the log if it \

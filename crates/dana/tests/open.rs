@@ -1458,3 +1458,49 @@ fn bad_options_are_refused_before_recovery_writes() {
     );
     db.close().unwrap();
 }
+
+/// An open that adds a log to a database that had none formats the log
+/// first and names it in the meta page only at its checkpoint: a crash in
+/// between leaves a formatted log the meta page does not name. It holds
+/// no acknowledged commit (a log is checkpointed before the open that
+/// formatted it returns), so the next open formats it again; it was
+/// refused as another database's log, every time (a review's finding).
+/// The formatted log is made here by hand, as that open left it.
+#[test]
+fn a_log_formatted_by_an_open_that_never_finished_is_taken_again() {
+    use dana::io::device::{Device, DeviceOptions};
+    use dana::io::Target;
+    use dana::wal::recover::{format, LogPlace};
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), opts().durability(Durability::Off)).unwrap();
+    db.create_tree("t").unwrap().put(b"k", b"v").unwrap();
+    db.close().unwrap();
+    let log = dir.path().join("dana.wal");
+    assert!(!log.exists(), "a database without a log has a log file");
+    let dopts = DeviceOptions {
+        direct: false,
+        create_size: Some(CONTROL_BYTES + (1 << 20)),
+        read_only: false,
+        lock: false,
+    };
+    let device = Device::open(&log, 0, dopts).unwrap();
+    let place = LogPlace {
+        index: 0,
+        count: 1,
+        next_gsn: 1,
+    };
+    let t = Target::File(device.into());
+    format(&t, 1 << 20, 4096, 0x5eed, place).unwrap();
+    drop(t);
+    let db = Db::open(dir.path(), opts()).unwrap();
+    let t = db.tree("t").unwrap();
+    assert_eq!(t.get(b"k").unwrap(), Some(b"v".to_vec()));
+    t.put(b"after", b"log").unwrap();
+    drop((t, db)); // no close: the commit lives in the new log
+    let db = Db::open(dir.path(), opts()).unwrap();
+    assert_eq!(
+        db.tree("t").unwrap().get(b"after").unwrap(),
+        Some(b"log".to_vec())
+    );
+    db.close().unwrap();
+}
