@@ -85,6 +85,18 @@ fn edit_page(dir: &Path, pid: u64, f: impl FnOnce(&mut [u8])) {
     file.sync_all().unwrap();
 }
 
+/// `drop_tree("alpha")` on another thread: its result, or a panic if it
+/// takes a minute (a hang).
+fn drop_alpha_or_hang(db: &Db) -> dana::Result<bool> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = db.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(d.drop_tree("alpha"));
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the drop hung")
+}
+
 fn findings_text(r: &dana::check::CheckReport) -> String {
     r.findings
         .iter()
@@ -608,15 +620,9 @@ fn a_drop_of_a_tree_whose_inner_node_names_itself_is_corrupt_not_a_hang() {
         page::seal(p);
     });
     let db = Db::open(dir.path(), opts()).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let d = db.clone();
-    std::thread::spawn(move || {
-        let _ = tx.send(d.drop_tree("alpha"));
-    });
-    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
-        Ok(Err(Error::Corrupt { page, .. })) => assert_eq!(page, root),
-        Ok(other) => panic!("{other:?}"),
-        Err(_) => panic!("the drop hung"),
+    match drop_alpha_or_hang(&db) {
+        Err(Error::Corrupt { page, .. }) => assert_eq!(page, root),
+        other => panic!("{other:?}"),
     }
     assert!(db.tree("beta").unwrap().get(&key(1)).unwrap().is_some());
 }
@@ -656,18 +662,12 @@ fn a_drop_freeing_a_page_past_the_high_water_mark_is_corrupt() {
         page::seal(p);
     });
     let db = Db::open(dir.path(), opts()).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let d = db.clone();
-    std::thread::spawn(move || {
-        let _ = tx.send(d.drop_tree("alpha"));
-    });
-    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
-        Ok(Err(Error::Corrupt { page, what })) => {
+    match drop_alpha_or_hang(&db) {
+        Err(Error::Corrupt { page, what }) => {
             assert_eq!(page, past, "{what}");
             assert!(what.contains("high-water"), "{what}");
         }
-        Ok(other) => panic!("{other:?}"),
-        Err(_) => panic!("the drop hung"),
+        other => panic!("{other:?}"),
     }
     assert!(db.tree("beta").unwrap().get(&key(1)).unwrap().is_some());
 }
