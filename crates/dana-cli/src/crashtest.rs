@@ -726,6 +726,9 @@ pub struct SimOutcome {
     /// flight beside a torn one; a lower bound, see
     /// `RecoveryReport::flushes_past_end`).
     pub flushes_past_end: u64,
+    /// Commit records the recovery appended again, short of log room
+    /// (`RecoveryReport::commits_appended_again`).
+    pub appended_again: u64,
 }
 
 /// One run: format, set up the trees, run `tasks` committers of `txns`
@@ -917,6 +920,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
                 open_caught: true,
                 leaf_cuts: (0, 0),
                 flushes_past_end: 0,
+                appended_again: 0,
             });
         }
         Err(e) => return Err(fail(format!("recovery: {e}"))),
@@ -925,6 +929,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
         .recovery()
         .map_or((0, 0), |r| (r.leaf_cuts, r.keys_left_to_reapply));
     let flushes_past_end = db.recovery().map_or(0, |r| r.flushes_past_end);
+    let appended_again = db.recovery().map_or(0, |r| r.commits_appended_again);
     let judged = match judge(&db, &Default::default(), &logs, true) {
         Ok((j, _)) => j,
         // The checker or the trees caught the planted loss.
@@ -936,6 +941,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
                 open_caught: true,
                 leaf_cuts: (0, 0),
                 flushes_past_end: 0,
+                appended_again: 0,
             })
         }
         Err(e) => return Err(fail(e)),
@@ -955,6 +961,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
         open_caught: false,
         leaf_cuts,
         flushes_past_end,
+        appended_again,
     })
 }
 
@@ -983,6 +990,8 @@ pub struct Totals {
     pub leaf_cuts: (u64, u64),
     /// Later flushes found past where a log ended, summed.
     pub flushes_past_end: u64,
+    /// Commit records the recoveries appended again, summed.
+    pub appended_again: u64,
     /// `--mirrored`: bytes flipped in copy 1.
     pub flipped: u64,
     /// `--mirrored`: copy files removed.
@@ -1080,6 +1089,7 @@ pub fn sim_sweep(
         t.leaf_cuts.0 += o.leaf_cuts.0;
         t.leaf_cuts.1 += o.leaf_cuts.1;
         t.flushes_past_end += o.flushes_past_end;
+        t.appended_again += o.appended_again;
     }
     Ok(t)
 }
@@ -1846,7 +1856,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
     .map_err(CliError)?;
     let j = sim.judged;
     println!(
-        "simulated power cuts{}: {} crash points ({} sync, {} async; {} with the log flushed by write + fdatasync), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied, {} missing before a later survivor; recoveries redid {} leaf cuts ({} keys left out for re-applied commits) and found {} later flushes kept past a torn one (log flushes in flight: at most {}) in {:.1} s",
+        "simulated power cuts{}: {} crash points ({} sync, {} async; {} with the log flushed by write + fdatasync), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied, {} missing before a later survivor; recoveries redid {} leaf cuts ({} keys left out for re-applied commits), appended {} commit records again short of log room and found {} later flushes kept past a torn one (log flushes in flight: at most {}) in {:.1} s",
         if args.untorn_writes {
             " (data disk writing 4 KiB untorn, no torn-page images logged)"
         } else if args.compress_log_images {
@@ -1866,6 +1876,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         j.out_of_order,
         sim.leaf_cuts.0,
         sim.leaf_cuts.1,
+        sim.appended_again,
         sim.flushes_past_end,
         log_flushes_in_flight(),
         started.elapsed().as_secs_f64()
