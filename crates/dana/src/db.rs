@@ -248,7 +248,8 @@ impl Db {
     /// the same database, in this process or another, fails with
     /// [`Error::Locked`]. Files that are not a dana database of this
     /// build's format fail with [`Error::NotADatabase`]. An open that fails
-    /// removes whatever it created; one refused before recovery (wrong
+    /// removes whatever it created (but a log it added to a database that
+    /// had none, once formatted); one refused before recovery (wrong
     /// files, locks, options, files from different moments) changes no
     /// existing file, while recovery that fails part way (damage it meets
     /// while redoing) may have written pages it redid before: the next

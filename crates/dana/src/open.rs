@@ -42,6 +42,11 @@ pub(crate) struct Undo {
     files: Vec<PathBuf>,
     dirs: Vec<PathBuf>,
     keep: bool,
+    /// Log files created for a database that had none: kept if they hold
+    /// a dana log ([`Undo::created_log`]).
+    added_logs: Vec<PathBuf>,
+    /// The open found an existing database (not one it creates).
+    existing: bool,
 }
 
 impl Undo {
@@ -52,6 +57,17 @@ impl Undo {
 
     fn created_file(&mut self, p: &Path) {
         self.files.push(p.to_path_buf());
+    }
+
+    /// A log file created for an existing database that had no log. A
+    /// failed open keeps it once it holds a dana log: the open's
+    /// checkpoint writes the meta page naming the log before the log's
+    /// control blocks, so a failure after that left a database whose log
+    /// was removed, and no open took it again (a review's finding). A
+    /// formatted log the meta page does not name yet holds no commit and
+    /// is formatted again by the next open (`refuse_foreign_log`).
+    fn created_log(&mut self, p: &Path) {
+        self.added_logs.push(p.to_path_buf());
     }
 
     /// Creates `dir` and its missing parents, remembering each.
@@ -84,6 +100,11 @@ impl Drop for Undo {
         }
         for f in self.files.iter().rev() {
             let _ = std::fs::remove_file(f);
+        }
+        for f in self.added_logs.iter().rev() {
+            if !matches!(log_control(f), Ok(Some(_))) {
+                let _ = std::fs::remove_file(f);
+            }
         }
         for d in self.dirs.iter().rev() {
             let _ = std::fs::remove_dir(d);
@@ -331,10 +352,10 @@ fn copies_of(candidates: &[PathBuf]) -> Result<usize> {
 }
 
 /// Opens (or creates, with `create_size`) one file of the database with
-/// its write-life hint. A file that did not exist is removed by `undo` if
-/// the open fails, also when this call fails after creating it (its
-/// preallocation found the disk full: an empty file left behind made the
-/// directory unopenable, "shorter than a page"; an outside probe).
+/// its write-life hint. A file this call created is removed by `undo` if
+/// the open fails (and by `Device::open` itself if it fails after
+/// creating it: a preallocation that found the disk full left an empty
+/// file, and the directory never opened again; an outside probe).
 fn open_file(
     path: &Path,
     index: usize,
@@ -343,10 +364,12 @@ fn open_file(
     opts: &Options,
     undo: &mut Undo,
 ) -> Result<Device> {
-    if !path.exists() {
-        undo.created_file(path);
-    }
     let d = Device::open(path, index, device_options(opts, create_size))?;
+    match (d.created(), role) {
+        (true, Role::Log(_)) if undo.existing => undo.created_log(path),
+        (true, _) => undo.created_file(path),
+        (false, _) => {}
+    }
     hint_write_life(&d, role, opts);
     Ok(d)
 }
@@ -817,6 +840,7 @@ fn open_logs(
     locks: &mut Locks,
 ) -> Result<Vec<Target>> {
     let has_log = meta.is_some_and(|m| m.log_id != 0);
+    undo.existing = meta.is_some();
     if !has_log && opts.durability_value() == Durability::Off {
         // A database without a log opened without one: leave any file
         // there alone.
@@ -914,25 +938,7 @@ fn refuse_foreign_log(path: &Path) -> Result<()> {
     };
     use std::os::unix::fs::FileTypeExt;
     let block = meta.file_type().is_block_device();
-    let dopts = DeviceOptions {
-        direct: false,
-        create_size: None,
-        read_only: true,
-        lock: false,
-    };
-    let device = Device::open(path, 0, dopts)?;
-    let t = Target::File(Arc::new(device));
-    // A mirrored copy holds its label first, then the log.
-    let labelled = mirror::is_labelled(&t).unwrap_or(false);
-    let ctl_at = if labelled { LABEL_BYTES } else { 0 };
-    let ctl = (t.size() >= ctl_at + CONTROL_BYTES)
-        .then(|| {
-            crate::wal::recover::read_control_at(&t, ctl_at)
-                .ok()
-                .flatten()
-        })
-        .flatten();
-    if let Some(c) = ctl {
+    if let Some(c) = log_control(path)? {
         if c.checkpoint == 0 {
             return Ok(());
         }
@@ -953,6 +959,29 @@ fn refuse_foreign_log(path: &Path) -> Result<()> {
         path.display(),
         meta.len()
     )))
+}
+
+/// The newest valid control block of the dana log (or the mirrored
+/// copy of one) at `path`, if it holds one.
+fn log_control(path: &Path) -> Result<Option<crate::wal::control::Control>> {
+    let dopts = DeviceOptions {
+        direct: false,
+        create_size: None,
+        read_only: true,
+        lock: false,
+    };
+    let device = Device::open(path, 0, dopts)?;
+    let t = Target::File(Arc::new(device));
+    // A mirrored copy holds its label first, then the log.
+    let labelled = mirror::is_labelled(&t).unwrap_or(false);
+    let ctl_at = if labelled { LABEL_BYTES } else { 0 };
+    Ok((t.size() >= ctl_at + CONTROL_BYTES)
+        .then(|| {
+            crate::wal::recover::read_control_at(&t, ctl_at)
+                .ok()
+                .flatten()
+        })
+        .flatten())
 }
 
 /// When no `dana.0` is there: fails if another file of a database is (a
@@ -1279,4 +1308,49 @@ pub(crate) fn sync_dirs(dirs: &[PathBuf]) -> Result<()> {
             })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed open that was adding a log to an existing database keeps
+    /// a log file it created once the file holds a dana log (the meta
+    /// page may already name it), and removes one that does not; other
+    /// files it created go.
+    #[test]
+    fn a_failed_open_keeps_an_added_log_once_formatted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (formatted, blank, data) = (
+            dir.path().join("formatted.wal"),
+            dir.path().join("blank.wal"),
+            dir.path().join("dana.1"),
+        );
+        let dopts = DeviceOptions {
+            direct: false,
+            create_size: Some(CONTROL_BYTES + (1 << 20)),
+            read_only: false,
+            lock: false,
+        };
+        let place = crate::wal::recover::LogPlace {
+            index: 0,
+            count: 1,
+            next_gsn: 1,
+        };
+        let t = Target::File(Arc::new(Device::open(&formatted, 0, dopts).unwrap()));
+        crate::wal::recover::format(&t, 1 << 20, 4096, 7, place).unwrap();
+        drop(t);
+        for p in [&blank, &data] {
+            drop(Device::open(p, 0, dopts).unwrap());
+        }
+        let mut undo = Undo::default();
+        undo.existing = true;
+        undo.created_log(&formatted);
+        undo.created_log(&blank);
+        undo.created_file(&data);
+        drop(undo);
+        assert!(formatted.exists(), "the formatted log was removed");
+        assert!(!blank.exists(), "a log file holding no log was kept");
+        assert!(!data.exists());
+    }
 }

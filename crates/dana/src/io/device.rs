@@ -55,6 +55,8 @@ pub struct Device {
     /// may return 0 over lost writes: every write and flush of this
     /// device fails from now on ([`Device::vetted`]).
     sync_failed: AtomicBool,
+    /// [`Device::open`] created the file.
+    created: bool,
 }
 
 /// How to open a device.
@@ -98,17 +100,45 @@ fn open_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Er
 impl Device {
     /// Opens (and with `create_size`, creates and allocates) the device at
     /// `path`, which becomes device `index` of its array.
+    ///
+    /// A file it creates ([`Device::created`]) it also removes again if a
+    /// later step fails (a preallocation on a full file system left an
+    /// empty file behind, which no open took; an outside probe).
     pub fn open(path: impl AsRef<Path>, index: usize, opts: DeviceOptions) -> Result<Device> {
         let path = path.as_ref();
         let mut oo = OpenOptions::new();
         oo.read(true).write(!opts.read_only);
-        if opts.create_size.is_some() && !opts.read_only {
-            oo.create(true);
-        }
         if opts.direct {
             oo.custom_flags(libc::O_DIRECT);
         }
-        let file = oo.open(path).map_err(open_err("open", path))?;
+        let (file, created) = if opts.create_size.is_some() && !opts.read_only {
+            // Created only if not there (O_EXCL): a file another process
+            // made meanwhile is opened, never taken for this one's.
+            match oo.clone().create_new(true).open(path) {
+                Ok(f) => (f, true),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    (oo.open(path).map_err(open_err("open", path))?, false)
+                }
+                Err(e) => return Err(open_err("open", path)(e)),
+            }
+        } else {
+            (oo.open(path).map_err(open_err("open", path))?, false)
+        };
+        let opened = Self::opened(file, path, index, &opts, created);
+        if opened.is_err() && created {
+            let _ = std::fs::remove_file(path);
+        }
+        opened
+    }
+
+    /// [`Device::open`] once the file is open.
+    fn opened(
+        file: File,
+        path: &Path,
+        index: usize,
+        opts: &DeviceOptions,
+        created: bool,
+    ) -> Result<Device> {
         if opts.lock {
             lock_file_patiently(&file, path, opts.read_only, DEVICE_LOCK_PATIENCE)?;
         }
@@ -179,7 +209,13 @@ impl Device {
             write_streams,
             atomic_write,
             sync_failed: AtomicBool::new(false),
+            created,
         })
+    }
+
+    /// True if [`Device::open`] created the file (it was not there).
+    pub fn created(&self) -> bool {
+        self.created
     }
 
     /// The kernel's result `res` of a request of kind `op` on this
@@ -480,7 +516,17 @@ impl Device {
                 // failure to get them back is this call's error (the
                 // range reads as zeros either way).
                 match range(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) {
-                    0 => range(0),
+                    0 => match range(libc::FALLOC_FL_KEEP_SIZE) {
+                        // A file system that punches but cannot allocate:
+                        // the hole stays (zeros, as promised).
+                        0 => 0,
+                        _ if std::io::Error::last_os_error().raw_os_error()
+                            == Some(libc::EOPNOTSUPP) =>
+                        {
+                            0
+                        }
+                        failed => failed,
+                    },
                     failed => failed,
                 }
             } else {

@@ -722,8 +722,6 @@ pub fn needs_recovery(
     Ok(Some(end))
 }
 
-/// For each page with log entries that a committed large value took: the
-/// GSN of the last commit that took it. Commits are in GSN order.
 /// Drops from `commits` (sorted by GSN) the commit records appended
 /// again by a recovery (`flags`, by GSN: [`record::APPENDED_AGAIN`]) whose
 /// batch had not finished; returns how many.
@@ -773,6 +771,8 @@ fn drop_unfinished_batches(
     (before - commits.len()) as u64
 }
 
+/// For each page with log entries that a committed large value took: the
+/// GSN of the last commit that took it. Commits are in GSN order.
 fn taken_by_large_values<T>(
     commits: &[(u64, Vec<Write<'static>>)],
     by_page: &BTreeMap<u64, T>,
