@@ -200,7 +200,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         } else {
             p.open_meta().await?;
             // Recovery, part two: complete every commit found.
-            let again = reapply(&p, w2.as_ref(), &commits).await?;
+            let again = reapply(&p, w2.as_ref(), commits).await?;
             (p.root(CATALOG_SLOT).await?, again)
         };
         if let Some(id) = new_id {

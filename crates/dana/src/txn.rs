@@ -10,8 +10,9 @@
 //!    `insert` key is still absent (else [`Error::KeyExists`]);
 //! 3. reserve the most pages the writes' apply can allocate (else
 //!    [`Error::NoSpace`], before anything is logged: a commit that can
-//!    fail for space fails here, and recovery, which re-applies logged
-//!    commits, never needs more space than the database had), then the
+//!    fail for space fails here; recovery re-applies of each key only its
+//!    last logged write, which goes where the running database's went:
+//!    `recovery::last_writes`), then the
 //!    most log bytes it can append ([`crate::wal::Wal::admit`]: waits for a
 //!    checkpoint if the log is too full);
 //! 4. append one commit record holding all the writes (this is the commit
@@ -1002,7 +1003,8 @@ async fn apply_logged(
 
 /// Applies writes to their trees, in order. `reserved`: the caller holds
 /// a reservation covering the pages this may allocate (a commit); false
-/// for recovery, which re-applies commits that had one. `commit`: the LSN
+/// for recovery, which re-applies commits that had one (each key's last
+/// write). `commit`: the LSN
 /// of the commit record holding `writes` (0: no log), which covers their
 /// leaf changes (the log's format: FORMAT.md).
 pub(crate) async fn apply(

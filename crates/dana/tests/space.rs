@@ -344,3 +344,63 @@ fn commits_under_full_promises(large: bool) {
     let report = db.check().unwrap();
     assert!(report.is_ok(), "{:?}", report.findings);
 }
+
+/// Recovery needs no page the running database did not: on a device
+/// that cannot grow, filled up after keys were put and deleted again, a
+/// power cut's recovery reopens. It re-applied every write from the redo
+/// point on, re-inserting the deleted keys beside the keys that took
+/// their leaves' pages since: leaves the database never had, which split
+/// and failed the open with `NoSpace`, and the database could be neither
+/// read nor shrunk (an outside probe, on a full tmpfs). A key's last
+/// write alone is re-applied now.
+#[test]
+fn recovery_on_a_full_device_needs_no_page_the_database_did_not() {
+    use dana::io::sim::PowerCutPolicy;
+    let rig = crate::sim_rig::Rig::new(11, 2 << 20, 32 << 20);
+    rig.data.set_space_limit(2 << 20);
+    let opts = Options::default()
+        .pool_bytes(1 << 20)
+        .workers(1)
+        .log_bytes(32 << 20);
+    let db = rig.open(opts.clone(), true).unwrap();
+    let t = db.create_tree("t").unwrap();
+    let key = |p: &str, i: u32| format!("{p}/{i:06}").into_bytes();
+    db.checkpoint().unwrap();
+    for i in 0..1500 {
+        t.put(&key("gone", i), &[7u8; 200]).unwrap();
+    }
+    for i in 0..1500 {
+        assert!(t.delete(&key("gone", i)).unwrap());
+    }
+    let mut filled = 0;
+    let err = loop {
+        match t.put(&key("fill", filled), &[9u8; 200]) {
+            Ok(_) => filled += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, Error::NoSpace(_)), "{err}");
+    assert!(filled > 1500, "full after {filled} puts");
+    rig.data.power_cut(PowerCutPolicy::DropAll, 1);
+    rig.log.power_cut(PowerCutPolicy::DropAll, 2);
+    drop((t, db));
+    rig.data.power_on();
+    rig.log.power_on();
+    let db = rig.open(opts, false).unwrap();
+    let r = db.recovery().unwrap().clone();
+    assert!(
+        r.commits > 3000,
+        "the commits since the checkpoint were not re-applied: {r:?}"
+    );
+    let t = db.tree("t").unwrap();
+    assert_eq!(t.prefix(b"gone/").count(), 0);
+    for i in 0..filled {
+        assert_eq!(
+            t.get(&key("fill", i)).unwrap(),
+            Some(vec![9u8; 200]),
+            "fill {i}"
+        );
+    }
+    assert!(db.check().unwrap().is_ok());
+    db.close().unwrap();
+}
