@@ -958,6 +958,17 @@ impl Db {
             self.block_on(async move { check_pool_and_free(&pool).await })??;
         let mirrors = &self.inner.rebuilds.mirrors;
         if !mirrors.is_empty() {
+            // What the log holds appended made durable first: the engine
+            // flushes it in the background (a drop's frees, after the
+            // drop returned), and a flush landing between the reads of a
+            // mirrored log's two copies made them differ (an outside
+            // probe: "log 0 copies 0 and 1 differ", the files alike).
+            if let Some(w) = self.inner.committer.wal.clone() {
+                let end = w.next_gsn();
+                if w.durable_below() < end {
+                    self.block_on(async move { w.wait_all_durable(end).await })??;
+                }
+            }
             // Every copy of every mirrored device, compared from this
             // thread (blocking reads: never on a worker).
             let p = &self.inner.pool;

@@ -611,8 +611,20 @@ pub fn resync_mirror(log: &Target) -> Result<usize> {
 
 /// What differs between the healthy copies of a mirrored log, each read
 /// and scanned alone (for `dana check`): one line per disagreement, none
-/// if they agree.
+/// if they agree. A disagreement is looked at again once, a moment
+/// later: a write in flight during the reads (a checkpoint's control
+/// block, a flush) has reached every copy by then, and only what still
+/// differs is reported.
 pub fn compare_mirror(m: &Arc<Mirror>) -> Vec<String> {
+    let first = compare_mirror_once(m);
+    if first.is_empty() {
+        return first;
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    compare_mirror_once(m)
+}
+
+fn compare_mirror_once(m: &Arc<Mirror>) -> Vec<String> {
     let states = m.states();
     let views: Vec<(usize, CopyView)> = (0..m.copies())
         .filter(|&c| states[c] == CopyState::Healthy)
