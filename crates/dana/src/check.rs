@@ -1292,6 +1292,8 @@ pub(crate) fn compare_mirrors(
         let pages = next_unused.saturating_sub(device).div_ceil(width);
         let batch = (1u64 << 20) / ps;
         let mut k = 0;
+        // Waited once: a write in flight during the reads.
+        let mut settled = false;
         while k < pages {
             let n = batch.min(pages - k);
             let copies = healthy
@@ -1311,15 +1313,27 @@ pub(crate) fn compare_mirrors(
                 if copies[1..].iter().all(|b| b[meant.clone()] == *first) {
                     continue;
                 }
-                let valid: Vec<bool> = copies
+                // Read again, a moment later: the engine writes pages back
+                // in the background, and a write in flight during the
+                // reads (it completes once on every copy) made the copies
+                // look different (as a log flush did, an outside probe).
+                if !settled {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    settled = true;
+                }
+                let again = healthy
                     .iter()
-                    .map(|b| page::verify(&b[at.clone()], pid).is_ok())
-                    .collect();
-                let versions: Vec<&[u8]> = copies
+                    .map(|&c| m.read_copy(c, (k + j as u64) * ps, ps as usize))
+                    .collect::<Result<Vec<_>>>()?;
+                if again[1..].iter().all(|b| b[..bytes] == again[0][..bytes]) {
+                    continue;
+                }
+                let valid: Vec<bool> = again.iter().map(|b| page::verify(b, pid).is_ok()).collect();
+                let versions: Vec<&[u8]> = again
                     .iter()
                     .zip(&valid)
                     .filter(|&(_, &v)| v)
-                    .map(|(b, _)| &b[at.clone()])
+                    .map(|(b, _)| &b[..])
                     .collect();
                 let repair = if versions.windows(2).all(|w| w[0] == w[1]) && !versions.is_empty() {
                     "dana rebuild repairs it (and so does a read that meets the damaged copy)"
