@@ -178,6 +178,12 @@ pub fn per_log_bytes(total: u64, count: usize, page_size: usize) -> u64 {
 /// How long a failed growth of the log file answers for the next ones.
 const LOG_GROWTH_RETRY: Duration = Duration::from_secs(1);
 
+/// How long a flush waits for a log file that cannot grow (its growths
+/// keep failing) before the log gives up with `NoSpace`: the records no
+/// commit reserved room for (recovery's, a checkpoint's) waited for ever,
+/// and opens and closes hung (an outside probe).
+const LOG_GROWTH_STALL: Duration = Duration::from_secs(5);
+
 /// Growth of a log file that is shorter than its capacity.
 struct LogGrowth {
     file: crate::io::Target,
@@ -189,6 +195,8 @@ struct LogGrowth {
     grower: Grower,
     /// A flush is waiting for the file to grow.
     blocked: AtomicBool,
+    /// Since when a flush has waited for the file to grow.
+    blocked_since: Mutex<Option<Instant>>,
     growths: Arc<AtomicU64>,
 }
 
@@ -940,6 +948,7 @@ impl Wal {
                     file: f,
                     grower: Grower::default(),
                     blocked: AtomicBool::new(false),
+                    blocked_since: Mutex::new(None),
                     growths: Arc::default(),
                 }),
             flush_buffers: Mutex::default(),
@@ -1758,14 +1767,32 @@ impl Wal {
         self.grow_ahead(end);
         if !self.has_room(end) {
             // The log file has not grown that far yet: the flush waits
-            // for the growth thread (due_in polls meanwhile).
+            // for the growth thread (due_in polls meanwhile), but not for
+            // ever where every growth fails (a full file system): the
+            // log then stops with `NoSpace`, as after a failed write.
             if let Some(g) = &self.growth {
                 g.blocked.store(true, Ordering::Release);
+                let since = *g
+                    .blocked_since
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert_with(Instant::now);
+                if since.elapsed() >= LOG_GROWTH_STALL {
+                    if let Some(what) = g.grower.recent_failure(LOG_GROWTH_RETRY) {
+                        drop(guard);
+                        self.poison_with(&Error::NoSpace(format!(
+                            "the log file cannot grow to hold records no commit reserved \
+                             room for (recovery's, a checkpoint's): {what}; free space on \
+                             its file system and open the database again"
+                        )));
+                    }
+                }
             }
             return false;
         }
         if let Some(g) = &self.growth {
             g.blocked.store(false, Ordering::Release);
+            *g.blocked_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
         if end - st.redo > self.capacity {
             // The records would overwrite log space the last checkpoint
