@@ -868,7 +868,12 @@ fn open_logs(
             crate::wal::recover::MAX_LOG_BYTES
         )));
     }
-    let stream = if opts.log_preallocate_value() {
+    // An out-of-place database's data files take their whole capacity at
+    // creation, so its log does too: grown later, it found the room
+    // gone, and every commit, a delete too, failed "the log file cannot
+    // grow" until space was added (an outside probe).
+    let stream = if opts.log_preallocate_value() || opts.write_mode_value() == WriteMode::OutOfPlace
+    {
         per_log
     } else {
         per_log.min(INITIAL_LOG_BYTES)

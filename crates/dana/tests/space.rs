@@ -404,3 +404,50 @@ fn recovery_on_a_full_device_needs_no_page_the_database_did_not() {
     assert!(db.check().unwrap().is_ok());
     db.close().unwrap();
 }
+
+/// An out-of-place database takes its data file's whole capacity at
+/// creation, and its log's too: on a file system that holds both, every
+/// delete commits once the data is full; on one that does not, the
+/// creation fails with `NoSpace` and leaves nothing. (Its log grew later,
+/// found the room taken by the data file, and every commit, deletes too,
+/// failed "the log file cannot grow"; an outside probe.)
+#[test]
+fn an_out_of_place_database_keeps_its_log_room() {
+    use dana::WriteMode;
+    for (fs, fits) in [("60m", true), ("50m", false)] {
+        let Some((dir, _mount)) = tmpfs(fs) else {
+            return;
+        };
+        let path = dir.path().join("db");
+        let opts = Options::default()
+            .pool_bytes(2 << 20)
+            .write_mode(WriteMode::OutOfPlace)
+            .capacity_bytes(40 << 20)
+            .log_bytes(16 << 20);
+        let db = match Db::open(&path, opts.clone()) {
+            Ok(db) => db,
+            Err(Error::NoSpace(m)) if !fits => {
+                let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+                assert!(left.is_empty(), "{fs}: {m}; left {left:?}");
+                continue;
+            }
+            Err(e) => panic!("{fs}: {e}"),
+        };
+        assert!(fits, "{fs}: created on a file system too small for it");
+        let t = db.create_tree("t").unwrap();
+        let mut n = 0u32;
+        let err = loop {
+            match t.put(&n.to_be_bytes(), &[n as u8; 1000]) {
+                Ok(_) => n += 1,
+                Err(e) => break e,
+            }
+            assert!(n < 1_000_000, "never full");
+        };
+        assert!(matches!(err, Error::NoSpace(_)), "{err}");
+        for k in 0..n / 2 {
+            t.delete(&k.to_be_bytes())
+                .unwrap_or_else(|e| panic!("{fs}: delete {k} of {n}: {e}"));
+        }
+        db.close().unwrap();
+    }
+}
