@@ -257,10 +257,19 @@ fn mark_creation(dir: &Path, log_path: &Path, undo: &mut Undo) -> Result<PathBuf
     use std::io::Write;
     use std::os::unix::ffi::OsStrExt;
     let marker = dir.join(CREATING);
-    let failed = |source| Error::Open {
-        action: "create the creation marker",
-        path: marker.clone(),
-        source,
+    let failed = |source: std::io::Error| {
+        if source.raw_os_error() == Some(libc::ENOSPC) {
+            // A full file system, as the files' preallocations say it.
+            return Error::NoSpace(format!(
+                "creating {}: the file system is full",
+                marker.display()
+            ));
+        }
+        Error::Open {
+            action: "create the creation marker",
+            path: marker.clone(),
+            source,
+        }
     };
     let log_path = std::path::absolute(log_path).map_err(failed)?;
     let mut f = File::create(&marker).map_err(failed)?;

@@ -164,8 +164,8 @@ fn a_creation_on_a_full_file_system_leaves_nothing_behind() {
     let filler = dir.path().join("filler");
     let opts = Options::default().pool_bytes(1 << 20).log_bytes(1 << 20);
     // Room for the data file's first MiB but not the log's, then for
-    // neither.
-    for room in [1536u64 << 10, 512 << 10] {
+    // neither, then none at all (the creation marker's write fails).
+    for room in [1536u64 << 10, 512 << 10, 0] {
         let f = std::fs::File::create(&filler).unwrap();
         let total = 4u64 << 20;
         let len = total - room;
