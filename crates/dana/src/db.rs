@@ -108,7 +108,7 @@ impl DbInner {
         if self.committer.read_only || self.committer.closed.load(Ordering::Acquire) {
             return;
         }
-        self.make_log_durable();
+        let _ = self.make_log_durable();
     }
 
     /// Makes every log record appended so far durable, without a
@@ -116,25 +116,28 @@ impl DbInner {
     /// (the last handle dropped in a task) it cannot, and the flush is a
     /// task of that worker, admitted without a queue (a spawn through the
     /// injector can fail when it is full; a review's finding), which the
-    /// workers finish before they stop.
-    fn make_log_durable(&self) {
+    /// workers finish before they stop (Ok without waiting then).
+    fn make_log_durable(&self) -> Result<()> {
         let Some(w) = self.committer.wal.clone() else {
-            return;
+            return Ok(());
         };
         let end = w.next_gsn();
         if w.durable_below() >= end {
-            return;
+            return Ok(());
         }
-        let flush = async move {
-            let _ = w.wait_all_durable(end).await;
-        };
         if crate::sched::current_runtime() == Some(self.rt.id()) {
-            let _ = crate::sched::spawn_here(flush);
+            let _ = crate::sched::spawn_here(async move {
+                let _ = w.wait_all_durable(end).await;
+            });
         } else if crate::sched::on_worker() {
-            let _ = self.rt.spawn(flush);
+            let _ = self.rt.spawn(async move {
+                let _ = w.wait_all_durable(end).await;
+            });
         } else {
-            let _ = self.rt.block_on(flush);
+            self.rt
+                .block_on(async move { w.wait_all_durable(end).await })??;
         }
+        Ok(())
     }
 
     /// Waits for the growth threads of the data files and the log: none
@@ -963,12 +966,7 @@ impl Db {
             // drop returned), and a flush landing between the reads of a
             // mirrored log's two copies made them differ (an outside
             // probe: "log 0 copies 0 and 1 differ", the files alike).
-            if let Some(w) = self.inner.committer.wal.clone() {
-                let end = w.next_gsn();
-                if w.durable_below() < end {
-                    self.block_on(async move { w.wait_all_durable(end).await })??;
-                }
-            }
+            self.inner.make_log_durable()?;
             // Every copy of every mirrored device, compared from this
             // thread (blocking reads: never on a worker).
             let p = &self.inner.pool;
@@ -1133,7 +1131,7 @@ impl Db {
             // whole commits in order: make them durable, so that the next
             // open applies every commit that was logged (async ones, and
             // one whose apply its caller abandoned).
-            self.inner.make_log_durable();
+            let _ = self.inner.make_log_durable();
         }
         self.inner.stop.store(true, Ordering::Release);
         self.inner.stop_checkpoints();

@@ -35,6 +35,15 @@ use crate::wal::INITIAL_LOG_BYTES;
 use crate::wal::{Durability, CONTROL_BYTES};
 use crate::{Error, Options, Result};
 
+/// How an open looks at a file before it decides anything: read-only,
+/// unlocked, through the page cache.
+const PEEK: DeviceOptions = DeviceOptions {
+    direct: false,
+    create_size: None,
+    read_only: true,
+    lock: false,
+};
+
 /// Files and directories created by an open, removed on drop unless the
 /// open succeeded ([`Undo::keep`]).
 #[derive(Default)]
@@ -257,19 +266,10 @@ fn mark_creation(dir: &Path, log_path: &Path, undo: &mut Undo) -> Result<PathBuf
     use std::io::Write;
     use std::os::unix::ffi::OsStrExt;
     let marker = dir.join(CREATING);
-    let failed = |source: std::io::Error| {
-        if source.raw_os_error() == Some(libc::ENOSPC) {
-            // A full file system, as the files' preallocations say it.
-            return Error::NoSpace(format!(
-                "creating {}: the file system is full",
-                marker.display()
-            ));
-        }
-        Error::Open {
-            action: "create the creation marker",
-            path: marker.clone(),
-            source,
-        }
+    let failed = |source| {
+        crate::io::device::file_error("create the creation marker", &marker, source, || {
+            format!("creating {}", marker.display())
+        })
     };
     let log_path = std::path::absolute(log_path).map_err(failed)?;
     let mut f = File::create(&marker).map_err(failed)?;
@@ -325,13 +325,7 @@ fn copies_of(candidates: &[PathBuf]) -> Result<usize> {
         if !p.exists() {
             continue;
         }
-        let dopts = DeviceOptions {
-            direct: false,
-            create_size: None,
-            read_only: true,
-            lock: false,
-        };
-        let t = Target::File(Arc::new(Device::open(p, 0, dopts)?));
+        let t = Target::File(Arc::new(Device::open(p, 0, PEEK)?));
         if let Some(l) = mirror::read_label(&t)? {
             return Ok(l.states.len());
         }
@@ -603,14 +597,8 @@ fn meta_damage(t: &Target, first: &[u8]) -> Result<Option<String>> {
 /// Opens `path` read-only, unlocked, to look at a log's control block
 /// (its `copies` copies, if mirrored).
 fn peek_log(path: &Path, index: usize, copies: usize) -> Option<Target> {
-    let dopts = DeviceOptions {
-        direct: false,
-        create_size: None,
-        read_only: true,
-        lock: false,
-    };
     let peek = |p: &Path| {
-        Device::open(p, index, dopts)
+        Device::open(p, index, PEEK)
             .ok()
             .map(|d| Target::File(Arc::new(d)))
     };
@@ -978,14 +966,7 @@ fn refuse_foreign_log(path: &Path) -> Result<()> {
 /// The newest valid control block of the dana log (or the mirrored
 /// copy of one) at `path`, if it holds one.
 fn log_control(path: &Path) -> Result<Option<crate::wal::control::Control>> {
-    let dopts = DeviceOptions {
-        direct: false,
-        create_size: None,
-        read_only: true,
-        lock: false,
-    };
-    let device = Device::open(path, 0, dopts)?;
-    let t = Target::File(Arc::new(device));
+    let t = Target::File(Arc::new(Device::open(path, 0, PEEK)?));
     // A mirrored copy holds its label first, then the log.
     let labelled = mirror::is_labelled(&t).unwrap_or(false);
     let ctl_at = if labelled { LABEL_BYTES } else { 0 };

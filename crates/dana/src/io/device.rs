@@ -89,6 +89,25 @@ impl Default for DeviceOptions {
     }
 }
 
+/// `source`, the failure of `action` on the file at `path`: a full file
+/// system (`ENOSPC`) is [`Error::NoSpace`] ("`doing()`: the file system is
+/// full"), anything else [`Error::Open`].
+pub(crate) fn file_error(
+    action: &'static str,
+    path: &Path,
+    source: std::io::Error,
+    doing: impl FnOnce() -> String,
+) -> Error {
+    if source.raw_os_error() == Some(libc::ENOSPC) {
+        return Error::NoSpace(format!("{}: the file system is full", doing()));
+    }
+    Error::Open {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 fn open_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
     move |source| Error::Open {
         action,
@@ -153,14 +172,9 @@ impl Device {
             if let Some(want) = opts.create_size {
                 if size < want {
                     preallocate(fd, size, want).map_err(|source| {
-                        if source.raw_os_error() == Some(libc::ENOSPC) {
-                            Error::NoSpace(format!(
-                                "creating {} ({want} bytes): the file system is full",
-                                path.display()
-                            ))
-                        } else {
-                            open_err("allocate", path)(source)
-                        }
+                        file_error("allocate", path, source, || {
+                            format!("creating {} ({want} bytes)", path.display())
+                        })
                     })?;
                     size = want;
                 }
@@ -336,17 +350,12 @@ impl Device {
             // started leaves): a log's file holds whole MiB of stream, and
             // recovery takes any other length for a file cut short.
             let _ = self.file.set_len(old);
-            if source.raw_os_error() == Some(libc::ENOSPC) {
-                return Err(Error::NoSpace(format!(
-                    "the file system of {} is full (growing it from {old} to {new_size} bytes)",
+            return Err(file_error("grow", &self.path, source, || {
+                format!(
+                    "growing {} from {old} to {new_size} bytes",
                     self.path.display()
-                )));
-            }
-            return Err(Error::Open {
-                action: "grow",
-                path: self.path.clone(),
-                source,
-            });
+                )
+            }));
         }
         self.size.store(new_size, Ordering::Release);
         Ok(())
@@ -515,19 +524,20 @@ impl Device {
                 // probe). Between the two calls the blocks are free: a
                 // failure to get them back is this call's error (the
                 // range reads as zeros either way).
-                match range(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) {
-                    0 => match range(libc::FALLOC_FL_KEEP_SIZE) {
-                        // A file system that punches but cannot allocate:
-                        // the hole stays (zeros, as promised).
-                        0 => 0,
-                        _ if std::io::Error::last_os_error().raw_os_error()
-                            == Some(libc::EOPNOTSUPP) =>
-                        {
-                            0
-                        }
-                        failed => failed,
-                    },
-                    failed => failed,
+                let punched = range(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE);
+                if punched != 0 {
+                    punched
+                } else {
+                    let allocated = range(libc::FALLOC_FL_KEEP_SIZE);
+                    // A file system that punches but cannot allocate: the
+                    // hole stays (zeros, as promised).
+                    let unsupported = allocated != 0
+                        && std::io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP);
+                    if unsupported {
+                        0
+                    } else {
+                        allocated
+                    }
                 }
             } else {
                 zeroed

@@ -1791,8 +1791,11 @@ impl Wal {
             return false;
         }
         if let Some(g) = &self.growth {
-            g.blocked.store(false, Ordering::Release);
-            *g.blocked_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            // The wait's start forgotten only after a wait (no lock per
+            // flush).
+            if g.blocked.swap(false, Ordering::AcqRel) {
+                *g.blocked_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            }
         }
         if end - st.redo > self.capacity {
             // The records would overwrite log space the last checkpoint
