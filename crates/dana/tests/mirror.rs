@@ -604,10 +604,8 @@ fn rebuild_repairs_damaged_copies_of_pages_not_in_the_pool() {
 fn older_leaves_on_copy_1(dir: &std::path::Path, forge: impl Fn(&mut [u8])) -> (Options, usize) {
     use std::os::unix::fs::FileExt;
     let opts = Options::default().pool_bytes(2 << 20).mirrored();
-    put_round(dir, &opts, 0);
     let m1 = dir.join("dana.0.m1");
-    let old = std::fs::read(&m1).unwrap();
-    put_round(dir, &opts, 1);
+    let old = two_rounds_keeping(dir, &opts, &m1);
     let f = std::fs::OpenOptions::new().write(true).open(&m1).unwrap();
     let new = std::fs::read(&m1).unwrap();
     let mut pasted = 0;
@@ -638,6 +636,15 @@ fn put_round(dir: &std::path::Path, opts: &Options, round: u64) {
     db.commit(tx).unwrap();
     drop(t);
     db.close().unwrap();
+}
+
+/// Rounds 0 and 1 of [`put_round`] in `dir`; returns the bytes `file`
+/// held after round 0.
+fn two_rounds_keeping(dir: &std::path::Path, opts: &Options, file: &std::path::Path) -> Vec<u8> {
+    put_round(dir, opts, 0);
+    let old = std::fs::read(file).unwrap();
+    put_round(dir, opts, 1);
+    old
 }
 
 /// Asserts every key holds round 1's value.
@@ -713,10 +720,8 @@ fn rebuild_never_takes_a_page_from_past_the_log_as_the_newest() {
 fn a_data_copy_put_back_from_an_older_backup_is_failed_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let opts = Options::default().pool_bytes(2 << 20).mirrored();
-    put_round(dir.path(), &opts, 0);
     let copy0 = dir.path().join("dana.0");
-    let old = std::fs::read(&copy0).unwrap();
-    put_round(dir.path(), &opts, 1);
+    let old = two_rounds_keeping(dir.path(), &opts, &copy0);
     std::fs::write(&copy0, old).unwrap();
     for read_only in [true, false] {
         let o = if read_only {
