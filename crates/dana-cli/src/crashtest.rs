@@ -729,6 +729,9 @@ pub struct SimOutcome {
     /// Commit records the recovery appended again, short of log room
     /// (`RecoveryReport::commits_appended_again`).
     pub appended_again: u64,
+    /// A recovery crashed before the one judged: the write (or flush) it
+    /// was cut at, of how many a recovery of the same disks made.
+    pub recovery_cut: Option<(u64, u64)>,
 }
 
 /// One run: format, set up the trees, run `tasks` committers of `txns`
@@ -906,6 +909,14 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
     }
     rig.data.power_on();
     rig.log.power_on();
+    // One run in two crashes its recovery too, then recovers again: a
+    // recovery writes (pages repaired and redone, commits appended again,
+    // its checkpoint) and must leave what the next one can finish.
+    let recovery_cut = if !plant_loss && (seed >> 24) & 1 == 1 {
+        cut_recovery(&rig, seed, untorn, durability, log_sync, policy).map_err(fail)?
+    } else {
+        None
+    };
     let reopened = rig.open(false, durability, log_sync);
     // The trace up to the end of recovery: what follows (the judge's reads
     // from this thread racing the worker's evictions) is not seeded.
@@ -922,6 +933,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
                 leaf_cuts: (0, 0),
                 flushes_past_end: 0,
                 appended_again: 0,
+                recovery_cut,
             });
         }
         Err(e) => return Err(fail(format!("recovery: {e}"))),
@@ -943,6 +955,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
                 leaf_cuts: (0, 0),
                 flushes_past_end: 0,
                 appended_again: 0,
+                recovery_cut,
             })
         }
         Err(e) => return Err(fail(e)),
@@ -963,7 +976,53 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
         leaf_cuts,
         flushes_past_end,
         appended_again,
+        recovery_cut,
     })
+}
+
+/// Crashes a recovery of what the run's cut left on `rig`: counts the
+/// writes and flushes of one recovery on a copy of its disks
+/// (replayable, so the rig's own recovery makes the same ones), then cuts
+/// the power of the rig's disks at one of them, chosen by `seed`, and
+/// restores it. Returns (the request cut at, the copy's count), or None
+/// if the copy's recovery wrote nothing.
+fn cut_recovery(
+    rig: &SimRig,
+    seed: u64,
+    untorn: bool,
+    durability: Durability,
+    log_sync: bool,
+    policy: PowerCutPolicy,
+) -> Result<Option<(u64, u64)>, String> {
+    let copy = SimRig::with_untorn(seed, untorn);
+    copy.data
+        .copy_durable_from(&rig.data)
+        .and_then(|()| copy.log.copy_durable_from(&rig.log))
+        .map_err(|e| format!("copying the disks for a recovery to count: {e}"))?;
+    let counter = PowerSwitch::at_write(0, policy, seed);
+    counter.attach(&copy.data);
+    counter.attach(&copy.log);
+    let db = copy
+        .open(false, durability, log_sync)
+        .map_err(|e| format!("recovery (of a copy, counting its requests): {e}"))?;
+    let made = counter.count();
+    drop(db);
+    if made == 0 {
+        return Ok(None);
+    }
+    let at = 1 + (seed ^ (seed >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15) % made;
+    let switch = PowerSwitch::at_write(at, policy, seed ^ 0x005e_c07d);
+    switch.attach(&rig.data);
+    switch.attach(&rig.log);
+    match rig.open(false, durability, log_sync) {
+        // Dropped after the cut: that must not hang or panic.
+        Ok(_db) => switch.cut(),
+        Err(_) if switch.fired() => {}
+        Err(e) => return Err(format!("recovery cut at write {at} of {made}: {e}")),
+    }
+    rig.data.power_on();
+    rig.log.power_on();
+    Ok(Some((at, made)))
 }
 
 /// Totals of a sweep.
@@ -993,6 +1052,8 @@ pub struct Totals {
     pub flushes_past_end: u64,
     /// Commit records the recoveries appended again, summed.
     pub appended_again: u64,
+    /// Runs whose first recovery was cut (a crash in recovery).
+    pub recoveries_cut: u64,
     /// `--mirrored`: bytes flipped in copy 1.
     pub flipped: u64,
     /// `--mirrored`: copy files removed.
@@ -1091,6 +1152,7 @@ pub fn sim_sweep(
         t.leaf_cuts.1 += o.leaf_cuts.1;
         t.flushes_past_end += o.flushes_past_end;
         t.appended_again += o.appended_again;
+        t.recoveries_cut += o.recovery_cut.is_some() as u64;
     }
     Ok(t)
 }
@@ -1840,8 +1902,16 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         .map_err(CliError)?;
         let j = o.judged;
         println!(
-            "seed {} point {point}: {} commits required, {} found, lost {}, {} in-doubt found applied; trace {:016x}",
-            args.seed, j.required, j.found, j.lost(), j.doubts_applied, o.trace
+            "seed {} point {point}: {} commits required, {} found, lost {}, {} in-doubt found applied{}; trace {:016x}",
+            args.seed,
+            j.required,
+            j.found,
+            j.lost(),
+            j.doubts_applied,
+            o.recovery_cut.map_or(String::new(), |(at, made)| format!(
+                "; its recovery was cut at write {at} of {made} and recovered again"
+            )),
+            o.trace
         );
         return lost_is_failure(j.lost(), o.open_caught);
     }
@@ -1857,7 +1927,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
     .map_err(CliError)?;
     let j = sim.judged;
     println!(
-        "simulated power cuts{}: {} crash points ({} sync, {} async; {} with the log flushed by write + fdatasync), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied, {} missing before a later survivor; recoveries redid {} leaf cuts ({} keys left out for re-applied commits), appended {} commit records again short of log room and found {} later flushes kept past a torn one (log flushes in flight: at most {}) in {:.1} s",
+        "simulated power cuts{}: {} crash points ({} sync, {} async; {} with the log flushed by write + fdatasync), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied, {} missing before a later survivor; recoveries redid {} leaf cuts ({} keys left out for re-applied commits), appended {} commit records again short of log room and found {} later flushes kept past a torn one (log flushes in flight: at most {}); {} recoveries crashed and recovered again; in {:.1} s",
         if args.untorn_writes {
             " (data disk writing 4 KiB untorn, no torn-page images logged)"
         } else if args.compress_log_images {
@@ -1880,6 +1950,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         sim.appended_again,
         sim.flushes_past_end,
         log_flushes_in_flight(),
+        sim.recoveries_cut,
         started.elapsed().as_secs_f64()
     );
     if args.plant_loss {

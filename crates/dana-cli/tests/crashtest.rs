@@ -57,6 +57,11 @@ fn crash_points_flips_faults_and_kill_cycles_lose_nothing() {
         300
     );
     assert_eq!(number_before(&text, "kill -9", "cycles"), 12);
+    // One run in two crashes its recovery and recovers again.
+    assert!(
+        number_before(&text, "simulated power cuts", "recoveries crashed") >= 100,
+        "{text}"
+    );
     assert!(
         number_before(&text, "kill -9", "killed while opening") >= 1,
         "{text}"

@@ -748,6 +748,9 @@ pub struct PowerSwitch {
     seed: u64,
     disks: Mutex<Vec<std::sync::Weak<SimDisk>>>,
     fired: std::sync::atomic::AtomicBool,
+    /// Counts writes and flushes only: reads change nothing a cut keeps,
+    /// so cuts between the same two writes are the same crash.
+    writes_only: bool,
 }
 
 impl PowerSwitch {
@@ -762,7 +765,20 @@ impl PowerSwitch {
             seed,
             disks: Mutex::new(Vec::new()),
             fired: std::sync::atomic::AtomicBool::new(false),
+            writes_only: false,
         })
+    }
+
+    /// As [`PowerSwitch::new`], counting only writes and flushes: the
+    /// cut comes as the `at`-th of them is submitted. A phase that reads
+    /// much and writes little (a recovery's redo) then gets no more of
+    /// the cut points than its writes are worth.
+    pub fn at_write(at: u64, policy: PowerCutPolicy, seed: u64) -> Arc<PowerSwitch> {
+        let mut s = PowerSwitch::new(at, policy, seed);
+        Arc::get_mut(&mut s)
+            .expect("a switch not yet shared")
+            .writes_only = true;
+        s
     }
 
     /// Counts `disk`'s requests and cuts its power with the others'.
@@ -795,7 +811,10 @@ impl PowerSwitch {
         }
     }
 
-    fn tick(&self) {
+    fn tick(&self, op: OpKind) {
+        if self.writes_only && op == OpKind::Read {
+            return;
+        }
         let n = self.count.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
         if n == self.at {
             self.cut();
@@ -1419,7 +1438,7 @@ impl IoQueue for SimQueue {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         if let Some(sw) = switch {
-            sw.tick();
+            sw.tick(req.op);
         }
         let mut inner = self.disk.lock();
         let seq = inner.next_push_seq;
