@@ -31,7 +31,7 @@ use crate::iter::{self, Iter};
 use crate::open::{self, Locks, Undo};
 use crate::sched::Runtime;
 use crate::transaction::Transaction;
-use crate::txn::{Applied, Committer, Expect};
+use crate::txn::{Committer, Expect};
 use crate::wal::record::Write;
 use crate::wal::{Durability, WalStatsSnapshot};
 use crate::{Error, Options, Result};
@@ -863,7 +863,20 @@ impl Db {
     pub fn tree(&self, name: &str) -> Result<Tree> {
         self.check_tree_name(name)?;
         let (catalog, key) = (self.inner.catalog.clone(), name.as_bytes().to_vec());
-        let root = self.block_on(async move { catalog.get(&key).await })??;
+        let committer = self.inner.committer.clone();
+        let root = self.block_on(async move {
+            let (root, gsn) = catalog.get_versioned(&key).await?;
+            // A tree another thread is creating is there once its
+            // catalogue commit is applied, before that is durable; a
+            // blind write into it reads nothing that ties its commit to
+            // the creation, so the handle waits for the creation (with a
+            // log per worker a crash could keep the write and lose the
+            // tree: found in review).
+            if root.is_some() {
+                committer.wait_read_durable(gsn, Durability::Sync).await?;
+            }
+            Ok::<_, Error>(root)
+        })??;
         match root.as_deref().map(<[u8; 8]>::try_from) {
             Some(Ok(b)) => Ok(self.tree_at(name, u64::from_le_bytes(b))),
             Some(Err(_)) => Err(Error::Corrupt {
@@ -1569,8 +1582,19 @@ impl Tree {
         // extents, never copied whole.
         let w = Write::borrowed(self.btree.root(), key, value);
         let c = &self.db.inner.committer;
-        let applied = c.commit(vec![w], checks, c.durability).await?;
-        Ok(applied.first() == Some(&Applied::Replaced))
+        let (applied, end) = c.commit_at(vec![w], checks, c.durability, 0, None).await?;
+        let Some(a) = applied.first() else {
+            return Ok(false);
+        };
+        // The answer (the key was there or not) was read from the leaf.
+        // Every change to the key came before this commit's record (each
+        // held the key's stripe until applied), so with one log this
+        // commit's flush covered it; with a log per worker it may be
+        // another log's, not yet durable. The leaf's GSN bounds it, or
+        // this record's (`end` is the GSN after it) if lower.
+        c.wait_read_durable(a.read_gsn.min(end.saturating_sub(2)), c.durability)
+            .await?;
+        Ok(a.replaced)
     }
 
     /// [`Tree::get`] inside a task.
@@ -1741,7 +1765,11 @@ impl Tree {
                     crate::sched::yield_now().await;
                 }
             }
-            let Some(old) = self.btree.get(key).await? else {
+            let (old, read_gsn) = self.btree.get_versioned(key).await?;
+            let Some(old) = old else {
+                // "Absent", read from the leaf: given once durable.
+                let c = &self.db.inner.committer;
+                c.wait_read_durable(read_gsn, c.durability).await?;
                 return Ok(false);
             };
             let check = (

@@ -200,11 +200,13 @@ pub(crate) struct Committer {
 
 /// What applying one write found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Applied {
+pub(crate) struct Applied {
     /// The key existed before.
-    Replaced,
-    /// The key did not exist.
-    Fresh,
+    pub replaced: bool,
+    /// The GSN of the leaf the write changed, before the change: the
+    /// answer was read there, from the change that last wrote or removed
+    /// the key, maybe another log's and not yet durable.
+    pub read_gsn: u64,
 }
 
 impl Committer {
@@ -455,7 +457,15 @@ impl Committer {
                 let (now, gsn) = BTree::open(&self.pool, *tree).get_versioned(key).await?;
                 dep = dep.max(gsn);
                 match expect {
-                    Expect::Absent if now.is_some() => return Err(Error::KeyExists),
+                    Expect::Absent if now.is_some() => {
+                        // An answer read from the trees (an insert's "the
+                        // key exists"): a Sync one is given once what it
+                        // was read from is durable, as a read-only
+                        // transaction's, holding no stripe meanwhile.
+                        drop((registered, guard, held));
+                        self.wait_read_durable(dep, durability).await?;
+                        return Err(Error::KeyExists);
+                    }
                     Expect::Value(v) if *v != now => {
                         return Err(Error::Conflict(format!(
                             "a key of tree {tree} changed after this transaction read it"
@@ -639,13 +649,25 @@ impl Committer {
             // finding); a leaf changed only by durable commits waits for
             // nothing.
             (Some(_), None, Durability::Sync) if dep > 0 => {
-                if let Some(set) = &self.wal {
-                    set.wait_all_durable(dep + 1).await?;
-                }
+                self.wait_read_durable(dep, durability).await?
             }
             _ => {}
         }
         Ok((applied, logged.map_or(0, |(_, end)| end)))
+    }
+
+    /// With `Sync` durability and a log: waits until every log is durable
+    /// past GSN `read` (what an answer was read from: a leaf's GSN), so
+    /// that the answer survives a crash; at once if it is already. With
+    /// one log a commit's own flush covers what it read; with a log per
+    /// worker the change read may be another log's.
+    pub(crate) async fn wait_read_durable(&self, read: u64, durability: Durability) -> Result<()> {
+        match &self.wal {
+            Some(set) if durability == Durability::Sync && read >= set.durable_below() => {
+                set.wait_all_durable(read + 1).await
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -1016,16 +1038,12 @@ pub(crate) async fn apply(
     let mut out = Vec::with_capacity(writes.len());
     for w in writes {
         let t = BTree::for_commit(pool, w.tree, commit, reserved);
-        let existed = match &w.value {
+        let (replaced, read_gsn) = match &w.value {
             Some(v) if w.reference => t.put_reference(&w.key, v).await?,
-            Some(v) => t.put(&w.key, v).await?,
-            None => t.delete(&w.key).await?,
+            Some(v) => t.put_versioned(&w.key, v).await?,
+            None => t.delete_versioned(&w.key).await?,
         };
-        out.push(if existed {
-            Applied::Replaced
-        } else {
-            Applied::Fresh
-        });
+        out.push(Applied { replaced, read_gsn });
     }
     Ok(out)
 }

@@ -852,14 +852,23 @@ impl BTree {
         self.write(key, value, WriteMode::Put).await
     }
 
+    /// [`BTree::put`], with the GSN the leaf had before the change: at
+    /// least that of the change that last wrote or removed `key`, which
+    /// the answer was read from (a commit's apply).
+    pub(crate) async fn put_versioned(&self, key: &[u8], value: &[u8]) -> Result<(bool, u64)> {
+        self.write_entry(key, value, false, WriteMode::Put).await
+    }
+
     /// Inserts or replaces `key` -> `reference`, a large value's
-    /// reference (a commit's apply only). Returns true if it replaced.
-    pub(crate) async fn put_reference(&self, key: &[u8], reference: &[u8]) -> Result<bool> {
+    /// reference (a commit's apply only), as [`BTree::put_versioned`].
+    pub(crate) async fn put_reference(&self, key: &[u8], reference: &[u8]) -> Result<(bool, u64)> {
         self.write_entry(key, reference, true, WriteMode::Put).await
     }
 
     async fn write(&self, key: &[u8], value: &[u8], mode: WriteMode) -> Result<bool> {
-        self.write_entry(key, value, false, mode).await
+        self.write_entry(key, value, false, mode)
+            .await
+            .map(|(replaced, _)| replaced)
     }
 
     /// The error for a write outside a commit that would drop a large
@@ -878,13 +887,14 @@ impl BTree {
         value: &[u8],
         is_ref: bool,
         mode: WriteMode,
-    ) -> Result<bool> {
+    ) -> Result<(bool, u64)> {
         let _room = self.admit_unlogged().await?;
         self.check_key(key)?;
         self.check_value(value)?;
         loop {
             let mut leaf = self.leaf_exclusive(key).await?;
             let pid = leaf.pid();
+            let before = page::page_lsn(&leaf);
             let mut n = node_mut(&mut leaf, pid)?;
             let (i, present) = n.as_node().lower_bound(key);
             if present && !self.commit && n.as_node().is_ref_at(i) {
@@ -908,7 +918,7 @@ impl BTree {
                         n.set_ref_at(i, true);
                     }
                     leaf.cover(self.cover);
-                    return Ok(replaced);
+                    return Ok((replaced, before));
                 }
                 Err(node::Full) => {
                     // Full is found before anything moves.
@@ -960,15 +970,22 @@ impl BTree {
 
     /// Removes `key`. Returns true if it was present.
     pub async fn delete(&self, key: &[u8]) -> Result<bool> {
+        self.delete_versioned(key).await.map(|(present, _)| present)
+    }
+
+    /// [`BTree::delete`], with the GSN the leaf had before (as
+    /// [`BTree::put_versioned`]).
+    pub(crate) async fn delete_versioned(&self, key: &[u8]) -> Result<(bool, u64)> {
         let _room = self.admit_unlogged().await?;
         self.check_key(key)?;
         let mut leaf = self.leaf_exclusive(key).await?;
         let pid = leaf.pid();
+        let before = page::page_lsn(&leaf);
         let mut n = node_mut(&mut leaf, pid)?;
         let (i, present) = n.as_node().lower_bound(key);
         if !present {
             leaf.unchanged();
-            return Ok(false);
+            return Ok((false, before));
         }
         if !self.commit && n.as_node().is_ref_at(i) {
             leaf.unchanged();
@@ -987,7 +1004,7 @@ impl BTree {
             // before everything that can fail has passed.
             let _ = self.try_merge(pid, key).await;
         }
-        Ok(true)
+        Ok((true, before))
     }
 
     // ---- structure changes ------------------------------------------------
