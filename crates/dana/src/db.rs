@@ -851,7 +851,10 @@ impl Db {
         Ok(())
     }
 
-    /// Opens the tree `name`, or fails with [`Error::NoSuchTree`].
+    /// Opens the tree `name`, or fails with [`Error::NoSuchTree`]. A tree
+    /// another thread has just created is returned once its creation is
+    /// durable (a write through the handle must never outlive the tree
+    /// at a crash).
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
