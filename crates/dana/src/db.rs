@@ -2027,7 +2027,10 @@ impl Tree {
     }
 
     /// Replaces the value of `key` with `f(old)` atomically; false if
-    /// absent. `f` may run more than once (keep it free of side effects).
+    /// absent. `f` may run more than once (keep it free of side effects),
+    /// holds no latch (it may read the database; a panic in it reaches the
+    /// caller and changes nothing), and may run on a worker thread, where
+    /// a blocking call that needs I/O is refused with `InvalidArgument`.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();

@@ -747,3 +747,85 @@ fn splits_and_held_descents_in_the_smallest_pool_never_latch_every_frame() {
     });
     db.close().unwrap();
 }
+
+/// Without a log, `Tree::update`'s function runs with no latch held: a
+/// read of another key of the same leaf inside it returns (it spun for
+/// ever under the leaf's exclusive latch), and a panic in it changes
+/// nothing: the database goes on, and its writes survive a close and a
+/// reopen (the panic stopped the pool, and every write since the last
+/// flush was lost). Found by an outside probe.
+#[test]
+fn an_update_function_that_reads_the_tree_or_panics_leaves_the_database_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default()
+        .pool_bytes(8 << 20)
+        .capacity_bytes(64 << 20)
+        .durability(dana::Durability::Off);
+    let db = Db::open(dir.path(), opts.clone()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    t.put(b"k", b"1").unwrap();
+    t.put(b"l", b"2").unwrap();
+    // A read inside the function, of the key itself and of its neighbour.
+    let (t2, (send, recv)) = (t.clone(), std::sync::mpsc::channel());
+    std::thread::spawn(move || {
+        let reader = t2.clone();
+        let r = t2.update(b"k", move |old| {
+            let l = reader.get(b"l").unwrap().unwrap();
+            let k = reader.get(b"k").unwrap().unwrap();
+            assert_eq!(k, old);
+            [old, &l[..]].concat()
+        });
+        let _ = send.send(r);
+    });
+    let r = recv
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("an update whose function reads the tree never returned");
+    assert!(r.unwrap());
+    assert_eq!(t.get(b"k").unwrap().as_deref(), Some(&b"12"[..]));
+    // A panic inside the function reaches the caller and changes nothing.
+    let t3 = t.clone();
+    let panicked = std::thread::spawn(move || {
+        let _ = t3.update(b"k", |_| panic!("the caller's bug"));
+    })
+    .join();
+    assert!(panicked.is_err());
+    assert_eq!(t.get(b"k").unwrap().as_deref(), Some(&b"12"[..]));
+    t.put(b"m", b"3").unwrap();
+    assert!(t.update(b"m", |v| [v, b"4"].concat()).unwrap());
+    db.close().unwrap();
+    let db = Db::open(dir.path(), opts).unwrap();
+    let t = db.tree("t").unwrap();
+    assert_eq!(t.get(b"k").unwrap().as_deref(), Some(&b"12"[..]));
+    assert_eq!(t.get(b"m").unwrap().as_deref(), Some(&b"34"[..]));
+    drop(t);
+    db.close().unwrap();
+}
+
+/// A database without a log that stopped (a write-back failed) refuses
+/// plain writes: they returned `Ok`, were readable, and its close (which
+/// fails) dropped them (an outside probe).
+#[test]
+fn a_stopped_database_without_a_log_refuses_plain_writes() {
+    use dana::io::sim::Fault;
+    use dana::OpKind;
+    let disk = SimDisk::new(0, 64 << 20, SimConfig::default());
+    let array = Array::new(vec![Target::Sim(disk.clone())], 4096).unwrap();
+    let o = Options::default()
+        .pool_bytes(8 << 20)
+        .durability(dana::Durability::Off);
+    let db = Db::open_array_with_log(array, None, o, true).unwrap();
+    let t = db.create_tree("t").unwrap();
+    t.put(b"k", b"v").unwrap();
+    disk.inject(Fault::nth(Some(OpKind::Write), 0).sticky());
+    assert!(matches!(db.flush(), Err(Error::Poisoned(_))));
+    for (what, r) in [
+        ("put", t.put(b"a", b"1").map(|_| ())),
+        ("insert", t.insert(b"b", b"1")),
+        ("delete", t.delete(b"k").map(|_| ())),
+        ("update", t.update(b"k", |v| v.to_vec()).map(|_| ())),
+    ] {
+        assert!(matches!(r, Err(Error::Poisoned(_))), "{what}: {r:?}");
+    }
+    assert_eq!(t.get(b"a").unwrap(), None);
+    assert_eq!(t.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+}

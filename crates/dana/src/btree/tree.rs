@@ -239,6 +239,11 @@ fn successor(k: &[u8]) -> Vec<u8> {
     v
 }
 
+/// Most times [`BTree::update`] runs its function on a key that keeps
+/// changing under it (only unlogged bulk writes can: every other write of
+/// the key waits for the stripe the update holds).
+const UPDATE_ATTEMPTS: usize = 64;
+
 impl BTree {
     /// Creates an empty tree (one leaf, which is its root forever).
     pub async fn create(pool: &Arc<BufferPool>) -> Result<BTree> {
@@ -283,9 +288,16 @@ impl BTree {
     /// commit's was admitted with its commit): the leaf, a split
     /// cascade's pages and the meta and map pages, as full images.
     /// None for a commit's apply or without a log.
+    /// Fails once the pool is stopped ([`BufferPool::poisoned`]): such a
+    /// write could never reach the disk (a stopped database without a
+    /// log acknowledged plain writes that its close then dropped; an
+    /// outside probe).
     async fn admit_unlogged(&self) -> Result<Option<crate::buffer::page_log::LogRoom>> {
         if self.commit {
             return Ok(None);
+        }
+        if let Some(e) = self.pool.poisoned() {
+            return Err(e);
         }
         self.pool.admit_log(8).await
     }
@@ -930,42 +942,61 @@ impl BTree {
         }
     }
 
-    /// Replaces the value of `key` with `f(old)` atomically (the leaf stays
-    /// latched exclusively in between). Returns false if `key` is absent.
+    /// Replaces the value of `key` with `f(old)` atomically: the new
+    /// value is written only while the key still holds the `old` that `f`
+    /// was given, else `f` runs again on what it holds now. Returns false
+    /// if `key` is absent.
+    ///
+    /// `f` runs with no latch held: it may read the tree, and a panic in
+    /// it changes nothing. (It ran under the leaf's exclusive latch: a
+    /// read of a key of the same leaf inside it spun for ever, and a
+    /// panic stopped the database, which without a log then lost every
+    /// write since the last flush; an outside probe.) The caller holds
+    /// the key's stripe (`Committer::with_key_locked`), so
+    /// only an unlogged bulk write can change the key in between.
     pub async fn update(&self, key: &[u8], mut f: impl FnMut(&[u8]) -> Vec<u8>) -> Result<bool> {
         let _room = self.admit_unlogged().await?;
         self.check_key(key)?;
-        loop {
-            let mut leaf = self.leaf_exclusive(key).await?;
-            let pid = leaf.pid();
-            let mut n = node_mut(&mut leaf, pid)?;
-            let (i, found) = n.as_node().lower_bound(key);
-            if !found {
-                leaf.unchanged();
-                return Ok(false);
-            }
-            if n.as_node().is_ref_at(i) {
-                leaf.unchanged();
-                return Err(self.refuse_reference());
-            }
-            let new = f(n.as_node().payload_at(i));
-            if let Err(e) = self.check_value(&new) {
-                leaf.unchanged();
-                return Err(e);
-            }
-            match n.update_at(i, &new) {
-                Ok(()) => {
-                    leaf.cover(self.cover);
-                    return Ok(true);
-                }
-                Err(node::Full) => {
-                    // Full is found before anything moves.
+        for _ in 0..UPDATE_ATTEMPTS {
+            let old = match self.get_raw(key).await?.0 {
+                None => return Ok(false),
+                Some((_, true)) => return Err(self.refuse_reference()),
+                Some((old, false)) => old,
+            };
+            let new = f(&old);
+            self.check_value(&new)?;
+            loop {
+                let mut leaf = self.leaf_exclusive(key).await?;
+                let pid = leaf.pid();
+                let mut n = node_mut(&mut leaf, pid)?;
+                let (i, found) = n.as_node().lower_bound(key);
+                if !found {
                     leaf.unchanged();
-                    drop(leaf);
-                    self.split(pid, key).await?;
+                    return Ok(false);
+                }
+                if n.as_node().is_ref_at(i) || n.as_node().payload_at(i) != old.as_slice() {
+                    // Changed since `f` read it: `f` again.
+                    leaf.unchanged();
+                    break;
+                }
+                match n.update_at(i, &new) {
+                    Ok(()) => {
+                        leaf.cover(self.cover);
+                        return Ok(true);
+                    }
+                    Err(node::Full) => {
+                        // Full is found before anything moves.
+                        leaf.unchanged();
+                        drop(leaf);
+                        self.split(pid, key).await?;
+                    }
                 }
             }
         }
+        Err(Error::Conflict(format!(
+            "key of tree {} changed {UPDATE_ATTEMPTS} times while its update ran",
+            self.root
+        )))
     }
 
     /// Removes `key`. Returns true if it was present.
