@@ -135,6 +135,13 @@ pub struct CrashArgs {
     /// and the kill -9 cycles.
     #[arg(long)]
     pub compress_log_images: bool,
+    /// The simulated power cuts run two workers, each appending to a log
+    /// of its own on a simulated disk of its own (`Options::logs`), the
+    /// committers spread over both; a cut takes both logs at once, each
+    /// at its own point. Two threads: a crash point no longer replays
+    /// exactly. The log damage and injected I/O errors keep one log.
+    #[arg(long, conflicts_with = "plant_loss")]
+    pub worker_logs: bool,
     /// Directory for the kill -9 runs (default: a temporary directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -490,6 +497,15 @@ fn log_flush_block() -> u64 {
 static LOG_FLUSHES_IN_FLIGHT: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
+/// `--worker-logs`.
+static WORKER_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Logs (and workers) of a simulated power-cut run: 2 with
+/// `--worker-logs`, else 1.
+fn sim_logs() -> usize {
+    1 + WORKER_LOGS.load(std::sync::atomic::Ordering::Relaxed) as usize
+}
+
 /// `--mirrored`.
 static MIRRORED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -539,14 +555,14 @@ fn log_flushes_in_flight() -> usize {
     }
 }
 
-fn sim_options(durability: Durability, log_sync: bool) -> Options {
+fn sim_options(durability: Durability, log_sync: bool, workers: usize) -> Options {
     let o = Options::default()
         .log_flush_block(log_flush_block())
         .log_flushes_in_flight(log_flushes_in_flight())
         .compress_log_images(compress_log_images())
         .log_identity(0x51_4d_5e_ed)
         .pool_bytes(48 * 4096)
-        .workers(1)
+        .workers(workers)
         .log_bytes(SIM_LOG)
         .log_write_through_max(if log_sync {
             0
@@ -561,21 +577,24 @@ fn sim_options(durability: Durability, log_sync: bool) -> Options {
     }
 }
 
-/// Durable images of a data disk and a log disk.
-type Image = (Vec<u8>, Vec<u8>);
+/// Durable images of a data disk and its logs' disks.
+type Image = Vec<Vec<u8>>;
 
 struct SimRig {
     data: Arc<SimDisk>,
-    log: Arc<SimDisk>,
+    /// Log `i` is worker `i`'s (one worker per log).
+    logs: Vec<Arc<SimDisk>>,
 }
 
 impl SimRig {
+    /// A rig of one log.
     fn new(seed: u64) -> SimRig {
-        SimRig::with_untorn(seed, false)
+        SimRig::with(seed, false, 1)
     }
 
-    /// A rig whose data disk writes 4 KiB untorn if `untorn`.
-    fn with_untorn(seed: u64, untorn: bool) -> SimRig {
+    /// A rig of `logs` logs (and as many workers) whose data disk writes
+    /// 4 KiB untorn if `untorn`.
+    fn with(seed: u64, untorn: bool, logs: usize) -> SimRig {
         // Replayable: every request completes at the next reap.
         let config = SimConfig::replayable;
         let data = SimConfig {
@@ -584,36 +603,48 @@ impl SimRig {
         };
         SimRig {
             data: SimDisk::new(0, 16 << 20, data),
-            log: SimDisk::new(1, CONTROL_BYTES + SIM_LOG, config(seed ^ 1)),
+            logs: (1..=logs)
+                .map(|i| SimDisk::new(i, CONTROL_BYTES + SIM_LOG, config(seed ^ i as u64)))
+                .collect(),
         }
+    }
+
+    /// Log 0 (the only one of a rig of one log).
+    fn log(&self) -> &Arc<SimDisk> {
+        &self.logs[0]
+    }
+
+    /// The data disk and the logs.
+    fn disks(&self) -> impl Iterator<Item = &Arc<SimDisk>> {
+        std::iter::once(&self.data).chain(&self.logs)
     }
 
     fn open(&self, create: bool, d: Durability, log_sync: bool) -> dana::Result<Db> {
         let array = Array::new(vec![Target::Sim(self.data.clone())], 4096)?;
-        Db::open_array_with_log(
-            array,
-            Some(Target::Sim(self.log.clone())),
-            sim_options(d, log_sync),
-            create,
-        )
+        let logs = self.logs.iter().map(|l| Target::Sim(l.clone())).collect();
+        let workers = self.logs.len();
+        Db::open_array_with_logs(array, logs, sim_options(d, log_sync, workers), create)
     }
 
     /// Puts the base image on the disks: the trees, each preloaded with
-    /// [`PRELOAD`] keys (built once per process).
+    /// [`PRELOAD`] keys (built once per process and number of logs).
     fn setup(&self) -> dana::Result<()> {
-        static BASE: OnceLock<Result<Image, String>> = OnceLock::new();
-        let base = BASE.get_or_init(|| {
-            let rig = SimRig::new(0);
+        static BASE: [OnceLock<Result<Image, String>>; 2] = [OnceLock::new(), OnceLock::new()];
+        let n = self.logs.len();
+        let base = BASE[n.clamp(1, 2) - 1].get_or_init(|| {
+            let rig = SimRig::with(0, false, n);
             rig.build_base().map_err(|e| e.to_string())?;
-            let data = rig.data.read_durable(0, rig.data.size() as usize);
-            let log = rig.log.read_durable(0, rig.log.size() as usize);
-            Ok((data, log))
+            Ok(rig
+                .disks()
+                .map(|d| d.read_durable(0, d.size() as usize))
+                .collect())
         });
-        let (data, log) = base
+        let images = base
             .as_ref()
             .map_err(|e| Error::InvalidArgument(format!("building the base image: {e}")))?;
-        self.data.overwrite_durable(0, data);
-        self.log.overwrite_durable(0, log);
+        for (disk, image) in self.disks().zip(images) {
+            disk.overwrite_durable(0, image);
+        }
         Ok(())
     }
 
@@ -661,7 +692,7 @@ impl SimRig {
         let Some(c) = self.control() else {
             return BTreeMap::new();
         };
-        let mut stream = self.log.read_durable(CONTROL_BYTES, SIM_LOG as usize);
+        let mut stream = self.log().read_durable(CONTROL_BYTES, SIM_LOG as usize);
         stream.rotate_left((c.redo % c.capacity) as usize);
         let Ok(scan) = dana::wal::recover::scan(&stream, &c) else {
             return BTreeMap::new();
@@ -681,7 +712,7 @@ impl SimRig {
 
     /// The newest control block of the durable log image.
     fn control(&self) -> Option<Control> {
-        Control::newest(&self.log.read_durable(0, CONTROL_BYTES as usize))
+        Control::newest(&self.log().read_durable(0, CONTROL_BYTES as usize))
     }
 }
 
@@ -748,7 +779,7 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
         plant_loss,
         untorn,
     } = cfg;
-    let rig = SimRig::with_untorn(seed, untorn);
+    let rig = SimRig::with(seed, untorn, sim_logs());
     let fail = |what: String| {
         format!(
             "seed {seed} point {point}{}: {what}",
@@ -772,8 +803,9 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
         }
     };
     let switch = PowerSwitch::new(point, policy, seed);
-    switch.attach(&rig.data);
-    switch.attach(&rig.log);
+    for d in rig.disks() {
+        switch.attach(d);
+    }
     // (txn, commit LSN) acknowledged per committer, and the submitted ones.
     let acks: Arc<Mutex<Vec<Vec<u64>>>> = Arc::new(Mutex::new(vec![Vec::new(); tasks as usize]));
     let submitted = Arc::new(Mutex::new(vec![0u64; tasks as usize]));
@@ -835,12 +867,13 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
                     let _ = tx.send(());
                 }));
             }
-            // Spawned from one task on the (single) worker, so that the
-            // committers start in the same order every time.
-            let d = db.clone();
-            let spawned = db.spawn(async move {
-                for j in jobs {
-                    let _ = d.spawn(j);
+            // Spawned from one task on worker 0, so that the committers
+            // start in the same order every time; committer i on worker
+            // i mod the workers (its log).
+            let (d, workers) = (db.clone(), rig.logs.len());
+            let spawned = db.spawn_on(0, async move {
+                for (i, j) in jobs.into_iter().enumerate() {
+                    let _ = d.spawn_on(i % workers, j);
                 }
             });
             if spawned.is_err() && !switch.fired() {
@@ -884,8 +917,8 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
                     .collect(),
                 required,
                 lsns: a.clone(),
-                // One worker, one log.
-                log: 0,
+                // Committer i runs on worker i mod the workers.
+                log: task % rig.logs.len() as u64,
             }
         })
         .collect();
@@ -904,11 +937,10 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
         let ends = rig.commit_ends();
         if let Some(&lsn) = newest.filter(|&l| l > 0).and_then(|g| ends.get(&g)) {
             let at = SimRig::log_offset(lsn) / 512 * 512;
-            rig.log.overwrite_durable(at, &[0u8; 512]);
+            rig.log().overwrite_durable(at, &[0u8; 512]);
         }
     }
-    rig.data.power_on();
-    rig.log.power_on();
+    rig.disks().for_each(|d| d.power_on());
     // One run in two crashes its recovery too, then recovers again: a
     // recovery writes (pages repaired and redone, commits appended again,
     // its checkpoint) and must leave what the next one can finish.
@@ -920,7 +952,10 @@ pub fn sim_run(cfg: SimRun) -> Result<SimOutcome, String> {
     let reopened = rig.open(false, durability, log_sync);
     // The trace up to the end of recovery: what follows (the judge's reads
     // from this thread racing the worker's evictions) is not seeded.
-    let trace = rig.data.trace_hash() ^ rig.log.trace_hash().rotate_left(1);
+    let trace = rig
+        .disks()
+        .enumerate()
+        .fold(0, |h, (i, d)| h ^ d.trace_hash().rotate_left(i as u32));
     let db = match reopened {
         Ok(db) => db,
         Err(e @ (Error::CorruptLog { .. } | Error::Corrupt { .. })) if plant_loss => {
@@ -994,14 +1029,13 @@ fn cut_recovery(
     log_sync: bool,
     policy: PowerCutPolicy,
 ) -> Result<Option<(u64, u64)>, String> {
-    let copy = SimRig::with_untorn(seed, untorn);
-    copy.data
-        .copy_durable_from(&rig.data)
-        .and_then(|()| copy.log.copy_durable_from(&rig.log))
-        .map_err(|e| format!("copying the disks for a recovery to count: {e}"))?;
+    let copy = SimRig::with(seed, untorn, rig.logs.len());
+    for (to, from) in copy.disks().zip(rig.disks()) {
+        to.copy_durable_from(from)
+            .map_err(|e| format!("copying the disks for a recovery to count: {e}"))?;
+    }
     let counter = PowerSwitch::at_write(0, policy, seed);
-    counter.attach(&copy.data);
-    counter.attach(&copy.log);
+    copy.disks().for_each(|d| counter.attach(d));
     let db = copy
         .open(false, durability, log_sync)
         .map_err(|e| format!("recovery (of a copy, counting its requests): {e}"))?;
@@ -1012,16 +1046,14 @@ fn cut_recovery(
     }
     let at = 1 + (seed ^ (seed >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15) % made;
     let switch = PowerSwitch::at_write(at, policy, seed ^ 0x005e_c07d);
-    switch.attach(&rig.data);
-    switch.attach(&rig.log);
+    rig.disks().for_each(|d| switch.attach(d));
     match rig.open(false, durability, log_sync) {
         // Dropped after the cut: that must not hang or panic.
         Ok(_db) => switch.cut(),
         Err(_) if switch.fired() => {}
         Err(e) => return Err(format!("recovery cut at write {at} of {made}: {e}")),
     }
-    rig.data.power_on();
-    rig.log.power_on();
+    rig.disks().for_each(|d| d.power_on());
     Ok(Some((at, made)))
 }
 
@@ -1204,9 +1236,9 @@ pub fn flip_sweep(seed: u64, flips: u64, txns: u64) -> Result<(u64, u64), String
             continue;
         };
         let at = SimRig::log_offset(lsn) - (s % 16);
-        let mut b = rig.log.read_durable(at, 1);
+        let mut b = rig.log().read_durable(at, 1);
         b[0] ^= 1 << (s % 8);
-        rig.log.overwrite_durable(at, &b);
+        rig.log().overwrite_durable(at, &b);
         made += 1;
         match rig.open(false, Durability::Sync, false) {
             Err(Error::CorruptLog { .. }) => detected += 1,
@@ -1242,7 +1274,7 @@ pub fn fault_run(
         fault = fault.sticky();
     }
     rig.data.inject(fault.clone());
-    rig.log.inject(fault);
+    rig.log().inject(fault);
     let mut log = TaskLog::default();
     let mut max = 0;
     // A fault during the open (recovery's own I/O) must fail it cleanly.
@@ -1269,14 +1301,14 @@ pub fn fault_run(
     }
     let _ = max;
     rig.data.clear_faults();
-    rig.log.clear_faults();
+    rig.log().clear_faults();
     // The power goes before the reopen: every write no flush made durable
     // is gone, so a commit acknowledged over a failed flush is missed
     // (without the cut the reopen read the device's cache, and found it).
     rig.data.power_cut(PowerCutPolicy::DropAll, seed);
-    rig.log.power_cut(PowerCutPolicy::DropAll, seed ^ 1);
+    rig.log().power_cut(PowerCutPolicy::DropAll, seed ^ 1);
     rig.data.power_on();
-    rig.log.power_on();
+    rig.log().power_on();
     let db = rig
         .open(false, Durability::Sync, false)
         .map_err(|e| fail(format!("recovery: {e}")))?;
@@ -1834,6 +1866,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
     }
     LOG_FLUSH_BLOCK.store(args.log_flush_block, std::sync::atomic::Ordering::Relaxed);
     MIRRORED.store(args.mirrored, std::sync::atomic::Ordering::Relaxed);
+    WORKER_LOGS.store(args.worker_logs, std::sync::atomic::Ordering::Relaxed);
     OUT_OF_PLACE.store(args.out_of_place, std::sync::atomic::Ordering::Relaxed);
     COMPRESS_PAGES.store(args.compress_pages, std::sync::atomic::Ordering::Relaxed);
     BACKGROUND_COLLECTION.store(

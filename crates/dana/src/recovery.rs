@@ -12,7 +12,7 @@ use crate::checkpoint::checkpoint;
 use crate::io::{Array, Target};
 use crate::wal::record::{self, Write};
 use crate::wal::recover::{self, LogPlace, Recovered};
-use crate::wal::{CheckpointScope, LogSet, Resume};
+use crate::wal::{CheckpointScope, LogSet, Resume, Wal};
 use crate::{Error, Options, Result};
 
 /// What recovery did when the database opened.
@@ -245,7 +245,9 @@ pub(crate) async fn reapply(
     // applied (only after it was appended again). Everything is appended
     // to this task's log.
     let mut lsns: Vec<u64> = commits.iter().map(|c| c.0).collect();
-    let mut registered = false;
+    // The log each commit was appended to again (registered there as
+    // being applied).
+    let mut again_in: Vec<Option<Arc<Wal>>> = vec![None; commits.len()];
     let mut appended_again = 0u64;
     let local = wal.map(|w| w.local().clone());
     // Bytes of the commit records from each one to the last: what
@@ -263,17 +265,29 @@ pub(crate) async fn reapply(
         // its apply appended the writes it had left as records of their
         // own, `txn::apply_logged`, but its first record holds them all).
         for k in 0..writes.len() {
-            if let (Some(set), Some(w)) = (
-                wal,
-                local
-                    .as_ref()
-                    .filter(|w| w.used() + rest[i] > w.capacity() / 4 * 3),
-            ) {
+            // Appended again once the logs' room below the admission mark
+            // (every log's: with a log per worker the commits left came
+            // from all of them) would not hold them all.
+            let short = |set: &LogSet| set.logs().iter().map(|l| room_of(l)).sum::<u64>() < rest[i];
+            if let (Some(set), Some(w)) = (wal.filter(|s| short(s)), local.as_ref()) {
                 // Everything appended so far durable first: the records
                 // appended again start a flush of their own, where the
                 // checkpoint's redo point can be (the start of the flush
                 // holding its redo GSN), not behind the page images.
                 w.flush_appended().await?;
+                // With a log per worker the commits left came from every
+                // log, and this one alone may not hold them again: its
+                // flush then waited for room no checkpoint could free, and
+                // the open spun for ever (`dana crashtest --worker-logs`).
+                // Each goes to the first log, this one first, with room
+                // for it below the admission mark; GSNs keep their order.
+                let mut logs: Vec<(Arc<Wal>, u64)> = std::iter::once(w.clone())
+                    .chain(set.logs().iter().filter(|l| !Arc::ptr_eq(l, w)).cloned())
+                    .map(|l| {
+                        let room = room_of(&l);
+                        (l, room)
+                    })
+                    .collect();
                 for j in i..commits.len() {
                     let left = if j == i {
                         &writes[k..]
@@ -293,14 +307,23 @@ pub(crate) async fn reapply(
                             record::APPENDED_AGAIN
                         },
                     );
-                    let (lsn, _) = w.append_commit(again, 0)?;
+                    let len = again.len() as u64;
+                    let to = logs
+                        .iter()
+                        .position(|(_, room)| *room >= len)
+                        .unwrap_or_else(|| {
+                            // None has room left: the one with the most.
+                            (0..logs.len()).max_by_key(|&t| logs[t].1).unwrap_or(0)
+                        });
+                    let (log, room) = &mut logs[to];
+                    *room = room.saturating_sub(len);
+                    let (lsn, _) = log.append_commit(again, 0)?;
                     appended_again += 1;
-                    if registered {
-                        w.applied(lsns[j]);
+                    if let Some(before) = again_in[j].replace(log.clone()) {
+                        before.applied(lsns[j]);
                     }
                     lsns[j] = lsn;
                 }
-                registered = true;
                 checkpoint(pool, set, CheckpointScope::All).await?;
             }
             // Without a log (`Durability::Off` on a database that has
@@ -308,11 +331,17 @@ pub(crate) async fn reapply(
             let cover = if wal.is_some() { lsns[i] } else { 0 };
             crate::txn::apply(pool, &writes[k..=k], false, cover).await?;
         }
-        if let (Some(w), true) = (&local, registered) {
-            w.applied(lsns[i]);
+        if let Some(log) = &again_in[i] {
+            log.applied(lsns[i]);
         }
     }
     Ok(appended_again)
+}
+
+/// Bytes log `l` can take before three quarters of it are in use (what
+/// admission leaves for operations in progress).
+fn room_of(l: &Wal) -> u64 {
+    (l.capacity() / 4 * 3).saturating_sub(l.used())
 }
 
 /// The writes of `commits` (in GSN order) that re-application needs: of
