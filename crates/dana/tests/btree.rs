@@ -829,3 +829,33 @@ fn a_stopped_database_without_a_log_refuses_plain_writes() {
     assert_eq!(t.get(b"a").unwrap(), None);
     assert_eq!(t.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
 }
+
+/// A panic in a future that `Db::block_on` runs on a worker (where a sync
+/// call's work goes when it needs I/O: a cold `Tree::update` runs its
+/// function there) goes on in the caller, as on the caller's own thread,
+/// and the database goes on (the caller got `Error::Shutdown`, which
+/// says the engine is stopping; an outside probe).
+#[test]
+fn a_panic_inside_block_on_goes_on_in_the_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default()
+        .pool_bytes(8 << 20)
+        .capacity_bytes(64 << 20);
+    let db = Db::open(dir.path(), opts).unwrap();
+    let d = db.clone();
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        d.block_on(async {
+            if std::hint::black_box(true) {
+                panic!("the caller's bug");
+            }
+            1u8
+        })
+    }));
+    let payload = caught.expect_err("the panic went on in the caller");
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the caller's bug"));
+    let t = db.create_tree("t").unwrap();
+    t.put(b"k", b"v").unwrap();
+    assert_eq!(t.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    drop(t);
+    db.close().unwrap();
+}

@@ -398,10 +398,26 @@ impl Runtime {
             ));
         }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        // A panic in the future goes on in the caller, as in a call that
+        // ran on its thread: it was the worker's to catch, and the caller
+        // got `Error::Shutdown`, which says the engine is stopping (an
+        // outside probe).
+        let mut future = Box::pin(future);
+        let caught = std::future::poll_fn(move |cx| {
+            match std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+                Ok(Poll::Pending) => Poll::Pending,
+                Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+                Err(payload) => Poll::Ready(Err(payload)),
+            }
+        });
         self.spawn_on(self.home_worker(), async move {
-            let _ = tx.send(future.await);
+            let _ = tx.send(caught.await);
         })?;
-        rx.recv().map_err(|_| Error::Shutdown)
+        match rx.recv() {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(payload)) => std::panic::resume_unwind(payload),
+            Err(_) => Err(Error::Shutdown),
+        }
     }
 
     /// Stops the workers once their tasks have finished, and waits.
