@@ -875,7 +875,10 @@ impl Db {
             // the creation, so the handle waits for the creation (with a
             // log per worker a crash could keep the write and lose the
             // tree: found in review).
-            if root.is_some() {
+            // With one log the write's record follows the creation's in
+            // it: durable, it implies the creation durable.
+            let logs = committer.wal.as_ref().map_or(0, |w| w.logs().len());
+            if root.is_some() && logs > 1 {
                 committer.wait_read_durable(gsn, Durability::Sync).await?;
             }
             Ok::<_, Error>(root)
@@ -1172,7 +1175,7 @@ impl Db {
     }
 
     /// Runs `future` on a worker and waits for its output (call from any
-    /// thread but a worker).
+    /// thread but a worker). A panic in `future` goes on in the caller.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();

@@ -250,6 +250,9 @@ pub(crate) async fn reapply(
     let mut again_in: Vec<Option<Arc<Wal>>> = vec![None; commits.len()];
     let mut appended_again = 0u64;
     let local = wal.map(|w| w.local().clone());
+    // Room for the page images of one write's re-application (a split
+    // cascade's pages and the meta and map pages, as full images).
+    let images_room = 8 * (pool.page_size() as u64 + record::HEADER as u64 + 16);
     // Bytes of the commit records from each one to the last: what
     // appending the rest again costs.
     let mut rest = vec![0u64; commits.len() + 1];
@@ -267,9 +270,19 @@ pub(crate) async fn reapply(
         for k in 0..writes.len() {
             // Appended again once the logs' room below the admission mark
             // (every log's: with a log per worker the commits left came
-            // from all of them) would not hold them all.
-            let short = |set: &LogSet| set.logs().iter().map(|l| room_of(l)).sum::<u64>() < rest[i];
-            if let (Some(set), Some(w)) = (wal.filter(|s| short(s)), local.as_ref()) {
+            // from all of them) would not hold them all, or this task's
+            // log, where every page image of the re-application goes,
+            // has no room left for one write's images (the room of the
+            // others let it overflow: a review's finding).
+            let short = |set: &LogSet, w: &Wal| {
+                set.logs().iter().map(|l| room_of(l)).sum::<u64>() < rest[i]
+                    || room_of(w) < images_room
+            };
+            let due = match (wal, local.as_ref()) {
+                (Some(set), Some(w)) if short(set, w) => Some((set, w)),
+                _ => None,
+            };
+            if let Some((set, w)) = due {
                 // Everything appended so far durable first: the records
                 // appended again start a flush of their own, where the
                 // checkpoint's redo point can be (the start of the flush
@@ -279,10 +292,15 @@ pub(crate) async fn reapply(
                 // log, and this one alone may not hold them again: its
                 // flush then waited for room no checkpoint could free, and
                 // the open spun for ever (`dana crashtest --worker-logs`).
-                // Each goes to the first log, this one first, with room
-                // for it below the admission mark; GSNs keep their order.
-                let mut logs: Vec<(Arc<Wal>, u64)> = std::iter::once(w.clone())
-                    .chain(set.logs().iter().filter(|l| !Arc::ptr_eq(l, w)).cloned())
+                // Each goes to the first log with room for it below the
+                // admission mark, this task's last (it takes the page
+                // images); GSNs keep their order.
+                let mut logs: Vec<(Arc<Wal>, u64)> = set
+                    .logs()
+                    .iter()
+                    .filter(|l| !Arc::ptr_eq(l, w))
+                    .chain(std::iter::once(w))
+                    .cloned()
                     .map(|l| {
                         let room = room_of(&l);
                         (l, room)

@@ -953,7 +953,10 @@ impl BTree {
     /// panic stopped the database, which without a log then lost every
     /// write since the last flush; an outside probe.) The caller holds
     /// the key's stripe (`Committer::with_key_locked`), so
-    /// only an unlogged bulk write can change the key in between.
+    /// only an unlogged bulk write can change the key in between. Through
+    /// `Tree::unlogged_btree` no stripe is held: an update of a key other
+    /// writers keep changing fails with [`Error::Conflict`] after
+    /// `UPDATE_ATTEMPTS` tries.
     pub async fn update(&self, key: &[u8], mut f: impl FnMut(&[u8]) -> Vec<u8>) -> Result<bool> {
         let _room = self.admit_unlogged().await?;
         self.check_key(key)?;
