@@ -294,16 +294,18 @@ pub(crate) async fn reapply(
                 // the open spun for ever (`dana crashtest --worker-logs`).
                 // Each goes to the first log with room for it below the
                 // admission mark, this task's last (it takes the page
-                // images); GSNs keep their order.
-                let mut logs: Vec<(Arc<Wal>, u64)> = set
+                // images), else to the first with room below its capacity
+                // (less a reserve for the checkpoint's records: the quarter
+                // admission leaves is for this); GSNs keep their order.
+                let mut logs: Vec<(Arc<Wal>, u64, u64)> = set
                     .logs()
                     .iter()
                     .filter(|l| !Arc::ptr_eq(l, w))
                     .chain(std::iter::once(w))
                     .cloned()
                     .map(|l| {
-                        let room = room_of(&l);
-                        (l, room)
+                        let (room, whole) = (room_of(&l), whole_room_of(&l, images_room));
+                        (l, room, whole)
                     })
                     .collect();
                 for j in i..commits.len() {
@@ -328,13 +330,15 @@ pub(crate) async fn reapply(
                     let len = again.len() as u64;
                     let to = logs
                         .iter()
-                        .position(|(_, room)| *room >= len)
+                        .position(|(_, room, _)| *room >= len)
+                        .or_else(|| logs.iter().position(|(_, _, whole)| *whole >= len))
                         .unwrap_or_else(|| {
                             // None has room left: the one with the most.
-                            (0..logs.len()).max_by_key(|&t| logs[t].1).unwrap_or(0)
+                            (0..logs.len()).max_by_key(|&t| logs[t].2).unwrap_or(0)
                         });
-                    let (log, room) = &mut logs[to];
+                    let (log, room, whole) = &mut logs[to];
                     *room = room.saturating_sub(len);
+                    *whole = whole.saturating_sub(len);
                     let (lsn, _) = log.append_commit(again, 0)?;
                     appended_again += 1;
                     if let Some(before) = again_in[j].replace(log.clone()) {
@@ -360,6 +364,11 @@ pub(crate) async fn reapply(
 /// admission leaves for operations in progress).
 fn room_of(l: &Wal) -> u64 {
     (l.capacity() / 4 * 3).saturating_sub(l.used())
+}
+
+/// Bytes log `l` can take before it is full, less `reserve`.
+fn whole_room_of(l: &Wal, reserve: u64) -> u64 {
+    l.capacity().saturating_sub(l.used() + reserve)
 }
 
 /// The writes of `commits` (in GSN order) that re-application needs: of
