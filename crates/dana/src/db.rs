@@ -874,9 +874,9 @@ impl Db {
             // blind write into it reads nothing that ties its commit to
             // the creation, so the handle waits for the creation (with a
             // log per worker a crash could keep the write and lose the
-            // tree: found in review).
-            // With one log the write's record follows the creation's in
-            // it: durable, it implies the creation durable.
+            // tree: found in review). With one log the write's record
+            // follows the creation's: durable, it implies the creation
+            // durable.
             let logs = committer.wal.as_ref().map_or(0, |w| w.logs().len());
             if root.is_some() && logs > 1 {
                 committer.wait_read_durable(gsn, Durability::Sync).await?;

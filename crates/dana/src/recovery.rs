@@ -242,8 +242,8 @@ pub(crate) async fn reapply(
 ) -> Result<u64> {
     let commits = &last_writes(commits);
     // GSN of each commit's record, and whether the log counts it as being
-    // applied (only after it was appended again). Everything is appended
-    // to this task's log.
+    // applied (only after it was appended again). Page records go to this
+    // task's log; commits appended again may go to any log (below).
     let mut lsns: Vec<u64> = commits.iter().map(|c| c.0).collect();
     // The log each commit was appended to again (registered there as
     // being applied).
