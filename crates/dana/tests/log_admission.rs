@@ -172,17 +172,27 @@ fn a_checkpoint_waits_for_the_log_a_few_times_not_once_per_changed_page() {
     while writes.load(Ordering::Relaxed) < 20_000 {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    let before = db.pool_stats();
-    let at = writes.load(Ordering::Relaxed);
-    db.checkpoint().unwrap();
-    let during = writes.load(Ordering::Relaxed) - at;
-    let waits = db.pool_stats().flush_log_waits - before.flush_log_waits;
+    // A checkpoint that no writer's commit overlapped shows nothing: up
+    // to five tries (under a loaded suite one ran while no writer got
+    // the CPU, once).
+    let mut shown = false;
+    for _ in 0..5 {
+        let before = db.pool_stats();
+        let at = writes.load(Ordering::Relaxed);
+        db.checkpoint().unwrap();
+        let during = writes.load(Ordering::Relaxed) - at;
+        let waits = db.pool_stats().flush_log_waits - before.flush_log_waits;
+        assert!(
+            waits <= 12,
+            "{waits} waits for the log in one checkpoint ({during} writes during it)"
+        );
+        if during > 0 {
+            shown = true;
+            break;
+        }
+    }
     stop.store(true, Ordering::Relaxed);
-    assert!(during > 0, "the writers ran during the checkpoint");
-    assert!(
-        waits <= 12,
-        "{waits} waits for the log in one checkpoint ({during} writes during it)"
-    );
+    assert!(shown, "the writers never ran during a checkpoint");
     db.close().unwrap();
 }
 
