@@ -274,9 +274,15 @@ pub(crate) async fn reapply(
             // log, where every page image of the re-application goes,
             // has no room left for one write's images (the room of the
             // others let it overflow: a review's finding).
-            let short = |set: &LogSet, w: &Wal| {
-                set.logs().iter().map(|l| room_of(l)).sum::<u64>() < rest[i]
-                    || room_of(w) < images_room
+            let short = |set: &LogSet, w: &Arc<Wal>| {
+                let mine = room_of(w);
+                let others: u64 = set
+                    .logs()
+                    .iter()
+                    .filter(|l| !Arc::ptr_eq(l, w))
+                    .map(|l| room_of(l))
+                    .sum();
+                mine < images_room || mine + others < rest[i]
             };
             let due = match (wal, local.as_ref()) {
                 (Some(set), Some(w)) if short(set, w) => Some((set, w)),

@@ -758,15 +758,7 @@ impl PowerSwitch {
     /// from 1) is submitted to any attached disk, with `policy` and `seed`
     /// (each disk's cut uses `seed` plus its index). `at = 0`: never.
     pub fn new(at: u64, policy: PowerCutPolicy, seed: u64) -> Arc<PowerSwitch> {
-        Arc::new(PowerSwitch {
-            count: std::sync::atomic::AtomicU64::new(0),
-            at,
-            policy,
-            seed,
-            disks: Mutex::new(Vec::new()),
-            fired: std::sync::atomic::AtomicBool::new(false),
-            writes_only: false,
-        })
+        PowerSwitch::counting(at, policy, seed, false)
     }
 
     /// As [`PowerSwitch::new`], counting only writes and flushes: the
@@ -774,11 +766,19 @@ impl PowerSwitch {
     /// much and writes little (a recovery's redo) then gets no more of
     /// the cut points than its writes are worth.
     pub fn at_write(at: u64, policy: PowerCutPolicy, seed: u64) -> Arc<PowerSwitch> {
-        let mut s = PowerSwitch::new(at, policy, seed);
-        Arc::get_mut(&mut s)
-            .expect("a switch not yet shared")
-            .writes_only = true;
-        s
+        PowerSwitch::counting(at, policy, seed, true)
+    }
+
+    fn counting(at: u64, policy: PowerCutPolicy, seed: u64, writes_only: bool) -> Arc<Self> {
+        Arc::new(PowerSwitch {
+            count: std::sync::atomic::AtomicU64::new(0),
+            at,
+            policy,
+            seed,
+            disks: Mutex::new(Vec::new()),
+            fired: std::sync::atomic::AtomicBool::new(false),
+            writes_only,
+        })
     }
 
     /// Counts `disk`'s requests and cuts its power with the others'.
