@@ -158,8 +158,16 @@ impl SystemTask for Checkpointer {
         let shards = wal.checkpoint_shards();
         let scope = match shards {
             1 => CheckpointScope::All,
-            n => CheckpointScope::Shard(self.next_shard.fetch_add(1, Ordering::Relaxed) % n),
+            n => CheckpointScope::Shard(self.next_shard.load(Ordering::Relaxed) % n),
         };
+        if !wal.checkpoint_would_move(scope) {
+            // A commit being applied holds the redo points; asked again
+            // at the next step (a worker steps after polling tasks, so
+            // after that commit's apply ends too).
+            self.busy.store(false, Ordering::SeqCst);
+            return false;
+        }
+        self.next_shard.fetch_add(1, Ordering::Relaxed);
         let started = sched::spawn_here(async move {
             let _busy = Busy(&busy);
             if let Err(e) = checkpoint(&pool, &wal, scope).await {

@@ -57,7 +57,7 @@ use crate::read_fence::{FenceGuard, ReadFence};
 use crate::sched;
 use crate::validate::{self, InFlight, ReadSet};
 use crate::wal::record::{self, Write};
-use crate::wal::{Durability, LogReservation, LogSet, Wal};
+use crate::wal::{self, Durability, LogReservation, LogSet, Wal};
 use crate::{Error, Result};
 
 /// Number of key lock stripes.
@@ -976,8 +976,9 @@ async fn pages_needed(pool: &Arc<BufferPool>, writes: &[Write<'_>]) -> Result<u6
 /// would fill it with records no checkpoint could get past, and the log
 /// could no longer be flushed (one transaction deleting a key on each of
 /// ~600 leaves of a 1 MiB log hung every commit for good; a review's
-/// finding). So when the log behind the record passes a quarter (the most
-/// that admission counts one commit for), everything appended is made
+/// finding). So when the apply itself has appended a quarter of the log
+/// (the most that admission counts one commit for; what other tasks
+/// appended meanwhile is theirs, admitted), everything appended is made
 /// durable, the writes left are appended as a commit record of their own
 /// (in a later flush), which takes over as the one being applied, and the
 /// apply waits until checkpoints have moved the redo point past the first
@@ -1004,21 +1005,24 @@ async fn apply_logged(
         return apply(pool, writes, true, at.0).await;
     }
     let limit = log.capacity() / 4;
-    let mut mark = log.appended_end();
+    // Bytes this apply appended since its record (or the last one).
+    let mut own = 0u64;
     let mut out = Vec::with_capacity(writes.len());
     for (i, w) in writes.iter().enumerate() {
-        if i > 0 && log.appended_end().saturating_sub(mark) > limit {
+        if i > 0 && own > limit {
             // Every flush from here on starts at or past `durable`.
             let durable = log.appended_end();
             log.flush_appended().await?;
             let rest = &writes[i..];
             let (gsn, end) = log.append_commit(record::commit(rest).into_unsealed(), 0)?;
             log.applied(at.0);
+            log.count_continued_apply();
             *at = (gsn, end);
-            mark = log.appended_end();
+            own = 0;
             log.wait_redo_past(durable).await?;
         }
-        out.extend(apply(pool, std::slice::from_ref(w), true, at.0).await?);
+        let applied = wal::own_appends(apply(pool, std::slice::from_ref(w), true, at.0), &mut own);
+        out.extend(applied.await?);
     }
     Ok(out)
 }

@@ -258,7 +258,9 @@ pub struct WalStats {
     images: AtomicU64,
     compressed_images: AtomicU64,
     admit_waits: AtomicU64,
+    applies_continued: AtomicU64,
     checkpoints: AtomicU64,
+    checkpoints_skipped: AtomicU64,
     trimmed_bytes: AtomicU64,
     trim_failures: AtomicU64,
 }
@@ -291,8 +293,18 @@ pub struct WalStatsSnapshot {
     pub compressed_images: u64,
     /// Commits that waited for log space (for a checkpoint to free some).
     pub admit_waits: u64,
+    /// Commits whose apply had itself logged a quarter of the log in page
+    /// records, and so appended the writes it had left as a commit record
+    /// of their own and waited for checkpoints to move the redo point
+    /// (very large transactions only).
+    pub applies_continued: u64,
     /// Checkpoints completed.
     pub checkpoints: u64,
+    /// Times a checkpoint was due and not started, because it would have
+    /// raised no redo floor: the oldest commit being applied held the
+    /// floors of its shards, and no redo point could have moved (it would
+    /// only have spent log space).
+    pub checkpoints_skipped: u64,
     /// Stream bytes the checkpoints trimmed behind them (a log device
     /// that takes discards cheaply: a block device or the simulator).
     pub trimmed_bytes: u64,
@@ -323,7 +335,9 @@ impl WalStatsSnapshot {
         self.images += o.images;
         self.compressed_images += o.compressed_images;
         self.admit_waits += o.admit_waits;
+        self.applies_continued += o.applies_continued;
         self.checkpoints += o.checkpoints;
+        self.checkpoints_skipped += o.checkpoints_skipped;
         self.trimmed_bytes += o.trimmed_bytes;
         self.trim_failures += o.trim_failures;
         self.file_growths += o.file_growths;
@@ -344,7 +358,9 @@ impl WalStatsSnapshot {
             images: self.images - earlier.images,
             compressed_images: self.compressed_images - earlier.compressed_images,
             admit_waits: self.admit_waits - earlier.admit_waits,
+            applies_continued: self.applies_continued - earlier.applies_continued,
             checkpoints: self.checkpoints - earlier.checkpoints,
+            checkpoints_skipped: self.checkpoints_skipped - earlier.checkpoints_skipped,
             trimmed_bytes: self.trimmed_bytes - earlier.trimmed_bytes,
             trim_failures: self.trim_failures - earlier.trim_failures,
             file_growths: self.file_growths - earlier.file_growths,
@@ -508,6 +524,20 @@ impl Shared {
             .map(|b| b.load(Ordering::Acquire))
             .min()
             .unwrap_or(0)
+    }
+
+    /// Whether a checkpoint of `scope` begun now, with `applying` the
+    /// oldest commit being applied in any log, would raise the redo floor
+    /// of a shard it holds (see [`Shared::begin_full_images`]). If not,
+    /// no log's redo point would move: the last checkpoint that began
+    /// computed the same lowest floor.
+    pub(crate) fn floor_would_rise(&self, scope: CheckpointScope, applying: Option<u64>) -> bool {
+        let now = self.next_gsn();
+        let floor = applying.map_or(now, |a| a.min(now));
+        let shards = self.shards();
+        (0..shards).any(|s| {
+            scope.holds(s as u64, shards) && self.redo_floor[s].load(Ordering::Acquire) < floor
+        })
     }
 
     /// Every shard's redo floor (taken before a checkpoint begins, to put
@@ -849,6 +879,32 @@ fn flushable(queue: &VecDeque<Queued>, others: u64) -> (usize, usize, u64) {
 /// a flush of it was in flight (see [`Wal::due_in`]).
 const FLUSH_RECHECK: Duration = Duration::from_millis(1);
 
+thread_local! {
+    /// Bytes of records this thread appended to any log ([`own_appends`]).
+    static APPENDED_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f`, adding to `own` the bytes of the records appended to any
+/// log while it was polled: its own records (a task appends while it is
+/// polled, on its worker's thread), not those other tasks appended while
+/// it waited. (`txn::apply_logged` counted the log's end moved by other
+/// tasks as its own until 2026-11-29: with 64 committers on a 1 MiB log,
+/// two-write commits went on from records of their own and waited for
+/// checkpoints, which each spent log space while those commits held the
+/// redo point, until no checkpoint could be flushed and every commit
+/// hung: `dana crashtest --worker-logs --tasks 64`.)
+pub(crate) async fn own_appends<F: Future>(f: F, own: &mut u64) -> F::Output {
+    let appended = || APPENDED_HERE.with(|a| a.get());
+    let mut f = std::pin::pin!(f);
+    std::future::poll_fn(|cx| {
+        let before = appended();
+        let polled = f.as_mut().poll(cx);
+        *own += appended() - before;
+        polled
+    })
+    .await
+}
+
 fn align_up(v: u64, a: u64) -> u64 {
     v.div_ceil(a) * a
 }
@@ -1147,7 +1203,9 @@ impl Wal {
             images: l(&self.stats.images),
             compressed_images: l(&self.stats.compressed_images),
             admit_waits: l(&self.stats.admit_waits),
+            applies_continued: l(&self.stats.applies_continued),
             checkpoints: l(&self.stats.checkpoints),
+            checkpoints_skipped: l(&self.stats.checkpoints_skipped),
             trimmed_bytes: l(&self.stats.trimmed_bytes),
             trim_failures: l(&self.stats.trim_failures),
             file_growths: self.growth.as_ref().map_or(0, |g| l(&g.growths)),
@@ -1410,7 +1468,21 @@ impl Wal {
         }
         self.stats.records.fetch_add(1, Ordering::Relaxed);
         self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        APPENDED_HERE.with(|a| a.set(a.get() + len as u64));
         Ok(Ok((gsn, gsn + 1)))
+    }
+
+    /// Counts a commit whose apply went on from a record of its own
+    /// ([`WalStatsSnapshot::applies_continued`]).
+    pub(crate) fn count_continued_apply(&self) {
+        self.stats.applies_continued.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a checkpoint not started ([`WalStatsSnapshot::checkpoints_skipped`]).
+    pub(crate) fn count_skipped_checkpoint(&self) {
+        self.stats
+            .checkpoints_skipped
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// The commit with GSN `gsn` is fully applied to the pages.
@@ -2047,6 +2119,11 @@ impl Wal {
     }
 
     /// The oldest GSN of a commit this log is still applying, if any.
+    /// The GSN of this log's oldest commit being applied, if any.
+    pub(crate) fn oldest_applying_now(&self) -> Option<u64> {
+        Self::oldest_applying(&self.lock())
+    }
+
     fn oldest_applying(st: &State) -> Option<u64> {
         st.applying.first().copied()
     }
@@ -2304,6 +2381,92 @@ mod tests {
     impl std::task::Wake for CountingWaker {
         fn wake(self: Arc<Self>) {
             self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// What a future appended while polled is counted as its own; what
+    /// was appended between its polls (other tasks, while it waited) is
+    /// not. Counted from the log's end, a small commit's apply took the
+    /// other committers' records as its own and went on from a record of
+    /// its own (`txn::apply_logged`).
+    #[test]
+    fn own_appends_counts_what_the_future_appended_not_what_others_did() {
+        let set = logs(1);
+        let w = set.logs()[0].clone();
+        let mine = commit().len() as u64;
+        let mut own = 0;
+        {
+            let w2 = w.clone();
+            let mut yielded = false;
+            let f = own_appends(
+                async move {
+                    w2.append_commit(commit(), 0).unwrap();
+                    std::future::poll_fn(|cx| {
+                        if yielded {
+                            return Poll::Ready(());
+                        }
+                        yielded = true;
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    })
+                    .await;
+                    w2.append_commit(commit(), 0).unwrap();
+                },
+                &mut own,
+            );
+            let mut f = std::pin::pin!(f);
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(f.as_mut().poll(&mut cx).is_pending());
+            // Another task's records, appended while the future waits.
+            for _ in 0..50 {
+                w.append(vec![7u8; 200], 0).unwrap();
+            }
+            assert!(f.as_mut().poll(&mut cx).is_ready());
+        }
+        assert_eq!(own, 2 * mine, "the future's two records, no more");
+    }
+
+    /// A checkpoint is started only if it would raise a redo floor of a
+    /// shard it holds. While a commit is being applied whose GSN every
+    /// shard's floor has reached, none would: each would only have spent
+    /// log space, and back-to-back ones behind a long apply filled a log
+    /// until no checkpoint could be flushed (`dana crashtest
+    /// --worker-logs --tasks 64`). Once the commit is applied, they would
+    /// again.
+    #[test]
+    fn a_checkpoint_that_would_raise_no_floor_is_not_started() {
+        let set = sharded_logs(2, 4);
+        let shard = |s| CheckpointScope::Shard(s);
+        let (first, _) = set.logs()[0].append_commit(commit(), 0).unwrap();
+        set.logs()[0].applied(first);
+        assert!(
+            set.checkpoint_would_move(shard(0)),
+            "a floor below the end rises"
+        );
+        let (held, _) = set.logs()[1].append_commit(commit(), 0).unwrap();
+        set.logs()[0].append_commit(commit(), 0).unwrap();
+        set.logs()[0].applied(held + 1);
+        for s in 0..4 {
+            assert!(
+                set.checkpoint_would_move(shard(s)),
+                "shard {s}'s floor is below the commit"
+            );
+            set.shared.begin_full_images(shard(s), Some(held));
+        }
+        for s in 0..4 {
+            assert!(
+                !set.checkpoint_would_move(shard(s)),
+                "shard {s}: the commit being applied holds the floor"
+            );
+        }
+        assert!(!set.checkpoint_would_move(CheckpointScope::All));
+        assert_eq!(set.local().stats().checkpoints_skipped, 5);
+        set.logs()[1].applied(held);
+        for s in 0..4 {
+            assert!(
+                set.checkpoint_would_move(shard(s)),
+                "shard {s}, once applied"
+            );
         }
     }
 

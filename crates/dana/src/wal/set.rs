@@ -153,6 +153,28 @@ impl LogSet {
         (bound, g)
     }
 
+    /// Whether a checkpoint of `scope` begun now would raise a redo floor
+    /// of its shards (without that, no log's redo point can move);
+    /// counted in the local log's `checkpoints_skipped` when not. A
+    /// continuous checkpoint that would not is not started: its records
+    /// would spend log space for nothing, and while a commit being applied held the floors (a long
+    /// apply), back-to-back checkpoints filled the last quarter of a log
+    /// that admission keeps for operations in progress, until no
+    /// checkpoint could be flushed and every commit hung (`dana crashtest
+    /// --worker-logs --tasks 64`).
+    pub(crate) fn checkpoint_would_move(&self, scope: CheckpointScope) -> bool {
+        let applying = self
+            .logs
+            .iter()
+            .filter_map(|l| l.oldest_applying_now())
+            .min();
+        let moves = self.shared.floor_would_rise(scope, applying);
+        if !moves {
+            self.local().count_skipped_checkpoint();
+        }
+        moves
+    }
+
     /// Every shard's redo floor now ([`LogSet::abandon_checkpoint`]).
     pub(crate) fn redo_floors(&self) -> Vec<u64> {
         self.shared.redo_floors()
