@@ -1525,7 +1525,10 @@ impl Tree {
     /// are read, straight from the devices: read a value larger than
     /// memory piece by piece, or into a buffer of your own. (The
     /// checksum of a large value covers it whole: [`Tree::get`] verifies
-    /// it, a range read does not.)
+    /// it, a range read does not.) Each call reads the value as it is
+    /// then: if another thread writes the key between two calls, their
+    /// pieces come from two versions and nothing tells; read a value
+    /// that changes whole with [`Tree::get`].
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();

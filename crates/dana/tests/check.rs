@@ -604,6 +604,45 @@ fn a_reference_past_the_array_is_corrupt_before_its_buffer() {
     db.close().unwrap();
 }
 
+/// The same reference read in parts (`Tree::read_value`): `Corrupt`
+/// too. It read on unchecked: a start near 2^60 pages overflowed where
+/// pages are located (a panic in debug builds), one that wrapped read
+/// another page's bytes as the value's, `Ok` (a review's finding).
+#[test]
+fn a_reference_past_the_array_is_corrupt_when_read_in_parts() {
+    use dana::buffer::blob::BlobRef;
+    for start in [1u64 << 30, 1 << 60, u64::MAX - 1] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path(), opts()).unwrap();
+        let t = db.create_tree("t").unwrap();
+        t.put(b"big", &vec![9u8; 3 * PAGE]).unwrap();
+        let leaf = pages(&db, "t")[0].0;
+        db.close().unwrap();
+        edit_page(dir.path(), leaf, |p| {
+            let n = Node::new(p).unwrap();
+            let i = (0..n.len()).find(|&i| n.is_ref_at(i)).unwrap();
+            let mut r = BlobRef::decode(n.payload_at(i), PAGE).unwrap();
+            r.extents = vec![dana::buffer::blob::Extent { start, pages: 1 }];
+            r.len = PAGE as u64;
+            let mut m = NodeMut::new(p).unwrap();
+            m.update_at(i, &r.encode()).unwrap();
+            m.set_ref_at(i, true);
+            page::seal(p);
+        });
+        let db = Db::open(dir.path(), opts()).unwrap();
+        let t = db.tree("t").unwrap();
+        let mut buf = vec![0u8; 100];
+        match t.read_value(b"big", 10, &mut buf) {
+            Err(Error::Corrupt { page, what }) => {
+                assert_eq!(page, start);
+                assert!(what.contains("past the array"), "{what}");
+            }
+            other => panic!("start {start}: {other:?}"),
+        }
+        db.close().unwrap();
+    }
+}
+
 /// An inner node naming itself as its first child: dropping its tree
 /// fails with `Corrupt` instead of waiting for the latch the drop holds
 /// (a review's finding: it hung, holding the space guard, and every open

@@ -786,20 +786,7 @@ impl BTree {
         // Extents past the array's end (a damaged or forged reference
         // with a valid checksum) are refused before a buffer of up to 4
         // GiB is taken for them (a review's finding).
-        let pages = self.pool.array().pages();
-        if let Some(e) = r
-            .extents
-            .iter()
-            .find(|e| e.start + u64::from(e.pages) > pages)
-        {
-            return Err(Error::Corrupt {
-                page: e.start,
-                what: format!(
-                    "a large value's extent of {} pages at page {} lies past the array's {pages}",
-                    e.pages, e.start
-                ),
-            });
-        }
+        self.pool.blob_within_array(&r)?;
         let mut out = Vec::new();
         out.try_reserve_exact(len).map_err(|_| {
             Error::InvalidArgument(format!(

@@ -1154,6 +1154,30 @@ impl BufferPool {
     /// [`BufferPool::read_blob`] from the copies of mirrored devices that
     /// `pick` names. The checker reads a value that fails from each copy
     /// alone, to tell one damaged copy from all.
+    /// `Corrupt` if an extent of `r` lies past the array's end: a damaged
+    /// or forged reference with a valid checksum. Checked by every read
+    /// of a large value: `Tree::read_value` did not, and such a reference
+    /// panicked on an overflow where pages are located (debug builds) or
+    /// read other pages' bytes as the value's (release; a review's
+    /// finding).
+    pub(crate) fn blob_within_array(&self, r: &BlobRef) -> Result<()> {
+        let pages = self.array.pages();
+        match r.extents.iter().find(|e| {
+            e.start
+                .checked_add(u64::from(e.pages))
+                .is_none_or(|end| end > pages)
+        }) {
+            Some(e) => Err(Error::Corrupt {
+                page: e.start,
+                what: format!(
+                    "a large value's extent of {} pages at page {} lies past the array's {pages}",
+                    e.pages, e.start
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
     pub(crate) async fn read_blob_from(
         &self,
         r: &BlobRef,
@@ -1161,6 +1185,7 @@ impl BufferPool {
         out: &mut [u8],
         pick: CopyPick<'_>,
     ) -> Result<()> {
+        self.blob_within_array(r)?;
         let end = offset
             .checked_add(out.len() as u64)
             .filter(|&e| e <= r.len)
