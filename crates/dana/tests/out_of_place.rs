@@ -16,7 +16,7 @@ use dana::io::remap::{Remap, RemapConfig};
 use dana::io::sim::{PowerCutPolicy, PowerSwitch, SimConfig, SimDisk};
 use dana::io::{Array, Target};
 use dana::wal::CONTROL_BYTES;
-use dana::{Db, Options};
+use dana::{Db, Error, Options};
 
 use crate::page_writes;
 use page_writes::{key, put_round, value};
@@ -480,6 +480,43 @@ fn an_out_of_place_file_extended_since_opens_with_its_own_segments() {
         "{segments} segments after extending to {extended} bytes"
     );
     db.close().unwrap();
+}
+
+/// An out-of-place data file cut short after its creation, below the
+/// segments any out-of-place device needs, or below those its label's
+/// pages need: `Corrupt` either way, nothing changed. The first was
+/// `InvalidArgument`, as if the caller had asked for too small a device
+/// (an outside probe's finding).
+#[test]
+fn an_out_of_place_file_cut_short_is_corrupt() {
+    for len in [1u64 << 20, 4 << 20, 12 << 20] {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = closed_file(dir.path(), false, 2_000);
+        let path = dir.path().join("dana.0");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+        let before = std::fs::read(&path).unwrap();
+        for ro in [false, true] {
+            let o = if ro {
+                opts.clone().read_only()
+            } else {
+                opts.clone()
+            };
+            match Db::open(dir.path(), o) {
+                Err(Error::Corrupt { .. }) => {}
+                Err(e) => panic!("cut to {len} bytes, read-only {ro}: {e:?}"),
+                Ok(_) => panic!("cut to {len} bytes, read-only {ro}: opened"),
+            }
+        }
+        assert!(
+            std::fs::read(&path).unwrap() == before,
+            "cut to {len}: changed"
+        );
+    }
 }
 
 /// A byte flipped in a segment summary of a cleanly closed out-of-place

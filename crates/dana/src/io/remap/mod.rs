@@ -711,13 +711,24 @@ impl Remap {
         let segments = (inner.size() / page / seg).saturating_sub(1);
         let least = (OPEN_SEGMENTS + GC_RESERVE + 2) as u64;
         if segments < least {
-            return Err(Error::InvalidArgument(format!(
+            let what = format!(
                 "an out-of-place device needs at least {} segments of {} bytes; {} bytes hold {}",
                 least + 1,
                 seg * page,
                 inner.size(),
                 segments + 1
-            )));
+            );
+            // An existing device (its label names its pages) this small
+            // was cut short since: damage, not the caller's argument (an
+            // outside probe's finding: `InvalidArgument` for a truncated
+            // file).
+            return Err(match pages {
+                Some(_) => Error::Corrupt {
+                    page: 0,
+                    what: format!("{what}: the file was cut short since its creation"),
+                },
+                None => Error::InvalidArgument(what),
+            });
         }
         // Logical pages: as many as the data areas hold uncompressed, so
         // that any data fits; compression leaves the collection more room.
