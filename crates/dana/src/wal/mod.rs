@@ -413,6 +413,8 @@ pub(crate) struct Shared {
     /// A log failed: every log stops (records of the others may depend
     /// on its records, which will never be durable).
     poisoned: AtomicBool,
+    /// The first failed log's error, which the others name.
+    first_failure: Mutex<Option<String>>,
     /// Tasks waiting for the set's durable point to move (a checkpoint's
     /// write-back of a page changed since the last flush): woken at every
     /// flush's end and when a log stops.
@@ -443,6 +445,7 @@ impl Shared {
             wanted: (0..count).map(|_| AtomicU64::new(0)).collect(),
             blocked: (0..count).map(|_| AtomicBool::new(false)).collect(),
             poisoned: AtomicBool::new(false),
+            first_failure: Mutex::new(None),
             durable_waiters: WakerList::default(),
         })
     }
@@ -1135,7 +1138,16 @@ impl Wal {
     pub fn poisoned(&self) -> Option<Error> {
         if !self.poisoned.load(Ordering::Acquire) {
             if self.shared.poisoned.load(Ordering::Acquire) {
-                return Some(Error::Poisoned("another log of the database failed".into()));
+                let first = self
+                    .shared
+                    .first_failure
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+                    .unwrap_or_default();
+                return Some(Error::Poisoned(format!(
+                    "another log of the database failed: {first}"
+                )));
             }
             return None;
         }
@@ -1179,6 +1191,16 @@ impl Wal {
             let mut p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
             if p.is_none() {
                 *p = Some(format!("log: {e}"));
+            }
+        }
+        {
+            let mut f = self
+                .shared
+                .first_failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if f.is_none() {
+                *f = Some(format!("log {}: {e}", self.index));
             }
         }
         self.poisoned.store(true, Ordering::Release);
@@ -1873,6 +1895,31 @@ impl Wal {
             // The records would overwrite log space the last checkpoint
             // still needs. Admission keeps a quarter of the log free for
             // operations in progress; getting here means it did not.
+            let first = align_up(
+                st.end + (front.len + record::FLUSH_MARKER_LEN) as u64,
+                self.block,
+            );
+            if first - st.redo > self.capacity && self.in_checkpoint.load(Ordering::Acquire) {
+                // Not even the first record fits while a checkpoint runs:
+                // it cannot end (it waits for this log to be durable, then
+                // for its own record here), and only a checkpoint's end
+                // frees the log.
+                // Stopped with an error rather than spinning for ever (an
+                // outside probe kept a database whose log was full to its
+                // capacity, left so by checkpoints that spent its last
+                // quarter, fixed since: every open hung in recovery's
+                // last checkpoint). Nothing is lost: the next open
+                // recovers from the log as it is.
+                let what = format!(
+                    "log {} is full: {} bytes from its redo point, its capacity; the \
+                     running checkpoint, which alone frees it, cannot end",
+                    self.index,
+                    st.end - st.redo
+                );
+                drop(guard);
+                self.poison_with(&Error::Log(what));
+                return false;
+            }
             drop(guard);
             self.request_checkpoint();
             return false;
@@ -2467,6 +2514,40 @@ mod tests {
                 set.checkpoint_would_move(shard(s)),
                 "shard {s}, once applied"
             );
+        }
+    }
+
+    /// A log full to its capacity cannot flush even its first record
+    /// while a checkpoint runs: that checkpoint can never end (it waits
+    /// for the log to be durable, then for its own record there), and
+    /// only a checkpoint's end frees the log. The log stops with an error
+    /// naming this; it spun for ever asking for a checkpoint (an outside
+    /// probe's database, whose every open hung in recovery's last
+    /// checkpoint). With no checkpoint running, a full log only asks for
+    /// one.
+    #[test]
+    fn a_full_log_under_a_running_checkpoint_stops_with_an_error() {
+        let set = logs(1);
+        let w = &set.logs()[0];
+        let (g, end) = w.append_commit(commit(), 0).unwrap();
+        w.applied(g);
+        {
+            let mut st = w.lock();
+            // Everything from the redo point on was flushed: the log full.
+            st.end = st.redo + w.capacity();
+        }
+        w.want(end);
+        assert!(!w.pump(), "nothing fits");
+        assert!(
+            w.poisoned().is_none(),
+            "no checkpoint waits: it only asks for one"
+        );
+        assert!(w.checkpoint_due());
+        set.begin_checkpoint(CheckpointScope::All);
+        assert!(!w.pump());
+        match set.poisoned() {
+            Some(Error::Poisoned(what)) => assert!(what.contains("log 0 is full"), "{what}"),
+            other => panic!("{other:?}"),
         }
     }
 

@@ -195,7 +195,15 @@ impl LogSet {
 
     /// The first error that stopped a log, if any.
     pub fn poisoned(&self) -> Option<Error> {
-        self.logs.iter().find_map(|l| l.poisoned())
+        // The log that failed first names its own error; the others only
+        // say that another one failed.
+        let own = self
+            .logs
+            .iter()
+            .find(|l| l.poisoned.load(std::sync::atomic::Ordering::Acquire));
+        own.into_iter()
+            .chain(self.logs.iter())
+            .find_map(|l| l.poisoned())
     }
 
     /// See [`Wal::stop_checkpoints`]: for every log.
