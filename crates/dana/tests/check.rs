@@ -576,6 +576,20 @@ fn a_parent_naming_itself_as_a_sibling_does_not_hang_a_merge() {
 /// forged length).
 #[test]
 fn a_reference_past_the_array_is_corrupt_before_its_buffer() {
+    let (_dir, db) = forged_reference(|r| r.extents[0].start = 1 << 30);
+    match db.tree("t").unwrap().get(b"big") {
+        Err(Error::Corrupt { page, what }) => {
+            assert_eq!(page, 1 << 30);
+            assert!(what.contains("past the array"), "{what}");
+        }
+        other => panic!("{other:?}"),
+    }
+    db.close().unwrap();
+}
+
+/// A database whose one large value (3 pages, key `big` of tree `t`)
+/// has a reference changed by `forge`, its leaf sealed again, reopened.
+fn forged_reference(forge: impl Fn(&mut dana::buffer::blob::BlobRef)) -> (tempfile::TempDir, Db) {
     use dana::buffer::blob::BlobRef;
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path(), opts()).unwrap();
@@ -587,21 +601,14 @@ fn a_reference_past_the_array_is_corrupt_before_its_buffer() {
         let n = Node::new(p).unwrap();
         let i = (0..n.len()).find(|&i| n.is_ref_at(i)).unwrap();
         let mut r = BlobRef::decode(n.payload_at(i), PAGE).unwrap();
-        r.extents[0].start = 1 << 30;
+        forge(&mut r);
         let mut m = NodeMut::new(p).unwrap();
         m.update_at(i, &r.encode()).unwrap();
         m.set_ref_at(i, true);
         page::seal(p);
     });
     let db = Db::open(dir.path(), opts()).unwrap();
-    match db.tree("t").unwrap().get(b"big") {
-        Err(Error::Corrupt { page, what }) => {
-            assert_eq!(page, 1 << 30);
-            assert!(what.contains("past the array"), "{what}");
-        }
-        other => panic!("{other:?}"),
-    }
-    db.close().unwrap();
+    (dir, db)
 }
 
 /// The same reference read in parts (`Tree::read_value`): `Corrupt`
@@ -610,26 +617,11 @@ fn a_reference_past_the_array_is_corrupt_before_its_buffer() {
 /// another page's bytes as the value's, `Ok` (a review's finding).
 #[test]
 fn a_reference_past_the_array_is_corrupt_when_read_in_parts() {
-    use dana::buffer::blob::BlobRef;
     for start in [1u64 << 30, 1 << 60, u64::MAX - 1] {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(dir.path(), opts()).unwrap();
-        let t = db.create_tree("t").unwrap();
-        t.put(b"big", &vec![9u8; 3 * PAGE]).unwrap();
-        let leaf = pages(&db, "t")[0].0;
-        db.close().unwrap();
-        edit_page(dir.path(), leaf, |p| {
-            let n = Node::new(p).unwrap();
-            let i = (0..n.len()).find(|&i| n.is_ref_at(i)).unwrap();
-            let mut r = BlobRef::decode(n.payload_at(i), PAGE).unwrap();
+        let (_dir, db) = forged_reference(|r| {
             r.extents = vec![dana::buffer::blob::Extent { start, pages: 1 }];
             r.len = PAGE as u64;
-            let mut m = NodeMut::new(p).unwrap();
-            m.update_at(i, &r.encode()).unwrap();
-            m.set_ref_at(i, true);
-            page::seal(p);
         });
-        let db = Db::open(dir.path(), opts()).unwrap();
         let t = db.tree("t").unwrap();
         let mut buf = vec![0u8; 100];
         match t.read_value(b"big", 10, &mut buf) {

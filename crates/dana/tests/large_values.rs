@@ -692,16 +692,7 @@ where
             if step.is_ready() {
                 return true;
             }
-            let mut yielded = false;
-            std::future::poll_fn(|cx| {
-                if yielded {
-                    return Poll::Ready(());
-                }
-                yielded = true;
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            })
-            .await;
+            dana::sched::yield_now().await;
         }
         false
     })

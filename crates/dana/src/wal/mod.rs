@@ -2444,19 +2444,10 @@ mod tests {
         let mut own = 0;
         {
             let w2 = w.clone();
-            let mut yielded = false;
             let f = own_appends(
                 async move {
                     w2.append_commit(commit(), 0).unwrap();
-                    std::future::poll_fn(|cx| {
-                        if yielded {
-                            return Poll::Ready(());
-                        }
-                        yielded = true;
-                        cx.waker().wake_by_ref();
-                        Poll::Pending
-                    })
-                    .await;
+                    crate::sched::yield_now().await;
                     w2.append_commit(commit(), 0).unwrap();
                 },
                 &mut own,
