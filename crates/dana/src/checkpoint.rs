@@ -151,22 +151,24 @@ impl SystemTask for Checkpointer {
             self.wal.stop_checkpoints(&e);
             return false;
         }
-        if self.busy.swap(true, Ordering::SeqCst) {
-            return false;
-        }
-        let (pool, wal, busy) = (self.pool.clone(), self.wal.clone(), self.busy.clone());
-        let shards = wal.checkpoint_shards();
+        let shards = self.wal.checkpoint_shards();
         let scope = match shards {
             1 => CheckpointScope::All,
             n => CheckpointScope::Shard(self.next_shard.load(Ordering::Relaxed) % n),
         };
-        if !wal.checkpoint_would_move(scope) {
-            // A commit being applied holds the redo points; asked again
-            // at the next step (a worker steps after polling tasks, so
-            // after that commit's apply ends too).
-            self.busy.store(false, Ordering::SeqCst);
+        // Looked at before the flag is taken: a commit being applied
+        // holds the redo points, and the step of the worker that ends its
+        // apply (a worker steps after polling tasks) starts the
+        // checkpoint. Looked at under the flag, that step could find the
+        // flag taken by this one, which then skipped: neither started it
+        // (a review's finding).
+        if !self.wal.checkpoint_would_move(scope) {
             return false;
         }
+        if self.busy.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        let (pool, wal, busy) = (self.pool.clone(), self.wal.clone(), self.busy.clone());
         self.next_shard.fetch_add(1, Ordering::Relaxed);
         let started = sched::spawn_here(async move {
             let _busy = Busy(&busy);

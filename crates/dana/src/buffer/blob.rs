@@ -1151,9 +1151,6 @@ impl BufferPool {
         Ok(())
     }
 
-    /// [`BufferPool::read_blob`] from the copies of mirrored devices that
-    /// `pick` names. The checker reads a value that fails from each copy
-    /// alone, to tell one damaged copy from all.
     /// `Corrupt` if an extent of `r` lies past the array's end: a damaged
     /// or forged reference with a valid checksum. Checked by every read
     /// of a large value: `Tree::read_value` did not, and such a reference
@@ -1178,6 +1175,9 @@ impl BufferPool {
         }
     }
 
+    /// [`BufferPool::read_blob`] from the copies of mirrored devices that
+    /// `pick` names. The checker reads a value that fails from each copy
+    /// alone, to tell one damaged copy from all.
     pub(crate) async fn read_blob_from(
         &self,
         r: &BlobRef,

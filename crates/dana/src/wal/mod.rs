@@ -300,10 +300,11 @@ pub struct WalStatsSnapshot {
     pub applies_continued: u64,
     /// Checkpoints completed.
     pub checkpoints: u64,
-    /// Times a checkpoint was due and not started, because it would have
-    /// raised no redo floor: the oldest commit being applied held the
-    /// floors of its shards, and no redo point could have moved (it would
-    /// only have spent log space).
+    /// Steps of the checkpoint starter that found a checkpoint due and
+    /// did not start it, because it would have raised no redo floor: the
+    /// oldest commit being applied held the floors of its shards, and no
+    /// redo point could have moved (it would only have spent log space).
+    /// Every worker counts every such step, so one long apply counts many.
     pub checkpoints_skipped: u64,
     /// Stream bytes the checkpoints trimmed behind them (a log device
     /// that takes discards cheaply: a block device or the simulator).
@@ -1899,17 +1900,24 @@ impl Wal {
                 st.end + (front.len + record::FLUSH_MARKER_LEN) as u64,
                 self.block,
             );
-            if first - st.redo > self.capacity && self.in_checkpoint.load(Ordering::Acquire) {
-                // Not even the first record fits while a checkpoint runs:
-                // it cannot end (it waits for this log to be durable, then
-                // for its own record here), and only a checkpoint's end
-                // frees the log.
+            if first - st.redo > self.capacity
+                && self.in_checkpoint.load(Ordering::Acquire)
+                && st.checkpoint_lsn < st.last_begin
+            {
+                // Not even the first record fits while a checkpoint runs
+                // whose record here is not sealed yet: it cannot end (it
+                // waits for this log to be durable, then for its own
+                // record here), and only a checkpoint's end frees the log.
+                // (Once its record is sealed, its end moves the redo point
+                // soon: another log's finish may still be running; a
+                // review's finding.)
                 // Stopped with an error rather than spinning for ever (an
                 // outside probe kept a database whose log was full to its
                 // capacity, left so by checkpoints that spent its last
                 // quarter, fixed since: every open hung in recovery's
-                // last checkpoint). Nothing is lost: the next open
-                // recovers from the log as it is.
+                // last checkpoint). The log's records stay as they are;
+                // an open of such a database fails the same way (this
+                // build cannot repair it).
                 let what = format!(
                     "log {} is full: {} bytes from its redo point, its capacity; the \
                      running checkpoint, which alone frees it, cannot end",
@@ -2165,12 +2173,12 @@ impl Wal {
         self.checkpoint_wanted.store(true, Ordering::SeqCst);
     }
 
-    /// The oldest GSN of a commit this log is still applying, if any.
     /// The GSN of this log's oldest commit being applied, if any.
     pub(crate) fn oldest_applying_now(&self) -> Option<u64> {
         Self::oldest_applying(&self.lock())
     }
 
+    /// The oldest GSN of a commit this log is still applying, if any.
     fn oldest_applying(st: &State) -> Option<u64> {
         st.applying.first().copied()
     }
@@ -2514,8 +2522,8 @@ mod tests {
     /// only a checkpoint's end frees the log. The log stops with an error
     /// naming this; it spun for ever asking for a checkpoint (an outside
     /// probe's database, whose every open hung in recovery's last
-    /// checkpoint). With no checkpoint running, a full log only asks for
-    /// one.
+    /// checkpoint). With no checkpoint running, or one whose record here
+    /// is sealed, a full log only waits.
     #[test]
     fn a_full_log_under_a_running_checkpoint_stops_with_an_error() {
         let set = logs(1);
@@ -2535,6 +2543,15 @@ mod tests {
         );
         assert!(w.checkpoint_due());
         set.begin_checkpoint(CheckpointScope::All);
+        {
+            // Its record sealed here: its end (after another log's,
+            // perhaps) moves the redo point soon.
+            let mut st = w.lock();
+            st.checkpoint_lsn = st.last_begin;
+        }
+        assert!(!w.pump());
+        assert!(w.poisoned().is_none(), "the checkpoint's record is sealed");
+        w.lock().checkpoint_lsn = 0;
         assert!(!w.pump());
         match set.poisoned() {
             Some(Error::Poisoned(what)) => assert!(what.contains("log 0 is full"), "{what}"),

@@ -193,7 +193,9 @@ impl LogSet {
         }
     }
 
-    /// The first error that stopped a log, if any.
+    /// The error of a log that stopped, if any: a log's own (the
+    /// lowest-numbered that failed itself), else one that names the first
+    /// failure.
     pub fn poisoned(&self) -> Option<Error> {
         // The log that failed first names its own error; the others only
         // say that another one failed.

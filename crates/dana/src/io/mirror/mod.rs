@@ -229,6 +229,10 @@ pub struct Mirror {
     label_writes: Mutex<()>,
     /// One rebuild at a time.
     rebuild_lock: Mutex<()>,
+    /// Tests: run once by the next write's dispatch, after it read which
+    /// copies to write (a preemption there, made to order).
+    #[cfg(test)]
+    pub(crate) dispatch_pause: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     /// A read-only open: nothing is written (no repair, no label).
     read_only: AtomicBool,
 }
@@ -499,6 +503,8 @@ impl Mirror {
             label_writes: Mutex::new(()),
             rebuild_lock: Mutex::new(()),
             read_only: AtomicBool::new(false),
+            #[cfg(test)]
+            dispatch_pause: Mutex::new(None),
         });
         m.publish(&states);
         m
@@ -560,6 +566,19 @@ impl Mirror {
             .filter(|(_, st)| st.writable())
             .filter_map(|(t, _)| t.clone())
             .collect()
+    }
+
+    /// Tests: runs [`Mirror::dispatch_pause`] if one is set.
+    #[cfg(test)]
+    pub(crate) fn run_dispatch_pause(&self) {
+        let pause = self
+            .dispatch_pause
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(f) = pause {
+            f();
+        }
     }
 
     /// Bytes of the device: the smallest working copy's, less its label.

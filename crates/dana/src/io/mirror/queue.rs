@@ -432,7 +432,26 @@ impl MirrorQueue {
     /// landed (held back here); it gives its registration up at once,
     /// since the rebuild waits for the registered writes before it
     /// releases the range.
+    ///
+    /// It registers first, then reads which copies to write and which
+    /// rebuild: registered in the epoch before a rebuild's fence, the
+    /// rebuild waits for it whatever copies it chose; registered after,
+    /// it sees the rebuilding copy and the fenced range. Registered after
+    /// reading them (until 2026-11-29), a write preempted in between saw
+    /// the copy still failed, registered in the fence's new epoch, which
+    /// the rebuild does not wait for, and went to the healthy copy alone
+    /// after the rebuild had copied that range: acknowledged, and missing
+    /// from a copy marked healthy (a helper's finding, from a test that
+    /// failed once under load).
     fn dispatch_write(&mut self, p: usize) {
+        if parent!(self, p).op == OpKind::Write {
+            // Every write registers, rebuild or not: one that went out
+            // before a copy became writable reaches only the healthy
+            // copies, and the rebuild must still wait for it to land there
+            // before it reads them (a test lost a log flush that way).
+            let slot = self.mirror.fence.start();
+            parent!(self, p).fence_slot = Some(slot);
+        }
         // The masks are published after the change count moves
         // (`Mirror::publish`): a mask read here that names a copy made
         // writable by a change is followed by a count that shows the
@@ -473,24 +492,18 @@ impl MirrorQueue {
             return self.finish(p);
         }
         let rebuilding = self.mirror.rebuilding.load(Ordering::SeqCst) & writable;
+        #[cfg(test)]
+        self.mirror.run_dispatch_pause();
         let (op, offset, len) = {
             let pr = parent!(self, p);
             (pr.op, pr.offset, pr.len as u64)
         };
         let mut hold_back = false;
-        if op == OpKind::Write {
-            // Every write registers, rebuild or not: one that went out
-            // before a copy became writable reaches only the healthy
-            // copies, and the rebuild must still wait for it to land there
-            // before it reads them (a test lost a log flush that way).
-            let fence = &self.mirror.fence;
-            let slot = fence.start();
-            if rebuilding != 0 && fence.blocks(offset, len) {
-                fence.finish(slot);
-                hold_back = true;
-            } else {
-                parent!(self, p).fence_slot = Some(slot);
+        if op == OpKind::Write && rebuilding != 0 && self.mirror.fence.blocks(offset, len) {
+            if let Some(slot) = parent!(self, p).fence_slot.take() {
+                self.mirror.fence.finish(slot);
             }
+            hold_back = true;
         }
         for c in targets {
             let req = self.sub_write(p);
