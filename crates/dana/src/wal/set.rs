@@ -157,11 +157,11 @@ impl LogSet {
     /// of its shards (without that, no log's redo point can move);
     /// counted in the local log's `checkpoints_skipped` when not. A
     /// continuous checkpoint that would not is not started: its records
-    /// would spend log space for nothing, and while a commit being applied held the floors (a long
-    /// apply), back-to-back checkpoints filled the last quarter of a log
-    /// that admission keeps for operations in progress, until no
-    /// checkpoint could be flushed and every commit hung (`dana crashtest
-    /// --worker-logs --tasks 64`).
+    /// would spend log space for nothing, and while a commit being
+    /// applied held the floors (a long apply), back-to-back checkpoints
+    /// filled the last quarter of a log that admission keeps for
+    /// operations in progress, until no checkpoint could be flushed and
+    /// every commit hung (`dana crashtest --worker-logs --tasks 64`).
     pub(crate) fn checkpoint_would_move(&self, scope: CheckpointScope) -> bool {
         let applying = self
             .logs
@@ -197,8 +197,8 @@ impl LogSet {
     /// lowest-numbered that failed itself), else one that names the first
     /// failure.
     pub fn poisoned(&self) -> Option<Error> {
-        // The log that failed first names its own error; the others only
-        // say that another one failed.
+        // A log that failed itself names its own error; the others name
+        // the first failure as another log's.
         let own = self
             .logs
             .iter()
