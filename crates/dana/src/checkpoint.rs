@@ -10,7 +10,8 @@
 //! the log end without a burst that writes every dirty page at once.
 //! Never: decides when one is due (the log does: a share of it appended
 //! since the last one began, [`crate::wal::checkpoint_trigger`] of it in
-//! use, or a commit short of space) or blocks a worker (a checkpoint runs as a task; the step only
+//! use, or a commit short of space; the starter only declines one that
+//! would raise no redo floor) or blocks a worker (a checkpoint runs as a task; the step only
 //! starts it).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -245,21 +245,29 @@ fn compared_reads_take_the_newest_valid_version_and_repair_the_rest() {
     assert_eq!(m.status().mismatches, 2);
 }
 
-#[test]
-fn a_rebuild_under_concurrent_writes_ends_with_identical_copies() {
-    const BLOCKS: u64 = 600; // over two ranges of the rebuild
-    let d = disks(2, LABEL_BYTES + BLOCKS * 4096);
+/// A mirror of two copies and `blocks` blocks, written, whose copy 1
+/// failed at a write and was replaced by a blank disk, not yet rebuilt:
+/// the disks, the mirror, a queue to it, and the blank disk.
+fn with_a_blank_copy(blocks: u64) -> (Vec<Arc<SimDisk>>, Arc<Mirror>, MirrorQueue, Arc<SimDisk>) {
+    let d = disks(2, LABEL_BYTES + blocks * 4096);
     let m = mirror(&d);
     let mut q = m.queue(&Backend::Blocking, 8).unwrap();
-    for i in 0..BLOCKS {
+    for i in 0..blocks {
         write(&mut q, i * 4096, &block(1, i as u8)).unwrap();
     }
     d[1].inject(Fault::nth(Some(crate::OpKind::Write), 0).sticky());
     write(&mut q, 0, &block(2, 0xFF)).unwrap();
     assert_eq!(m.states()[1], CopyState::Failed);
     // The disk is replaced by a blank one.
-    let fresh = SimDisk::new(1, LABEL_BYTES + BLOCKS * 4096, SimConfig::default());
+    let fresh = SimDisk::new(1, LABEL_BYTES + blocks * 4096, SimConfig::default());
     m.replace_copy(1, Target::Sim(fresh.clone())).unwrap();
+    (d, m, q, fresh)
+}
+
+#[test]
+fn a_rebuild_under_concurrent_writes_ends_with_identical_copies() {
+    const BLOCKS: u64 = 600; // over two ranges of the rebuild
+    let (d, m, mut q, fresh) = with_a_blank_copy(BLOCKS);
     let stop = AtomicBool::new(false);
     let report = std::thread::scope(|s| {
         let r = s.spawn(|| m.rebuild(1, &stop));
@@ -432,43 +440,27 @@ fn a_rebuild_step_whose_label_fails_everywhere_fails_writes_instead_of_holding_t
 #[test]
 fn a_write_preempted_as_a_rebuild_begins_reaches_the_rebuilt_copy() {
     const BLOCKS: u64 = 64;
-    let d = disks(2, LABEL_BYTES + BLOCKS * 4096);
-    let m = mirror(&d);
-    let mut q = m.queue(&Backend::Blocking, 8).unwrap();
-    for i in 0..BLOCKS {
-        write(&mut q, i * 4096, &block(1, i as u8)).unwrap();
-    }
-    d[1].inject(Fault::nth(Some(crate::OpKind::Write), 0).sticky());
-    write(&mut q, 0, &block(2, 0xFF)).unwrap();
-    assert_eq!(m.states()[1], CopyState::Failed);
-    let fresh = SimDisk::new(1, LABEL_BYTES + BLOCKS * 4096, SimConfig::default());
-    m.replace_copy(1, Target::Sim(fresh.clone())).unwrap();
-    let (done, rebuilt) = std::sync::mpsc::channel();
-    let rebuilt = Arc::new(std::sync::Mutex::new(rebuilt));
-    let (m2, r2) = (m.clone(), rebuilt.clone());
+    let (d, m, mut q, fresh) = with_a_blank_copy(BLOCKS);
+    let rebuild = Arc::new(std::sync::Mutex::new(None));
+    let (m2, slot) = (m.clone(), rebuild.clone());
     *m.dispatch_pause.lock().unwrap() = Some(Box::new(move || {
-        std::thread::spawn(move || {
-            let _ = done.send(m2.rebuild(1, &AtomicBool::new(false)));
-        });
+        let r = std::thread::spawn(move || m2.rebuild(1, &AtomicBool::new(false)));
         // Until the rebuild ends, or for a second if it waits for this
         // write.
-        let r = r2
-            .lock()
-            .unwrap()
-            .recv_timeout(std::time::Duration::from_secs(1));
-        if let Ok(r) = r {
-            // Ended without this write: handed back for the checks below.
-            let (again, rx) = std::sync::mpsc::channel();
-            again.send(r).unwrap();
-            *r2.lock().unwrap() = rx;
+        for _ in 0..100 {
+            if r.is_finished() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
+        *slot.lock().unwrap() = Some(r);
     }));
     write(&mut q, 5 * 4096, &block(50, 0xAB)).unwrap();
-    let report = rebuilt
-        .lock()
+    let rebuilding = rebuild.lock().unwrap().take();
+    let report = rebuilding
+        .expect("the write ran the pause")
+        .join()
         .unwrap()
-        .recv_timeout(std::time::Duration::from_secs(30))
-        .expect("the rebuild ended")
         .unwrap();
     assert_eq!(report.bytes, BLOCKS * 4096);
     assert_eq!(m.states(), vec![CopyState::Healthy; 2]);
