@@ -2297,6 +2297,54 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// A checkpoint whose future is dropped after it began (what a worker
+    /// does to a task that panics) puts the redo floors back, as one that
+    /// fails does: left raised, the next checkpoint of another shard named
+    /// a redo GSN past commits whose pages no checkpoint wrote (a review's
+    /// finding).
+    #[test]
+    fn a_checkpoint_dropped_after_it_began_puts_the_floors_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options::default()
+            .pool_bytes(8 << 20)
+            .capacity_bytes(64 << 20)
+            .checkpoint_shards(4);
+        let db = Db::open(dir.path(), opts.clone()).unwrap();
+        let t = db.create_tree("t").unwrap();
+        for i in 0u32..200 {
+            t.put(&i.to_be_bytes(), &[1; 100]).unwrap();
+        }
+        let wal = db.inner.committer.wal.clone().unwrap();
+        let before = wal.redo_floors();
+        let (pool, w) = (db.inner.pool.clone(), wal.clone());
+        let pending = db
+            .block_on(async move {
+                let f = crate::checkpoint::checkpoint(&pool, &w, crate::wal::CheckpointScope::All);
+                let mut f = std::pin::pin!(f);
+                let mut cx = Context::from_waker(Waker::noop());
+                f.as_mut().poll(&mut cx).is_pending()
+                // Dropped here, as a panicking task's future is.
+            })
+            .unwrap();
+        assert!(pending, "the checkpoint ended in one poll");
+        assert_eq!(wal.redo_floors(), before);
+        let (_, redo) = wal.begin_checkpoint(crate::wal::CheckpointScope::Shard(1));
+        wal.abandon_checkpoint(&before);
+        assert!(
+            redo <= *before.iter().min().unwrap(),
+            "the next shard checkpoint names redo GSN {redo}, past the floors {before:?}"
+        );
+        // Checkpoints still begin and end.
+        db.checkpoint().unwrap();
+        db.close().unwrap();
+        let db = Db::open(dir.path(), opts).unwrap();
+        assert_eq!(
+            db.tree("t").unwrap().get(&199u32.to_be_bytes()).unwrap(),
+            Some(vec![1; 100])
+        );
+        db.close().unwrap();
+    }
+
     /// A read that passed a tree's liveness check before the tree was
     /// dropped holds the drop until it ends: the pages it may still read
     /// are freed only then (`read_fence.rs`). Here the read is a fence
