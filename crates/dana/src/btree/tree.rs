@@ -1261,15 +1261,23 @@ impl BTree {
                 page: self.root,
                 what: format!("root split failed: {e}"),
             })?;
-        let mut space = self.pool.lock_space_under(guard).await?;
-        let mut left = self
-            .pool
-            .allocate_in_for(&mut space, kind, self.reserved)
-            .await?;
-        let mut right = self
-            .pool
-            .allocate_in_for(&mut space, kind, self.reserved)
-            .await?;
+        let space = self.pool.lock_space_under(guard).await?;
+        // The first new page is given back if the second allocation fails
+        // or this future is dropped while it waits (a frame, a growth, a
+        // map page): dropped as it was, it was logged (or written) used and
+        // named by no tree (a lost page).
+        let mut first = FirstOfTwo {
+            pool: &self.pool,
+            space: Some(space),
+            page: None,
+        };
+        let s = first.space.as_mut().expect("held");
+        let left = self.pool.allocate_in_for(s, kind, self.reserved).await?;
+        first.page = Some(left);
+        let s = first.space.as_mut().expect("held");
+        let mut right = self.pool.allocate_in_for(s, kind, self.reserved).await?;
+        let mut left = first.page.take().expect("the first allocation");
+        let mut space = first.space.take().expect("held");
         left[page::PAGE_HEADER_SIZE..].copy_from_slice(&left_tmp[page::PAGE_HEADER_SIZE..]);
         right[page::PAGE_HEADER_SIZE..].copy_from_slice(&right_tmp[page::PAGE_HEADER_SIZE..]);
         page::set_page_type(&mut root, PageType::Inner);
@@ -1874,5 +1882,91 @@ impl Cursor {
                 return Ok(true);
             }
         }
+    }
+}
+
+/// The space guard of a root split and its first new page until the
+/// second is allocated: dropped holding both (the second allocation
+/// failed, or the split's future was dropped while it waited), it gives
+/// the first page back under the guard before either is logged.
+struct FirstOfTwo<'a> {
+    pool: &'a BufferPool,
+    space: Option<crate::buffer::alloc::SpaceGuard<'a>>,
+    page: Option<PageMut<'a>>,
+}
+
+impl Drop for FirstOfTwo<'_> {
+    fn drop(&mut self) {
+        if let (Some(s), Some(p)) = (self.space.as_mut(), self.page.as_mut()) {
+            if !self.pool.unallocate_in(s, p) {
+                self.pool.poison(&Error::Poisoned(format!(
+                    "a root split stopped after allocating page {} could not give it back",
+                    p.pid()
+                )));
+            }
+        }
+        // The page drops (logged or dirty as a free page), then the guard.
+        self.page.take();
+        self.space.take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+
+    use super::*;
+    use crate::buffer::test_pool;
+    use crate::io::sim::{SimConfig, SimDisk};
+    use crate::io::{Array, Target};
+
+    /// A root split whose future is dropped between its two allocations
+    /// (the second waits for a frame; a caller's timeout or select around
+    /// a plain write) loses no page: before, the first new page, its map
+    /// bit set and logged or written, was named by no tree (a review's
+    /// finding).
+    #[test]
+    fn a_root_split_dropped_between_its_allocations_loses_no_page() {
+        let disk = SimDisk::new(0, 1 << 20, SimConfig::default());
+        let array = Array::new(vec![Target::Sim(disk)], 4096).unwrap();
+        let (pool, rt) = test_pool(array, 64);
+        let p = pool.clone();
+        let (used, named, pending_at) = rt
+            .block_on(async move {
+                p.format().await?;
+                let t = BTree::create(&p).await?;
+                // One frame free: a root split takes two.
+                let taken = p.take_free_frames_but(1);
+                let mut i = 0u32;
+                let pending_at = loop {
+                    let key = i.to_be_bytes();
+                    let mut f = std::pin::pin!(t.put(&key, &[7u8; 200]));
+                    let mut cx = Context::from_waker(Waker::noop());
+                    if f.as_mut().poll(&mut cx).is_pending() {
+                        break i; // dropped here, mid-split
+                    }
+                    i += 1;
+                    assert!(i < 1000, "no put waited");
+                };
+                p.give_back_frames(&taken);
+                // The write again, whole this time.
+                t.put(&pending_at.to_be_bytes(), &[7u8; 200]).await?;
+                let s = p.space().await?;
+                let mut named = 2; // the meta page and the first map page
+                t.walk(|_, _| {
+                    named += 1;
+                    Ok(())
+                })
+                .await?;
+                Ok::<_, Error>((s.next_unused - s.free_pages, named, pending_at))
+            })
+            .unwrap()
+            .unwrap();
+        assert!(pending_at > 0);
+        assert_eq!(
+            used, named,
+            "pages used in the map that no tree names (the put dropped at key {pending_at})"
+        );
     }
 }

@@ -1184,6 +1184,35 @@ impl BufferPool {
                 what: format!("page {pid} is freed twice (its map bit is clear)"),
             });
         }
+        let released = self.release_in(s, page);
+        debug_assert!(released, "its map page was just latched");
+        s.freed.push((pid, 1));
+        Ok(())
+    }
+
+    /// Undoes an allocation made under `s` whose change is not logged yet
+    /// (a root split whose second allocation failed, or whose future was
+    /// dropped while it waited: the first new page, logged used and named
+    /// by no tree, was lost for good; a review's finding). The page is
+    /// freed as [`BufferPool::free_in`] frees one, but never waits: the
+    /// allocation latched the page's map page in `s`. False (nothing done)
+    /// if it did not.
+    pub(crate) fn unallocate_in(&self, s: &mut SpaceGuard<'_>, page: &mut PageMut<'_>) -> bool {
+        self.release_in(s, page)
+    }
+
+    /// Clears `page`'s bit in its map page, which `s` holds latched, makes
+    /// it a page of type `Free` and counts it free (the meta page's count
+    /// and the pool's); false (nothing done) if `s` does not hold that map
+    /// page.
+    fn release_in(&self, s: &mut SpaceGuard<'_>, page: &mut PageMut<'_>) -> bool {
+        let pid = page.pid();
+        let geo = self.geometry();
+        let map_pid = geo.map_page_of(pid);
+        let Some(map) = s.maps.iter_mut().find(|m| m.pid() == map_pid) else {
+            return false;
+        };
+        let (at, mask) = geo.bit(pid);
         map[at] &= !mask;
         page::init_page(page, pid, PageType::Free);
         let meta = s.meta_mut();
@@ -1191,8 +1220,7 @@ impl BufferPool {
         put_u64(meta, OFF_FREE_COUNT, count + 1);
         self.mirror().clear(pid);
         self.alloc.available.fetch_add(1, Ordering::AcqRel);
-        s.freed.push((pid, 1));
-        Ok(())
+        true
     }
 
     /// The page id stored in root slot `slot` (0 if unset).

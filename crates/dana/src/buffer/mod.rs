@@ -2311,6 +2311,27 @@ impl Drop for HeldLatches<'_> {
     }
 }
 
+#[cfg(test)]
+impl BufferPool {
+    /// Takes every free frame but `keep` off the free list (a test that
+    /// makes allocations wait for a frame); give them back with
+    /// [`BufferPool::give_back_frames`].
+    pub(crate) fn take_free_frames_but(&self, keep: usize) -> Vec<u32> {
+        let mut taken = Vec::new();
+        while let Some(f) = self.take_frame() {
+            taken.push(f);
+        }
+        let kept = taken.len().min(keep);
+        self.return_frames(&taken[..kept]);
+        taken.split_off(kept)
+    }
+
+    /// Gives back frames [`BufferPool::take_free_frames_but`] took.
+    pub(crate) fn give_back_frames(&self, frames: &[u32]) {
+        self.return_frames(frames);
+    }
+}
+
 /// A pool of `frames` frames over `array`, on a runtime of one worker
 /// (the buffer modules' unit tests).
 #[cfg(test)]
