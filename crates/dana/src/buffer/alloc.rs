@@ -214,6 +214,28 @@ impl Drop for Unclaimed<'_> {
     }
 }
 
+/// A free frame taken for a new page, given back to the free list when
+/// dropped unless [`HeldFrame::keep`] took it.
+struct HeldFrame<'a> {
+    pool: &'a BufferPool,
+    frame: Option<u32>,
+}
+
+impl HeldFrame<'_> {
+    /// The frame is the new page's: not given back.
+    fn keep(mut self) {
+        self.frame = None;
+    }
+}
+
+impl Drop for HeldFrame<'_> {
+    fn drop(&mut self) {
+        if let Some(f) = self.frame.take() {
+            self.pool.return_frames(&[f]);
+        }
+    }
+}
+
 /// How much of the array is used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpaceInfo {
@@ -402,6 +424,13 @@ impl BufferPool {
             }
             self.wait_for_frame().await;
         };
+        // Given back however this ends short of using it: by an error, or
+        // by this future being dropped while it waits below (a frame lost
+        // until the next open; a review of cancellation safety).
+        let held = HeldFrame {
+            pool: self,
+            frame: Some(f),
+        };
         // Never read from the device: a freed page's bytes there may be
         // trimmed zeros or a large value's, which fail the checksum (the
         // first version fell back to a fix, which read them when a stale
@@ -410,14 +439,13 @@ impl BufferPool {
         let mut rounds = 0u64;
         while !self.table.try_transition(pid, EVICTED, EXCLUSIVE) {
             if !may_be_resident {
-                self.return_frames(&[f]);
                 return Err(Error::Corrupt {
                     page: pid,
                     what: "a page handed out as never used is resident".into(),
                 });
             }
             if let Some(mut p) = self.try_latch_resident(pid) {
-                self.return_frames(&[f]);
+                drop(held);
                 page::init_page(&mut p, pid, t);
                 // New all the same: logged whole, never as a difference
                 // from the frame. The frame may hold a version the device
@@ -435,11 +463,11 @@ impl BufferPool {
             rounds += 1;
             if rounds % 1024 == 0 {
                 if let Some(e) = self.poisoned() {
-                    self.return_frames(&[f]);
                     return Err(e);
                 }
             }
         }
+        held.keep();
         self.frames[f as usize]
             .checked
             .store(false, Ordering::Release);

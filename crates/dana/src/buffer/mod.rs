@@ -2430,6 +2430,50 @@ mod tests {
         );
     }
 
+    /// An allocation dropped while its new page waits for a stale reader
+    /// (the page was freed and is still latched shared) gives back the
+    /// frame it took: before, the pool was one frame smaller until the
+    /// next open (a review of cancellation safety).
+    #[test]
+    fn an_allocation_dropped_while_it_waits_gives_its_frame_back() {
+        use crate::io::sim::{SimConfig, SimDisk};
+        use crate::io::Target;
+        use std::future::Future;
+        use std::task::{Context, Waker};
+        let disk = SimDisk::new(0, 1 << 20, SimConfig::default());
+        let array = Array::new(vec![Target::Sim(disk)], 4096).unwrap();
+        let (pool, rt) = test_pool(array, 64);
+        let p = pool.clone();
+        let (before, after) = rt
+            .block_on(async move {
+                p.format().await?;
+                let mut pids = Vec::new();
+                for _ in 0..20 {
+                    pids.push(p.allocate(PageType::Raw).await?.pid());
+                }
+                let freed = p.fix_exclusive(pids[5]).await?;
+                p.free_page(freed).await?;
+                let stale = p.fix_shared(pids[5]).await?;
+                let before = p.free_count.load(Ordering::SeqCst);
+                {
+                    let mut f = std::pin::pin!(p.allocate(PageType::Raw));
+                    let mut cx = Context::from_waker(Waker::noop());
+                    assert!(
+                        f.as_mut().poll(&mut cx).is_pending(),
+                        "the freed page is latched"
+                    );
+                }
+                drop(stale);
+                Ok::<_, Error>((before, p.free_count.load(Ordering::SeqCst)))
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            after, before,
+            "free frames before the allocation and after it was dropped"
+        );
+    }
+
     /// A task that panics while it holds a page latched for writing, after
     /// changing it, leaves a change that may be half made: the pool stops
     /// (no write-back, no log record of it) instead of marking the page
