@@ -94,13 +94,20 @@ async fn clear_intent(pool: &BufferPool, slot: usize, free: Option<u64>) -> Resu
         free_leaf_values(pool, pid).await?;
     }
     let mut m = pool.lock_space().await?;
-    pool.set_root_in(&mut m, slot, 0)?;
+    // Every wait and check first, the slot cleared last: a change made
+    // before an error is logged alone when its page is unlatched, and the
+    // slot cleared before a failed fix left the page it named used and
+    // named by nothing, lost for good (a review's finding).
     match free {
-        None => pool.log_with_space(&mut [], &mut m),
+        None => {
+            pool.set_root_in(&mut m, slot, 0)?;
+            pool.log_with_space(&mut [], &mut m)
+        }
         Some(pid) => {
             let mut p = pool.fix_exclusive(pid).await?;
             no_values_left(pool, &p, pid)?;
             pool.free_in(&mut m, &mut p).await?;
+            pool.set_root_in(&mut m, slot, 0)?;
             pool.log_with_space(&mut [&mut p], &mut m)
         }
     }
@@ -328,9 +335,15 @@ async fn free_child(pool: &BufferPool, pid: u64, slot: ChildSlot, child: u64) ->
     let mut m = pool.lock_space().await?;
     let mut par = pool.fix_exclusive(pid).await?;
     let mut c = pool.fix_exclusive(child).await?;
-    clear_child(&mut par, pid, slot)?;
+    // Every wait and check first, the changes last: a change made before
+    // an error is logged alone when its page is unlatched, and the pointer
+    // cleared before `free_in` failed (latching the map page: an I/O
+    // error) left the child used and named by nothing, lost for good (a
+    // review's finding). `free_in` changes nothing unless it succeeds.
+    child_of(&mut par, pid, slot)?;
     no_values_left(pool, &c, child)?;
     pool.free_in(&mut m, &mut c).await?;
+    clear_child(&mut par, pid, slot)?;
     pool.log_with_space(&mut [&mut par, &mut c], &mut m)
 }
 
@@ -366,18 +379,26 @@ fn first_child(n: &Node<'_>) -> Option<(ChildSlot, u64)> {
 }
 
 fn clear_child(page: &mut PageMut<'_>, pid: u64, slot: ChildSlot) -> Result<()> {
+    child_of(page, pid, slot)?;
     let mut n = crate::btree::tree::node_mut(page, pid)?;
     match slot {
-        ChildSlot::Entry(i) => {
-            if n.as_node().payload_at(i).len() != 8 {
-                return Err(Error::Corrupt {
-                    page: pid,
-                    what: format!("inner entry {i} does not hold a page id"),
-                });
-            }
-            n.set_child_at(i, 0);
-        }
+        ChildSlot::Entry(i) => n.set_child_at(i, 0),
         ChildSlot::Upper => n.set_upper_child(0),
+    }
+    Ok(())
+}
+
+/// Checks that inner node `pid` (`page`) has child pointer `slot`,
+/// changing nothing: what [`clear_child`] needs to succeed.
+fn child_of(page: &mut PageMut<'_>, pid: u64, slot: ChildSlot) -> Result<()> {
+    let n = crate::btree::tree::node_mut(page, pid)?;
+    if let ChildSlot::Entry(i) = slot {
+        if n.as_node().payload_at(i).len() != 8 {
+            return Err(Error::Corrupt {
+                page: pid,
+                what: format!("inner entry {i} does not hold a page id"),
+            });
+        }
     }
     Ok(())
 }
