@@ -631,8 +631,11 @@ impl Committer {
                 // next open completes the commit. Without a log, a commit
                 // whose large values changed the map (the old value's
                 // extents free, leaves not yet updated naming them) stops
-                // the database too (a review's finding).
-                if logged.is_some() || changes_space {
+                // the database too (a review's finding), and so does one
+                // of several writes: those applied before the failure
+                // stayed, the rest did not, and the database went on with
+                // the transaction in part (a review's finding).
+                if logged.is_some() || changes_space || writes.len() > 1 {
                     self.pool.poison(&Error::Poisoned(format!(
                         "a commit could not be applied: {e}"
                     )));

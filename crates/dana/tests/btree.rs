@@ -859,3 +859,59 @@ fn a_panic_inside_block_on_goes_on_in_the_caller() {
     drop(t);
     db.close().unwrap();
 }
+
+/// A commit of several writes on a database without a log whose apply
+/// fails part way (a read error on a later write's leaf) is there whole,
+/// not at all, or the database stops: it returned the error with the
+/// first write applied and the database going on, and the next flush made
+/// the transaction durable in part (a review's finding).
+#[test]
+fn a_commit_failing_part_way_without_a_log_is_whole_absent_or_stops() {
+    use dana::io::sim::Fault;
+    let mut partial = Vec::new();
+    let mut stopped = 0;
+    for nth in 0..40u64 {
+        let disk = SimDisk::new(0, 64 << 20, SimConfig::replayable(7));
+        let array = Array::new(vec![Target::Sim(disk.clone())], 4096).unwrap();
+        let o = Options::default()
+            .capacity_bytes(256 << 20)
+            .pool_bytes(dana::MIN_POOL_FRAMES * 4096)
+            .durability(dana::Durability::Off);
+        let db = Db::open_array_with_log(array, None, o, true).unwrap();
+        // Tree t first: its write is applied first.
+        let t = db.create_tree("t").unwrap();
+        let small = db.create_tree("s").unwrap();
+        t.put(b"k", b"old").unwrap();
+        for i in 0..3000u32 {
+            small.put(&i.to_be_bytes(), &[7; 100]).unwrap();
+        }
+        let mut tx = db.begin();
+        // The first write's leaf is tree t's root: resident.
+        tx.put(&t, b"k", b"new").unwrap();
+        // The second's leaf is likely evicted: read during the apply.
+        tx.put(&small, &1500u32.to_be_bytes(), &[8; 100]).unwrap();
+        disk.inject(Fault::nth(Some(dana::OpKind::Read), nth));
+        let committed = db.commit(tx);
+        disk.clear_faults();
+        if let Err(e) = small.put(b"after", b"x") {
+            assert!(matches!(e, Error::Poisoned(_)), "read {nth}: {e}");
+            stopped += 1;
+            continue;
+        }
+        let k = t.get(b"k").unwrap().unwrap();
+        let s = small.get(&1500u32.to_be_bytes()).unwrap().unwrap();
+        let whole = k == b"new" && s == [8; 100];
+        let absent = k == b"old" && s == [7; 100];
+        if !(whole || absent) || committed.is_ok() != whole {
+            partial.push((nth, format!("{committed:?}"), k.clone(), s[0]));
+        }
+        if committed.is_ok() && nth > 0 {
+            break;
+        }
+    }
+    assert!(
+        partial.is_empty(),
+        "the transaction in part, the database going on: {partial:?}"
+    );
+    assert!(stopped > 0, "no read error met the commit's apply");
+}

@@ -2330,6 +2330,12 @@ impl BufferPool {
     pub(crate) fn give_back_frames(&self, frames: &[u32]) {
         self.return_frames(frames);
     }
+
+    /// Drops page `pid`'s frame without writing it (a test whose next
+    /// latch of the page must read it from the device; flush it first).
+    pub(crate) async fn drop_frame(&self, pid: u64) -> Result<()> {
+        self.discard(pid).await
+    }
 }
 
 /// A pool of `frames` frames over `array`, on a runtime of one worker
