@@ -231,6 +231,16 @@ impl LogSet {
         Ok(())
     }
 
+    /// Waits until every log but `me` is durable below GSN `end`: what an
+    /// `Async` commit appended to `me` depends on (see `txn::Committer`).
+    pub(crate) async fn wait_others_durable(&self, me: &Arc<Wal>, end: u64) -> Result<()> {
+        for l in self.logs.iter().filter(|l| !Arc::ptr_eq(l, me)) {
+            l.want(end);
+            l.wait_durable(end).await?;
+        }
+        Ok(())
+    }
+
     /// True when a log asks for a checkpoint.
     pub fn checkpoint_due(&self) -> bool {
         self.logs.iter().any(|l| l.checkpoint_due())
