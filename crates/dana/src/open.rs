@@ -919,7 +919,42 @@ fn open_logs(
         )?;
         logs.push(t);
     }
+    if !has_log && !opts.is_read_only() {
+        refuse_logs_past_their_file_systems(&logs, CONTROL_BYTES + per_log)?;
+    }
     Ok(logs)
+}
+
+/// Refuses new logs of `each` bytes whose files, on some file system, add
+/// up to more than it holds in all: each file grows to its size on its
+/// first lap, and once it could not, every write, a delete too, failed
+/// `NoSpace` for good (nothing the user could free helped; an outside
+/// probe: the default 64 MiB log on an 8 MiB file system, three logs on
+/// one of 64 MiB). Log files on a file system whose size the kernel does
+/// not give are not counted.
+fn refuse_logs_past_their_file_systems(logs: &[Target], each: u64) -> Result<()> {
+    let mut by_fs: Vec<(u64, u64, u64, PathBuf)> = Vec::new();
+    for (d, _) in logs.iter().flat_map(|t| t.files(0)) {
+        let (Some(fs), size) = (d.file_system(), d.max_size()) else {
+            continue;
+        };
+        if size == u64::MAX {
+            continue;
+        }
+        match by_fs.iter_mut().find(|(f, ..)| *f == fs) {
+            Some((_, _, needed, _)) => *needed = needed.saturating_add(each),
+            None => by_fs.push((fs, size, each, d.path().to_path_buf())),
+        }
+    }
+    match by_fs.into_iter().find(|(_, size, needed, _)| needed > size) {
+        Some((_, size, needed, path)) => Err(Error::InvalidArgument(format!(
+            "the log files on the file system of {} need {needed} bytes once grown (each log \
+             {each}: Options::log_bytes over Options::logs), more than the {size} it holds: \
+             choose a smaller log_bytes, or a log_path on a larger file system",
+            path.display()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Refuses to format a log over the file or device at `path` when it is

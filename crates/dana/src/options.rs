@@ -664,7 +664,9 @@ impl Options {
     /// [`crate::wal::checkpoint_trigger`]), so the redo point stays about
     /// 3/8 of the log behind its end (see [`Options::checkpoint_shards`]):
     /// about what recovery reads and re-applies of each log, up to three
-    /// quarters when commits outrun the checkpoints.
+    /// quarters when commits outrun the checkpoints. A new database whose
+    /// log files would not fit in their file system once grown is refused
+    /// ([`crate::Error::InvalidArgument`]).
     ///
     /// ```
     /// assert_eq!(dana::Options::default().log_bytes_value(), 64 << 20);

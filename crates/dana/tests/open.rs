@@ -152,6 +152,42 @@ fn a_huge_log_in_a_small_file_reopens_without_reading_its_capacity() {
     }
 }
 
+/// New logs whose files, once grown, would not fit in their file system
+/// are refused at creation, naming `log_bytes`, and leave no file: before,
+/// the database was created, and once the log could grow no further every
+/// write, a delete too, failed `NoSpace` for good (an outside probe).
+#[test]
+fn logs_larger_than_their_file_system_are_refused_at_creation() {
+    let dir = tempfile::tempdir().unwrap();
+    // A file's device may grow to its file system's size.
+    let fs_bytes = {
+        use dana::io::device::{Device, DeviceOptions};
+        let scratch = tempfile::tempdir().unwrap();
+        let opts = DeviceOptions {
+            create_size: Some(4096),
+            ..Default::default()
+        };
+        Device::open(scratch.path().join("f"), 0, opts)
+            .unwrap()
+            .max_size()
+    };
+    // The most logs of the largest size a log may have.
+    let logs = dana::wal::MAX_LOGS as u64;
+    let bytes = logs * dana::wal::recover::MAX_LOG_BYTES;
+    assert!(
+        bytes > fs_bytes,
+        "the temporary directory's file system holds {fs_bytes} bytes, more than the most \
+         logs a database may have: this test needs a smaller one"
+    );
+    let o = opts().workers(2).logs(logs as usize).log_bytes(bytes);
+    match Db::open(dir.path(), o) {
+        Err(Error::InvalidArgument(what)) => assert!(what.contains("log_bytes"), "{what}"),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    assert!(!dir.path().join("dana.wal").exists());
+    assert!(!dir.path().join("dana.0").exists());
+}
+
 /// `Db::close` while other threads call into the database: every call
 /// returns (a result or `Closed`/`Shutdown`), none waits for good. A sync
 /// call that passed the closed check and queued its task after the
