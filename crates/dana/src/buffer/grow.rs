@@ -100,11 +100,14 @@ impl BufferPool {
         }
         let pages = self.array.pages();
         if pages >= self.array.max_pages() {
+            // The limit named as it is set (without a maximum size the
+            // message sent the caller to an option never set; an outside
+            // probe).
             return Err(Error::NoSpace(format!(
-                "the database holds its maximum of {} pages ({} bytes; see \
-                 Options::capacity_bytes)",
+                "the database holds its maximum of {} pages ({} bytes; set by {})",
                 self.array.max_pages(),
-                self.array.max_pages() * self.page_size as u64
+                self.array.max_pages() * self.page_size as u64,
+                self.array.max_pages_set_by()
             )));
         }
         let growth = &self.alloc.growth;

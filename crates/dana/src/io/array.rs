@@ -245,6 +245,9 @@ pub struct Array {
     pages_per_device: Arc<AtomicU64>,
     /// The most pages per device growth may reach.
     max_pages_per_device: u64,
+    /// Whether that is the database's maximum size
+    /// ([`Array::with_max_bytes`]) rather than the devices' own.
+    capped: bool,
     /// Serialises growth.
     growing: Arc<Mutex<()>>,
 }
@@ -292,6 +295,7 @@ impl Array {
             page_size,
             pages_per_device: Arc::new(AtomicU64::new(pages_per_device)),
             max_pages_per_device,
+            capped: false,
             growing: Arc::new(Mutex::new(())),
         })
     }
@@ -301,6 +305,7 @@ impl Array {
     pub fn with_max_bytes(mut self, bytes: Option<u64>) -> Array {
         if let Some(b) = bytes {
             let per_device = b / self.targets.len() as u64 / self.page_size;
+            self.capped = per_device < self.max_pages_per_device;
             self.max_pages_per_device = self
                 .max_pages_per_device
                 .min(per_device)
@@ -336,6 +341,15 @@ impl Array {
     /// The most pages the array can grow to.
     pub fn max_pages(&self) -> u64 {
         self.max_pages_per_device * self.targets.len() as u64
+    }
+
+    /// What sets [`Array::max_pages`], for an error that names it.
+    pub fn max_pages_set_by(&self) -> &'static str {
+        if self.capped {
+            "Options::capacity_bytes"
+        } else {
+            "what its devices' file systems or block devices hold"
+        }
     }
 
     /// Grows every device so that the array holds at least `pages` pages
@@ -449,6 +463,7 @@ mod tests {
             .unwrap()
             .with_max_bytes(Some(3 * 40 * 4096));
         assert_eq!((a.pages(), a.max_pages()), (48, 120));
+        assert_eq!(a.max_pages_set_by(), "Options::capacity_bytes");
         let clone = a.clone();
         assert_eq!(a.grow_to(50).unwrap(), 51, "a whole stripe");
         assert_eq!(clone.pages(), 51, "clones see the growth");
@@ -457,6 +472,10 @@ mod tests {
         disks[1].set_space_limit(0);
         let b = Array::new(disks.iter().cloned().map(Target::Sim).collect(), 4096).unwrap();
         assert_eq!(b.pages(), 120);
+        // A maximum past what the devices hold is not what limits growth
+        // (the error once named the option when none was set).
+        let b = b.with_max_bytes(Some(1 << 40));
+        assert!(b.max_pages_set_by().contains("devices"));
     }
 
     #[test]
