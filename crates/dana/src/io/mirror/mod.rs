@@ -34,7 +34,6 @@ mod label;
 mod queue;
 mod rebuild;
 
-use std::cmp::Reverse;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -268,47 +267,6 @@ impl CopySpec {
     }
 }
 
-/// The healthy copies that hold fewer whole 4 KiB blocks than the longest
-/// one, each with why: they are failed at open, so that the group's size
-/// (its shortest working copy's) and its reads come from whole copies. A
-/// copy cut short (damage, a mistaken `truncate`) made every open and
-/// every rebuild of the group fail with an error that named no file,
-/// though whole copies were there (an outside probe's finding). A crash
-/// in the middle of a growth (each copy grown in turn, nothing written
-/// past the old size before all are) leaves the copies not yet grown
-/// short too: rebuilding them is the safe answer to both. A partial block
-/// past a copy's end is not counted (nothing is ever written there). Never
-/// fails the last healthy copy.
-fn short_copies(states: &[CopyState], copies: &[CopySpec]) -> Vec<(usize, String)> {
-    let sizes: Vec<(usize, u64)> = states
-        .iter()
-        .zip(copies)
-        .enumerate()
-        .filter(|(_, (s, _))| **s == CopyState::Healthy)
-        .filter_map(|(c, (_, spec))| spec.target.as_ref().map(|t| (c, t.size())))
-        .collect();
-    let whole = |size: u64| size / 4096 * 4096;
-    let Some(&(long, long_size)) = sizes
-        .iter()
-        .max_by_key(|(c, size)| (whole(*size), Reverse(*c)))
-    else {
-        return Vec::new();
-    };
-    sizes
-        .iter()
-        .filter(|&&(_, size)| whole(size) < whole(long_size))
-        .map(|&(c, size)| {
-            let why = format!(
-                "{}: the copy holds {size} bytes, fewer than the {long_size} of {} (cut short, \
-                 or its growth cut by a crash); failed until rebuilt",
-                name_of(&copies[c], c),
-                name_of(&copies[long], long)
-            );
-            (c, why)
-        })
-        .collect()
-}
-
 fn name_of(spec: &CopySpec, copy: usize) -> String {
     match (&spec.path, &spec.target) {
         (Some(p), _) => p.display().to_string(),
@@ -459,19 +417,6 @@ impl Mirror {
                 "{role}: no healthy copy left (states {states:?})"
             )));
         }
-        let mut failures: Vec<Option<String>> = copies
-            .iter()
-            .map(|s| {
-                s.target
-                    .is_none()
-                    .then(|| "missing when the database was opened".to_string())
-            })
-            .collect();
-        for (c, why) in short_copies(&states, &copies) {
-            states[c] = CopyState::Failed;
-            failures[c] = Some(why);
-            changed = true;
-        }
         // A rebuild's progress past the healthy copies' size (a damaged or
         // forged label with a valid checksum) would mark the copy healthy
         // with nothing copied, and reads would take its bytes below it (a
@@ -495,7 +440,6 @@ impl Mirror {
         });
         let generation = newest.generation + u64::from(changed || disagree);
         let m = Mirror::build(role, index, newest.set_id, copies, states, generation);
-        m.lock().failures = failures;
         m.read_only.store(read_only, Ordering::SeqCst);
         if (changed || disagree) && !read_only {
             m.write_labels_now()?;
