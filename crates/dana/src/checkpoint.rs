@@ -44,11 +44,16 @@ pub(crate) async fn checkpoint(
     // this one ends.
     let floors = wal.redo_floors();
     let (bound, redo) = wal.begin_checkpoint(scope);
-    let began = Began {
+    let mut began = Began {
         wal,
         floors: Some(floors),
+        finishing: false,
     };
     write_back_and_record(pool, wal, scope, bound, redo).await?;
+    began.finishing = true;
+    for l in wal.logs() {
+        l.finish_checkpoint().await?;
+    }
     began.ended();
     // Advice to the devices: a map page that cannot be read now is an
     // error for whoever needs it next, not a failed checkpoint.
@@ -63,11 +68,20 @@ pub(crate) async fn checkpoint(
 /// raised with no page written, and the next checkpoint of another shard
 /// named a redo GSN past commits no checkpoint had written: lost at the
 /// next crash. It also left `in_checkpoint` set for good; a review's
-/// finding.)
+/// finding.) Stopped while it writes its control blocks, it stops the
+/// logs instead (see `finishing`).
 struct Began<'a> {
     wal: &'a LogSet,
     /// The floors from before it began; `None` once it ended.
     floors: Option<Vec<u64>>,
+    /// Set once it writes its control blocks: stopped from then on, the
+    /// logs stop instead. Some control blocks may name this checkpoint's
+    /// redo point already; floors put back below it let the next
+    /// checkpoint name an older redo GSN while those logs' redo points
+    /// skip their records before this one's, and recovery re-applied the
+    /// other logs' commits of that span without theirs, undoing later
+    /// values (a review's finding).
+    finishing: bool,
 }
 
 impl Began<'_> {
@@ -79,12 +93,21 @@ impl Began<'_> {
 impl Drop for Began<'_> {
     fn drop(&mut self) {
         if let Some(floors) = self.floors.take() {
-            self.wal.abandon_checkpoint(&floors);
+            if self.finishing {
+                self.wal.poison_with(&Error::Poisoned(
+                    "a checkpoint stopped while it wrote its control blocks; reopen the \
+                     database (recovery finishes what the log holds)"
+                        .into(),
+                ));
+            } else {
+                self.wal.abandon_checkpoint(&floors);
+            }
         }
     }
 }
 
-/// The steps of [`checkpoint`] after it began, up to its control blocks.
+/// The steps of [`checkpoint`] after it began, up to its records durable
+/// (its control blocks follow).
 async fn write_back_and_record(
     pool: &BufferPool,
     wal: &Arc<LogSet>,
@@ -115,9 +138,6 @@ async fn write_back_and_record(
     }
     for (l, &end) in wal.logs().iter().zip(&ends) {
         l.wait_durable(end).await?;
-    }
-    for l in wal.logs() {
-        l.finish_checkpoint().await?;
     }
     Ok(())
 }
