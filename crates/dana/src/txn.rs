@@ -654,8 +654,8 @@ impl Committer {
             (Some(_), None, Durability::Sync) if dep > 0 => {
                 self.wait_read_durable(dep, durability).await?
             }
-            // An async commit that read or overwrote another log's write
-            // not durable yet waits for that log's flush (one window at
+            // An async commit that read another log's write not durable
+            // yet (what `dep` holds) waits for that log's flush (one window at
             // most), not for its own: its record cannot be durable before
             // what it depends on, so a flush takes records only up to the
             // first such record. Returning at once let committers on two

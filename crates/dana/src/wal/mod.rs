@@ -208,9 +208,9 @@ pub enum Durability {
     /// A commit returns at once; a flush starts within the database's
     /// async window ([`crate::Options::async_window`]), so a crash loses
     /// the commits of that window and of the flush then in progress.
-    /// With several logs, a commit that read or overwrote a write another
-    /// log holds, not yet durable, returns once that log is durable past
-    /// it (its own log's flush it does not wait for): its record can be
+    /// With several logs, a commit that read a write another log holds,
+    /// not yet durable (a get, a scan, an insert's or update's check),
+    /// returns once that log is durable past it (its own log's flush it does not wait for): its record can be
     /// durable only after what it depends on, and commits on two workers
     /// that each depended on the other's last would chain, one flush per
     /// link, far behind the window.
