@@ -536,6 +536,73 @@ fn fail_copies_older_than_the_log(
     }
 }
 
+/// Fails the copies of the mirrored data devices `targets` (of an
+/// existing database) shorter than the pages below the meta page's
+/// high-water mark that each device holds (see [`fail_copies_short_of`]).
+/// Before the array is built: it takes its size from its devices once.
+fn fail_short_data_copies(targets: &[Target], ps: usize) {
+    let Some(first) = targets.first() else {
+        return;
+    };
+    if !matches!(first, Target::Mirror(_)) || first.size() < ps as u64 {
+        return;
+    }
+    let Ok(meta) = read_first_bytes(first, ps) else {
+        return;
+    };
+    if crate::buffer::page::verify(&meta, 0).is_err() {
+        return;
+    }
+    let next = crate::buffer::alloc::meta_next_unused(&meta);
+    let width = targets.len() as u64;
+    for (d, t) in targets.iter().enumerate() {
+        if let Target::Mirror(m) = t {
+            // Device d holds pages d, d + width, d + 2 x width, ...
+            let pages = next.saturating_sub(d as u64).div_ceil(width);
+            fail_copies_short_of(
+                m,
+                pages.saturating_mul(ps as u64),
+                "the meta page's high-water mark needs",
+            );
+        }
+    }
+}
+
+/// Fails the healthy copies of `m` that hold fewer than `needed` bytes
+/// (after their labels) while another healthy copy holds them: cut short
+/// (damage, a mistaken `truncate`), such a copy made the group's size its
+/// own, and every open, read-only too, and every rebuild failed with an
+/// error that named no file, though a whole copy was there (an outside
+/// probe). Only what the database needs counts: copies of unequal sizes
+/// (fixed-size devices, a growth one copy had no room for) that all hold
+/// it stay healthy (a first rule, failing every copy shorter than the
+/// longest, failed those at every open; a review's finding).
+fn fail_copies_short_of(m: &Arc<crate::io::mirror::Mirror>, needed: u64, what: &str) {
+    use crate::io::mirror::{CopyState, LABEL_BYTES};
+    let sizes: Vec<(usize, u64)> = m
+        .states()
+        .into_iter()
+        .zip(m.targets())
+        .enumerate()
+        .filter(|(_, (s, _))| *s == CopyState::Healthy)
+        .filter_map(|(c, (_, t))| t.map(|t| (c, t.size().saturating_sub(LABEL_BYTES))))
+        .collect();
+    if !sizes.iter().any(|&(_, size)| size >= needed) {
+        return;
+    }
+    for (c, size) in sizes.into_iter().filter(|&(_, size)| size < needed) {
+        m.fail_stale_copy(
+            c,
+            format!(
+                "{}: the copy holds {size} bytes, fewer than the {needed} {what} (cut short?): \
+                 rebuild it",
+                m.copy_path(c)
+                    .map_or_else(|| format!("copy {c}"), |p| p.display().to_string())
+            ),
+        );
+    }
+}
+
 /// Bytes each file of a new database starts with: a share of
 /// [`INITIAL_DATA_BYTES`] (or of the maximum size, if smaller), at least
 /// one page; the files grow from there.
@@ -917,6 +984,18 @@ fn open_logs(
             undo,
             locks,
         )?;
+        if let (true, Target::Mirror(m)) = (has_log, &t) {
+            // The stream bytes its control block records the file held.
+            if let Ok(Some(ctl)) = crate::wal::recover::read_control(&t) {
+                if ctl.stream_bytes > 0 {
+                    fail_copies_short_of(
+                        m,
+                        CONTROL_BYTES + ctl.stream_bytes,
+                        "the log's control block records",
+                    );
+                }
+            }
+        }
         logs.push(t);
     }
     if !has_log && !opts.is_read_only() {
@@ -1135,6 +1214,9 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
     }
     refuse_log_on_data(&paths, &log_path)?;
     refuse_log_among_database_names(dir, &log_path)?;
+    if exists {
+        fail_short_data_copies(&targets, opts.page_size_value());
+    }
     let array = Array::new(targets, opts.page_size_value() as u64)?;
     arm_mirrors(&array);
     let meta = if exists {
@@ -1227,6 +1309,9 @@ pub(crate) fn open_paths(
         PathBuf::from(p)
     });
     refuse_log_on_data(paths, &log_path)?;
+    if !create {
+        fail_short_data_copies(&targets, opts.page_size_value());
+    }
     let array = Array::new(targets, opts.page_size_value() as u64)?;
     arm_mirrors(&array);
     let meta = if create {

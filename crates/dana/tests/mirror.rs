@@ -1283,3 +1283,92 @@ fn check_after_a_drop_finds_the_log_copies_alike() {
     }
     db.close().unwrap();
 }
+
+/// One copy of a group cut short (its file truncated, to a whole number
+/// of blocks or not) below what the database needs of it (the meta page's
+/// high-water mark, the stream the log's control block records) is failed
+/// at open, with a reason naming its file, and the whole copies serve
+/// every read; `rebuild` makes it whole again. Before, every open
+/// (read-only too) and every rebuild failed with `CorruptLog`, `Corrupt`
+/// or `Misaligned` naming no file, though a whole copy was there (an
+/// outside probe). Copies of unequal sizes that all hold what is needed
+/// (one longer by a byte or by whole blocks) all stay healthy: a first
+/// rule failed every copy shorter than the longest, good ones too (a
+/// review's finding).
+#[test]
+fn a_copy_cut_short_is_failed_at_open_and_named() {
+    // Which data and log copy, their new lengths from the old, and whether
+    // that is short of what the database needs.
+    type Case = (usize, usize, fn(u64) -> u64, fn(u64) -> u64, bool);
+    let cases: [Case; 4] = [
+        (
+            1,
+            0,
+            |_| LABEL_BYTES + 8 * 4096,
+            |len| len / 2 / 4096 * 4096,
+            true,
+        ),
+        (
+            0,
+            1,
+            |_| LABEL_BYTES + 8 * 4096 + 1,
+            |len| len / 2 / 4096 * 4096 + 1,
+            true,
+        ),
+        (1, 1, |len| len + 1, |len| len + 1, false),
+        (0, 0, |len| len + (1 << 20), |len| len + (1 << 20), false),
+    ];
+    for (data_copy, log_copy, data_len, log_len, cut_short) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = closed_mirrored(dir.path(), 0, 3000);
+        let name = |file: &str, c: usize| match c {
+            0 => dir.path().join(file),
+            c => dir.path().join(format!("{file}.m{c}")),
+        };
+        let cut = [name("dana.0", data_copy), name("dana.wal", log_copy)];
+        for (f, to_len) in cut.iter().zip([data_len, log_len]) {
+            let len = std::fs::metadata(f).unwrap().len();
+            let to = to_len(len);
+            assert!(to > LABEL_BYTES && to != len, "{len}");
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(f)
+                .unwrap()
+                .set_len(to)
+                .unwrap();
+        }
+        for read_only in [true, false] {
+            let o = if read_only {
+                opts.clone().read_only()
+            } else {
+                opts.clone()
+            };
+            let db = Db::open(dir.path(), o).unwrap();
+            let failed: Vec<_> = db
+                .mirror_status()
+                .into_iter()
+                .flat_map(|g| g.copies)
+                .filter(|c| c.state != CopyState::Healthy)
+                .collect();
+            assert_eq!(failed.len(), if cut_short { 2 } else { 0 }, "{failed:?}");
+            for (c, f) in failed.iter().zip(&cut) {
+                assert_eq!(c.state, CopyState::Failed);
+                let why = c.failure.as_deref().unwrap_or_default();
+                assert!(why.contains(&*f.to_string_lossy()), "{why}");
+            }
+            assert_values(&db, 0, 3000);
+            if read_only {
+                db.close().unwrap();
+            } else {
+                rebuild_and_check(db);
+            }
+        }
+        let db = Db::open(dir.path(), opts).unwrap();
+        assert!(db
+            .mirror_status()
+            .iter()
+            .all(|g| g.copies.iter().all(|c| c.state == CopyState::Healthy)));
+        assert_values(&db, 0, 3000);
+        db.close().unwrap();
+    }
+}

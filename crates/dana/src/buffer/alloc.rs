@@ -272,6 +272,12 @@ pub struct MetaFacts {
     pub log_ends: [u64; META_LOG_ENDS],
 }
 
+/// The high-water mark (the first page never handed out) the meta page
+/// `meta` records; read without a check (verify the page first).
+pub fn meta_next_unused(meta: &[u8]) -> u64 {
+    get_u64(meta, OFF_NEXT)
+}
+
 /// The page size a meta page names, if `first` starts like a meta page
 /// (the magic) and the size is one dana uses; None otherwise. Read before
 /// the checksum is checked: the checksum covers the whole page.
