@@ -223,6 +223,15 @@ fn closed_with_large_values(dir: &std::path::Path) -> Options {
     opts
 }
 
+/// `opts`, read-only if `read_only` (the tests that open both ways).
+fn maybe_read_only(opts: &Options, read_only: bool) -> Options {
+    if read_only {
+        opts.clone().read_only()
+    } else {
+        opts.clone()
+    }
+}
+
 /// Flips (xor `mask`) one byte in every page of the file at `path`, from
 /// offset `from` on, a page apart; synced. Returns how many.
 fn flip_bytes(path: &std::path::Path, from: u64, mask: u8) -> u64 {
@@ -724,11 +733,7 @@ fn a_data_copy_put_back_from_an_older_backup_is_failed_at_open() {
     let old = two_rounds_keeping(dir.path(), &opts, &copy0);
     std::fs::write(&copy0, old).unwrap();
     for read_only in [true, false] {
-        let o = if read_only {
-            opts.clone().read_only()
-        } else {
-            opts.clone()
-        };
+        let o = maybe_read_only(&opts, read_only);
         let db = Db::open(dir.path(), o).unwrap();
         assert_eq!(
             db.mirror_status()[0].copies[0].state,
@@ -1180,11 +1185,7 @@ fn a_copy_whose_meta_page_lacks_the_last_checkpoint_is_failed_at_open() {
     m1.sync_all().unwrap();
     let v = |db: &Db| db.tree("t").unwrap().get(&7u32.to_be_bytes()).unwrap();
     for read_only in [true, false] {
-        let o = if read_only {
-            opts.clone().read_only()
-        } else {
-            opts.clone()
-        };
+        let o = maybe_read_only(&opts, read_only);
         let db = Db::open(dir.path(), o).unwrap();
         assert_eq!(
             db.mirror_status()[0].copies[1].state,
@@ -1338,11 +1339,7 @@ fn a_copy_cut_short_is_failed_at_open_and_named() {
                 .unwrap();
         }
         for read_only in [true, false] {
-            let o = if read_only {
-                opts.clone().read_only()
-            } else {
-                opts.clone()
-            };
+            let o = maybe_read_only(&opts, read_only);
             let db = Db::open(dir.path(), o).unwrap();
             let failed: Vec<_> = db
                 .mirror_status()

@@ -2338,6 +2338,20 @@ impl BufferPool {
     }
 }
 
+/// Formats the pool's array, allocates 20 raw pages and frees the sixth;
+/// returns their ids (the buffer modules' unit tests).
+#[cfg(test)]
+async fn twenty_pages_the_sixth_freed(p: &BufferPool) -> Result<Vec<u64>> {
+    p.format().await?;
+    let mut pids = Vec::new();
+    for _ in 0..20 {
+        pids.push(p.allocate(PageType::Raw).await?.pid());
+    }
+    let freed = p.fix_exclusive(pids[5]).await?;
+    p.free_page(freed).await?;
+    Ok(pids)
+}
+
 /// A pool of `frames` frames over `array`, on a runtime of one worker
 /// (the buffer modules' unit tests).
 #[cfg(test)]
@@ -2404,13 +2418,7 @@ mod tests {
         let p = pool.clone();
         let (failed, map_pid) = rt
             .block_on(async move {
-                p.format().await?;
-                let mut pids = Vec::new();
-                for _ in 0..20 {
-                    pids.push(p.allocate(PageType::Raw).await?.pid());
-                }
-                let freed = p.fix_exclusive(pids[5]).await?;
-                p.free_page(freed).await?;
+                let pids = twenty_pages_the_sixth_freed(&p).await?;
                 p.flush_all().await?;
                 let map_pid = p.geometry().map_page_of(pids[5]);
                 p.discard(map_pid).await?;
@@ -2452,13 +2460,7 @@ mod tests {
         let p = pool.clone();
         let (before, after) = rt
             .block_on(async move {
-                p.format().await?;
-                let mut pids = Vec::new();
-                for _ in 0..20 {
-                    pids.push(p.allocate(PageType::Raw).await?.pid());
-                }
-                let freed = p.fix_exclusive(pids[5]).await?;
-                p.free_page(freed).await?;
+                let pids = twenty_pages_the_sixth_freed(&p).await?;
                 let stale = p.fix_shared(pids[5]).await?;
                 let before = p.free_count.load(Ordering::SeqCst);
                 {
