@@ -603,10 +603,19 @@ impl Committer {
         // on a database holding a large value; a review's finding).
         let unapplied = (logged.is_some() || changes_space || writes.len() > 1)
             .then(|| DroppedMidApply(&self.pool, logged.is_some()));
-        let applied = match (&log, logged.as_mut()) {
-            (Some(w), Some(at)) => apply_logged(&self.pool, w, &writes, at).await,
-            _ => apply(&self.pool, &writes, true, 0).await,
-        };
+        // The dependencies of the page records the apply appended (an async
+        // commit waits for them below).
+        let mut pages_dep = 0;
+        let applied = crate::wal::own_dependency(
+            async {
+                match (&log, logged.as_mut()) {
+                    (Some(w), Some(at)) => apply_logged(&self.pool, w, &writes, at).await,
+                    _ => apply(&self.pool, &writes, true, 0).await,
+                }
+            },
+            &mut pages_dep,
+        )
+        .await;
         if let Some(guard) = unapplied {
             guard.disarm();
         }
@@ -664,9 +673,9 @@ impl Committer {
             // worker an outside probe saw commits stall for 5-16 s and the
             // durable point 20,000 commits behind, all of them lost by a
             // kill -9 (the window promises 10 ms).
-            (Some(w), Some(_), Durability::Async) if dep > 0 => {
+            (Some(w), Some(_), Durability::Async) if dep.max(pages_dep) > 0 => {
                 if let Some(set) = &self.wal {
-                    set.wait_others_durable(w, dep + 1).await?;
+                    set.wait_others_durable(w, dep.max(pages_dep) + 1).await?;
                 }
             }
             _ => {}

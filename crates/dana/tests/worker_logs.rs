@@ -226,6 +226,44 @@ fn an_async_commit_that_read_another_workers_unflushed_write_waits_for_that_log(
     db.close().unwrap();
 }
 
+/// The same for a blind async write whose apply splits a leaf another
+/// worker changed last, not durably: the split's page records depend on
+/// that change, and the commit returns once that worker's log is durable
+/// past it. Returning at once, async inserts from 16 tasks on two workers
+/// chained such records across the logs and stalled for seconds (`dana
+/// bench commit --logs 0`: max latency 7.3-7.9 s, no checkpoint).
+#[test]
+fn an_async_write_that_split_another_workers_unflushed_leaf_waits_for_that_log() {
+    let rig = rig_with_slow_log_0();
+    let db = rig.open(true).unwrap();
+    let t = db.create_tree("t").unwrap();
+    // One leaf, nearly full, durable (one commit: log 0 is slow).
+    let mut tx = db.begin();
+    for i in 0..30u32 {
+        tx.put(&t, format!("k{i:04}").as_bytes(), &[1u8; 100])
+            .unwrap();
+    }
+    db.commit(tx).unwrap();
+    db.checkpoint().unwrap();
+    unflushed_write_on_worker_0(&db, b"a");
+    let (d, t) = (db.clone(), db.tree("t").unwrap());
+    on(&db, 1, async move {
+        let mut tx = d.begin();
+        tx.set_durability(Durability::Async);
+        tx.put(&t, b"z", &[2u8; 900])?;
+        tx.commit_async().await
+    })
+    .unwrap();
+    let (db, t) = power_cycle(&rig, db);
+    assert_eq!(
+        t.get(b"a").unwrap(),
+        Some(b"a".to_vec()),
+        "the write in the leaf the async commit split: its log was asked to flush"
+    );
+    assert!(db.check().unwrap().is_ok());
+    db.close().unwrap();
+}
+
 const ACCOUNTS: u64 = 64;
 const START: u64 = 1000;
 

@@ -915,6 +915,31 @@ pub(crate) async fn own_appends<F: Future>(f: F, own: &mut u64) -> F::Output {
     .await
 }
 
+thread_local! {
+    /// The largest dependency on another log's records not yet durable
+    /// that a record appended on this thread carried ([`own_dependency`]).
+    static DEPENDED_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f`, raising `dep` to the largest dependency on other logs' records
+/// not yet durable that a record appended while it was polled carried (its
+/// own page records: a split, a full image of a page another log changed
+/// last). An async commit waits for those logs past it, as for what it
+/// read: the chain of such records across two logs otherwise drained one
+/// flush per link (see `txn::Committer`).
+pub(crate) async fn own_dependency<F: Future>(f: F, dep: &mut u64) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    std::future::poll_fn(|cx| {
+        let before = DEPENDED_HERE.with(|d| d.replace(0));
+        let polled = f.as_mut().poll(cx);
+        let mine = DEPENDED_HERE.with(|d| d.get());
+        *dep = (*dep).max(mine);
+        DEPENDED_HERE.with(|d| d.set(before.max(mine)));
+        polled
+    })
+    .await
+}
+
 fn align_up(v: u64, a: u64) -> u64 {
     v.div_ceil(a) * a
 }
@@ -1498,6 +1523,7 @@ impl Wal {
         self.stats.records.fetch_add(1, Ordering::Relaxed);
         self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
         APPENDED_HERE.with(|a| a.set(a.get() + len as u64));
+        DEPENDED_HERE.with(|d| d.set(d.get().max(dep)));
         Ok(Ok((gsn, gsn + 1)))
     }
 
