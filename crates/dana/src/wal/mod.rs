@@ -209,11 +209,12 @@ pub enum Durability {
     /// async window ([`crate::Options::async_window`]), so a crash loses
     /// the commits of that window and of the flush then in progress.
     /// With several logs, a commit that read a write another log holds,
-    /// not yet durable (a get, a scan, an insert's or update's check),
-    /// returns once that log is durable past it (its own log's flush it does not wait for): its record can be
-    /// durable only after what it depends on, and commits on two workers
-    /// that each depended on the other's last would chain, one flush per
-    /// link, far behind the window.
+    /// not yet durable (a get, a scan, an insert's or update's check), or
+    /// that split a leaf such a write is in, returns once that log is
+    /// durable past it (its own log's flush it does not wait for): its
+    /// records can be durable only after what they depend on, and commits
+    /// on two workers that each depended on the other's last would chain,
+    /// one flush per link, far behind the window.
     /// With one log the commits lost are the last ones acknowledged; with
     /// several ([`crate::Options::logs`]) each log loses its own last
     /// ones, so a commit may survive that was acknowledged after one lost
