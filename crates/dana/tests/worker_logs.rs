@@ -196,11 +196,7 @@ fn a_commit_that_read_nothing_remote_waits_for_its_own_log_only() {
 /// and 20,000 acknowledged commits lost by a kill -9.
 #[test]
 fn an_async_commit_that_read_another_workers_unflushed_write_waits_for_that_log() {
-    // Log 0 slow: asked to flush, it is durable 300 ms later.
-    let rig = rig_with_slow_log_0();
-    let db = rig.open(true).unwrap();
-    db.create_tree("t").unwrap();
-    db.checkpoint().unwrap();
+    let (rig, db) = fresh_with_slow_log_0(|_| Ok(()));
     unflushed_write_on_worker_0(&db, b"a");
     let (d, t) = (db.clone(), db.tree("t").unwrap());
     on(&db, 1, async move {
@@ -213,14 +209,32 @@ fn an_async_commit_that_read_another_workers_unflushed_write_waits_for_that_log(
     .unwrap();
     let (db, t) = power_cycle(&rig, db);
     assert_eq!(
-        t.get(b"a").unwrap(),
-        Some(b"a".to_vec()),
-        "the write the async commit read: its log was asked to flush"
-    );
-    assert_eq!(
         t.get(b"b").unwrap(),
         None,
         "the async commit itself waited for no flush of its own log"
+    );
+    a_survived(db, t, "the write the async commit read");
+}
+
+/// A database on [`rig_with_slow_log_0`] (log 0 asked to flush is durable
+/// 300 ms later) with tree "t", `fill` committed into it, checkpointed.
+fn fresh_with_slow_log_0(fill: impl FnOnce(&Db) -> dana::Result<()>) -> (Rig, Db) {
+    let rig = rig_with_slow_log_0();
+    let db = rig.open(true).unwrap();
+    db.create_tree("t").unwrap();
+    fill(&db).unwrap();
+    db.checkpoint().unwrap();
+    (rig, db)
+}
+
+/// After a power cut, key "a" of [`unflushed_write_on_worker_0`] is
+/// there (`what` wrote it: its log was asked to flush), and the database
+/// checks clean; closes it.
+fn a_survived(db: Db, t: dana::Tree, what: &str) {
+    assert_eq!(
+        t.get(b"a").unwrap(),
+        Some(b"a".to_vec()),
+        "{what}: its log was asked to flush"
     );
     assert!(db.check().unwrap().is_ok());
     db.close().unwrap();
@@ -234,17 +248,15 @@ fn an_async_commit_that_read_another_workers_unflushed_write_waits_for_that_log(
 /// bench commit --logs 0`: max latency 7.3-7.9 s, no checkpoint).
 #[test]
 fn an_async_write_that_split_another_workers_unflushed_leaf_waits_for_that_log() {
-    let rig = rig_with_slow_log_0();
-    let db = rig.open(true).unwrap();
-    let t = db.create_tree("t").unwrap();
     // One leaf, nearly full, durable (one commit: log 0 is slow).
-    let mut tx = db.begin();
-    for i in 0..30u32 {
-        tx.put(&t, format!("k{i:04}").as_bytes(), &[1u8; 100])
-            .unwrap();
-    }
-    db.commit(tx).unwrap();
-    db.checkpoint().unwrap();
+    let (rig, db) = fresh_with_slow_log_0(|db| {
+        let t = db.tree("t")?;
+        let mut tx = db.begin();
+        for i in 0..30u32 {
+            tx.put(&t, format!("k{i:04}").as_bytes(), &[1u8; 100])?;
+        }
+        db.commit(tx)
+    });
     unflushed_write_on_worker_0(&db, b"a");
     let (d, t) = (db.clone(), db.tree("t").unwrap());
     on(&db, 1, async move {
@@ -255,13 +267,7 @@ fn an_async_write_that_split_another_workers_unflushed_leaf_waits_for_that_log()
     })
     .unwrap();
     let (db, t) = power_cycle(&rig, db);
-    assert_eq!(
-        t.get(b"a").unwrap(),
-        Some(b"a".to_vec()),
-        "the write in the leaf the async commit split: its log was asked to flush"
-    );
-    assert!(db.check().unwrap().is_ok());
-    db.close().unwrap();
+    a_survived(db, t, "the write in the leaf the async commit split");
 }
 
 const ACCOUNTS: u64 = 64;
