@@ -603,19 +603,20 @@ impl Committer {
         // on a database holding a large value; a review's finding).
         let unapplied = (logged.is_some() || changes_space || writes.len() > 1)
             .then(|| DroppedMidApply(&self.pool, logged.is_some()));
-        // The dependencies of the page records the apply appended (an async
-        // commit waits for them below).
-        let mut pages_dep = 0;
-        let applied = crate::wal::own_dependency(
+        // What the commit depends on, with what the page records its apply
+        // appended depend on (an async commit waits for it below).
+        let mut own = crate::wal::OwnAppends::default();
+        let applied = crate::wal::own_appends(
             async {
                 match (&log, logged.as_mut()) {
                     (Some(w), Some(at)) => apply_logged(&self.pool, w, &writes, at).await,
                     _ => apply(&self.pool, &writes, true, 0).await,
                 }
             },
-            &mut pages_dep,
+            &mut own,
         )
         .await;
+        let dep = dep.max(own.dep);
         if let Some(guard) = unapplied {
             guard.disarm();
         }
@@ -664,8 +665,9 @@ impl Committer {
                 self.wait_read_durable(dep, durability).await?
             }
             // An async commit that read another log's write not durable
-            // yet (what `dep` holds) waits for that log's flush (one window at
-            // most), not for its own: its record cannot be durable before
+            // yet, or whose splits or full images depend on one (what `dep`
+            // holds), waits for that log's flush (one window at most), not
+            // for its own: its record cannot be durable before
             // what it depends on, so a flush takes records only up to the
             // first such record. Returning at once let committers on two
             // workers build chains of records each depending on the other
@@ -673,9 +675,9 @@ impl Committer {
             // worker an outside probe saw commits stall for 5-16 s and the
             // durable point 20,000 commits behind, all of them lost by a
             // kill -9 (the window promises 10 ms).
-            (Some(w), Some(_), Durability::Async) if dep.max(pages_dep) > 0 => {
+            (Some(w), Some(_), Durability::Async) if dep > 0 => {
                 if let Some(set) = &self.wal {
-                    set.wait_others_durable(w, dep.max(pages_dep) + 1).await?;
+                    set.wait_others_durable(w, dep + 1).await?;
                 }
             }
             _ => {}
@@ -1033,10 +1035,10 @@ async fn apply_logged(
     }
     let limit = log.capacity() / 4;
     // Bytes this apply appended since its record (or the last one).
-    let mut own = 0u64;
+    let mut own = wal::OwnAppends::default();
     let mut out = Vec::with_capacity(writes.len());
     for (i, w) in writes.iter().enumerate() {
-        if i > 0 && own > limit {
+        if i > 0 && own.bytes > limit {
             // Every flush from here on starts at or past `durable`.
             let durable = log.appended_end();
             log.flush_appended().await?;
@@ -1045,7 +1047,7 @@ async fn apply_logged(
             log.applied(at.0);
             log.count_continued_apply();
             *at = (gsn, end);
-            own = 0;
+            own = wal::OwnAppends::default();
             log.wait_redo_past(durable).await?;
         }
         let applied = wal::own_appends(apply(pool, std::slice::from_ref(w), true, at.0), &mut own);

@@ -1218,28 +1218,21 @@ impl BufferPool {
                 what: format!("page {pid} is freed twice (its map bit is clear)"),
             });
         }
-        let released = self.release_in(s, page);
+        let released = self.unallocate_in(s, page);
         debug_assert!(released, "its map page was just latched");
         s.freed.push((pid, 1));
         Ok(())
     }
 
-    /// Undoes an allocation made under `s` whose change is not logged yet
-    /// (a root split whose second allocation failed, or whose future was
-    /// dropped while it waited: the first new page, logged used and named
-    /// by no tree, was lost for good; a review's finding). The page is
-    /// freed as [`BufferPool::free_in`] frees one, but never waits: the
-    /// allocation latched the page's map page in `s`. False (nothing done)
-    /// if it did not.
-    pub(crate) fn unallocate_in(&self, s: &mut SpaceGuard<'_>, page: &mut PageMut<'_>) -> bool {
-        self.release_in(s, page)
-    }
-
     /// Clears `page`'s bit in its map page, which `s` holds latched, makes
     /// it a page of type `Free` and counts it free (the meta page's count
     /// and the pool's); false (nothing done) if `s` does not hold that map
-    /// page.
-    fn release_in(&self, s: &mut SpaceGuard<'_>, page: &mut PageMut<'_>) -> bool {
+    /// page. [`BufferPool::free_in`] frees a page with it; a root split
+    /// undoes its first allocation with it, never waiting (the allocation
+    /// latched the map page in `s`) when its second allocation fails or its
+    /// future is dropped (the first new page, logged used and named by no
+    /// tree, was lost for good; a review's finding).
+    pub(crate) fn unallocate_in(&self, s: &mut SpaceGuard<'_>, page: &mut PageMut<'_>) -> bool {
         let pid = page.pid();
         let geo = self.geometry();
         let map_pid = geo.map_page_of(pid);

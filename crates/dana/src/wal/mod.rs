@@ -890,52 +890,54 @@ fn flushable(queue: &VecDeque<Queued>, others: u64) -> (usize, usize, u64) {
 /// a flush of it was in flight (see [`Wal::due_in`]).
 const FLUSH_RECHECK: Duration = Duration::from_millis(1);
 
-thread_local! {
-    /// Bytes of records this thread appended to any log ([`own_appends`]).
-    static APPENDED_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+/// What the records appended to any log while a future was polled add up
+/// to ([`own_appends`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OwnAppends {
+    /// Their bytes.
+    pub(crate) bytes: u64,
+    /// The largest dependency on other logs' records not yet durable that
+    /// one of them carried (0: none).
+    pub(crate) dep: u64,
 }
 
-/// Runs `f`, adding to `own` the bytes of the records appended to any
-/// log while it was polled: its own records (a task appends while it is
-/// polled, on its worker's thread), not those other tasks appended while
-/// it waited. (`txn::apply_logged` counted the log's end moved by other
-/// tasks as its own until 2026-11-29: with 64 committers on a 1 MiB log,
+impl OwnAppends {
+    fn add(&mut self, o: OwnAppends) {
+        self.bytes += o.bytes;
+        self.dep = self.dep.max(o.dep);
+    }
+}
+
+thread_local! {
+    /// The records this thread appended to any log since the innermost
+    /// [`own_appends`] around it was polled.
+    static APPENDED_HERE: std::cell::Cell<OwnAppends> =
+        const { std::cell::Cell::new(OwnAppends { bytes: 0, dep: 0 }) };
+}
+
+/// Runs `f`, adding to `own` the records appended to any log while it was
+/// polled: its own records (a task appends while it is polled, on its
+/// worker's thread), not those other tasks appended while it waited.
+/// Their bytes: `txn::apply_logged` counted the log's end moved by other
+/// tasks as its own until 2026-11-29 (with 64 committers on a 1 MiB log,
 /// two-write commits went on from records of their own and waited for
 /// checkpoints, which each spent log space while those commits held the
-/// redo point, until no checkpoint could be flushed and every commit
-/// hung: `dana crashtest --worker-logs --tasks 64`.)
-pub(crate) async fn own_appends<F: Future>(f: F, own: &mut u64) -> F::Output {
-    let appended = || APPENDED_HERE.with(|a| a.get());
+/// redo point, until no checkpoint could be flushed and every commit hung:
+/// `dana crashtest --worker-logs --tasks 64`). Their dependencies: an
+/// async commit waits for the other logs past those of the page records
+/// its apply appended (a split, a full image of a page another log changed
+/// last), as for what it read; else the chain of such records across two
+/// logs drained one flush per link (see `txn::Committer`).
+pub(crate) async fn own_appends<F: Future>(f: F, own: &mut OwnAppends) -> F::Output {
     let mut f = std::pin::pin!(f);
     std::future::poll_fn(|cx| {
-        let before = appended();
+        let outer = APPENDED_HERE.with(|a| a.replace(OwnAppends::default()));
         let polled = f.as_mut().poll(cx);
-        *own += appended() - before;
-        polled
-    })
-    .await
-}
-
-thread_local! {
-    /// The largest dependency on another log's records not yet durable
-    /// that a record appended on this thread carried ([`own_dependency`]).
-    static DEPENDED_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// Runs `f`, raising `dep` to the largest dependency on other logs' records
-/// not yet durable that a record appended while it was polled carried (its
-/// own page records: a split, a full image of a page another log changed
-/// last). An async commit waits for those logs past it, as for what it
-/// read: the chain of such records across two logs otherwise drained one
-/// flush per link (see `txn::Committer`).
-pub(crate) async fn own_dependency<F: Future>(f: F, dep: &mut u64) -> F::Output {
-    let mut f = std::pin::pin!(f);
-    std::future::poll_fn(|cx| {
-        let before = DEPENDED_HERE.with(|d| d.replace(0));
-        let polled = f.as_mut().poll(cx);
-        let mine = DEPENDED_HERE.with(|d| d.get());
-        *dep = (*dep).max(mine);
-        DEPENDED_HERE.with(|d| d.set(before.max(mine)));
+        let mine = APPENDED_HERE.with(|a| a.get());
+        own.add(mine);
+        let mut all = outer;
+        all.add(mine);
+        APPENDED_HERE.with(|a| a.set(all));
         polled
     })
     .await
@@ -1523,8 +1525,14 @@ impl Wal {
         }
         self.stats.records.fetch_add(1, Ordering::Relaxed);
         self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
-        APPENDED_HERE.with(|a| a.set(a.get() + len as u64));
-        DEPENDED_HERE.with(|d| d.set(d.get().max(dep)));
+        APPENDED_HERE.with(|a| {
+            let mut here = a.get();
+            here.add(OwnAppends {
+                bytes: len as u64,
+                dep,
+            });
+            a.set(here);
+        });
         Ok(Ok((gsn, gsn + 1)))
     }
 
@@ -2482,7 +2490,7 @@ mod tests {
         let set = logs(1);
         let w = set.logs()[0].clone();
         let mine = commit().len() as u64;
-        let mut own = 0;
+        let mut own = OwnAppends::default();
         {
             let w2 = w.clone();
             let f = own_appends(
@@ -2502,7 +2510,7 @@ mod tests {
             }
             assert!(f.as_mut().poll(&mut cx).is_ready());
         }
-        assert_eq!(own, 2 * mine, "the future's two records, no more");
+        assert_eq!(own.bytes, 2 * mine, "the future's two records, no more");
     }
 
     /// A checkpoint is started only if it would raise a redo floor of a

@@ -224,22 +224,27 @@ impl LogSet {
 
     /// Waits until every log is durable below GSN `end`.
     pub async fn wait_all_durable(&self, end: u64) -> Result<()> {
-        self.want(end);
-        for l in &self.logs {
-            l.wait_durable(end).await?;
-        }
-        Ok(())
+        self.wait_durable_but(None, end).await
     }
 
     /// Waits until every log but `me` is durable below GSN `end`: what an
     /// `Async` commit appended to `me` depends on (see `txn::Committer`).
     pub(crate) async fn wait_others_durable(&self, me: &Arc<Wal>, end: u64) -> Result<()> {
-        // Every log asked first, so that they flush together, not in turn.
-        let others = || self.logs.iter().filter(|l| !Arc::ptr_eq(l, me));
-        for l in others() {
+        self.wait_durable_but(Some(me), end).await
+    }
+
+    /// Waits until every log but `but` is durable below GSN `end`, every
+    /// one asked first, so that they flush together, not in turn.
+    async fn wait_durable_but(&self, but: Option<&Arc<Wal>>, end: u64) -> Result<()> {
+        let logs = || {
+            self.logs
+                .iter()
+                .filter(move |l| but.is_none_or(|b| !Arc::ptr_eq(l, b)))
+        };
+        for l in logs() {
             l.want(end);
         }
-        for l in others() {
+        for l in logs() {
             l.wait_durable(end).await?;
         }
         Ok(())
