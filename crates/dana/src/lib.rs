@@ -54,7 +54,9 @@ pub use buffer::EvictionPolicy;
 pub use db::{Db, Tree};
 pub use error::{Error, OpKind, Result};
 pub use iter::Iter;
-pub use options::{Options, WriteMode, INITIAL_DATA_BYTES, MIN_CAPACITY_PAGES, MIN_POOL_FRAMES};
+pub use options::{
+    Options, WriteMode, INITIAL_DATA_BYTES, MAX_QUEUE_DEPTH, MIN_CAPACITY_PAGES, MIN_POOL_FRAMES,
+};
 pub use transaction::Transaction;
 pub use validate::Isolation;
 pub use wal::Durability;

@@ -30,6 +30,17 @@ pub const MIN_CAPACITY_PAGES: u64 = 16;
 /// ```
 pub const MIN_POOL_FRAMES: usize = 16;
 
+/// The deepest queue a worker may have to a device
+/// ([`Options::queue_depth`]): the most entries dana asks of one io_uring.
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// let deep = dana::Options::default().queue_depth(dana::MAX_QUEUE_DEPTH + 1);
+/// let e = dana::Db::open(dir.path(), deep).err().unwrap();
+/// assert!(matches!(e, dana::Error::InvalidArgument(m) if m.contains("Options::queue_depth")));
+/// ```
+pub const MAX_QUEUE_DEPTH: u32 = crate::io::uring::MAX_DEPTH;
+
 /// Bytes a new database's data files start with, all devices together
 /// (less if [`Options::capacity_bytes`] is smaller). They grow on demand.
 ///
@@ -185,7 +196,8 @@ impl Options {
     }
 
     /// Number of write-ahead logs of a new database (default 1; 0: one per
-    /// worker; at most [`crate::wal::MAX_LOGS`]). With several, each
+    /// worker, capped at [`crate::wal::MAX_LOGS`]; an open refuses a larger
+    /// number with [`crate::Error::InvalidArgument`]). With several, each
     /// worker appends to its own log and group-commits it on its own (log
     /// `i` belongs to worker `i % workers`), and recovery merges them by
     /// sequence number. That takes the log's lock and flush off the path
@@ -572,7 +584,9 @@ impl Options {
         self.eviction
     }
 
-    /// Capacity of each worker's queue to each device (default 128).
+    /// Capacity of each worker's queue to each device (default 128; 1 to
+    /// [`MAX_QUEUE_DEPTH`]: an open refuses others with
+    /// [`crate::Error::InvalidArgument`]).
     ///
     /// ```
     /// let opts = dana::Options::default().queue_depth(64);
@@ -583,7 +597,8 @@ impl Options {
         self
     }
 
-    /// Most live tasks per worker (default 4096).
+    /// Most live tasks per worker (default 4096; an open refuses 0 with
+    /// [`crate::Error::InvalidArgument`]).
     ///
     /// ```
     /// let opts = dana::Options::default().max_tasks_per_worker(1024);
@@ -1026,6 +1041,26 @@ impl Options {
             return Err(crate::Error::InvalidArgument(
                 "0 workers: at least one is needed (Options::workers)".into(),
             ));
+        }
+        if !(1..=MAX_QUEUE_DEPTH).contains(&self.queue_depth) {
+            return Err(crate::Error::InvalidArgument(format!(
+                "queue depth {}: 1 to {MAX_QUEUE_DEPTH} (Options::queue_depth)",
+                self.queue_depth
+            )));
+        }
+        if self.max_tasks_per_worker == 0 {
+            return Err(crate::Error::InvalidArgument(
+                "0 tasks per worker: at least one is needed (Options::max_tasks_per_worker)".into(),
+            ));
+        }
+        // `logs(0)` means one per worker and is capped at the most a meta
+        // page names; a count asked for by number is not cut silently.
+        if self.logs > crate::wal::MAX_LOGS {
+            return Err(crate::Error::InvalidArgument(format!(
+                "{} logs: at most {} (Options::logs)",
+                self.logs,
+                crate::wal::MAX_LOGS
+            )));
         }
         let most = crate::wal::MAX_FLUSHES_IN_FLIGHT;
         if !(1..=most).contains(&self.log_flushes_in_flight) {

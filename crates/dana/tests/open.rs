@@ -1478,6 +1478,16 @@ fn bad_options_are_refused_before_recovery_writes() {
         ),
         (opts().log_flush_block(3), "Options::log_flush_block"),
         (opts().workers(0), "Options::workers"),
+        (opts().queue_depth(0), "Options::queue_depth"),
+        (
+            opts().queue_depth(dana::MAX_QUEUE_DEPTH + 1),
+            "Options::queue_depth",
+        ),
+        (
+            opts().max_tasks_per_worker(0),
+            "Options::max_tasks_per_worker",
+        ),
+        (opts().logs(dana::wal::MAX_LOGS + 1), "Options::logs"),
     ] {
         let e = Db::open(dir.path(), o).err().unwrap();
         assert!(

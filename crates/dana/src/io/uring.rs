@@ -114,10 +114,13 @@ fn backend_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error 
     }
 }
 
+/// The most requests a ring is made for (a larger depth is cut to this).
+pub const MAX_DEPTH: u32 = 4096;
+
 impl UringQueue {
     /// A ring for `device` with room for `depth` requests.
     pub fn new(device: Arc<Device>, depth: u32, options: UringOptions) -> Result<UringQueue> {
-        let depth = depth.clamp(1, 4096);
+        let depth = depth.clamp(1, MAX_DEPTH);
         let entries = depth.next_power_of_two();
         let mut builder = IoUring::builder();
         builder.setup_cqsize(entries * 2);
