@@ -26,6 +26,10 @@
 //!   only live pages, so the next open resumes the frees after its own
 //!   checkpoint. A set slot that the catalogue still names (the drop's
 //!   commit did not survive) is simply cleared.
+//!
+//! A slot a failed clearing left set is resolved by the session's next
+//! create or drop the way an open resolves it, and a drop clears a create
+//! slot naming the tree it drops in the group that sets its own slot.
 
 use std::sync::Arc;
 
@@ -54,6 +58,7 @@ pub(crate) async fn create(committer: &Committer, catalog: &BTree, name: &[u8]) 
     if catalog.get(name).await?.is_some() {
         return Err(Error::KeyExists);
     }
+    resolve_stale_create(pool, catalog).await?;
     let root = allocate_root(committer).await?;
     let w = Write::new(
         catalog.root(),
@@ -67,12 +72,34 @@ pub(crate) async fn create(committer: &Committer, catalog: &BTree, name: &[u8]) 
     match done {
         // The commit may be in the log: the next open decides.
         Err(e) if pool.poisoned().is_some() => Err(e),
-        Ok(_) => clear_intent(pool, CREATING_SLOT, None).await.map(|_| root),
+        // The tree exists (the commit is durable): a failed clear leaves a
+        // slot the next create or open resolves, not a create to report
+        // as failed (a caller would take the tree for absent).
+        Ok(_) => {
+            let _left_to_the_next_create = clear_intent(pool, CREATING_SLOT, None).await;
+            Ok(root)
+        }
         Err(e) => {
             clear_intent(pool, CREATING_SLOT, Some(root)).await?;
             Err(e)
         }
     }
+}
+
+/// Resolves a create slot left set by a create of this session whose
+/// clearing failed (an I/O error latching the meta page), the way an open
+/// does: cleared if the catalogue names its page, the page freed with it
+/// if not. Every later create failed `Corrupt` until a reopen, and a drop
+/// of the tree left the slot naming a freed page, which the next open
+/// freed again, maybe from another tree that had taken it (a review's
+/// finding).
+async fn resolve_stale_create(pool: &BufferPool, catalog: &BTree) -> Result<()> {
+    let stale = pool.root(CREATING_SLOT).await?;
+    if stale == 0 {
+        return Ok(());
+    }
+    let orphan = !catalogue_roots(catalog).await?.contains(&stale);
+    clear_intent(pool, CREATING_SLOT, orphan.then_some(stale)).await
 }
 
 /// Fails unless root slot `slot` of the latched meta page `m` is clear
@@ -247,10 +274,24 @@ pub(crate) async fn begin_drop(
     root: u64,
 ) -> Result<()> {
     let pool = &committer.pool;
+    let stale = pool.root(DROPPING_SLOT).await?;
+    // A drop of this session whose commit failed and whose clearing failed
+    // too left the slot naming a tree the catalogue still names (the
+    // caller finished any drop that did commit): nothing to resume, and
+    // every later drop failed `Corrupt` until a reopen.
+    let resolved = stale != 0 && catalogue_roots(catalog).await?.contains(&stale);
     {
         let mut m = pool.lock_space().await?;
-        no_intent(pool, &m, DROPPING_SLOT)?;
+        if !(resolved && pool.root_in(&m, DROPPING_SLOT)? == stale) {
+            no_intent(pool, &m, DROPPING_SLOT)?;
+        }
         pool.set_root_in(&mut m, DROPPING_SLOT, root)?;
+        // A create slot left naming this tree (its clearing failed) would
+        // have the next open free the root again once the drop freed it,
+        // maybe from a tree that took the page since.
+        if pool.root_in(&m, CREATING_SLOT)? == root {
+            pool.set_root_in(&mut m, CREATING_SLOT, 0)?;
+        }
         pool.log_with_space(&mut [], &mut m)?;
     }
     let w = Write::new(catalog.root(), name.to_vec(), None);

@@ -2345,6 +2345,72 @@ mod tests {
         db.close().unwrap();
     }
 
+    /// Sets intent slot `slot` to `pid` as a create or drop whose clearing
+    /// failed (an I/O error latching the meta page) leaves it.
+    fn leave_intent(db: &Db, slot: usize, pid: u64) {
+        let pool = db.inner.pool.clone();
+        db.block_on(async move {
+            let mut m = pool.lock_space().await?;
+            pool.set_root_in(&mut m, slot, pid)?;
+            pool.log_with_space(&mut [], &mut m)
+        })
+        .unwrap()
+        .unwrap();
+    }
+
+    /// A create whose slot clearing failed left the slot naming its tree:
+    /// every later create failed `Corrupt` until a reopen, and a drop of
+    /// the tree freed the root while the slot still named it, so the next
+    /// open freed that page again, here from the tree that had taken it
+    /// since (a review's finding). A drop whose commit and clearing failed
+    /// left every later drop failing the same way.
+    #[test]
+    fn intent_slots_left_set_by_a_failed_clearing_are_resolved() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options::default()
+            .pool_bytes(8 << 20)
+            .capacity_bytes(64 << 20);
+        let db = Db::open(dir.path(), opts.clone()).unwrap();
+        let t = db.create_tree("t").unwrap();
+        t.put(b"k", b"v").unwrap();
+        let kept = db.create_tree("kept").unwrap();
+        kept.put(b"k", b"kept").unwrap();
+        leave_intent(&db, crate::catalog::CREATING_SLOT, t.root());
+        // A drop left behind by the same failure, on a tree still named.
+        leave_intent(&db, crate::catalog::DROPPING_SLOT, kept.root());
+        assert!(db.drop_tree("t").unwrap());
+        // Another tree takes the freed pages, the dropped root among them.
+        let u = db.create_tree("u").unwrap();
+        for i in 0u32..6_000 {
+            u.put(&i.to_be_bytes(), &[7; 100]).unwrap();
+        }
+        assert_eq!(
+            db.check().unwrap().free_pages,
+            0,
+            "a freed page was not taken"
+        );
+        drop((t, kept, u));
+        db.close().unwrap();
+        let db = Db::open(dir.path(), opts).unwrap();
+        let report = db.check().unwrap();
+        assert!(report.findings.is_empty(), "{:?}", report.findings);
+        let u = db.tree("u").unwrap();
+        for i in 0u32..6_000 {
+            assert_eq!(u.get(&i.to_be_bytes()).unwrap(), Some(vec![7; 100]), "{i}");
+        }
+        assert_eq!(
+            db.tree("kept").unwrap().get(b"k").unwrap(),
+            Some(b"kept".to_vec())
+        );
+        // Creates and drops work with either slot left set.
+        leave_intent(&db, crate::catalog::CREATING_SLOT, u.root());
+        leave_intent(&db, crate::catalog::DROPPING_SLOT, u.root());
+        db.create_tree("v").unwrap().put(b"k", b"v").unwrap();
+        assert!(db.drop_tree("kept").unwrap());
+        assert_eq!(u.get(&0u32.to_be_bytes()).unwrap(), Some(vec![7; 100]));
+        db.close().unwrap();
+    }
+
     /// A read that passed a tree's liveness check before the tree was
     /// dropped holds the drop until it ends: the pages it may still read
     /// are freed only then (`read_fence.rs`). Here the read is a fence
