@@ -1910,8 +1910,11 @@ impl Drop for FirstOfTwo<'_> {
                     p.pid()
                 )));
             }
+            // The page given back, the meta page and the map pages in one
+            // record (a failed append poisons the pool).
+            let _poisons_on_failure = self.pool.log_with_space(&mut [p], s);
         }
-        // The page drops (logged or dirty as a free page), then the guard.
+        // The page drops (logged, or dirty as a free page), then the guard.
         self.page.take();
         self.space.take();
     }

@@ -365,6 +365,26 @@ pub struct SpaceGuard<'a> {
     _structure: Option<StructureGuard<'a>>,
 }
 
+impl Drop for SpaceGuard<'_> {
+    /// A guard dropped with changes not logged (an error or a dropped
+    /// future after an allocation or a free changed its pages) logs them in
+    /// one record, as [`BufferPool::log_with_space`] would. Each page
+    /// logged on its own when unlatched, a crash between the records could
+    /// keep the meta page's high-water mark past a map page the allocation
+    /// had formatted and whose record was lost: every open then failed
+    /// `Corrupt` (a review's finding). A failed append poisons the pool.
+    fn drop(&mut self) {
+        let pending = |p: &PageMut<'_>| p.touched || p.fresh;
+        if std::thread::panicking() || !(pending(&self.meta) || self.maps.iter().any(pending)) {
+            return;
+        }
+        let pool = self.meta.pool;
+        let mut all: Vec<&mut PageMut<'_>> = vec![&mut self.meta];
+        all.extend(self.maps.iter_mut());
+        let _poisons_on_failure = pool.log_group(&mut all);
+    }
+}
+
 impl<'a> SpaceGuard<'a> {
     /// The meta page.
     pub fn meta(&self) -> &PageMut<'a> {

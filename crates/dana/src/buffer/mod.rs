@@ -2375,6 +2375,103 @@ pub(crate) fn test_pool(array: Array, frames: usize) -> (Arc<BufferPool>, sched:
 mod tests {
     use super::*;
 
+    /// A log that appends nothing anywhere: it notes which pages each
+    /// record holds, and is durable at once.
+    #[derive(Default)]
+    struct RecordingLog {
+        next: std::sync::atomic::AtomicU64,
+        records: Mutex<Vec<Vec<u64>>>,
+    }
+
+    impl PageLog for RecordingLog {
+        fn log_changes(&self, changes: &[PageChange<'_>]) -> Result<Option<u64>> {
+            if changes.is_empty() {
+                return Ok(None);
+            }
+            let pids = changes.iter().map(|c| c.pid).collect();
+            self.records.lock().unwrap().push(pids);
+            Ok(Some(self.next.fetch_add(1, Ordering::SeqCst) + 1))
+        }
+        fn log_commit(&self, _: Vec<u8>, _: &[PageChange<'_>], _: u64) -> Result<(u64, u64)> {
+            Err(Error::InvalidArgument("no commits here".into()))
+        }
+        fn log_covered(&self, _: u64, _: &[u8], _: u64) -> Result<Option<u64>> {
+            Ok(None)
+        }
+        fn admit(&self, _: u64) -> page_log::Admission<'_> {
+            Box::pin(async { Ok(Box::new(()) as page_log::LogRoom) })
+        }
+        fn max_record(&self) -> u64 {
+            1 << 30
+        }
+        fn durable(&self) -> u64 {
+            u64::MAX
+        }
+        fn next_lsn(&self) -> u64 {
+            self.next.load(Ordering::SeqCst) + 1
+        }
+        fn want(&self, _: u64) {}
+        fn wake_when_durable(&self, waker: &std::task::Waker) {
+            waker.wake_by_ref();
+        }
+        fn poisoned(&self) -> Option<Error> {
+            None
+        }
+    }
+
+    /// A space guard dropped without being logged, after an allocation
+    /// moved the high-water mark into a new map group (an error or a
+    /// dropped future after the allocation), logs the meta page and the
+    /// group's new map page in one record: one each, a crash between them
+    /// kept the mark past a map page never written, and every open failed
+    /// `Corrupt` (a review's finding).
+    #[test]
+    fn a_space_guard_dropped_unlogged_logs_its_pages_in_one_record() {
+        use crate::io::sim::{SimConfig, SimDisk};
+        use crate::io::Target;
+        // Sparse: only the pages written take memory.
+        let disk = SimDisk::new(0, 1 << 30, SimConfig::default());
+        let array = Array::new(vec![Target::Sim(disk)], 4096).unwrap();
+        let (pool, rt) = test_pool(array, 64);
+        let log = Arc::new(RecordingLog::default());
+        let p = pool.clone();
+        let l = log.clone();
+        let map_pid = rt
+            .block_on(async move {
+                p.format().await?;
+                p.attach_wal(l.clone())?;
+                let geo = p.geometry();
+                // The mark near the end of the first group, then one page
+                // at a time up to it.
+                let _hold = p.blob_hold(geo.per_group() - 100, 84).await?;
+                for _ in 0..200 {
+                    let next = p.space().await?.next_unused;
+                    let mut s = p.lock_space().await?;
+                    let mut page = p.allocate_in(&mut s, page::PageType::Leaf).await?;
+                    if geo.is_reserved(next) {
+                        // Crossed: page and guard dropped unlogged.
+                        l.records.lock().unwrap().clear();
+                        drop(page);
+                        drop(s);
+                        return Ok(next);
+                    }
+                    p.log_with_space(&mut [&mut page], &mut s)?;
+                }
+                Err(Error::InvalidArgument(
+                    "the mark never reached a map page".into(),
+                ))
+            })
+            .unwrap()
+            .unwrap();
+        let records = log.records.lock().unwrap().clone();
+        assert!(
+            records
+                .iter()
+                .any(|r| r.contains(&0) && r.contains(&map_pid)),
+            "the meta page and map page {map_pid} in separate records: {records:?}"
+        );
+    }
+
     /// A wait for a free frame that registers after the pool was poisoned
     /// ends: the poisoning woke only the waiters registered before it,
     /// and no write-back frees a frame any more (the waiter slept for
