@@ -229,6 +229,12 @@ pub struct Mirror {
     label_writes: Mutex<()>,
     /// One rebuild at a time.
     rebuild_lock: Mutex<()>,
+    /// Held by a growth, and by a rebuild from its copy's preparation to
+    /// its Rebuilding state: a growth in between (it grows working copies
+    /// only) left the rebuilding copy shorter than the others, the
+    /// device's size fell back to it and every request past it was
+    /// refused (a review's finding).
+    growth: Mutex<()>,
     /// Tests: run once by the next write's dispatch, after it read which
     /// copies to write (a preemption there, made to order).
     #[cfg(test)]
@@ -429,10 +435,25 @@ impl Mirror {
             .map(|t| t.size().saturating_sub(LABEL_BYTES))
             .min()
             .unwrap_or(0);
-        for s in states.iter_mut() {
+        for (s, spec) in states.iter_mut().zip(&copies) {
             if matches!(*s, CopyState::Rebuilding { done } if done > healthy_size) {
                 *s = CopyState::Rebuilding { done: 0 };
                 changed = true;
+            }
+            // A rebuilding copy shorter than the healthy ones (they grew
+            // while it was failed, before its rebuild began) is grown to
+            // them, or failed (a read-only open writes nothing): counted
+            // as it is, it made the device that short, and the meta page
+            // named pages past its end (a review's finding).
+            let short = spec
+                .target
+                .as_ref()
+                .filter(|t| t.size() < LABEL_BYTES + healthy_size);
+            if let (CopyState::Rebuilding { .. }, Some(t)) = (*s, short) {
+                if read_only || t.grow(LABEL_BYTES + healthy_size).is_err() {
+                    *s = CopyState::Failed;
+                    changed = true;
+                }
             }
         }
         let disagree = labels.iter().enumerate().any(|(c, l)| {
@@ -502,6 +523,7 @@ impl Mirror {
             labeller: Mutex::new(Vec::new()),
             label_writes: Mutex::new(()),
             rebuild_lock: Mutex::new(()),
+            growth: Mutex::new(()),
             read_only: AtomicBool::new(false),
             #[cfg(test)]
             dispatch_pause: Mutex::new(None),
@@ -617,6 +639,7 @@ impl Mirror {
     /// growing log then reads as cut short, and its next flush there is
     /// refused). One more round than there are copies at most.
     fn grow_each(&self, bytes: u64, grow: impl Fn(&Target, u64) -> Result<()>) -> Result<()> {
+        let _no_rebuild_starting = self.growth.lock().unwrap_or_else(|e| e.into_inner());
         let want = bytes + LABEL_BYTES;
         for _ in 0..=MAX_COPIES {
             let short: Vec<Target> = self

@@ -103,6 +103,7 @@ impl Mirror {
             }
             CopyState::Rebuilding { done } => done,
             CopyState::Failed => {
+                let _no_growth = self.growth.lock().unwrap_or_else(|e| e.into_inner());
                 self.prepare_copy(c)?;
                 self.set_state(c, CopyState::Rebuilding { done: 0 })?;
                 0

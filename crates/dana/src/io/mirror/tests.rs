@@ -394,6 +394,31 @@ fn a_rebuild_copies_what_the_healthy_copies_grew_to() {
     );
 }
 
+/// A copy left rebuilding shorter than the healthy ones (they grew while
+/// it was failed, just before its rebuild began, and the process then
+/// stopped) is grown to them at open, or failed by a read-only open:
+/// counted as it was, it made the device that short.
+#[test]
+fn a_rebuilding_copy_shorter_than_the_healthy_ones_is_grown_at_open() {
+    const BLOCKS: u64 = 64;
+    let d = disks(2, LABEL_BYTES + BLOCKS * 4096);
+    for d in &d {
+        d.set_space_limit(LABEL_BYTES + 4 * BLOCKS * 4096);
+    }
+    let m = mirror(&d);
+    m.set_state(1, CopyState::Rebuilding { done: 0 }).unwrap();
+    d[0].grow(LABEL_BYTES + 2 * BLOCKS * 4096).unwrap();
+    drop(m);
+    let ro = Mirror::open(Role::Data(0), 0, specs(&d), true).unwrap();
+    assert_eq!(ro.size(), 2 * BLOCKS * 4096);
+    assert_eq!(ro.states()[1], CopyState::Failed);
+    drop(ro);
+    let m = Mirror::open(Role::Data(0), 0, specs(&d), false).unwrap();
+    assert_eq!(m.size(), 2 * BLOCKS * 4096);
+    assert!(matches!(m.states()[1], CopyState::Rebuilding { .. }));
+    assert_eq!(d[1].size(), d[0].size());
+}
+
 /// A rebuild step whose label reaches no copy (the last healthy copy's
 /// label write fails) fails every later write with the label error, as
 /// the labeller does: before, the state in memory stayed a generation
