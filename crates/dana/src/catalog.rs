@@ -186,15 +186,26 @@ async fn free_leaf_values(pool: &BufferPool, pid: u64) -> Result<()> {
             pool.blob_space_in(&mut m, &[], &freed, -1).await?;
             n.remove_at(i);
         } else {
-            pool.blob_space_in(&mut m, &[], &freed, 0).await?;
             let rest = BlobRef {
                 len: kept.iter().map(|e| u64::from(e.pages)).sum::<u64>() * pool.page_size() as u64,
                 crc: r.crc,
                 extents: kept,
-            };
-            // Shorter than the reference it replaces: never full. An
-            // update clears the mark of a reference.
-            n.update_at(i, &rest.encode()).map_err(|_| Error::Corrupt {
+            }
+            .encode();
+            // Checked before the map bits change: an update that failed
+            // after them left the bits logged clear while the leaf still
+            // named the extents, and every resumed drop, so every open,
+            // failed `Corrupt` (a review's finding). Shorter than the
+            // reference it replaces, it is written in place.
+            if rest.len() > n.as_node().payload_at(i).len() {
+                return Err(Error::Corrupt {
+                    page: pid,
+                    what: "a shortened large value's reference is longer than the reference".into(),
+                });
+            }
+            pool.blob_space_in(&mut m, &[], &freed, 0).await?;
+            // An update clears the mark of a reference.
+            n.update_at(i, &rest).map_err(|_| Error::Corrupt {
                 page: pid,
                 what: "a shortened large value's reference did not fit".into(),
             })?;
