@@ -1009,7 +1009,9 @@ impl Db {
     /// minute. An error after the tree's name is gone (that wait ran out
     /// behind a very long read, a checkpoint failed) leaves the tree
     /// dropped and its pages held: the next `drop_tree`, or the next
-    /// open, frees them.
+    /// open, frees them. A drop asked for by a thread that holds a read
+    /// itself (inside [`Tree::update`]'s closure) would wait for it: it
+    /// fails at once with [`Error::InvalidArgument`] and changes nothing.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -1021,6 +1023,7 @@ impl Db {
     pub fn drop_tree(&self, name: &str) -> Result<bool> {
         self.live(true)?;
         refuse_inside_task("Db::drop_tree")?;
+        self.inner.committer.readers.refuse_read_held_here()?;
         // Close waits for the whole drop: once its catalogue commit is
         // made, the frees must finish (and their admissions need the
         // checkpoints close stops; a review's finding).
@@ -2570,9 +2573,21 @@ mod tests {
             t.put(&i.to_be_bytes(), &[1; 100]).unwrap();
         }
         u.put(b"k", b"v").unwrap();
-        let read = t.live(false).unwrap();
-        assert!(db.drop_tree("t").is_err(), "the wait should give up");
-        drop(read);
+        // The read held on a thread of its own (one held on the dropping
+        // thread refuses the drop at once).
+        std::thread::scope(|s| {
+            let (entered, release) = (std::sync::mpsc::channel(), std::sync::mpsc::channel());
+            let t = &t;
+            s.spawn(move || {
+                let read = t.live(false).unwrap();
+                entered.0.send(()).unwrap();
+                release.1.recv().unwrap();
+                drop(read);
+            });
+            entered.1.recv().unwrap();
+            assert!(db.drop_tree("t").is_err(), "the wait should give up");
+            release.0.send(()).unwrap();
+        });
         let held = db.check().unwrap().free_pages;
         assert!(db.drop_tree("u").unwrap());
         let r = db.check().unwrap();

@@ -26,8 +26,10 @@
 //! longer than [`WAIT_LIMIT`] fails the wait, and the drop's pages stay
 //! until the next open completes it).
 
+use std::cell::RefCell;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::{Error, Result};
@@ -68,6 +70,9 @@ struct Entered {
 pub(crate) struct FenceGuard<F: Deref<Target = ReadFence>> {
     fence: F,
     at: Entered,
+    /// Entered on a thread that is not a worker: that thread's count of
+    /// reads it holds in this fence (wherever the guard drops).
+    here: Option<Arc<AtomicU64>>,
 }
 
 impl<F: Deref<Target = ReadFence>> FenceGuard<F> {
@@ -75,14 +80,49 @@ impl<F: Deref<Target = ReadFence>> FenceGuard<F> {
     /// check until the read of its pages is done.
     pub(crate) fn enter(fence: F) -> FenceGuard<F> {
         let at = fence.enter_at();
-        FenceGuard { fence, at }
+        let here = crate::sched::current_worker()
+            .is_none()
+            .then(|| held_here(&fence));
+        if let Some(h) = &here {
+            h.fetch_add(1, Ordering::SeqCst);
+        }
+        FenceGuard { fence, at, here }
     }
 }
 
 impl<F: Deref<Target = ReadFence>> Drop for FenceGuard<F> {
     fn drop(&mut self) {
         self.fence.slots[self.at.slot].0[self.at.parity].fetch_sub(1, Ordering::SeqCst);
+        if let Some(h) = &self.here {
+            h.fetch_sub(1, Ordering::SeqCst);
+        }
     }
+}
+
+thread_local! {
+    /// Per fence (by address), the reads this thread entered and still
+    /// holds: a drop asked for inside one (from `Tree::update`'s closure)
+    /// would wait for itself.
+    static HELD_HERE: RefCell<Vec<(usize, Arc<AtomicU64>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// This thread's count of reads held in `fence`. Entries of fences with no
+/// read held and no guard left are dropped on the way (a fence's address
+/// may be reused only once nothing holds it).
+fn held_here(fence: &ReadFence) -> Arc<AtomicU64> {
+    let at = fence as *const ReadFence as usize;
+    HELD_HERE.with(|h| {
+        let mut h = h.borrow_mut();
+        h.retain(|(a, c)| *a == at || Arc::strong_count(c) > 1 || c.load(Ordering::SeqCst) > 0);
+        match h.iter().find(|(a, _)| *a == at) {
+            Some((_, c)) => c.clone(),
+            None => {
+                let c = Arc::new(AtomicU64::new(0));
+                h.push((at, c.clone()));
+                c
+            }
+        }
+    })
 }
 
 impl ReadFence {
@@ -93,6 +133,28 @@ impl ReadFence {
             slots: (0..=workers).map(|_| Slot::default()).collect(),
             gave_up: AtomicBool::new(false),
         }
+    }
+
+    /// [`Error::InvalidArgument`] if this thread (not a worker) holds a
+    /// read in this fence: a drop it asked for would wait for that read,
+    /// its own, for [`WAIT_LIMIT`] and then fail, its tree already gone
+    /// from the catalogue (an outside probe's finding). Called before a
+    /// drop changes anything.
+    pub(crate) fn refuse_read_held_here(&self) -> Result<()> {
+        let at = self as *const ReadFence as usize;
+        let held = HELD_HERE.with(|h| {
+            h.borrow()
+                .iter()
+                .any(|(a, c)| *a == at && c.load(Ordering::SeqCst) > 0)
+        });
+        if held {
+            return Err(Error::InvalidArgument(
+                "a tree dropped while this thread holds a read of the database (inside \
+                 Tree::update's closure): the drop would wait for that read, its own"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Counts a read in its slot for the current epoch.
