@@ -280,8 +280,9 @@ impl Transaction {
     }
 
     /// How this transaction's commit waits: [`Durability::Sync`] (the
-    /// database's default) or [`Durability::Async`]. Without a log
-    /// (`Off`), commits are atomic in memory only.
+    /// database's default) or [`Durability::Async`]; [`Durability::Off`]
+    /// is taken as `Async` (a database with a log keeps logging). Without
+    /// a log, commits are atomic in memory only, whatever is set here.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
@@ -296,7 +297,12 @@ impl Transaction {
     /// assert!(db.wal_stats().unwrap().durable >= lsn); // durable by now
     /// ```
     pub fn set_durability(&mut self, d: Durability) {
-        self.durability = d;
+        // `Off` skipped every wait of an async commit, the one for the
+        // other logs it depends on too (a review's finding).
+        self.durability = match d {
+            Durability::Off => Durability::Async,
+            d => d,
+        };
     }
 
     /// The value of `key` in `tree` as this transaction sees it (its own
