@@ -187,6 +187,40 @@ fn a_commit_that_read_nothing_remote_waits_for_its_own_log_only() {
     db.close().unwrap();
 }
 
+/// The same for a blind write into a leaf whose first change since the
+/// checkpoint it is (the log writes a full image of the leaf): the image
+/// depends on the commit's record in the same log, and on nothing in log
+/// 0. It depended on every log up to the commit's GSN, and log 0 was made
+/// to flush a write nobody read (a review's finding).
+#[test]
+fn a_first_change_after_a_checkpoint_waits_for_its_own_log_only() {
+    let (rig, db) = fresh(3);
+    db.create_tree("u").unwrap().put(b"u", b"u").unwrap();
+    db.checkpoint().unwrap();
+    unflushed_write_on_worker_0(&db, b"a");
+    let (d, u) = (db.clone(), db.tree("u").unwrap());
+    on(&db, 1, async move {
+        let mut tx = d.begin();
+        tx.put(&u, b"c", b"c")?;
+        tx.commit_async().await
+    })
+    .unwrap();
+    let (db, t) = power_cycle(&rig, db);
+    let u = db.tree("u").unwrap();
+    assert_eq!(
+        u.get(b"c").unwrap(),
+        Some(b"c".to_vec()),
+        "the acknowledged write"
+    );
+    assert_eq!(
+        t.get(b"a").unwrap(),
+        None,
+        "an async write nobody depended on waited for its own window"
+    );
+    assert!(db.check().unwrap().is_ok());
+    db.close().unwrap();
+}
+
 /// An async commit that read another worker's write not yet durable
 /// returns only once that worker's log is durable past it (not its own:
 /// it is async): a power cut then keeps the write it read and may lose

@@ -2219,6 +2219,12 @@ impl Wal {
         Self::oldest_applying(&self.lock())
     }
 
+    /// True if the commit record at `gsn` is this log's and still being
+    /// applied.
+    pub(crate) fn is_applying(&self, gsn: u64) -> bool {
+        self.lock().applying.contains(&gsn)
+    }
+
     /// The oldest GSN of a commit this log is still applying, if any.
     fn oldest_applying(st: &State) -> Option<u64> {
         st.applying.first().copied()

@@ -13,8 +13,12 @@
 //! page, whose GSN names a change another log has not made durable,
 //! depends on the other logs up to that GSN; its log flushes it only once
 //! they are durable there (`Wal::pump`). A change to a page whose last
-//! change is durable, or in the task's own log, depends on nothing: the
-//! common case, in which a commit waits for its own log only.
+//! change is durable depends on nothing: the common case, in which a
+//! commit waits for its own log only. A page carries its GSN, not the log
+//! that wrote it, so a change to a page whose last change is not durable
+//! depends on the other logs up to it even when that change is in the
+//! task's own log (the remote flush the paper avoids with a per-page log
+//! id; not done here).
 //!
 //! Never: lets a page be written back before every log is durable past
 //! its GSN, or a record become durable before what it depends on.
@@ -322,9 +326,20 @@ impl PageLog for LogSet {
             fresh: false,
             cut: None,
         };
-        // The image holds the covering commit's change too.
-        let dep = page::page_lsn(page).max(cover);
-        self.local().append_pages(&[change], dep)
+        // The image holds the covering commit's change too: it depends on
+        // that commit's record unless the record is in this log, before it
+        // (it depended on the other logs up to the commit's GSN, so every
+        // first change of a leaf after a checkpoint made them flush
+        // records nothing read; a review's finding). Recovery applies
+        // commits appended again to other logs.
+        let local = self.local();
+        let dep = page::page_lsn(page);
+        let dep = if local.is_applying(cover) {
+            dep
+        } else {
+            dep.max(cover)
+        };
+        local.append_pages(&[change], dep)
     }
 
     fn admit(&self, bytes: u64) -> crate::buffer::page_log::Admission<'_> {
