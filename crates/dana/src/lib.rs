@@ -55,7 +55,8 @@ pub use db::{Db, Tree};
 pub use error::{Error, OpKind, Result};
 pub use iter::Iter;
 pub use options::{
-    Options, WriteMode, INITIAL_DATA_BYTES, MAX_QUEUE_DEPTH, MIN_CAPACITY_PAGES, MIN_POOL_FRAMES,
+    Options, WriteMode, INITIAL_DATA_BYTES, MAX_DEVICES, MAX_QUEUE_DEPTH, MAX_WORKERS,
+    MIN_CAPACITY_PAGES, MIN_POOL_FRAMES,
 };
 pub use transaction::Transaction;
 pub use validate::Isolation;

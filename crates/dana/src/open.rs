@@ -623,6 +623,29 @@ fn per_device_bytes(opts: &Options, devices: usize) -> Result<u64> {
     Ok(((total / devices as u64) / ps * ps).max(ps))
 }
 
+/// An out-of-place data file is created whole: a file system that
+/// refuses the size (larger than its largest file) failed the open with
+/// the allocation's `EINVAL` or `EFBIG` alone (an outside probe's
+/// finding). Named as the option that sets it.
+fn too_large_to_create(e: Error, size: u64, opts: &Options) -> Error {
+    match e {
+        Error::Open {
+            action: "allocate",
+            path,
+            source,
+        } if opts.write_mode_value() == WriteMode::OutOfPlace
+            && matches!(source.raw_os_error(), Some(libc::EINVAL | libc::EFBIG)) =>
+        {
+            Error::InvalidArgument(format!(
+                "out-of-place data files are created whole: {} cannot take {size} bytes \
+                 (Options::capacity_bytes over Options::devices): {source}",
+                path.display()
+            ))
+        }
+        e => e,
+    }
+}
+
 /// Reads the first `len` bytes of `t` (a multiple of 4096) synchronously.
 fn read_first_bytes(t: &Target, len: usize) -> Result<Vec<u8>> {
     let mut q = open_queue(t, &Backend::Blocking, 4)?;
@@ -1201,16 +1224,19 @@ pub(crate) fn open_dir(dir: &Path, opts: &Options, undo: &mut Undo) -> Result<Op
     let mut targets = Vec::with_capacity(count);
     for (i, p) in paths.iter().enumerate() {
         let create_size = (!exists).then_some(size);
-        targets.push(open_device(
-            p,
-            Role::Data(i),
-            i,
-            copies,
-            create_size,
-            opts,
-            undo,
-            &mut locks,
-        )?);
+        targets.push(
+            open_device(
+                p,
+                Role::Data(i),
+                i,
+                copies,
+                create_size,
+                opts,
+                undo,
+                &mut locks,
+            )
+            .map_err(|e| too_large_to_create(e, size, opts))?,
+        );
     }
     refuse_log_on_data(&paths, &log_path)?;
     refuse_log_among_database_names(dir, &log_path)?;
@@ -1293,15 +1319,18 @@ pub(crate) fn open_paths(
     for i in 0..width {
         let group = &paths[i * copies..(i + 1) * copies];
         firsts.push(group[0].clone());
-        targets.push(open_group(
-            group,
-            Role::Data(i),
-            i,
-            create.then_some(size),
-            opts,
-            undo,
-            &mut locks,
-        )?);
+        targets.push(
+            open_group(
+                group,
+                Role::Data(i),
+                i,
+                create.then_some(size),
+                opts,
+                undo,
+                &mut locks,
+            )
+            .map_err(|e| too_large_to_create(e, size, opts))?,
+        );
     }
     let log_path = opts.log_path_value().cloned().unwrap_or_else(|| {
         let mut p = paths[0].as_os_str().to_owned();
@@ -1361,7 +1390,7 @@ fn check_copies(opts: &Options) -> Result<usize> {
     let n = opts.mirror_copies_value().max(1);
     if n > mirror::MAX_COPIES {
         return Err(Error::InvalidArgument(format!(
-            "at most {} copies of a device, not {n}",
+            "at most {} copies of a device, not {n} (Options::mirror_copies)",
             mirror::MAX_COPIES
         )));
     }

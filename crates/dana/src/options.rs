@@ -30,6 +30,26 @@ pub const MIN_CAPACITY_PAGES: u64 = 16;
 /// ```
 pub const MIN_POOL_FRAMES: usize = 16;
 
+/// The most workers a database runs ([`Options::workers`]).
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// let many = dana::Options::default().workers(dana::MAX_WORKERS + 1);
+/// let e = dana::Db::open(dir.path(), many).err().unwrap();
+/// assert!(matches!(e, dana::Error::InvalidArgument(m) if m.contains("Options::workers")));
+/// ```
+pub const MAX_WORKERS: usize = 1024;
+
+/// The most data devices a database stripes over ([`Options::devices`]).
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// let many = dana::Options::default().devices(dana::MAX_DEVICES + 1);
+/// let e = dana::Db::open(dir.path(), many).err().unwrap();
+/// assert!(matches!(e, dana::Error::InvalidArgument(m) if m.contains("Options::devices")));
+/// ```
+pub const MAX_DEVICES: usize = 256;
+
 /// The deepest queue a worker may have to a device
 /// ([`Options::queue_depth`]): the most entries dana asks of one io_uring.
 ///
@@ -182,7 +202,7 @@ impl Options {
         self.pool_bytes
     }
 
-    /// Worker threads (default 2).
+    /// Worker threads (default 2; 1 to [`MAX_WORKERS`]).
     ///
     /// ```
     /// let dir = tempfile::tempdir().unwrap();
@@ -298,7 +318,8 @@ impl Options {
         self
     }
 
-    /// Number of files to stripe over when opening a directory (default 1).
+    /// Number of files to stripe over when opening a directory (default 1;
+    /// at most [`MAX_DEVICES`]).
     ///
     /// ```
     /// let dir = tempfile::tempdir().unwrap();
@@ -1017,6 +1038,12 @@ impl Options {
                 "page size {ps}: a power of two from 4096 to 65536 (Options::page_size)"
             )));
         }
+        if self.devices > MAX_DEVICES {
+            return Err(crate::Error::InvalidArgument(format!(
+                "{} devices: at most {MAX_DEVICES} (Options::devices)",
+                self.devices
+            )));
+        }
         // The meta page, the catalog and the space map's first pages on
         // every device, and room to write: fewer pages than this cannot
         // hold a database (0 read as "page 1 is beyond the end").
@@ -1041,6 +1068,16 @@ impl Options {
             return Err(crate::Error::InvalidArgument(
                 "0 workers: at least one is needed (Options::workers)".into(),
             ));
+        }
+        // Counts past these overflowed the sizes computed from them (a
+        // panic), or asked the allocator for terabytes (the process
+        // aborted), or ran out of threads or files after seconds (an
+        // outside probe's finding).
+        if self.workers > MAX_WORKERS {
+            return Err(crate::Error::InvalidArgument(format!(
+                "{} workers: at most {MAX_WORKERS} (Options::workers)",
+                self.workers
+            )));
         }
         if !(1..=MAX_QUEUE_DEPTH).contains(&self.queue_depth) {
             return Err(crate::Error::InvalidArgument(format!(
@@ -1081,6 +1118,13 @@ impl Options {
         // opens: a budget past the machine's memory aborted the process
         // on that allocation (`record_cache_bytes(usize::MAX)`).
         let memory = crate::io::physical_memory_bytes();
+        if self.pool_bytes as u64 > memory {
+            return Err(crate::Error::InvalidArgument(format!(
+                "a buffer pool of {} bytes: more than this machine's {memory} bytes of memory \
+                 (Options::pool_bytes)",
+                self.pool_bytes
+            )));
+        }
         if self.record_cache_bytes as u64 > memory {
             return Err(crate::Error::InvalidArgument(format!(
                 "a record cache of {} bytes: more than this machine's {memory} bytes of \

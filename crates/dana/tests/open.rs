@@ -1488,6 +1488,13 @@ fn bad_options_are_refused_before_recovery_writes() {
             "Options::max_tasks_per_worker",
         ),
         (opts().logs(dana::wal::MAX_LOGS + 1), "Options::logs"),
+        // Past these, sizes computed from them overflowed (a panic) or
+        // the allocator was asked for terabytes (the process aborted).
+        (opts().workers(dana::MAX_WORKERS + 1), "Options::workers"),
+        (opts().workers(usize::MAX), "Options::workers"),
+        (opts().devices(dana::MAX_DEVICES + 1), "Options::devices"),
+        (opts().devices(usize::MAX), "Options::devices"),
+        (opts().pool_bytes(usize::MAX), "Options::pool_bytes"),
     ] {
         let e = Db::open(dir.path(), o).err().unwrap();
         assert!(

@@ -261,6 +261,17 @@ fn out_of_place_files_refuse_what_they_cannot_do() {
         !dir.path().join("dana.0").exists(),
         "a refused create leaves no file"
     );
+    // Too large for any file: refused naming the option (the allocation's
+    // EINVAL alone before), no file left.
+    let err = refused(Db::open(dir.path(), oop().capacity_bytes(u64::MAX)));
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("Options::capacity_bytes")),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("dana.0").exists(),
+        "a refused create leaves no file"
+    );
     // Created at its capacity; a second open waits for the lock in vain.
     let db = Db::open(dir.path(), oop().capacity_bytes(16 << 20)).unwrap();
     let len = std::fs::metadata(dir.path().join("dana.0")).unwrap().len();
@@ -285,7 +296,10 @@ fn out_of_place_files_refuse_what_they_cannot_do() {
         }
         assert!(stored < 10_000, "16 MiB never filled");
     };
-    assert!(matches!(full, Error::NoSpace(_)), "{full}");
+    assert!(
+        matches!(&full, Error::NoSpace(m) if m.contains("Options::capacity_bytes")),
+        "{full}"
+    );
     db.close().unwrap();
     let db = Db::open(dir.path(), Options::default().pool_bytes(4 << 20)).unwrap();
     let t = db.tree("t").unwrap();

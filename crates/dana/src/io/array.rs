@@ -345,7 +345,11 @@ impl Array {
 
     /// What sets [`Array::max_pages`], for an error that names it.
     pub fn max_pages_set_by(&self) -> &'static str {
-        if self.capped {
+        if self.targets.iter().any(|t| matches!(t, Target::Remap(_))) {
+            // Created whole at the capacity, less the segments kept for
+            // collection (it blamed the file systems: an outside probe).
+            "Options::capacity_bytes, less what out-of-place writes keep in reserve"
+        } else if self.capped {
             "Options::capacity_bytes"
         } else {
             "what its devices' file systems or block devices hold"

@@ -702,10 +702,16 @@ impl Remap {
         let align = inner.alignment();
         if page % align.io != 0 || page % align.mem != 0 || geo.unit % align.io != 0 {
             return Err(Error::InvalidArgument(format!(
-                "out-of-place {} of {} bytes is not a multiple of the device's alignment {}",
+                "out-of-place {} of {} bytes is not a multiple of the device's alignment {}{}",
                 if config.compress { "unit" } else { "page" },
                 geo.unit,
-                align.io.max(align.mem)
+                align.io.max(align.mem),
+                if config.compress {
+                    " (compressed pages, Options::compress_pages, need a device that takes \
+                     direct I/O in 512-byte units)"
+                } else {
+                    ""
+                }
             )));
         }
         let segments = (inner.size() / page / seg).saturating_sub(1);
