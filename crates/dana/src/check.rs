@@ -1294,12 +1294,30 @@ pub(crate) fn compare_mirrors(
         let mut k = 0;
         // Waited once: a write in flight during the reads.
         let mut settled = false;
-        while k < pages {
+        // A copy whose read fails is failed (`Mirror::read_copies`): the
+        // device's comparison stops there, its rebuild copies it whole.
+        let failed = |c: usize, mc: &mut MirrorCheck, findings: &mut Vec<Finding>| {
+            findings.push(finding(
+                format!(
+                    "{} copy {c} ({}) failed while the copies were compared (dana rebuild \
+                     rebuilds it)",
+                    m.role(),
+                    m.copy_name(c)
+                ),
+                None,
+            ));
+            mc.states = m.states();
+            mc.divergent.clear();
+        };
+        'device: while k < pages {
             let n = batch.min(pages - k);
-            let copies = healthy
-                .iter()
-                .map(|&c| m.read_copy(c, k * ps, (n * ps) as usize))
-                .collect::<Result<Vec<_>>>()?;
+            let copies = match m.read_copies(&healthy, k * ps, (n * ps) as usize)? {
+                Ok(copies) => copies,
+                Err(c) => {
+                    failed(c, &mut mc, &mut findings);
+                    break 'device;
+                }
+            };
             for j in 0..n as usize {
                 let pid = (k + j as u64) * width + device;
                 let bytes = in_use.bytes(pid, ps as usize);
@@ -1321,10 +1339,13 @@ pub(crate) fn compare_mirrors(
                     std::thread::sleep(std::time::Duration::from_millis(50));
                     settled = true;
                 }
-                let again = healthy
-                    .iter()
-                    .map(|&c| m.read_copy(c, (k + j as u64) * ps, ps as usize))
-                    .collect::<Result<Vec<_>>>()?;
+                let again = match m.read_copies(&healthy, (k + j as u64) * ps, ps as usize)? {
+                    Ok(again) => again,
+                    Err(c) => {
+                        failed(c, &mut mc, &mut findings);
+                        break 'device;
+                    }
+                };
                 if again[1..].iter().all(|b| b[..bytes] == again[0][..bytes]) {
                     continue;
                 }

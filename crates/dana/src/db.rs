@@ -541,7 +541,7 @@ impl Db {
     pub fn rebuild(&self) -> Result<Vec<RebuildReport>> {
         self.live(true)?;
         refuse_inside_task("Db::rebuild")?;
-        let reports = self.inner.rebuilds.rebuild_all()?;
+        let mut reports = self.inner.rebuilds.rebuild_all()?;
         let pool = self.inner.pool.clone();
         // From before each walk: a page it finds in use and not handed
         // over since is still a tree page (`buffer/scrub.rs`).
@@ -559,6 +559,16 @@ impl Db {
             let (report, walked) =
                 self.block_on(async move { check_pool_and_free(&pool).await })??;
             (in_use, next_unused) = (walked, report.space.next_unused);
+        }
+        // A copy the comparison failed (its reads failed: cut short while
+        // the database ran) is rebuilt now, whole.
+        let degraded = self.inner.rebuilds.mirrors.iter().any(|m| {
+            m.states()
+                .iter()
+                .any(|s| *s != crate::io::mirror::CopyState::Healthy)
+        });
+        if degraded {
+            reports.extend(self.inner.rebuilds.rebuild_all()?);
         }
         Ok(reports)
     }

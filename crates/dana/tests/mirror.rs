@@ -547,6 +547,46 @@ fn rebuild_repairs_pages_damaged_on_one_copy_that_no_read_meets() {
     db.close().unwrap();
 }
 
+/// A copy cut short while the database runs, met first by `rebuild`'s
+/// comparison (the pages are resident: no read meets the cut), is failed
+/// there and rebuilt whole: every `rebuild` failed with a `ShortIo`
+/// naming no file, and the copy stayed healthy (an outside probe's
+/// finding).
+#[test]
+fn a_copy_cut_short_while_running_is_failed_and_rebuilt_by_rebuild() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default().pool_bytes(16 << 20).mirrored();
+    let db = Db::open(dir.path(), opts.clone()).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for k in 0..4000 {
+        t.put(&key(0, k), &value(0, k)).unwrap();
+    }
+    db.checkpoint().unwrap();
+    let copy = dir.path().join("dana.0.m1");
+    let len = std::fs::metadata(&copy).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&copy)
+        .unwrap()
+        .set_len(len / 3)
+        .unwrap();
+    let before = db.pool_stats().reads;
+    let reports = db.rebuild().unwrap();
+    assert_eq!(db.pool_stats().reads, before, "the pages were resident");
+    assert!(
+        reports.iter().any(|r| r.copy == 1 && r.bytes > 0),
+        "{reports:?}"
+    );
+    assert_eq!(std::fs::metadata(&copy).unwrap().len(), len);
+    assert_values(&db, 0, 4000);
+    let report = db.check().unwrap();
+    assert!(report.is_ok(), "{:?}", report.findings);
+    db.close().unwrap();
+    let db = Db::open(dir.path(), opts).unwrap();
+    assert_values(&db, 0, 4000);
+    db.close().unwrap();
+}
+
 /// `rebuild` repairs pages damaged on one copy that are not in the pool
 /// too (the first version left them to a read that happened to meet the
 /// damage): a database of ~4x the pool, a byte flipped on copy 0 of every

@@ -1087,6 +1087,46 @@ impl Mirror {
         read_raw(&t, offset + LABEL_BYTES, len)
     }
 
+    /// [`Mirror::read_copy`] of each of `copies` (a comparison's reads):
+    /// a copy whose read fails is failed, as the engine's own reads fail
+    /// one, and `Ok(Err(c))` names it; an error (naming the copy's file)
+    /// only if it was the last healthy copy. A copy cut short while the
+    /// database ran failed every `Db::rebuild` with a `ShortIo` naming no
+    /// file, and stayed healthy (an outside probe's finding).
+    pub fn read_copies(
+        self: &Arc<Self>,
+        copies: &[usize],
+        offset: u64,
+        len: usize,
+    ) -> Result<std::result::Result<Vec<AlignedBuf>, usize>> {
+        let mut out = Vec::with_capacity(copies.len());
+        for &c in copies {
+            match self.read_copy(c, offset, len) {
+                Ok(b) => out.push(b),
+                Err(e) => {
+                    if let Some(n) = self.counters.get(c) {
+                        n.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if self.fail_copy(c, &e) {
+                        return Ok(Err(c));
+                    }
+                    return Err(Error::Mirror(format!(
+                        "{} copy {c} ({}), its last healthy copy, cannot be read: {e}",
+                        self.role,
+                        self.copy_name(c)
+                    )));
+                }
+            }
+        }
+        Ok(Ok(out))
+    }
+
+    /// Copy `c`'s file, or "copy c" if it has no path.
+    pub fn copy_name(&self, c: usize) -> String {
+        self.copy_path(c)
+            .map_or_else(|| format!("copy {c}"), |p| p.display().to_string())
+    }
+
     /// Joins the threads that recorded states and releases the copies'
     /// file locks (at close, once the workers stopped; a copy reopened by
     /// a rebuild holds a lock the open did not take).
