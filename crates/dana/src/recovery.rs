@@ -132,22 +132,26 @@ pub(crate) fn prepare_logs(
     }
     let mut ctls = Vec::with_capacity(logs.len());
     for (i, t) in logs.iter().enumerate() {
-        let ctl = recover::read_control(t)?.ok_or_else(|| Error::CorruptLog {
-            offset: 0,
-            what: format!(
-                "both control blocks of log {i} are damaged; the database's log cannot be found"
-            ),
-        })?;
+        let name = recover::log_name(t, i);
+        let ctl = recover::read_control(t)
+            .map_err(recover::in_log(t, i))?
+            .ok_or_else(|| Error::CorruptLog {
+                offset: 0,
+                what: format!(
+                    "both control blocks of {name} are damaged; the database's log cannot be \
+                     found"
+                ),
+            })?;
         if ctl.log_id != db_log_id {
             return Err(Error::Log(format!(
-                "log {i} belongs to another database (log id {:016x}, this database's is \
+                "{name} belongs to another database (log id {:016x}, this database's is \
                  {db_log_id:016x})",
                 ctl.log_id
             )));
         }
         if ctl.index != i as u32 || ctl.count != count {
             return Err(Error::Log(format!(
-                "log file {i} says it is log {} of {}; the database has {count} logs",
+                "{name} says it is log {} of {}; the database has {count} logs",
                 ctl.index, ctl.count
             )));
         }
@@ -161,7 +165,7 @@ pub(crate) fn prepare_logs(
         let mut end = ctls.iter().map(|(_, c)| c.next_gsn).max().unwrap_or(0);
         for (i, (t, ctl)) in ctls.iter().enumerate() {
             let durable = log_ends.get(i).copied().unwrap_or(0);
-            match recover::needs_recovery(array, t, *ctl, durable)? {
+            match recover::needs_recovery(array, t, *ctl, durable).map_err(recover::in_log(t, i))? {
                 Some(e) => end = end.max(e),
                 None => {
                     return Err(Error::NeedsRecovery(format!(

@@ -924,6 +924,29 @@ pub fn check_not_newer(stamp: u64, end: u64) -> Result<()> {
     Ok(())
 }
 
+/// Log `i` as an error names it: its file (a mirrored log's first copy),
+/// or its index alone (a simulated device).
+pub fn log_name(t: &Target, i: usize) -> String {
+    match t.files(0).first() {
+        Some((d, _)) => format!("log {i} ({})", d.path().display()),
+        None => format!("log {i}"),
+    }
+}
+
+/// Adds which log an error of reading log `i` is about: with a log per
+/// worker, or mirrored, a damaged log's offset alone named no file (an
+/// outside probe's finding).
+pub fn in_log(t: &Target, i: usize) -> impl FnOnce(Error) -> Error + '_ {
+    move |e| match e {
+        Error::CorruptLog { offset, what } => Error::CorruptLog {
+            offset,
+            what: format!("{what} (in {})", log_name(t, i)),
+        },
+        Error::Log(what) => Error::Log(format!("{what} (in {})", log_name(t, i))),
+        e => e,
+    }
+}
+
 /// Scans every log (`logs[i]`: log `i` and its newest control block),
 /// checks the data files' checkpoint `stamp` (0: unknown) against where
 /// the logs end ([`check_not_newer`]) and each log against its end the
@@ -948,10 +971,10 @@ pub fn recover(
                 ctl.next_gsn.max(ctl.redo_gsn)
             )));
         }
-        let stream = read_stream(t, ctl)?;
-        let scan = scan(&stream, ctl)?;
+        let stream = read_stream(t, ctl).map_err(in_log(t, i))?;
+        let scan = scan(&stream, ctl).map_err(in_log(t, i))?;
         let durable = log_ends.get(i).copied().unwrap_or(0);
-        check_log_not_older(i, scan.end, ctl.block, durable)?;
+        check_log_not_older(i, scan.end, ctl.block, durable).map_err(in_log(t, i))?;
         found.push(Found {
             stream,
             ctl: *ctl,
