@@ -126,8 +126,8 @@ pub(crate) fn prepare_logs(
     if !opts.read_only {
         // A crash can leave a mirrored log's copies different, each valid
         // alone: recovery reads one, and every copy must hold it.
-        for t in logs {
-            recover::resync_mirror(t)?;
+        for (i, t) in logs.iter().enumerate() {
+            recover::resync_mirror(t).map_err(recover::in_log(t, i))?;
         }
     }
     let mut ctls = Vec::with_capacity(logs.len());

@@ -558,7 +558,10 @@ pub fn resync_mirror(log: &Target) -> Result<usize> {
     if holders.len() < 2 {
         return Ok(0);
     }
-    let views: Vec<(usize, CopyView)> = healthy.iter().map(|&c| (c, view_copy(m, c))).collect();
+    let mut views: Vec<(usize, CopyView)> = healthy.iter().map(|&c| (c, view_copy(m, c))).collect();
+    if views.iter().all(|(_, v)| v.is_err()) && merge_disjoint_damage(m, &healthy)? {
+        views = healthy.iter().map(|&c| (c, view_copy(m, c))).collect();
+    }
     let same = |a: &CopyView, b: &CopyView| match (a, b) {
         (Ok((ca, ea, ka)), Ok((cb, eb, kb))) => {
             (ca.seq, ca.redo, ca.checkpoint, ea, ka) == (cb.seq, cb.redo, cb.checkpoint, eb, kb)
@@ -607,6 +610,104 @@ pub fn resync_mirror(log: &Target) -> Result<usize> {
         repaired += usize::from(wrote);
     }
     Ok(repaired)
+}
+
+/// Most bytes past a break that [`merge_disjoint_damage`] looks at for the
+/// damage, and most patches it makes.
+const MERGE_WINDOW: usize = 1 << 20;
+const MERGE_PATCHES: usize = 32;
+const MERGE_CANDIDATES: usize = 64;
+
+/// Repairs the first of `copies` (healthy copies of the mirrored log `m`,
+/// none of which scans whole: each is damaged somewhere) from the others
+/// where their damage lies in different places: at each break of its
+/// scan, the bytes where another copy differs shortly after the break are
+/// tried one run at a time, in memory, and a run is kept if the scan then
+/// gets past the break. True if the copy then scans whole and was
+/// patched on its device; false (nothing written) if the copies' control
+/// blocks differ or no run helps. Each copy alone failed the open with
+/// `CorruptLog` though every byte was whole on one of them (an outside
+/// probe's finding).
+fn merge_disjoint_damage(m: &Arc<Mirror>, copies: &[usize]) -> Result<bool> {
+    let Some((&base, others)) = copies.split_first() else {
+        return Ok(false);
+    };
+    let view = |c: usize| m.only(c).map(Target::Mirror);
+    let Ok(Some(ctl)) = read_control(&view(base)?) else {
+        return Ok(false);
+    };
+    let mut streams = Vec::with_capacity(others.len());
+    for &c in others {
+        if !matches!(read_control(&view(c)?), Ok(Some(o)) if o == ctl) {
+            return Ok(false);
+        }
+        match read_stream(&view(c)?, &ctl) {
+            Ok(s) => streams.push(s),
+            Err(_) => return Ok(false),
+        }
+    }
+    let Ok(mut merged) = read_stream(&view(base)?, &ctl) else {
+        return Ok(false);
+    };
+    let cap = ctl.capacity;
+    // A break's file offset, as an index into the stream (which starts
+    // at the redo LSN).
+    let index = |offset: u64| {
+        let q = offset.saturating_sub(CONTROL_BYTES) % cap;
+        ((q + cap - ctl.redo % cap) % cap) as usize
+    };
+    let mut patched: Vec<std::ops::Range<usize>> = Vec::new();
+    let whole = loop {
+        let at = match scan(&merged, &ctl) {
+            Ok(_) => break true,
+            Err(Error::CorruptLog { offset, .. }) if patched.len() < MERGE_PATCHES => index(offset),
+            Err(_) => break false,
+        };
+        let mut kept = None;
+        'candidates: for other in &streams {
+            let end = (at + MERGE_WINDOW).min(merged.len()).min(other.len());
+            let mut i = at;
+            for _ in 0..MERGE_CANDIDATES {
+                let Some(from) = (i..end).find(|&j| merged[j] != other[j]) else {
+                    break;
+                };
+                let to = (from..end).find(|&j| merged[j] == other[j]).unwrap_or(end);
+                let saved = merged[from..to].to_vec();
+                merged[from..to].copy_from_slice(&other[from..to]);
+                let past = match scan(&merged, &ctl) {
+                    Ok(_) => true,
+                    Err(Error::CorruptLog { offset, .. }) => index(offset) > at,
+                    Err(_) => false,
+                };
+                if past {
+                    kept = Some(from..to);
+                    break 'candidates;
+                }
+                merged[from..to].copy_from_slice(&saved);
+                i = to;
+            }
+        }
+        match kept {
+            Some(run) => patched.push(run),
+            None => break false,
+        }
+    };
+    if !whole {
+        return Ok(false);
+    }
+    // The runs kept, written over the copy's device blocks.
+    let block = control::BLOCK;
+    for run in patched {
+        for i in run {
+            let dev = CONTROL_BYTES + (ctl.redo + i as u64) % cap;
+            let at = dev - dev % block;
+            let mut b = m.read_copy(base, at, block as usize)?;
+            b[(dev - at) as usize] = merged[i];
+            m.write_copy(base, at, &b)?;
+        }
+    }
+    m.note_mismatch();
+    Ok(true)
 }
 
 /// What differs between the healthy copies of a mirrored log, each read
