@@ -356,21 +356,29 @@ fn a_rebuild_progress_past_the_device_restarts_from_zero() {
     assert_eq!(m.states()[1], CopyState::Healthy);
 }
 
-/// A copy rebuilt while the healthy ones grew (a growth between the
-/// rebuild's preparation and its first range leaves the failed copy out)
-/// is grown to their size and copied whole: rebuilt to the old size, the
-/// device would have shrunk to it (a growing log then reads as cut short).
-#[test]
-fn a_rebuild_copies_what_the_healthy_copies_grew_to() {
-    const BLOCKS: u64 = 64;
+/// Copies of `BLOCKS` blocks, copy 1 rebuilding, copy 0 grown alone to
+/// twice that (as a growth while copy 1 was failed leaves them).
+const BLOCKS: u64 = 64;
+
+fn copy_1_rebuilding_copy_0_grown() -> (Vec<Arc<SimDisk>>, Arc<Mirror>) {
     let d = disks(2, LABEL_BYTES + BLOCKS * 4096);
     for d in &d {
         d.set_space_limit(LABEL_BYTES + 4 * BLOCKS * 4096);
     }
     let m = mirror(&d);
     m.set_state(1, CopyState::Rebuilding { done: 0 }).unwrap();
-    // Copy 0 grows alone, and holds a block in its new range.
     d[0].grow(LABEL_BYTES + 2 * BLOCKS * 4096).unwrap();
+    (d, m)
+}
+
+/// A copy rebuilt while the healthy ones grew (a growth between the
+/// rebuild's preparation and its first range leaves the failed copy out)
+/// is grown to their size and copied whole: rebuilt to the old size, the
+/// device would have shrunk to it (a growing log then reads as cut short).
+#[test]
+fn a_rebuild_copies_what_the_healthy_copies_grew_to() {
+    let (d, m) = copy_1_rebuilding_copy_0_grown();
+    // Copy 0 holds a block in its new range.
     let t0 = Target::Sim(d[0].clone());
     let mut q0 = crate::io::open_queue(&t0, &Backend::Blocking, 1).unwrap();
     let mut b = AlignedBuf::new(BLOCK, 4096).unwrap();
@@ -400,14 +408,7 @@ fn a_rebuild_copies_what_the_healthy_copies_grew_to() {
 /// counted as it was, it made the device that short.
 #[test]
 fn a_rebuilding_copy_shorter_than_the_healthy_ones_is_grown_at_open() {
-    const BLOCKS: u64 = 64;
-    let d = disks(2, LABEL_BYTES + BLOCKS * 4096);
-    for d in &d {
-        d.set_space_limit(LABEL_BYTES + 4 * BLOCKS * 4096);
-    }
-    let m = mirror(&d);
-    m.set_state(1, CopyState::Rebuilding { done: 0 }).unwrap();
-    d[0].grow(LABEL_BYTES + 2 * BLOCKS * 4096).unwrap();
+    let (d, m) = copy_1_rebuilding_copy_0_grown();
     drop(m);
     let ro = Mirror::open(Role::Data(0), 0, specs(&d), true).unwrap();
     assert_eq!(ro.size(), 2 * BLOCKS * 4096);
