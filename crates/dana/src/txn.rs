@@ -566,6 +566,15 @@ impl Committer {
             }
         };
         let changes_space = stored.changes_space();
+        // The log the record goes to, which the commit then waits for and
+        // marks applied: the one chosen above, or, through the pool (large
+        // values), this worker's log when it is polled now. They differ if
+        // the future moved to another worker since (the sync API moves a
+        // first attempt that yielded on the calling thread to a worker):
+        // the commit waited on a log that did not hold its record, and
+        // left the other log's entry applying for good (a review's
+        // finding).
+        let mut appended_to = log.clone();
         let mut logged = if changes_space {
             // The map bits of the extents taken and freed go into the
             // commit record: durable exactly when the commit is.
@@ -574,7 +583,11 @@ impl Committer {
                 .blob_space_in(&mut s, &stored.taken, &large.freed, stored.delta)
                 .await?;
             match head {
-                Some(h) => Some(self.pool.log_commit(&mut s, h.into_raw(), dep)?),
+                Some(h) => {
+                    // No await from here to the append: the same worker.
+                    appended_to = self.wal.as_ref().map(|w| w.local().clone());
+                    Some(self.pool.log_commit(&mut s, h.into_raw(), dep)?)
+                }
                 None => None,
             }
         } else {
@@ -586,6 +599,7 @@ impl Committer {
                 _ => None,
             }
         };
+        let log = appended_to;
         // The map bits are set in the commit: the extents are the values'.
         for h in stored.holds {
             h.keep();
@@ -626,8 +640,7 @@ impl Committer {
         }
         drop(space);
         drop(log_space);
-        // The commit record was appended to the local log, whether through
-        // the pool (large values) or not: the same task, the same worker.
+        // The log that holds the commit record (`appended_to`).
         if let (Some(w), Some((gsn, _))) = (&log, logged) {
             w.applied(gsn);
         }
