@@ -1268,7 +1268,7 @@ pub(crate) fn compare_mirrors(
                 ));
             }
         }
-        let healthy: Vec<usize> = (0..states.len())
+        let mut healthy: Vec<usize> = (0..states.len())
             .filter(|&c| states[c] == CopyState::Healthy)
             .collect();
         let mut mc = MirrorCheck {
@@ -1294,9 +1294,17 @@ pub(crate) fn compare_mirrors(
         let mut k = 0;
         // Waited once: a write in flight during the reads.
         let mut settled = false;
-        // A copy whose read fails is failed (`Mirror::read_copies`): the
-        // device's comparison stops there, its rebuild copies it whole.
-        let failed = |c: usize, mc: &mut MirrorCheck, findings: &mut Vec<Finding>| {
+        // A copy whose read fails is failed (`Mirror::read_copies`; its
+        // rebuild copies it whole): the device's comparison starts again
+        // over the copies left, if two are (what it found so far was
+        // aligned to the copies it compared), else stops. At most once
+        // per copy.
+        let mut findings_at = findings.len();
+        let mut restart = |c: usize,
+                           mc: &mut MirrorCheck,
+                           findings: &mut Vec<Finding>,
+                           healthy: &mut Vec<usize>| {
+            findings.truncate(findings_at);
             findings.push(finding(
                 format!(
                     "{} copy {c} ({}) failed while the copies were compared (dana rebuild \
@@ -1306,15 +1314,22 @@ pub(crate) fn compare_mirrors(
                 ),
                 None,
             ));
+            findings_at = findings.len();
             mc.states = m.states();
             mc.divergent.clear();
+            mc.pages_compared = 0;
+            healthy.retain(|&h| h != c);
+            healthy.len() >= 2
         };
         'device: while k < pages {
             let n = batch.min(pages - k);
             let copies = match m.read_copies(&healthy, k * ps, (n * ps) as usize)? {
                 Ok(copies) => copies,
                 Err(c) => {
-                    failed(c, &mut mc, &mut findings);
+                    if restart(c, &mut mc, &mut findings, &mut healthy) {
+                        (k, settled) = (0, false);
+                        continue 'device;
+                    }
                     break 'device;
                 }
             };
@@ -1342,7 +1357,10 @@ pub(crate) fn compare_mirrors(
                 let again = match m.read_copies(&healthy, (k + j as u64) * ps, ps as usize)? {
                     Ok(again) => again,
                     Err(c) => {
-                        failed(c, &mut mc, &mut findings);
+                        if restart(c, &mut mc, &mut findings, &mut healthy) {
+                            (k, settled) = (0, false);
+                            continue 'device;
+                        }
                         break 'device;
                     }
                 };

@@ -969,8 +969,9 @@ impl Db {
     /// Checks the whole database (every tree, the free-space map, page
     /// accounting) on a worker, without modifying it (on mirrored devices
     /// of a writable open, a page read that meets a damaged copy rewrites
-    /// that copy, as any read does); see [`crate::check`]. Run it while no
-    /// other thread writes.
+    /// that copy, and a copy whose read fails is failed, as any read does;
+    /// [`Db::rebuild`] then rebuilds it); see [`crate::check`]. Run it
+    /// while no other thread writes.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();

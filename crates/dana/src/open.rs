@@ -637,8 +637,9 @@ fn too_large_to_create(e: Error, size: u64, opts: &Options) -> Error {
             && matches!(source.raw_os_error(), Some(libc::EINVAL | libc::EFBIG)) =>
         {
             Error::InvalidArgument(format!(
-                "out-of-place data files are created whole: {} cannot take {size} bytes \
-                 (Options::capacity_bytes over Options::devices): {source}",
+                "out-of-place data files are created whole: allocating {size} bytes for {} \
+                 (Options::capacity_bytes over Options::devices) was refused, likely larger \
+                 than its file system's largest file: {source}",
                 path.display()
             ))
         }

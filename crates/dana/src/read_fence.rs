@@ -82,7 +82,8 @@ impl<F: Deref<Target = ReadFence>> FenceGuard<F> {
         let at = fence.enter_at();
         let here = crate::sched::current_worker()
             .is_none()
-            .then(|| held_here(&fence));
+            .then(|| held_here(&fence))
+            .flatten();
         if let Some(h) = &here {
             h.fetch_add(1, Ordering::SeqCst);
         }
@@ -106,23 +107,26 @@ thread_local! {
     static HELD_HERE: RefCell<Vec<(usize, Arc<AtomicU64>)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// This thread's count of reads held in `fence`. Entries of fences with no
+/// This thread's count of reads held in `fence` (None while the thread's
+/// locals are being destroyed: not counted). Entries of fences with no
 /// read held and no guard left are dropped on the way (a fence's address
 /// may be reused only once nothing holds it).
-fn held_here(fence: &ReadFence) -> Arc<AtomicU64> {
+fn held_here(fence: &ReadFence) -> Option<Arc<AtomicU64>> {
     let at = fence as *const ReadFence as usize;
-    HELD_HERE.with(|h| {
-        let mut h = h.borrow_mut();
-        h.retain(|(a, c)| *a == at || Arc::strong_count(c) > 1 || c.load(Ordering::SeqCst) > 0);
-        match h.iter().find(|(a, _)| *a == at) {
-            Some((_, c)) => c.clone(),
-            None => {
-                let c = Arc::new(AtomicU64::new(0));
-                h.push((at, c.clone()));
-                c
+    HELD_HERE
+        .try_with(|h| {
+            let mut h = h.borrow_mut();
+            h.retain(|(a, c)| *a == at || Arc::strong_count(c) > 1 || c.load(Ordering::SeqCst) > 0);
+            match h.iter().find(|(a, _)| *a == at) {
+                Some((_, c)) => c.clone(),
+                None => {
+                    let c = Arc::new(AtomicU64::new(0));
+                    h.push((at, c.clone()));
+                    c
+                }
             }
-        }
-    })
+        })
+        .ok()
 }
 
 impl ReadFence {
@@ -142,11 +146,13 @@ impl ReadFence {
     /// drop changes anything.
     pub(crate) fn refuse_read_held_here(&self) -> Result<()> {
         let at = self as *const ReadFence as usize;
-        let held = HELD_HERE.with(|h| {
-            h.borrow()
-                .iter()
-                .any(|(a, c)| *a == at && c.load(Ordering::SeqCst) > 0)
-        });
+        let held = HELD_HERE
+            .try_with(|h| {
+                h.borrow()
+                    .iter()
+                    .any(|(a, c)| *a == at && c.load(Ordering::SeqCst) > 0)
+            })
+            .unwrap_or(false);
         if held {
             return Err(Error::InvalidArgument(
                 "a tree dropped while this thread holds a read of the database (inside \

@@ -587,6 +587,51 @@ fn a_copy_cut_short_while_running_is_failed_and_rebuilt_by_rebuild() {
     db.close().unwrap();
 }
 
+/// With three copies, one damaged in many pages and another cut short
+/// while running: the comparison fails the cut copy and starts again over
+/// the two left, so the same `rebuild` repairs the damaged pages too (it
+/// stopped at the failure, and what it had found was dropped; a review of
+/// the fix above).
+#[test]
+fn a_copy_failing_mid_comparison_leaves_the_others_compared_and_repaired() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default().pool_bytes(16 << 20).mirror_copies(3);
+    let db = Db::open(dir.path(), opts).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for k in 0..4000 {
+        t.put(&key(0, k), &value(0, k)).unwrap();
+    }
+    db.checkpoint().unwrap();
+    let damaged = flip_bytes(
+        &dir.path().join("dana.0.m1"),
+        LABEL_BYTES + 4096 + 777,
+        0x5A,
+    );
+    let cut = dir.path().join("dana.0.m2");
+    let len = std::fs::metadata(&cut).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&cut)
+        .unwrap()
+        .set_len(len / 3)
+        .unwrap();
+    let before = db.pool_stats().page_copy_repairs;
+    let reports = db.rebuild().unwrap();
+    assert!(
+        reports.iter().any(|r| r.copy == 2 && r.bytes > 0),
+        "{reports:?}"
+    );
+    let repaired = db.pool_stats().page_copy_repairs - before;
+    assert!(
+        repaired > 10,
+        "{repaired} of {damaged} damaged blocks repaired"
+    );
+    let report = db.check().unwrap();
+    assert!(report.is_ok(), "{:?}", report.findings);
+    assert_values(&db, 0, 4000);
+    db.close().unwrap();
+}
+
 /// `rebuild` repairs pages damaged on one copy that are not in the pool
 /// too (the first version left them to a read that happened to meet the
 /// damage): a database of ~4x the pool, a byte flipped on copy 0 of every

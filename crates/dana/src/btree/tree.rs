@@ -1903,6 +1903,13 @@ struct FirstOfTwo<'a> {
 
 impl Drop for FirstOfTwo<'_> {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // A panic in the second allocation may have left the guard's
+            // pages half changed: logged with the page given back, the
+            // change would reach the log; dropped as they are, they stop
+            // the pool (`PageMut`'s drop).
+            return;
+        }
         if let (Some(s), Some(p)) = (self.space.as_mut(), self.page.as_mut()) {
             if !self.pool.unallocate_in(s, p) {
                 self.pool.poison(&Error::Poisoned(format!(

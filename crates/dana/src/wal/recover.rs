@@ -613,10 +613,14 @@ pub fn resync_mirror(log: &Target) -> Result<usize> {
 }
 
 /// Most bytes past a break that [`merge_disjoint_damage`] looks at for the
-/// damage, and most patches it makes.
+/// damage, most patches it keeps, most runs it tries per break and copy,
+/// longest run it tries, and most scans of the whole stream it makes
+/// (each reads it from the redo point: the bound on its work at open).
 const MERGE_WINDOW: usize = 1 << 20;
 const MERGE_PATCHES: usize = 32;
 const MERGE_CANDIDATES: usize = 64;
+const MERGE_RUN: usize = 64 << 10;
+const MERGE_SCANS: usize = 256;
 
 /// Repairs the first of `copies` (healthy copies of the mirrored log `m`,
 /// none of which scans whole: each is damaged somewhere) from the others
@@ -657,7 +661,9 @@ fn merge_disjoint_damage(m: &Arc<Mirror>, copies: &[usize]) -> Result<bool> {
         ((q + cap - ctl.redo % cap) % cap) as usize
     };
     let mut patched: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut scans = 0;
     let whole = loop {
+        scans += 1;
         let at = match scan(&merged, &ctl) {
             Ok(_) => break true,
             Err(Error::CorruptLog { offset, .. }) if patched.len() < MERGE_PATCHES => index(offset),
@@ -672,6 +678,14 @@ fn merge_disjoint_damage(m: &Arc<Mirror>, copies: &[usize]) -> Result<bool> {
                     break;
                 };
                 let to = (from..end).find(|&j| merged[j] == other[j]).unwrap_or(end);
+                i = to;
+                if to - from > MERGE_RUN {
+                    continue;
+                }
+                if scans >= MERGE_SCANS {
+                    break 'candidates;
+                }
+                scans += 1;
                 let saved = merged[from..to].to_vec();
                 merged[from..to].copy_from_slice(&other[from..to]);
                 let past = match scan(&merged, &ctl) {
@@ -684,7 +698,6 @@ fn merge_disjoint_damage(m: &Arc<Mirror>, copies: &[usize]) -> Result<bool> {
                     break 'candidates;
                 }
                 merged[from..to].copy_from_slice(&saved);
-                i = to;
             }
         }
         match kept {
@@ -695,16 +708,24 @@ fn merge_disjoint_damage(m: &Arc<Mirror>, copies: &[usize]) -> Result<bool> {
     if !whole {
         return Ok(false);
     }
-    // The runs kept, written over the copy's device blocks.
+    // The runs kept, written over the copy's device blocks, each block
+    // once.
     let block = control::BLOCK;
-    for run in patched {
-        for i in run {
-            let dev = CONTROL_BYTES + (ctl.redo + i as u64) % cap;
-            let at = dev - dev % block;
-            let mut b = m.read_copy(base, at, block as usize)?;
-            b[(dev - at) as usize] = merged[i];
-            m.write_copy(base, at, &b)?;
+    let mut blocks: BTreeMap<u64, Vec<(usize, u8)>> = BTreeMap::new();
+    for i in patched.into_iter().flatten() {
+        let dev = CONTROL_BYTES + (ctl.redo + i as u64) % cap;
+        let at = dev - dev % block;
+        blocks
+            .entry(at)
+            .or_default()
+            .push(((dev - at) as usize, merged[i]));
+    }
+    for (at, bytes) in blocks {
+        let mut b = m.read_copy(base, at, block as usize)?;
+        for (i, v) in bytes {
+            b[i] = v;
         }
+        m.write_copy(base, at, &b)?;
     }
     m.note_mismatch();
     Ok(true)
