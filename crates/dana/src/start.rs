@@ -280,6 +280,7 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         readers: Arc::new(crate::read_fence::ReadFence::new(opts.workers)),
         in_flight: InFlight::new(),
         runtime: rt.id(),
+        torn: AtomicBool::new(false),
     });
     let collectors = Collectors::default();
     if !read_only && opts.background_collection {

@@ -196,6 +196,10 @@ pub(crate) struct Committer {
     /// The identity of the runtime serving this database
     /// ([`crate::sched::Runtime::id`]).
     pub(crate) runtime: usize,
+    /// A commit's future was dropped part way through its apply: the trees
+    /// hold part of it, and every read is refused (the next open applies
+    /// it whole, or not at all).
+    pub(crate) torn: AtomicBool,
 }
 
 /// What applying one write found.
@@ -292,7 +296,20 @@ impl Committer {
     pub(crate) fn read_tree(&self, root: u64) -> Result<FenceGuard<&ReadFence>> {
         let fence = FenceGuard::enter(&*self.readers);
         self.tree_alive(root)?;
+        self.refuse_torn()?;
         Ok(fence)
+    }
+
+    /// [`Error::Poisoned`] once a commit was dropped part way through its
+    /// apply: reads then saw half of it (an outside probe read `a` moved
+    /// and `b` not, of one transaction).
+    fn refuse_torn(&self) -> Result<()> {
+        if self.torn.load(Ordering::Acquire) {
+            return Err(self.pool.poisoned().unwrap_or_else(|| {
+                Error::Poisoned("a commit was dropped part way through its apply".into())
+            }));
+        }
+        Ok(())
     }
 
     /// [`Committer::read_tree`] with a guard that owns the fence (for
@@ -300,6 +317,7 @@ impl Committer {
     pub(crate) fn read_tree_owned(&self, root: u64) -> Result<FenceGuard<Arc<ReadFence>>> {
         let fence = FenceGuard::enter(self.readers.clone());
         self.tree_alive(root)?;
+        self.refuse_torn()?;
         Ok(fence)
     }
 
@@ -527,6 +545,16 @@ impl Committer {
             drop(guard);
             held = Some(Room::wait(&self.pool, log.as_deref(), pages, log_bytes).await?);
         };
+        // Under the stripes, before anything is logged: a commit dropped
+        // part way through its apply stops the pool before it lets its
+        // stripes go, so a commit on its keys, whose validation passed
+        // against what the trees held then, stops here. Appended, recovery
+        // applied the dropped commit whole and then this one over it: the
+        // torn state for good (an outside probe: a pair of counters one
+        // apart after a reopen).
+        if let Some(e) = self.pool.poisoned() {
+            return Err(e);
+        }
         let (space, stored, head, log_space) = match room {
             Prepared::Small(room, head) => (room.pages, Written::none(), head, room.log),
             Prepared::Large(space) => {
@@ -615,8 +643,12 @@ impl Committer {
         // makes its changes after its last await): no guard then (an
         // early version stopped the database for every such dropped write
         // on a database holding a large value; a review's finding).
-        let unapplied = (logged.is_some() || changes_space || writes.len() > 1)
-            .then(|| DroppedMidApply(&self.pool, logged.is_some()));
+        let unapplied =
+            (logged.is_some() || changes_space || writes.len() > 1).then(|| DroppedMidApply {
+                pool: &self.pool,
+                logged: logged.is_some(),
+                torn: (changes_space || writes.len() > 1).then_some(&self.torn),
+            });
         // What the commit depends on, with what the page records its apply
         // appended depend on (an async commit waits for it below).
         let mut own = crate::wal::OwnAppends::default();
@@ -721,7 +753,14 @@ impl Committer {
 /// and its large values' map bits changed while leaves not yet updated
 /// still name the extents it freed (an outside probe: later writes failed
 /// with `Corrupt`, and `check` found tree pages free in the map).
-struct DroppedMidApply<'a>(&'a BufferPool, bool);
+struct DroppedMidApply<'a> {
+    pool: &'a BufferPool,
+    logged: bool,
+    /// [`Committer::torn`], set before the commit's stripes are let go,
+    /// for a commit that can be applied in part (several writes, or a
+    /// large value's map bits): a single write is applied or not.
+    torn: Option<&'a AtomicBool>,
+}
 
 impl DroppedMidApply<'_> {
     fn disarm(self) {
@@ -731,7 +770,7 @@ impl DroppedMidApply<'_> {
 
 impl Drop for DroppedMidApply<'_> {
     fn drop(&mut self) {
-        let what = if self.1 {
+        let what = if self.logged {
             "a commit's future was dropped after its record was logged and before it was \
              applied; reopen the database to finish it from the log"
         } else {
@@ -739,7 +778,12 @@ impl Drop for DroppedMidApply<'_> {
              hold part of it); reopen the database (with Durability::Off, what was not \
              flushed may be lost)"
         };
-        self.0.poison(&Error::Poisoned(what.into()));
+        self.pool.poison(&Error::Poisoned(what.into()));
+        // Reads are refused: the trees may hold part of the commit
+        // (`Committer::refuse_torn`).
+        if let Some(torn) = self.torn {
+            torn.store(true, Ordering::Release);
+        }
     }
 }
 
