@@ -523,6 +523,13 @@ impl Transaction {
     /// [`crate::Error::Conflict`] if a key it read and wrote changed meanwhile
     /// (nothing applied; run the transaction again).
     ///
+    /// Do not drop the future before it completes (a `select` or a
+    /// timeout around it): dropped after its record was logged and before
+    /// it was applied, it stops the database ([`crate::Error::Poisoned`]
+    /// for every later write, and for every read if it had several writes,
+    /// `Db::close` too) until a reopen, which applies the commit whole. The
+    /// same holds for every `*_async` write of [`crate::Tree`].
+    ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let db = dana::Db::open(dir.path(), dana::Options::default().pool_bytes(8 << 20).capacity_bytes(64 << 20)).unwrap();
