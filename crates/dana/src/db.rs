@@ -2359,6 +2359,20 @@ mod tests {
         db.close().unwrap();
     }
 
+    /// Polls `f` `times` times, yielding between polls: true if it was
+    /// still pending after each.
+    async fn pending_after_polls<F: Future>(f: &mut std::pin::Pin<Box<F>>, times: usize) -> bool {
+        let mut pending = true;
+        for _ in 0..times {
+            pending &= {
+                let mut cx = Context::from_waker(Waker::noop());
+                f.as_mut().poll(&mut cx).is_pending()
+            };
+            crate::sched::yield_now().await;
+        }
+        pending
+    }
+
     /// A commit whose future is dropped part way through its apply (here:
     /// `a` applied, `b`'s leaf latched shared by the test) leaves the trees torn:
     /// reads are refused, and a commit on its keys whose validation passes
@@ -2390,29 +2404,14 @@ mod tests {
                 first.put(&a2, b"k", b"1")?;
                 first.put(&b2, b"k", b"1")?;
                 let mut f = Box::pin(first.commit_async());
-                let mut stuck = true;
-                for _ in 0..200 {
-                    let pending = {
-                        let mut cx = Context::from_waker(Waker::noop());
-                        f.as_mut().poll(&mut cx).is_pending()
-                    };
-                    stuck &= pending;
-                    crate::sched::yield_now().await;
-                }
+                let mut stuck = pending_after_polls(&mut f, 200).await;
                 // The part applied read, and a commit over it started
                 // (past the database's checks, waiting for the stripes).
                 let old_a = second.get_async(&a2, b"k").await?;
                 second.put(&a2, b"k", &[old_a.unwrap_or_default()[0] + 1])?;
                 second.put(&b2, b"k", &[old_b.unwrap_or_default()[0] + 1])?;
                 let mut g = Box::pin(second.commit_async());
-                for _ in 0..20 {
-                    let pending = {
-                        let mut cx = Context::from_waker(Waker::noop());
-                        g.as_mut().poll(&mut cx).is_pending()
-                    };
-                    stuck &= pending;
-                    crate::sched::yield_now().await;
-                }
+                stuck &= pending_after_polls(&mut g, 20).await;
                 drop(f);
                 drop(latch);
                 let later = g.await;
