@@ -1075,7 +1075,33 @@ impl Mirror {
     /// an I/O error would; false if it is the last healthy copy (nothing
     /// changes then).
     pub fn fail_stale_copy(self: &Arc<Self>, c: usize, why: String) -> bool {
-        self.fail_copy(c, &Error::Mirror(why))
+        if !self.fail_copy(c, &Error::Mirror(why)) {
+            return false;
+        }
+        if !self.read_only.load(Ordering::SeqCst) {
+            // The copy is whole enough to be written (older or cut short,
+            // not failing): its own label says it failed too. Left naming
+            // it healthy, it opened as the only copy once every other
+            // copy went missing, an older moment served as the database.
+            // At best: a copy that does not take it is failed already.
+            let _one_writer = self.label_writes.lock().unwrap_or_else(|e| e.into_inner());
+            let (generation, states, target) = {
+                let s = self.lock();
+                (s.generation, s.states.clone(), s.targets[c].clone())
+            };
+            if let Some(t) = target {
+                let label = Label {
+                    set_id: self.set_id,
+                    role: self.role,
+                    copy: c,
+                    generation,
+                    states,
+                };
+                let offset = (label.slot() * label::SLOT_BYTES) as u64;
+                let _at_best = write_raw_durably(&t, offset, &label.encode());
+            }
+        }
+        true
     }
 
     /// Reads `len` bytes at logical `offset` from copy `c` alone, from the

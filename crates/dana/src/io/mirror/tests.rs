@@ -371,6 +371,31 @@ fn copy_1_rebuilding_copy_0_grown() -> (Vec<Arc<SimDisk>>, Arc<Mirror>) {
     (d, m)
 }
 
+/// A copy failed at open for holding an older moment (or being cut
+/// short) says so in its own label: if every other copy then goes
+/// missing, it does not open as the only copy (it did: its label still
+/// named it healthy).
+#[test]
+fn a_stale_copy_failed_at_open_never_opens_alone() {
+    let d = disks(2, 1 << 20);
+    let m = mirror(&d);
+    assert!(m.fail_stale_copy(1, "older than the database".into()));
+    m.finish();
+    drop(m);
+    let alone = vec![
+        CopySpec {
+            target: None,
+            path: None,
+        },
+        CopySpec::of(Target::Sim(d[1].clone())),
+    ];
+    let opened = Mirror::open(Role::Data(0), 0, alone, false);
+    assert!(opened.is_err(), "the stale copy opened alone");
+    // Both there: copy 0 serves, copy 1 stays failed.
+    let m = Mirror::open(Role::Data(0), 0, specs(&d), false).unwrap();
+    assert_eq!(m.states(), vec![CopyState::Healthy, CopyState::Failed]);
+}
+
 /// A copy rebuilt while the healthy ones grew (a growth between the
 /// rebuild's preparation and its first range leaves the failed copy out)
 /// is grown to their size and copied whole: rebuilt to the old size, the
