@@ -108,23 +108,22 @@ thread_local! {
 }
 
 /// This thread's count of reads held in `fence` (None while the thread's
-/// locals are being destroyed: not counted). Entries of fences with no
-/// read held and no guard left are dropped on the way (a fence's address
-/// may be reused only once nothing holds it).
+/// locals are being destroyed: not counted). A fence met for the first
+/// time drops, on the way, the entries of fences with no read held and no
+/// guard left (a fence's address may be reused only once nothing holds
+/// it); a fence met before costs a lookup.
 fn held_here(fence: &ReadFence) -> Option<Arc<AtomicU64>> {
     let at = fence as *const ReadFence as usize;
     HELD_HERE
         .try_with(|h| {
             let mut h = h.borrow_mut();
-            h.retain(|(a, c)| *a == at || Arc::strong_count(c) > 1 || c.load(Ordering::SeqCst) > 0);
-            match h.iter().find(|(a, _)| *a == at) {
-                Some((_, c)) => c.clone(),
-                None => {
-                    let c = Arc::new(AtomicU64::new(0));
-                    h.push((at, c.clone()));
-                    c
-                }
+            if let Some((_, c)) = h.iter().find(|(a, _)| *a == at) {
+                return c.clone();
             }
+            h.retain(|(_, c)| Arc::strong_count(c) > 1 || c.load(Ordering::SeqCst) > 0);
+            let c = Arc::new(AtomicU64::new(0));
+            h.push((at, c.clone()));
+            c
         })
         .ok()
 }

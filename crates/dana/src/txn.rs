@@ -643,12 +643,14 @@ impl Committer {
         // makes its changes after its last await): no guard then (an
         // early version stopped the database for every such dropped write
         // on a database holding a large value; a review's finding).
-        let unapplied =
-            (logged.is_some() || changes_space || writes.len() > 1).then(|| DroppedMidApply {
-                pool: &self.pool,
-                logged: logged.is_some(),
-                torn: (changes_space || writes.len() > 1).then_some(&self.torn),
-            });
+        // Applied in part if stopped part way: several writes, or a large
+        // value's map bits.
+        let partial = changes_space || writes.len() > 1;
+        let unapplied = (logged.is_some() || partial).then(|| DroppedMidApply {
+            pool: &self.pool,
+            logged: logged.is_some(),
+            torn: partial.then_some(&self.torn),
+        });
         // What the commit depends on, with what the page records its apply
         // appended depend on (an async commit waits for it below).
         let mut own = crate::wal::OwnAppends::default();
