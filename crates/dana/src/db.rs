@@ -286,7 +286,12 @@ impl Db {
     /// created small (see [`crate::INITIAL_DATA_BYTES`]; they grow on
     /// demand, up to [`Options::capacity_bytes`] if set) and the
     /// database is formatted (erasing what the devices held as far as dana
-    /// is concerned); without it, the devices must hold a dana database.
+    /// is concerned: files that are there are cut to nothing and allocated
+    /// again, and a log's stream is zeroed whole; a block device's data
+    /// blocks are not zeroed, so clear one that held another dana
+    /// database first, e.g. `blkdiscard -z`: after a crash the new
+    /// database could read the old one's pages where its own were not
+    /// yet written); without it, the devices must hold a dana database.
     /// Locks as [`Db::open`] does.
     ///
     /// ```
@@ -411,6 +416,9 @@ impl Db {
         // review's finding).
         refuse_inside_task("Db::open")?;
         open::arm_mirrors(&array);
+        if create {
+            open::erase_simulated(&array);
+        }
         let meta = if create {
             None
         } else {

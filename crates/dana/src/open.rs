@@ -42,6 +42,7 @@ const PEEK: DeviceOptions = DeviceOptions {
     create_size: None,
     read_only: true,
     lock: false,
+    erase: false,
 };
 
 /// Files and directories created by an open, removed on drop unless the
@@ -367,7 +368,11 @@ fn open_file(
     opts: &Options,
     undo: &mut Undo,
 ) -> Result<Device> {
-    let d = Device::open(path, index, device_options(opts, create_size))?;
+    // A data file (or copy) of a new database starts empty (`erase`); a
+    // log is never formatted over a file already there (`open_logs`).
+    let mut dopts = device_options(opts, create_size);
+    dopts.erase = matches!(role, Role::Data(_));
+    let d = Device::open(path, index, dopts)?;
     match (d.created(), role) {
         (true, Role::Log(_)) if undo.existing => undo.created_log(path),
         (true, _) => undo.created_file(path),
@@ -898,6 +903,7 @@ fn device_options(opts: &Options, create_size: Option<u64>) -> DeviceOptions {
         },
         read_only: opts.is_read_only(),
         lock: true,
+        erase: false,
     }
 }
 
@@ -1386,6 +1392,20 @@ pub(crate) fn open_paths(
     })
 }
 
+/// Clears the simulated data devices of a new database, as a file is
+/// cleared when one is created over it (`DeviceOptions::erase`): an
+/// earlier database's pages must not read back in the new one (recovery
+/// would keep one whose LSN lies in the new log's window over the new
+/// page's image). A discard reads back as zeros on the simulator; one
+/// that fails (an injected fault) leaves the device as it is.
+pub(crate) fn erase_simulated(array: &Array) {
+    for t in array.targets() {
+        if let Target::Sim(d) = t {
+            let _ = d.discard(0, d.size());
+        }
+    }
+}
+
 /// The copies a new database gets ([`Options::mirror_copies`]), checked.
 fn check_copies(opts: &Options) -> Result<usize> {
     let n = opts.mirror_copies_value().max(1);
@@ -1476,6 +1496,7 @@ mod tests {
             create_size: Some(CONTROL_BYTES + (1 << 20)),
             read_only: false,
             lock: false,
+            erase: false,
         };
         let place = crate::wal::recover::LogPlace {
             index: 0,

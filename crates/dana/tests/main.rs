@@ -44,6 +44,7 @@ mod partial_commit_crash;
 mod placement;
 mod races;
 mod record_cache;
+mod recycled_devices;
 mod serializable;
 mod space;
 mod trim_freed;

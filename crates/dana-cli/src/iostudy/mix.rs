@@ -406,6 +406,7 @@ pub fn run_mix(
         create_size: None,
         read_only: false,
         lock: false,
+        erase: false,
     };
     let targets = data.devices[..width]
         .iter()
@@ -434,6 +435,7 @@ pub fn run_mix(
             create_size: Some(data.wal_bytes),
             read_only: false,
             lock: false,
+            erase: false,
         },
     )?);
 

@@ -76,6 +76,15 @@ pub struct DeviceOptions {
     /// the process would drop), so a second open in the same process
     /// conflicts too.
     pub lock: bool,
+    /// With `create_size`: a regular file that is already there is cut to
+    /// nothing first (after the lock), then allocated to the size, so that
+    /// none of its old bytes reads back: a new database formatted over the
+    /// files of an earlier one never finds the earlier one's pages, which
+    /// pass their checksums and page ids and could hold LSNs inside the
+    /// new log's window, where recovery would keep them over the new
+    /// database's own images (a review's finding). Not a block device:
+    /// its old blocks stay (see `Db::open_devices`).
+    pub erase: bool,
 }
 
 impl Default for DeviceOptions {
@@ -85,6 +94,7 @@ impl Default for DeviceOptions {
             create_size: None,
             read_only: false,
             lock: false,
+            erase: false,
         }
     }
 }
@@ -168,7 +178,11 @@ impl Device {
         let size = if block_device {
             block_device_size(fd).map_err(open_err("get the size of", path))?
         } else {
-            let mut size = meta.len();
+            let erase = opts.erase && opts.create_size.is_some() && !opts.read_only;
+            if erase && !created && meta.len() > 0 {
+                file.set_len(0).map_err(open_err("erase", path))?;
+            }
+            let mut size = if erase { 0 } else { meta.len() };
             if let Some(want) = opts.create_size {
                 if size < want {
                     preallocate(fd, size, want).map_err(|source| {

@@ -210,23 +210,20 @@ pub fn format(
         // writes stay data-only writes from the first on (PostgreSQL
         // zero-fills its WAL segments for the same reason).
         let have = (log.size() - CONTROL_BYTES).min(capacity);
-        let chunk = vec![0u8; (1 << 20).min(capacity) as usize];
-        let mut at = 0;
-        while at < have {
-            let n = (have - at).min(chunk.len() as u64) as usize;
-            write_at(q.as_mut(), CONTROL_BYTES + at, &chunk[..n], Placement::Log)?;
-            at += n as u64;
-        }
+        write_zeros(q.as_mut(), have)?;
     } else {
-        // Zero the block where the first record goes (a recycled device may
-        // hold records of an earlier database there).
-        let first = CONTROL_BYTES + start % capacity;
-        write_at(
-            q.as_mut(),
-            first,
-            &vec![0u8; control::BLOCK as usize],
-            Placement::Log,
-        )?;
+        // A recycled device may hold an earlier log: every log starts at
+        // the same LSN, so its records and flush markers would check out
+        // at their own positions, and the scan took an old flush marker
+        // past this log's end for proof that durable records were damaged
+        // (a new database, closed cleanly, failed every open; a review's
+        // finding). So the whole stream is cleared once, at format: by a
+        // discard where that reads back as zeros (the simulator), else by
+        // writing zeros (a block device's log, a mirrored one).
+        let zeroed = log.discard_reads_zeros() && log.discard(CONTROL_BYTES, capacity).is_ok();
+        if !zeroed {
+            write_zeros(q.as_mut(), capacity)?;
+        }
     }
     sync(q.as_mut())?;
     Ok(Resume {
@@ -235,6 +232,19 @@ pub fn format(
         control: c,
         valid_end: start,
     })
+}
+
+/// Writes zeros over the first `len` bytes of the log stream (past the
+/// control blocks), a MiB at a time.
+fn write_zeros(q: &mut dyn IoQueue, len: u64) -> Result<()> {
+    let chunk = vec![0u8; (1 << 20).min(len) as usize];
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(chunk.len() as u64) as usize;
+        write_at(q, CONTROL_BYTES + at, &chunk[..n], Placement::Log)?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 /// Reads the log's control block; `None` if the log was never formatted.
@@ -893,7 +903,16 @@ fn drop_unfinished_batches(
             return true;
         }
         match flags.get(gsn) {
-            None => true,
+            None => {
+                // A first copy from the redo GSN on: a batch record after
+                // it stands only under a first record that comes later.
+                // (Spread over several logs, a batch kept a record whose
+                // log survived after its first record's log lost its
+                // flush: an older value re-applied over an acknowledged
+                // one; a review's finding.)
+                keep_batch = false;
+                true
+            }
             Some(f) => {
                 if f & record::FIRST_APPENDED_AGAIN != 0 {
                     keep_batch = at == first_past;
@@ -1507,6 +1526,32 @@ mod tests {
         // The fresh log's block names no checkpoint record.
         let (stream, ctl) = one_record(0);
         assert!(scan(&stream, &ctl).is_ok());
+    }
+
+    /// A batch of commit records appended again by a recovery and spread
+    /// over several logs, whose first record (flagged
+    /// `FIRST_APPENDED_AGAIN`) was in a log that lost its flush while a
+    /// later record of the batch survived in another log: the batch's
+    /// checkpoint never finished (it waits for every log), so the whole
+    /// batch is dropped and the first copies re-applied; the orphan kept
+    /// re-applied an older value over a later acknowledged one (a
+    /// review's finding).
+    #[test]
+    fn an_orphan_of_a_batch_whose_first_record_was_lost_is_dropped() {
+        let w = |v: &[u8]| vec![Write::new(5, b"k".to_vec(), Some(v.to_vec()))];
+        // First copies past the redo GSN (10): k=1, k=2, k=3, all
+        // acknowledged. The batch: 20 (first, a copy of 10) in log 0, 21
+        // (a copy of 11) in log 1, 22 (a copy of 12) in log 0, whose
+        // flush was lost.
+        let mut commits = vec![(10, w(b"1")), (11, w(b"2")), (12, w(b"3")), (21, w(b"2"))];
+        let mut flags = BTreeMap::new();
+        flags.insert(21u64, record::APPENDED_AGAIN);
+        let dropped = drop_unfinished_batches(&mut commits, &flags, 10);
+        let last = commits
+            .last()
+            .map(|c| c.1[0].value.clone().unwrap().into_owned());
+        assert_eq!(dropped, 1, "the orphan was kept: {commits:?}");
+        assert_eq!(last, Some(b"3".to_vec()));
     }
 
     /// A control block (valid checksum, forged or damaged fields) naming a
