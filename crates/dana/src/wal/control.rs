@@ -9,7 +9,7 @@
 //! | bytes  | field                                          |
 //! |--------|------------------------------------------------|
 //! | 0..8   | magic `DANAWAL1`                               |
-//! | 8..12  | format version (3)                             |
+//! | 8..12  | format version (4)                             |
 //! | 12..16 | flush block (bytes)                            |
 //! | 16..24 | sequence number                                |
 //! | 24..32 | LSN of the checkpoint record                   |

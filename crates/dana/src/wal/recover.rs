@@ -282,7 +282,11 @@ fn read_stream(log: &Target, ctl: &Control) -> Result<Vec<u8>> {
     // Recovery reads the stream into memory: a capacity past any log dana
     // creates is damage, never an allocation to attempt.
     let too_large = cap > MAX_LOG_BYTES;
-    if cap == 0 || too_large || log.size() < CONTROL_BYTES + need || !ctl.block.is_power_of_two() {
+    // The block and capacity the log itself takes (`Wal::new`), checked
+    // here too: recovery writes redone pages before the log opens.
+    let bad_shape =
+        !ctl.block.is_power_of_two() || ctl.block > control::BLOCK || cap % control::BLOCK != 0;
+    if cap == 0 || too_large || log.size() < CONTROL_BYTES + need || bad_shape {
         return Err(Error::Log(format!(
             "control block names a log of {cap} bytes (block {}) on a device of {} bytes",
             ctl.block,
@@ -1569,5 +1573,35 @@ mod tests {
         }
         // The bound leaves every LSN a log reaches in a lifetime.
         assert!(scan(&stream, &log_control(1 << 60)).is_ok());
+    }
+
+    /// A control block (valid checksum) naming a flush block or capacity
+    /// the log cannot take is refused before the stream is read, so
+    /// before recovery writes any page (the log's own open refused it
+    /// only after redo had written the pages; a review's finding).
+    #[test]
+    fn a_control_block_naming_a_log_shape_the_log_cannot_take_is_refused() {
+        use crate::io::sim::{SimConfig, SimDisk};
+        let log = Target::Sim(SimDisk::new(
+            0,
+            CONTROL_BYTES + (64 << 10),
+            SimConfig::default(),
+        ));
+        assert!(read_stream(&log, &log_control(4096)).is_ok());
+        for c in [
+            Control {
+                block: 8192,
+                ..log_control(4096)
+            },
+            Control {
+                capacity: (64 << 10) - 512,
+                ..log_control(4096)
+            },
+        ] {
+            match read_stream(&log, &c) {
+                Err(Error::Log(what)) => assert!(what.contains("control block names"), "{what}"),
+                other => panic!("{c:?}: {:?}", other.map(|s| s.len())),
+            }
+        }
     }
 }
