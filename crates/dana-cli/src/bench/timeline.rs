@@ -16,7 +16,9 @@ pub struct Second {
     pub t: f64,
     /// Operations per second in this interval.
     pub ops_per_s: f64,
-    /// Device reads per second in this interval (engine count).
+    /// Device reads per second in this interval: the engine's count, or
+    /// the block device's (/proc/diskstats) where the benchmark says so
+    /// (`bench tpcc`, which runs peers too).
     pub reads_per_s: f64,
     /// p99 operation latency in this interval, µs.
     pub p99_us: f64,

@@ -338,7 +338,7 @@ mod tests {
             cache_bytes: 16 << 20,
             threads: 2,
             direct_io: false,
-            sync_writes: false,
+            durability: dana::Durability::Off,
             memtables_in_budget: true,
         };
         let db: Arc<dyn TxPeer> = Arc::new(LmdbTxDb::open(&cfg).unwrap());

@@ -33,17 +33,25 @@
 //! - Direct I/O for data reads where the engine has it (RocksDB
 //!   `use_direct_reads` and direct flush/compaction, WiredTiger
 //!   `direct_io=[data]`), when [`PeerConfig::direct_io`] is set.
-//! - Durability follows [`PeerConfig::sync_writes`]. Off: writes are not
-//!   fsynced per operation on any engine: RocksDB writes its WAL without
-//!   sync (the load itself skips the WAL), WiredTiger runs without a log
-//!   (its default; updates are durable at checkpoints), LMDB runs with
-//!   `MDB_NOSYNC`. On (dana with its log synced): every write returns
-//!   after the engine's log is on the device, grouped with concurrent
-//!   writes where the engine groups them: RocksDB `WriteOptions::sync`
-//!   (its writers join one WAL sync), WiredTiger with its log enabled
-//!   and `transaction_sync=(enabled=true,method=fsync)` (each
-//!   auto-committed write syncs; concurrent commits share the flush), LMDB
-//!   without `MDB_NOSYNC` (one writer at a time, each commit synced).
+//! - Durability follows [`PeerConfig::durability`], dana's three modes:
+//!   - `Off` (dana writes no log): no engine logs a write; RocksDB's puts
+//!     skip its WAL (`WriteOptions::disableWAL`; its memtables flush at
+//!     close), WiredTiger runs without a log (updates durable at
+//!     checkpoints), LMDB runs with `MDB_NOSYNC` (it has no log).
+//!   - `Async` (dana's log written, not synced per commit): RocksDB writes
+//!     its WAL unsynced, WiredTiger logs with `transaction_sync` off,
+//!     LMDB runs with `MDB_NOSYNC` (no log to write: its caveat).
+//!   - `Sync` (dana with its log synced): every write returns after the
+//!     engine's log is on the device, grouped with concurrent writes
+//!     where the engine groups them: RocksDB `WriteOptions::sync` (its
+//!     writers join one WAL sync), WiredTiger with its log enabled and
+//!     `transaction_sync=(enabled=true,method=fsync)` (each auto-committed
+//!     write syncs; concurrent commits share the flush), LMDB without
+//!     `MDB_NOSYNC` (one writer at a time, each commit synced).
+//!
+//!   Before, one flag mapped `Off` and `Async` alike: RocksDB logged where
+//!   dana did not, WiredTiger did not log where dana did (a review's
+//!   finding). The loads skip every log.
 //! - Reads are callable from many threads at once: RocksDB's handle is
 //!   thread-safe; WiredTiger sessions and LMDB read transactions are
 //!   single-threaded, so each thread borrows its own from a pool.
@@ -166,12 +174,11 @@ pub struct PeerConfig {
     pub threads: usize,
     /// Direct I/O for data reads where the engine has it.
     pub direct_io: bool,
-    /// Every write durable when it returns (the engine's log synced,
-    /// grouped where the engine groups commits); false: the engine's
-    /// unsynced defaults (module doc, fairness rules). Read by the
-    /// [`PeerEngine`] bindings; the transactional ones ([`txn`]) take
-    /// durability per commit instead.
-    pub sync_writes: bool,
+    /// What a write costs the engine's log, as dana's `Durability` does
+    /// (module doc, fairness rules). Read by the [`PeerEngine`] bindings;
+    /// the transactional ones ([`txn`]) take durability per commit
+    /// instead.
+    pub durability: dana::Durability,
     /// RocksDB: the budget covers its memtables too (a block cache of
     /// three quarters, at most two memtables of an eighth each), as a
     /// benchmark that writes needs for a fair budget; false: the whole
@@ -288,6 +295,17 @@ fn engine_dir(cfg: &PeerConfig, name: &str) -> CliResult<PathBuf> {
     }
     std::fs::create_dir_all(&dir).context(format_args!("creating {}", dir.display()))?;
     Ok(dir)
+}
+
+/// Removes engine `name`'s files under `cfg.dir` (the next open loads it
+/// afresh).
+pub fn wipe(name: &str, cfg: &PeerConfig) -> CliResult<()> {
+    let dir = cfg.dir.join(name);
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(CliError(format!("removing {}: {e}", dir.display()))),
+    }
 }
 
 /// The `(records, value_size, key scheme)` of the marker in `dir`, if
@@ -420,7 +438,7 @@ mod tests {
             cache_bytes: 8 << 20,
             threads: 2,
             direct_io: true,
-            sync_writes: false,
+            durability: dana::Durability::Off,
             memtables_in_budget: true,
         }
     }
@@ -481,12 +499,12 @@ mod tests {
     }
 
     /// The shared conformance test every engine runs (see each engine's
-    /// tests), unsynced and with `sync_writes`: load 20k records, get
-    /// present/absent keys byte for byte, put then get, scan, reopen
-    /// reuses the marker and keeps the puts. With synced writes
-    /// WiredTiger must have written its log.
+    /// tests), at a `durability`: load 20k records, get present/absent
+    /// keys byte for byte, put then get, scan, reopen reuses the marker
+    /// and keeps the puts. WiredTiger must have written its log exactly
+    /// when the durability has one (`Async`, `Sync`).
     #[allow(dead_code)] // unused without engine features
-    pub(super) fn conformance(name: &str, sync_writes: bool) {
+    pub(super) fn conformance(name: &str, durability: dana::Durability) {
         const N: u64 = 20_000;
         const VS: usize = 100;
         fn value(i: u64, buf: &mut [u8]) {
@@ -496,7 +514,7 @@ mod tests {
         }
         let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
         let c = PeerConfig {
-            sync_writes,
+            durability,
             ..cfg(dir.path())
         };
         {
@@ -548,6 +566,21 @@ mod tests {
                 }
             });
             assert!(e.caveat().is_none() || name == "lmdb");
+            if name == "rocksdb" {
+                // The two puts above went to the WAL exactly when dana's
+                // durability writes a log (the load skips it).
+                let wal: u64 = std::fs::read_dir(dir.path().join(name))
+                    .unwrap()
+                    .map(|f| f.unwrap())
+                    .filter(|f| f.file_name().to_string_lossy().ends_with(".log"))
+                    .map(|f| f.metadata().unwrap().len())
+                    .sum();
+                assert_eq!(
+                    wal > 0,
+                    durability != dana::Durability::Off,
+                    "RocksDB WAL bytes: {wal}"
+                );
+            }
             if name == "wiredtiger" {
                 let logs = std::fs::read_dir(dir.path().join(name))
                     .unwrap()
@@ -556,7 +589,11 @@ mod tests {
                         f.to_string_lossy().starts_with("WiredTigerLog.")
                     })
                     .count();
-                assert_eq!(logs > 0, sync_writes, "WiredTiger log files: {logs}");
+                assert_eq!(
+                    logs > 0,
+                    durability != dana::Durability::Off,
+                    "WiredTiger log files: {logs}"
+                );
             }
         }
         // Reopen: the marker makes load a no-op, the data is still there.

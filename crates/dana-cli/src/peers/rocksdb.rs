@@ -15,8 +15,9 @@
 //! (read-only benchmarks) the cache is the whole budget. Everything else
 //! is RocksDB's default (level compaction). Load: write batches with the WAL disabled, then a flush
 //! and a full `compact_range`. Reads: `fill_cache` true, checksums
-//! verified (the default). Puts: WAL on, not synced; synced
-//! (`WriteOptions::sync`) with [`PeerConfig::sync_writes`].
+//! verified (the default). Puts by [`PeerConfig::durability`]: without
+//! the WAL (`Off`), WAL not synced (`Async`), synced (`Sync`,
+//! `WriteOptions::sync`).
 
 use std::ffi::{c_char, c_int, c_uchar, c_void, CStr};
 use std::path::PathBuf;
@@ -221,7 +222,15 @@ impl RocksDb {
             let read = rocksdb_readoptions_create();
             rocksdb_readoptions_set_fill_cache(read, 1);
             let write = rocksdb_writeoptions_create();
-            rocksdb_writeoptions_set_sync(write, c_uchar::from(cfg.sync_writes));
+            rocksdb_writeoptions_set_sync(
+                write,
+                c_uchar::from(cfg.durability == dana::Durability::Sync),
+            );
+            // No log where dana writes none (module doc, fairness rules).
+            rocksdb_writeoptions_disable_WAL(
+                write,
+                c_int::from(cfg.durability == dana::Durability::Off),
+            );
             (read, write)
         };
         // From here on Drop frees everything (db may be null).
@@ -459,13 +468,20 @@ impl PeerEngine for RocksDb {
 
 #[cfg(test)]
 mod tests {
+    use dana::Durability;
+
     #[test]
     fn peers_rocksdb_conformance() {
-        super::super::tests::conformance("rocksdb", false);
+        super::super::tests::conformance("rocksdb", Durability::Off);
+    }
+
+    #[test]
+    fn peers_rocksdb_conformance_with_an_unsynced_log() {
+        super::super::tests::conformance("rocksdb", Durability::Async);
     }
 
     #[test]
     fn peers_rocksdb_conformance_with_synced_writes() {
-        super::super::tests::conformance("rocksdb", true);
+        super::super::tests::conformance("rocksdb", Durability::Sync);
     }
 }

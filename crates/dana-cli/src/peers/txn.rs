@@ -224,7 +224,7 @@ pub(super) mod tests {
             cache_bytes: 16 << 20,
             threads: 4,
             direct_io: false,
-            sync_writes: false,
+            durability: dana::Durability::Off,
             memtables_in_budget: true,
         }
     }

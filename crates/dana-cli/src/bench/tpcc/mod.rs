@@ -153,8 +153,12 @@ pub struct RunReport {
 pub struct DanaReport {
     pub workers: usize,
     pub tasks: usize,
+    /// Bytes of dana's files after the load and after the run.
     pub data_bytes_loaded: u64,
     pub data_bytes_after: u64,
+    /// Bytes of the pages in use after the load (below the high-water
+    /// mark): the data the pool is compared with.
+    pub data_bytes_used_loaded: u64,
     pub load_rows: u64,
     pub load_seconds: f64,
     pub run: RunReport,
@@ -356,6 +360,14 @@ pub struct Mix {
     /// Seed of the inputs; it also names the run in History keys, so
     /// runs on one database must differ in it.
     pub seed: u64,
+    /// Seed the database was loaded with: the run's NURand constants
+    /// derive from the load's (clause 2.1.6.1: C_LAST of the run differs
+    /// from the load's by 65..=119, not 96 or 112), the same for every
+    /// run on that load, dana's and each peer's. (They derived from the
+    /// run's seed, so only dana's run, whose seed was the load's, kept
+    /// the rule, and each peer run drew last names another way; a
+    /// review's finding.)
+    pub load_seed: u64,
 }
 
 /// Runs the mix for `m.seconds` with `m.workers * m.tasks_per_worker`
@@ -373,13 +385,14 @@ pub fn run_mix<E: Engine>(
         durability,
         seconds,
         seed,
+        load_seed,
     } = m;
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let failure: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     let counts = Arc::new(Counts::default());
-    let load_c = NuRandC::load(seed);
-    let run_c = NuRandC::run(load_c, seed);
+    let load_c = NuRandC::load(load_seed);
+    let run_c = NuRandC::run(load_c, load_seed);
     let tasks = workers * tasks_per_worker;
     let started = Instant::now();
     for t in 0..tasks {
@@ -541,7 +554,7 @@ pub fn run(a: &TpccArgs) -> CliResult<()> {
     }
     if !quiet {
         println!(
-            "dana bench tpcc: {warehouses} warehouses (about {} MiB in dana), memory {} MiB, \
+            "dana bench tpcc: {warehouses} warehouses (estimated before the load: {} MiB in dana), memory {} MiB, \
              durability {:?}, {} s per run, engines {}",
             (u64::from(warehouses) * WAREHOUSE_BYTES) >> 20,
             pool >> 20,
@@ -682,6 +695,12 @@ fn measure<E: Engine>(
     })
 }
 
+/// Pages dana's database uses (below its high-water mark).
+fn used_pages(db: &Db) -> CliResult<u64> {
+    let pool = db.pool().clone();
+    Ok(db.block_on(async move { pool.space().await.map(|s| s.next_unused) })??)
+}
+
 /// Transactions (committed and rolled back) a run counted.
 fn transactions(r: &RunReport) -> u64 {
     r.types.iter().map(|t| t.committed + t.rolled_back).sum()
@@ -699,14 +718,19 @@ fn run_dana(a: &TpccArgs, warehouses: u32, pool: u64) -> CliResult<DanaReport> {
     )?;
     let page = db.pool().page_size() as u64;
     let loaded_bytes = db.pool_stats().array_pages * page;
+    // The pages in use (below the high-water mark), not the files with
+    // their growth slack: what "x the pool" compares (a review found the
+    // files' size there).
+    let used_bytes = used_pages(&db)? * page;
     if !quiet {
         println!(
-            "dana: loaded {} rows in {:.1} s ({} rows/s); data {} MiB ({:.1}x the pool)",
+            "dana: loaded {} rows in {:.1} s ({} rows/s); data {} MiB in use ({:.1}x the pool), files {} MiB",
             thousands(load_rows as f64),
             load_seconds,
             thousands(load_rows as f64 / load_seconds.max(1e-9)),
+            used_bytes >> 20,
+            used_bytes as f64 / pool as f64,
             loaded_bytes >> 20,
-            loaded_bytes as f64 / pool as f64
         );
     }
     let disk = Disk::of(&a.path);
@@ -718,6 +742,7 @@ fn run_dana(a: &TpccArgs, warehouses: u32, pool: u64) -> CliResult<DanaReport> {
         durability: a.durability,
         seconds: a.seconds,
         seed: a.seed,
+        load_seed: a.seed,
     };
     let run = measure(&tables, mix, a.workers, disk.as_ref())?;
     let (p1, w1) = (db.pool_stats(), db.wal_stats().unwrap_or_default());
@@ -731,6 +756,7 @@ fn run_dana(a: &TpccArgs, warehouses: u32, pool: u64) -> CliResult<DanaReport> {
         tasks: a.workers * a.tasks_per_worker,
         data_bytes_loaded: loaded_bytes,
         data_bytes_after: p1.array_pages * page,
+        data_bytes_used_loaded: used_bytes,
         load_rows,
         load_seconds,
         page_reads_per_tx: per(p1.reads - p0.reads),
@@ -760,7 +786,7 @@ fn run_peer(a: &TpccArgs, name: &str, warehouses: u32, pool: u64) -> CliResult<P
         cache_bytes: pool as usize,
         threads: cores,
         direct_io: true,
-        sync_writes: false,
+        durability: dana::Durability::Off,
         memtables_in_budget: true,
     };
     let peer = crate::peers::txn::open_tx(name, &cfg)?;
@@ -799,6 +825,7 @@ fn run_peer(a: &TpccArgs, name: &str, warehouses: u32, pool: u64) -> CliResult<P
             durability: a.durability,
             seconds: a.seconds,
             seed: a.seed.wrapping_add(i as u64 + 1),
+            load_seed: a.seed,
         };
         // Each run starts settled, as dana's starts after its load's
         // checkpoint: no run pays for the compactions or checkpoints of
@@ -1001,7 +1028,8 @@ fn print_summary(r: &TpccReport) {
             d.tasks.to_string(),
             thousands(d.run.transactions_per_s),
             thousands(d.run.tpmc),
-            "1.00".into(),
+            // dana's own row: no ratio to print (a literal 1.00 was).
+            "-".into(),
         ]);
     }
     for p in &r.peers {
@@ -1043,7 +1071,7 @@ mod tests {
                 cache_bytes: 32 << 20,
                 threads: 4,
                 direct_io: false,
-                sync_writes: false,
+                durability: dana::Durability::Off,
                 memtables_in_budget: true,
             };
             let tables = Arc::new(PeerTables {
@@ -1059,6 +1087,7 @@ mod tests {
                 durability: Durability::Sync,
                 seconds: 1.5,
                 seed: 8,
+                load_seed: 7,
             };
             let r = measure(&tables, mix, 4, None).unwrap();
             for t in &r.types {
@@ -1093,6 +1122,7 @@ mod tests {
                 durability: Durability::Sync,
                 seconds: 1.5,
                 seed: 7,
+                load_seed: 7,
             },
             None,
             None,

@@ -320,8 +320,8 @@ pub struct DeviceFigures {
     pub flash_bytes_per_op: f64,
     /// Flash bytes per host byte (a write shorter than a flash page
     /// programs a whole one; counted by pages, a log's 512-byte flushes
-    /// showed a WAF near 1).
-    pub waf: f64,
+    /// showed a WAF near 1); None if the host wrote nothing.
+    pub waf: Option<f64>,
     /// Valid pages the collector copied, per operation.
     pub gc_copies_per_op: f64,
     /// Blocks erased in the window.
@@ -337,7 +337,7 @@ impl DeviceFigures {
         DeviceFigures {
             host_bytes_per_op: s.host_bytes as f64 / ops.max(1) as f64,
             flash_bytes_per_op: per(s.flash_pages),
-            waf: s.waf_bytes(PAGE),
+            waf: (s.host_bytes > 0).then(|| s.waf_bytes(PAGE)),
             gc_copies_per_op: s.gc_copies as f64 / ops.max(1) as f64,
             erases: s.erases,
             trims_per_op: s.trims as f64 / ops.max(1) as f64,
@@ -363,8 +363,9 @@ pub struct FillRun {
     /// Out of place: segment summary pages written, per operation.
     pub summary_writes_per_op: f64,
     /// Out of place: bytes of the pages dana wrote per byte they took on
-    /// the device (compressed and padded to 512 bytes; 1 uncompressed).
-    pub compression: f64,
+    /// the device (compressed and padded to 512 bytes; 1 uncompressed);
+    /// None in place or if nothing was stored (not measured).
+    pub compression: Option<f64>,
     /// Pages the database uses at the window's start (after the load and
     /// the warm-up), as a share of the data device's logical capacity.
     pub fill_reached: f64,
@@ -392,8 +393,9 @@ pub struct FillRun {
     pub data: DeviceFigures,
     /// The log device.
     pub log: DeviceFigures,
-    /// Both: flash bytes over host bytes.
-    pub waf_total: f64,
+    /// Both: flash bytes over host bytes (None if the host wrote
+    /// nothing).
+    pub waf_total: Option<f64>,
     /// Both: flash bytes per operation.
     pub flash_bytes_per_op: f64,
     /// Data pages written back per update (YCSB) or per transaction
@@ -1039,11 +1041,8 @@ impl Window {
             write_mode: self.mode,
             dana_gc_copies_per_op: self.remap.gc_copies as f64 / n.max(1) as f64,
             summary_writes_per_op: self.remap.summary_writes as f64 / n.max(1) as f64,
-            compression: if self.remap.stored_bytes == 0 {
-                1.0
-            } else {
-                (self.remap.page_writes * PAGE) as f64 / self.remap.stored_bytes as f64
-            },
+            compression: (self.remap.stored_bytes > 0)
+                .then(|| (self.remap.page_writes * PAGE) as f64 / self.remap.stored_bytes as f64),
             fill_reached: self.used_start as f64 / device,
             fill_end: self.used_end as f64 / device,
             records: self.records,
@@ -1056,16 +1055,17 @@ impl Window {
             cut_by_time: self.cut_by_time,
             data: DeviceFigures::of(d, n),
             log: DeviceFigures::of(l, n),
-            waf_total: if host == 0 {
-                1.0
-            } else {
-                (flash * PAGE) as f64 / host as f64
-            },
+            waf_total: (host > 0).then(|| (flash * PAGE) as f64 / host as f64),
             flash_bytes_per_op: flash as f64 * PAGE as f64 / n.max(1) as f64,
             page_writes_per_update: d.host_pages as f64 / self.writes.max(1) as f64,
             hot_share: self.hot_writebacks as f64 / self.writebacks.max(1) as f64,
         }
     }
+}
+
+/// A measured figure to two places, or "-" where nothing was measured.
+fn two_places(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.2}"))
 }
 
 /// An option value as the command line spells it.
@@ -1132,7 +1132,7 @@ pub fn render(r: &WafReport) -> String {
     );
     for f in &r.runs {
         s.push_str(&format!(
-            " {:>8}  {:>3}%  {:>9}  {:>12}  {:>7}  {:>6.1}% {:>5.1}%  {:>8}  {:>8}  {:>8.0}  {:>14.0} {:>5.0}  {:>15.0} {:>5.0}  {:>8.2} {:>4.2} {:>6.2}  {:>17.3}  {:>12.3}  {:>10.3}  {:>12.3}  {:>10.2}x  {:>8.1}%{}\n",
+            " {:>8}  {:>3}%  {:>9}  {:>12}  {:>7}  {:>6.1}% {:>5.1}%  {:>8}  {:>8}  {:>8.0}  {:>14.0} {:>5.0}  {:>15.0} {:>5.0}  {:>8} {:>4} {:>6}  {:>17.3}  {:>12.3}  {:>10.3}  {:>12.3}  {:>11}  {:>8.1}%{}\n",
             match f.workload {
                 WafWorkload::YcsbA => "ycsb-a",
                 WafWorkload::Tpcc => "tpcc",
@@ -1153,14 +1153,14 @@ pub fn render(r: &WafReport) -> String {
             f.log.host_bytes_per_op,
             f.data.flash_bytes_per_op,
             f.log.flash_bytes_per_op,
-            f.data.waf,
-            f.log.waf,
-            f.waf_total,
+            two_places(f.data.waf),
+            two_places(f.log.waf),
+            two_places(f.waf_total),
             f.page_writes_per_update,
             f.data.gc_copies_per_op,
             f.dana_gc_copies_per_op,
             f.summary_writes_per_op,
-            f.compression,
+            f.compression.map_or("-".into(), |c| format!("{c:.2}x")),
             f.hot_share * 100.0,
             if f.cut_by_time {
                 format!(

@@ -167,6 +167,7 @@ fn mix(a: &WafArgs, seed: u64) -> Mix {
         durability: Durability::Sync,
         seconds: CHUNK_SECONDS,
         seed,
+        load_seed: LOAD_SEED,
     }
 }
 

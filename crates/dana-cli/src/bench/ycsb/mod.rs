@@ -396,37 +396,51 @@ pub fn run(args: &YcsbArgs) -> CliResult<()> {
 
 /// Each peer engine on each workload that dana ran, at each of
 /// `--peer-threads`; the best count per workload is marked.
+///
+/// Each peer runs what dana ran: its inserts go on from the records it
+/// holds (carried from run to run and, in [`PEER_RECORDS`], from
+/// invocation to invocation, as dana's load marker carries its count), E
+/// under `all` starts from a fresh load as dana's does, and each workload
+/// opens the engine with that workload's budget (dana's pool and record
+/// cache, sized from the data at its start). Before, every run started
+/// its inserts at `--records` again (the later thread counts of D and E
+/// overwrote keys the first had inserted) and E ran on the data D grew
+/// (a review's finding).
 fn run_peers(a: &YcsbArgs, runs: &[YcsbRun]) -> CliResult<Vec<peer::PeerYcsbRun>> {
     let mut out = Vec::new();
     let files = data_files(&a.path);
     let disk = files.first().and_then(|f| Disk::of(f));
-    // The peers' writes are as durable as dana's: synced when its log is.
-    let sync_writes = a.engine.durability == dana::Durability::Sync;
+    // The peers' writes cost their logs what dana's cost its own.
+    let durability = a.engine.durability;
     // `threads` sizes the engines' background work: one per core.
     let cores = std::thread::available_parallelism().map_or(2, usize::from);
     let quiet = a.output.quiet || a.output.json;
     for name in a.engines.iter().filter(|e| e.as_str() != "dana") {
-        let cache = runs
-            .first()
-            .map_or(64 << 20, |r| r.pool_bytes + r.record_cache_bytes);
-        let cfg = crate::peers::PeerConfig {
-            dir: a.path.join("peers"),
-            cache_bytes: cache as usize,
-            threads: cores,
-            direct_io: true,
-            sync_writes,
-            // YCSB writes: the budget covers RocksDB's memtables too.
-            memtables_in_budget: true,
-        };
         let rss0 = crate::report::rss_bytes();
-        let engine = peer::open_loaded(name, &cfg, a.records, a.value_size, quiet)?;
+        let mut fresh_done = false;
         for r in runs {
+            let cache = r.pool_bytes + r.record_cache_bytes;
+            let cfg = crate::peers::PeerConfig {
+                dir: a.path.join("peers"),
+                cache_bytes: cache as usize,
+                threads: cores,
+                direct_io: true,
+                durability,
+                // YCSB writes: the budget covers RocksDB's memtables too.
+                memtables_in_budget: true,
+            };
+            if a.workload == WorkloadChoice::All && r.workload == Workload::E && fresh_done {
+                crate::peers::wipe(name, &cfg)?;
+            }
+            fresh_done = true;
+            let engine = peer::open_loaded(name, &cfg, a.records, a.value_size, quiet)?;
+            let mut records = peer::records_held(name, &cfg)?.unwrap_or(a.records);
             let first = out.len();
             for &threads in &a.peer_threads {
                 let mut p = peer::run(
                     &*engine,
                     r.workload,
-                    a.records,
+                    records,
                     a.value_size,
                     threads,
                     cache,
@@ -435,8 +449,10 @@ fn run_peers(a: &YcsbArgs, runs: &[YcsbRun]) -> CliResult<Vec<peer::PeerYcsbRun>
                     disk.as_ref(),
                     quiet,
                 )?;
+                records = p.records_after;
+                peer::note_records_held(name, &cfg, records)?;
                 p.dana_over_peer = Some(r.m.ops_per_s / p.ops_per_s.max(1e-9));
-                p.sync_writes = sync_writes;
+                p.durability = durability;
                 p.rss_added_bytes = crate::report::rss_bytes().saturating_sub(rss0);
                 out.push(p);
             }
@@ -917,13 +933,19 @@ pub fn render(r: &YcsbReport) -> String {
         }
     }
     if !r.peers.is_empty() {
-        let synced = r.peers.iter().any(|p| p.sync_writes);
+        let durability = r
+            .peers
+            .first()
+            .map_or(dana::Durability::Off, |p| p.durability);
         s += &format!(
             "\n peers ({}; * = the engine's best thread count on the workload, which its ratio uses):\n",
-            if synced {
-                "every write synced: RocksDB WriteOptions::sync, WiredTiger log with transaction_sync, LMDB synced commits"
-            } else {
-                "writes not synced: RocksDB WAL unsynced, WiredTiger without a log, LMDB MDB_NOSYNC"
+            match durability {
+                dana::Durability::Sync =>
+                    "every write synced: RocksDB WriteOptions::sync, WiredTiger log with transaction_sync, LMDB synced commits",
+                dana::Durability::Async =>
+                    "writes logged, not synced: RocksDB WAL unsynced, WiredTiger log without transaction_sync, LMDB MDB_NOSYNC (no log)",
+                dana::Durability::Off =>
+                    "no log, as dana's: RocksDB without its WAL, WiredTiger without a log, LMDB MDB_NOSYNC",
             }
         );
         s += " engine      workload threads    ops/s  disk reads/s  disk writes/op  CPU us/op  RSS+ MiB  dana/peer  per kind: p50 / p99 us\n";

@@ -53,8 +53,13 @@ pub struct PeerYcsbRun {
     pub disk_writes_per_op: Option<f64>,
     /// Block device bytes written per operation.
     pub disk_write_bytes_per_op: Option<f64>,
-    /// Every write synced when it returned (the engine's log).
-    pub sync_writes: bool,
+    /// What each write cost the engine's log, as dana's durability
+    /// (`peers` module doc: fairness rules).
+    #[serde(serialize_with = "crate::bench::serialize_durability")]
+    pub durability: dana::Durability,
+    /// Records the engine held after the run (the next insert's key
+    /// number): where the next run's inserts go on.
+    pub records_after: u64,
     /// The process's resident memory at the end of the run over what it
     /// was before the engine opened (its cache, memtables, threads).
     pub rss_added_bytes: u64,
@@ -95,6 +100,32 @@ pub fn open_loaded(
     )?;
     pb.finish_and_clear();
     Ok(engine)
+}
+
+/// The file in a peer's directory naming the records it holds once YCSB
+/// inserted some (absent: the load's count).
+pub const PEER_RECORDS: &str = "dana-ycsb-records";
+
+/// The records `name` holds past its load, if a YCSB run inserted some
+/// (`PEER_RECORDS`).
+pub fn records_held(name: &str, cfg: &PeerConfig) -> CliResult<Option<u64>> {
+    let path = cfg.dir.join(name).join(PEER_RECORDS);
+    match std::fs::read_to_string(&path) {
+        Ok(t) => t
+            .trim()
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| CliError(format!("{}: not a record count", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(CliError(format!("reading {}: {e}", path.display()))),
+    }
+}
+
+/// Records that `name` holds `records` now (`PEER_RECORDS`).
+pub fn note_records_held(name: &str, cfg: &PeerConfig, records: u64) -> CliResult<()> {
+    let path = cfg.dir.join(name).join(PEER_RECORDS);
+    std::fs::write(&path, format!("{records}\n"))
+        .map_err(|e| CliError(format!("writing {}: {e}", path.display())))
 }
 
 fn execute(
@@ -243,7 +274,8 @@ pub fn run(
         disk_reads_per_s: d.map(|d| d.reads as f64 / secs),
         disk_writes_per_op: d.map(|d| d.writes as f64 / ops as f64),
         disk_write_bytes_per_op: d.map(|d| d.write_bytes as f64 / ops as f64),
-        sync_writes: false,
+        durability: dana::Durability::Off,
+        records_after: shared.counter.issued(),
         rss_added_bytes: 0,
         cpu_us_per_op: cpu * 1e6 / ops as f64,
         dana_over_peer: None,
