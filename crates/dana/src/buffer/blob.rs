@@ -477,13 +477,33 @@ impl BufferPool {
             hold.reused = true;
             left -= n;
         }
+        // Why the array did not grow for the value, if it did not.
+        let mut not_grown = None;
         if left > 0 {
             let mut s = self.lock_space().await?;
+            let mut grown = false;
             while left > 0 && hold.extents.len() <= max_extents {
                 match self.extend_mark(&mut s).await {
                     Ok(pid) => {
                         hold.push(pid, 1);
                         left -= 1;
+                    }
+                    // The array is used up to its end, its free pages in
+                    // runs too short for the first pass: grown once for
+                    // what is left (and its map pages), so that the value
+                    // takes one run past the mark rather than more short
+                    // runs than its reference can name. (The reservation
+                    // counted the short runs, so no growth came: such a
+                    // value failed `NoSpace` for good on a disk with room,
+                    // and every try grew nothing it could use; an outside
+                    // probe.) Where it cannot grow, the short runs below.
+                    Err(Error::NoSpace(_)) if !grown => {
+                        grown = true;
+                        let maps = left.div_ceil(self.geometry().per_group()) + 1;
+                        if let Err(e) = self.grow_by(left + maps).await {
+                            not_grown = Some(e);
+                            break;
+                        }
                     }
                     Err(Error::NoSpace(_)) => break,
                     Err(e) => return Err(e),
@@ -502,7 +522,10 @@ impl BufferPool {
         }
         if left > 0 || hold.extents.len() > max_extents {
             return Err(Error::NoSpace(format!(
-                "a large value of {pages} pages does not fit in {max_extents} runs of free pages"
+                "a large value of {pages} pages does not fit in {max_extents} runs of free pages{}",
+                not_grown.map_or(String::new(), |e| format!(
+                    ", and the files could not grow for it: {e}"
+                ))
             )));
         }
         // Reused runs may lie in more groups than the pages need: refused
@@ -1517,6 +1540,53 @@ mod tests {
         assert_eq!(failures, 3);
         assert_eq!(after, before, "failed holds moved the count");
         assert_eq!((held, given_back), (before - 2, before));
+        rt.shutdown();
+    }
+
+    /// A large value whose free pages lie in more short runs than its
+    /// reference can name, in an array used to its end that can grow,
+    /// grows it and takes one run past the mark: the short runs' pages
+    /// counted as free, so no growth came, and the value failed
+    /// `NoSpace` for good on a disk with room (an outside probe).
+    #[test]
+    fn a_value_that_fits_no_runs_of_a_fragmented_file_grows_it() {
+        use crate::io::device::{Device, DeviceOptions};
+        use crate::io::{Array, Target};
+        let dir = tempfile::tempdir().unwrap();
+        let opts = DeviceOptions {
+            create_size: Some(1 << 20),
+            direct: false,
+            ..Default::default()
+        };
+        let dev = Device::open(dir.path().join("d"), 0, opts).unwrap();
+        let array = Array::new(vec![Target::File(std::sync::Arc::new(dev))], 4096).unwrap();
+        let (pool, rt) = crate::buffer::test_pool(array, 16);
+        let p = pool.clone();
+        let result = rt
+            .block_on(async move {
+                p.format().await?;
+                // Every page of the file used (no growth yet), then every
+                // other one freed: free space in runs of one page.
+                let mut pids = Vec::new();
+                while p.alloc.available.load(Ordering::SeqCst) > 0 {
+                    pids.push(p.allocate(crate::buffer::PageType::Raw).await?.pid());
+                }
+                for &pid in pids.iter().step_by(2) {
+                    let g = p.fix_exclusive(pid).await?;
+                    p.free_page(g).await?;
+                }
+                let pages = p.array.pages();
+                let _r = p.reserve(8).await?;
+                let hold = p.blob_hold(8, 4).await?;
+                let extents = hold.extents.len();
+                drop(hold);
+                Ok::<_, Error>((pids.len(), pages, p.array.pages(), extents))
+            })
+            .unwrap();
+        let (used, before, after, extents) = result.unwrap();
+        assert!(used > 100, "{used} pages used");
+        assert!(after > before, "the file did not grow: {before} pages");
+        assert!(extents <= 2, "{extents} extents");
         rt.shutdown();
     }
 

@@ -160,19 +160,28 @@ impl BufferPool {
     /// no growth came for them (an outside probe: `create_tree` failed
     /// with `NoSpace` after ~250 creates and drops in one session).
     pub(crate) async fn grow_now(&self) -> Result<()> {
+        self.grow_by(1).await
+    }
+
+    /// Grows the array by at least `need` pages (and at least a step), or
+    /// fails with [`Error::NoSpace`]: for a large value whose free pages
+    /// lie in more runs than its reference can name (see
+    /// `BufferPool::blob_hold`), and for [`BufferPool::grow_now`].
+    pub(crate) async fn grow_by(&self, need: u64) -> Result<()> {
         let pages = self.array.pages();
         let growth = &self.alloc.growth;
         // Two rounds at most: one that was under way, then ours.
         for _ in 0..2 {
             let round = growth.rounds.load(Ordering::Acquire);
-            self.start_growth(1)?;
+            self.start_growth(need)?;
             growth.waiters.until_changed(&growth.rounds, round).await;
-            if self.array.pages() > pages {
+            if self.array.pages() >= pages + need {
                 return Ok(());
             }
         }
         Err(Error::NoSpace(format!(
-            "all {pages} pages of the array are in use or to be passed over, and it did not grow"
+            "all {pages} pages of the array are in use or to be passed over, and it did not grow \
+             by {need}"
         )))
     }
 
