@@ -416,9 +416,6 @@ impl Db {
         // review's finding).
         refuse_inside_task("Db::open")?;
         open::arm_mirrors(&array);
-        if create {
-            open::erase_simulated(&array);
-        }
         let meta = if create {
             None
         } else {

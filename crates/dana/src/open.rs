@@ -42,7 +42,6 @@ const PEEK: DeviceOptions = DeviceOptions {
     create_size: None,
     read_only: true,
     lock: false,
-    erase: false,
 };
 
 /// Files and directories created by an open, removed on drop unless the
@@ -368,11 +367,7 @@ fn open_file(
     opts: &Options,
     undo: &mut Undo,
 ) -> Result<Device> {
-    // A data file (or copy) of a new database starts empty (`erase`); a
-    // log is never formatted over a file already there (`open_logs`).
-    let mut dopts = device_options(opts, create_size);
-    dopts.erase = matches!(role, Role::Data(_));
-    let d = Device::open(path, index, dopts)?;
+    let d = Device::open(path, index, device_options(opts, create_size))?;
     match (d.created(), role) {
         (true, Role::Log(_)) if undo.existing => undo.created_log(path),
         (true, _) => undo.created_file(path),
@@ -903,7 +898,6 @@ fn device_options(opts: &Options, create_size: Option<u64>) -> DeviceOptions {
         },
         read_only: opts.is_read_only(),
         lock: true,
-        erase: false,
     }
 }
 
@@ -1392,17 +1386,36 @@ pub(crate) fn open_paths(
     })
 }
 
-/// Clears the simulated data devices of a new database, as a file is
-/// cleared when one is created over it (`DeviceOptions::erase`): an
-/// earlier database's pages must not read back in the new one (recovery
-/// would keep one whose LSN lies in the new log's window over the new
-/// page's image). A discard reads back as zeros on the simulator; one
-/// that fails (an injected fault) leaves the device as it is.
-pub(crate) fn erase_simulated(array: &Array) {
-    for t in array.targets() {
-        if let Target::Sim(d) = t {
-            let _ = d.discard(0, d.size());
+/// Clears the data devices of a new database, once every check of its
+/// creation has passed (the logs are formatted; nothing refuses it after
+/// this but an I/O error): every database's GSNs start at 1, so an
+/// earlier database's pages on the same devices pass their checksums
+/// with LSNs inside the new log's window, and after a crash recovery kept
+/// them over the new pages' images: the old keys were readable in the new
+/// database (a review's finding). A regular file is cut to nothing and
+/// allocated again, a mirrored copy past its label; a simulated device is
+/// discarded (it reads back as zeros). Not a block device (its blocks are
+/// not zeroed: `Db::open_devices` says so), nor an out-of-place device
+/// (`Remap::create` formatted it: its old extents are mapped by nothing).
+pub(crate) fn erase_for_create(array: &Array) -> Result<()> {
+    array.targets().iter().try_for_each(|t| erase_target(t, 0))
+}
+
+/// [`erase_for_create`] of one target, from byte `from` on.
+fn erase_target(t: &Target, from: u64) -> Result<()> {
+    match t {
+        Target::File(d) if !d.is_block_device() => d.erase_from(from),
+        Target::File(_) | Target::Remap(_) => Ok(()),
+        Target::Sim(d) => {
+            // An injected discard fault leaves the device as it is.
+            let _ = d.discard(from, d.size().saturating_sub(from));
+            Ok(())
         }
+        Target::Mirror(m) => m
+            .targets()
+            .iter()
+            .flatten()
+            .try_for_each(|c| erase_target(c, crate::io::mirror::LABEL_BYTES)),
     }
 }
 
@@ -1496,7 +1509,6 @@ mod tests {
             create_size: Some(CONTROL_BYTES + (1 << 20)),
             read_only: false,
             lock: false,
-            erase: false,
         };
         let place = crate::wal::recover::LogPlace {
             index: 0,

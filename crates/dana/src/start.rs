@@ -86,6 +86,11 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
         create,
         &opts,
     )?;
+    if create {
+        // Every check of the creation passed (a refused one leaves the
+        // devices as they were): what they held goes now.
+        open::erase_for_create(&array)?;
+    }
     let frames = opts.pool_bytes / opts.page_size;
     let mut pool_config = PoolConfig::with_frames(frames);
     pool_config.read_only = read_only;

@@ -1583,7 +1583,6 @@ fn a_log_formatted_by_an_open_that_never_finished_is_taken_again() {
         create_size: Some(CONTROL_BYTES + (1 << 20)),
         read_only: false,
         lock: false,
-        erase: false,
     };
     let device = Device::open(&log, 0, dopts).unwrap();
     let place = LogPlace {

@@ -138,15 +138,37 @@ fn open_devices_creating_over_an_earlier_databases_files_starts_them_empty() {
     let dir = tempfile::tempdir().unwrap();
     let paths = [dir.path().join("a")];
     let opts = async_opts().capacity_bytes(256 << 20);
-    let log = dir.path().join("a.wal");
     earlier_keys_stay_gone(
         || Db::open_devices(&paths, opts.clone(), true).unwrap(),
-        || {
-            // A log is never formatted over a file already there: the
-            // earlier database's goes (its data file stays, to be reused).
-            std::fs::remove_file(&log).unwrap();
-            Db::open_devices(&paths, opts.clone(), true).unwrap()
-        },
+        || Db::open_devices(&paths, opts.clone(), true).unwrap(),
         || Db::open_devices(&paths, opts.clone(), false).unwrap(),
     );
+}
+
+/// A creation refused after the data files are open (here: its log would
+/// lie on a data file) leaves what the devices held as it was: the files
+/// are cleared only once every check of the creation passed (a review
+/// found a first version cutting them at open, before the refusal).
+#[test]
+fn a_refused_creation_leaves_the_earlier_database_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = [dir.path().join("a")];
+    let opts = Options::default()
+        .pool_bytes(16 << 20)
+        .capacity_bytes(256 << 20);
+    {
+        let db = Db::open_devices(&paths, opts.clone(), true).unwrap();
+        let t = db.create_tree("t").unwrap();
+        for i in 0u32..1_000 {
+            t.put(&i.to_be_bytes(), &[3; 100]).unwrap();
+        }
+        drop(t);
+        db.close().unwrap();
+    }
+    let refused = Db::open_devices(&paths, opts.clone().log_path(&paths[0]), true);
+    assert!(refused.is_err(), "a log on the data file was taken");
+    let db = Db::open_devices(&paths, opts, false).unwrap();
+    let t = db.tree("t").unwrap();
+    assert_eq!(t.iter().count(), 1_000);
+    assert!(db.check().unwrap().is_ok());
 }

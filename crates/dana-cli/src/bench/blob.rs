@@ -428,7 +428,6 @@ fn raw_write(
             create_size: Some(slots * slot),
             read_only: false,
             lock: false,
-            erase: false,
         },
     )?);
     // The log file is written with zeros first, like dana's log, so its
@@ -498,7 +497,6 @@ fn raw_read(
             create_size: None,
             read_only: true,
             lock: false,
-            erase: false,
         },
     )?);
     let slot = size.next_multiple_of(4096);

@@ -454,18 +454,22 @@ fn peer_runs(
     cache_bytes: u64,
 ) -> CliResult<Vec<PeerRun>> {
     use crate::peers::{self, PeerConfig};
-    let threads = a.peer_threads.iter().copied().max().unwrap_or(1);
+    // `threads` sizes the engines' background work: one per core (as
+    // ycsb and tpcc do; sized for the most client threads, WiredTiger ran
+    // 20 eviction threads on 2 cores).
+    let cores = std::thread::available_parallelism().map_or(2, usize::from);
     let cfg = PeerConfig {
         dir: a.path.join("peers"),
         cache_bytes: cache_bytes as usize,
-        threads,
+        threads: cores,
         direct_io: true,
         durability: dana::Durability::Off,
         memtables_in_budget: false,
     };
-    // The peers' own disk (their files may not be on dana's device).
-    let disk = Disk::of(&cfg.dir);
     let engine = peers::open(name, &cfg)?;
+    // The peers' own disk (their files may not be on dana's device),
+    // found once the engine made its directory.
+    let disk = Disk::of(&cfg.dir.join(name));
     let pb = bar(
         a.output.quiet || a.output.json,
         load.records,

@@ -486,7 +486,6 @@ pub fn device_limit(
                         create_size: None,
                         read_only: true,
                         lock: false,
-                        erase: false,
                     };
                     let dev = Arc::new(Device::open(f, i, opts)?);
                     random_reads(&dev, per_dev, 4096, span, duration, 7 + i as u64, submit)

@@ -80,7 +80,6 @@ pub fn prepare(
             create_size: (!is_block).then_some(bytes),
             read_only: false,
             lock: false,
-            erase: false,
         };
         let dev = Arc::new(Device::open(path, i, opts)?);
         let want = bytes.min(dev.size()) / FILL_CHUNK as u64 * FILL_CHUNK as u64;

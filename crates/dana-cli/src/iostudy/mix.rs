@@ -406,7 +406,6 @@ pub fn run_mix(
         create_size: None,
         read_only: false,
         lock: false,
-        erase: false,
     };
     let targets = data.devices[..width]
         .iter()
@@ -435,7 +434,6 @@ pub fn run_mix(
             create_size: Some(data.wal_bytes),
             read_only: false,
             lock: false,
-            erase: false,
         },
     )?);
 

@@ -310,7 +310,6 @@ pub fn run(args: &IostudyArgs) -> CliResult<()> {
             create_size: None,
             read_only: true,
             lock: false,
-            erase: false,
         };
         Ok(Arc::new(Device::open(&data.devices[0], 0, opts)?))
     };

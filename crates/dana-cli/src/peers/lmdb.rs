@@ -278,7 +278,10 @@ impl Lmdb {
             .map(|m| m.len())
             .unwrap_or(0);
         let mapsize = (existing as usize).saturating_mul(2).max(1 << 30);
-        let readers = (cfg.threads.max(1) * 2 + 64).min(1 << 16) as c_uint;
+        // A reader slot for every client thread a benchmark may run
+        // (`--peer-threads` up to 4,096), whatever `threads` sizes: sized
+        // from it, 128 client threads shared 68 slots.
+        let readers = (cfg.threads.max(1) * 2 + 64).clamp(4096 + 64, 1 << 16) as c_uint;
         // Synced writes: LMDB's durable commit (data fdatasync, then the
         // meta page), one writer at a time.
         let nosync = if cfg.durability == dana::Durability::Sync {

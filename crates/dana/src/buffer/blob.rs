@@ -439,6 +439,70 @@ impl BufferPool {
         self.alloc.blobs.live.load(Ordering::Acquire)
     }
 
+    /// Extends `hold` past the high-water mark by up to `left` pages, while
+    /// the array has pages past it and the extents stay within
+    /// `max_extents` (one over: refused by the caller); logs the mark's
+    /// move.
+    async fn hold_past_mark<'a>(
+        &'a self,
+        hold: &mut BlobHold<'a>,
+        left: &mut u64,
+        max_extents: usize,
+    ) -> Result<()> {
+        if *left == 0 {
+            return Ok(());
+        }
+        let mut s = self.lock_space().await?;
+        while *left > 0 && hold.extents.len() <= max_extents {
+            match self.extend_mark(&mut s).await {
+                Ok(pid) => {
+                    hold.push(pid, 1);
+                    *left -= 1;
+                }
+                Err(Error::NoSpace(_)) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        self.log_with_space(&mut [], &mut s)
+    }
+
+    /// Takes the `left` pages from free runs of any length into `hold`, if
+    /// they fit in `max_extents`; if they do not, gives the runs back and
+    /// returns false, unless `any` (then keeps what it took). True when
+    /// nothing is left.
+    fn take_short_runs(
+        &self,
+        hold: &mut BlobHold<'_>,
+        left: &mut u64,
+        max_extents: usize,
+        any: bool,
+    ) -> bool {
+        let mut runs = Vec::new();
+        let mut want = *left;
+        while want > 0 && hold.extents.len() + runs.len() < max_extents {
+            let Some((start, n)) = self.mirror().take_run(1, want) else {
+                break;
+            };
+            runs.push((start, n));
+            want -= n;
+        }
+        if want > 0 && !any {
+            let mut m = self.mirror();
+            for &(start, n) in &runs {
+                for pid in start..start + n {
+                    m.clear(pid);
+                }
+            }
+            return false;
+        }
+        for (start, n) in runs {
+            hold.push(start, n);
+            hold.reused = true;
+        }
+        *left = want;
+        want == 0
+    }
+
     /// Takes `pages` pages for one large value, in at most `max_extents`
     /// runs, marked used in memory only. The caller holds a
     /// [`super::alloc::Reservation`] covering them. Runs of free pages
@@ -477,48 +541,29 @@ impl BufferPool {
             hold.reused = true;
             left -= n;
         }
-        // Why the array did not grow for the value, if it did not.
+        // Then the mark, as far as the array reaches.
+        self.hold_past_mark(&mut hold, &mut left, max_extents)
+            .await?;
+        // Whatever is left, from any free run (fragmented space), if the
+        // runs fit the reference. Where they do not, the array grows once
+        // for what is left (and its map pages) and the value takes one run
+        // past the mark: the reservation counted the short runs as free,
+        // so no growth came, and such a value failed `NoSpace` for good on
+        // a disk with room (an outside probe). The growth is waited for
+        // holding no latch (a review: the space guard held through it
+        // stalled every allocation). Where the array cannot grow, or grew
+        // short, any runs are taken as before.
         let mut not_grown = None;
-        if left > 0 {
-            let mut s = self.lock_space().await?;
-            let mut grown = false;
-            while left > 0 && hold.extents.len() <= max_extents {
-                match self.extend_mark(&mut s).await {
-                    Ok(pid) => {
-                        hold.push(pid, 1);
-                        left -= 1;
-                    }
-                    // The array is used up to its end, its free pages in
-                    // runs too short for the first pass: grown once for
-                    // what is left (and its map pages), so that the value
-                    // takes one run past the mark rather than more short
-                    // runs than its reference can name. (The reservation
-                    // counted the short runs, so no growth came: such a
-                    // value failed `NoSpace` for good on a disk with room,
-                    // and every try grew nothing it could use; an outside
-                    // probe.) Where it cannot grow, the short runs below.
-                    Err(Error::NoSpace(_)) if !grown => {
-                        grown = true;
-                        let maps = left.div_ceil(self.geometry().per_group()) + 1;
-                        if let Err(e) = self.grow_by(left + maps).await {
-                            not_grown = Some(e);
-                            break;
-                        }
-                    }
-                    Err(Error::NoSpace(_)) => break,
-                    Err(e) => return Err(e),
+        if !self.take_short_runs(&mut hold, &mut left, max_extents, false) {
+            let maps = left.div_ceil(self.geometry().per_group()) + 1;
+            match self.grow_by(left + maps).await {
+                Ok(()) => {
+                    self.hold_past_mark(&mut hold, &mut left, max_extents)
+                        .await?
                 }
+                Err(e) => not_grown = Some(e),
             }
-            self.log_with_space(&mut [], &mut s)?;
-        }
-        // Whatever is left, from any free run (fragmented space).
-        while left > 0 && hold.extents.len() < max_extents {
-            let Some((start, n)) = self.mirror().take_run(1, left) else {
-                break;
-            };
-            hold.push(start, n);
-            hold.reused = true;
-            left -= n;
+            self.take_short_runs(&mut hold, &mut left, max_extents, true);
         }
         if left > 0 || hold.extents.len() > max_extents {
             return Err(Error::NoSpace(format!(
@@ -1547,9 +1592,28 @@ mod tests {
     /// reference can name, in an array used to its end that can grow,
     /// grows it and takes one run past the mark: the short runs' pages
     /// counted as free, so no growth came, and the value failed
-    /// `NoSpace` for good on a disk with room (an outside probe).
+    /// `NoSpace` for good on a disk with room (an outside probe). Short
+    /// runs that fit are taken without growing the file.
     #[test]
     fn a_value_that_fits_no_runs_of_a_fragmented_file_grows_it() {
+        // Free runs of one page: 8 pages need 8 runs, the reference names 4.
+        let (used, before, after, extents) = hold_on_fragmented_file(1);
+        assert!(used > 100, "{used} pages used");
+        assert!(after > before, "the file did not grow: {before} pages");
+        assert!(extents <= 2, "{extents} extents");
+        // Free runs of four pages: 2 runs hold the 8 pages.
+        let (_, before, after, extents) = hold_on_fragmented_file(4);
+        assert_eq!(
+            after, before,
+            "the file grew though short runs held the value"
+        );
+        assert_eq!(extents, 2);
+    }
+
+    /// A 1 MiB file used to its end, then runs of `run` pages freed every
+    /// `2 * run` pages, and a hold of 8 pages in at most 4 extents: (pages
+    /// used, array pages before and after the hold, its extents).
+    fn hold_on_fragmented_file(run: usize) -> (usize, u64, u64, usize) {
         use crate::io::device::{Device, DeviceOptions};
         use crate::io::{Array, Target};
         let dir = tempfile::tempdir().unwrap();
@@ -1565,15 +1629,15 @@ mod tests {
         let result = rt
             .block_on(async move {
                 p.format().await?;
-                // Every page of the file used (no growth yet), then every
-                // other one freed: free space in runs of one page.
                 let mut pids = Vec::new();
                 while p.alloc.available.load(Ordering::SeqCst) > 0 {
                     pids.push(p.allocate(crate::buffer::PageType::Raw).await?.pid());
                 }
-                for &pid in pids.iter().step_by(2) {
-                    let g = p.fix_exclusive(pid).await?;
-                    p.free_page(g).await?;
+                for chunk in pids.chunks(2 * run) {
+                    for &pid in chunk.iter().take(run) {
+                        let g = p.fix_exclusive(pid).await?;
+                        p.free_page(g).await?;
+                    }
                 }
                 let pages = p.array.pages();
                 let _r = p.reserve(8).await?;
@@ -1583,11 +1647,8 @@ mod tests {
                 Ok::<_, Error>((pids.len(), pages, p.array.pages(), extents))
             })
             .unwrap();
-        let (used, before, after, extents) = result.unwrap();
-        assert!(used > 100, "{used} pages used");
-        assert!(after > before, "the file did not grow: {before} pages");
-        assert!(extents <= 2, "{extents} extents");
         rt.shutdown();
+        result.unwrap()
     }
 
     /// A commit that needs no page (a delete) is admitted whatever the

@@ -76,15 +76,6 @@ pub struct DeviceOptions {
     /// the process would drop), so a second open in the same process
     /// conflicts too.
     pub lock: bool,
-    /// With `create_size`: a regular file that is already there is cut to
-    /// nothing first (after the lock), then allocated to the size, so that
-    /// none of its old bytes reads back: a new database formatted over the
-    /// files of an earlier one never finds the earlier one's pages, which
-    /// pass their checksums and page ids and could hold LSNs inside the
-    /// new log's window, where recovery would keep them over the new
-    /// database's own images (a review's finding). Not a block device:
-    /// its old blocks stay (see `Db::open_devices`).
-    pub erase: bool,
 }
 
 impl Default for DeviceOptions {
@@ -94,7 +85,6 @@ impl Default for DeviceOptions {
             create_size: None,
             read_only: false,
             lock: false,
-            erase: false,
         }
     }
 }
@@ -178,11 +168,7 @@ impl Device {
         let size = if block_device {
             block_device_size(fd).map_err(open_err("get the size of", path))?
         } else {
-            let erase = opts.erase && opts.create_size.is_some() && !opts.read_only;
-            if erase && !created && meta.len() > 0 {
-                file.set_len(0).map_err(open_err("erase", path))?;
-            }
-            let mut size = if erase { 0 } else { meta.len() };
+            let mut size = meta.len();
             if let Some(want) = opts.create_size {
                 if size < want {
                     preallocate(fd, size, want).map_err(|source| {
@@ -487,12 +473,28 @@ fn file_system_size(fd: RawFd) -> Option<u64> {
     (st.f_blocks as u64).checked_mul(st.f_frsize as u64)
 }
 
-/// Allocates real blocks for `[from, to)` so that later writes never fail
-/// for lack of space and reads of written data never hit holes.
 /// `_IO(0x12, 119)`: discard a byte range of a block device.
 const BLKDISCARD: libc::c_ulong = 0x1277;
 
 impl Device {
+    /// Cuts a regular file to `from` bytes and allocates it again to its
+    /// size, so that nothing past `from` reads back but zeros (a new
+    /// database's data file: `open::erase_for_create`). Blocking.
+    pub fn erase_from(&self, from: u64) -> Result<()> {
+        let size = self.size();
+        if self.block_device || from >= size {
+            return Ok(());
+        }
+        let path = &self.path;
+        self.file.set_len(from).map_err(open_err("erase", path))?;
+        preallocate(self.fd(), from, size).map_err(|source| {
+            file_error("allocate", path, source, || {
+                format!("erasing {} ({size} bytes)", path.display())
+            })
+        })?;
+        self.sync()
+    }
+
     /// Tells the device that `len` bytes at `offset` hold nothing anyone
     /// will read again: a block device gets a discard (TRIM); a file's
     /// range is zeroed by `fallocate(ZERO_RANGE)`, which keeps its blocks
@@ -578,6 +580,8 @@ impl Device {
     }
 }
 
+/// Allocates real blocks for `[from, to)` so that later writes never fail
+/// for lack of space and reads of written data never hit holes.
 fn preallocate(fd: RawFd, from: u64, to: u64) -> std::io::Result<()> {
     // SAFETY: fd is a valid open descriptor; fallocate reads no memory.
     let r = unsafe { libc::fallocate(fd, 0, from as libc::off_t, (to - from) as libc::off_t) };

@@ -429,14 +429,23 @@ fn run_peers(a: &YcsbArgs, runs: &[YcsbRun]) -> CliResult<Vec<peer::PeerYcsbRun>
                 // YCSB writes: the budget covers RocksDB's memtables too.
                 memtables_in_budget: true,
             };
-            if a.workload == WorkloadChoice::All && r.workload == Workload::E && fresh_done {
+            // A run that inserted and did not end left no count: reloaded.
+            let unknown = cfg.dir.join(name).exists()
+                && peer::records_held(name, &cfg)? == peer::RecordsHeld::Unknown;
+            if unknown
+                || (a.workload == WorkloadChoice::All && r.workload == Workload::E && fresh_done)
+            {
                 crate::peers::wipe(name, &cfg)?;
             }
             fresh_done = true;
             let engine = peer::open_loaded(name, &cfg, a.records, a.value_size, quiet)?;
-            let mut records = peer::records_held(name, &cfg)?.unwrap_or(a.records);
+            let mut records = match peer::records_held(name, &cfg)? {
+                peer::RecordsHeld::Known(n) => n,
+                _ => a.records,
+            };
             let first = out.len();
             for &threads in &a.peer_threads {
+                peer::note_records_held(name, &cfg, None)?;
                 let mut p = peer::run(
                     &*engine,
                     r.workload,
@@ -450,7 +459,7 @@ fn run_peers(a: &YcsbArgs, runs: &[YcsbRun]) -> CliResult<Vec<peer::PeerYcsbRun>
                     quiet,
                 )?;
                 records = p.records_after;
-                peer::note_records_held(name, &cfg, records)?;
+                peer::note_records_held(name, &cfg, Some(records))?;
                 p.dana_over_peer = Some(r.m.ops_per_s / p.ops_per_s.max(1e-9));
                 p.durability = durability;
                 p.rss_added_bytes = crate::report::rss_bytes().saturating_sub(rss0);

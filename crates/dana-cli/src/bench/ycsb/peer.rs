@@ -103,28 +103,43 @@ pub fn open_loaded(
 }
 
 /// The file in a peer's directory naming the records it holds once YCSB
-/// inserted some (absent: the load's count).
+/// inserted some (absent: the load's count; [`IN_RUN`]: a run that
+/// inserts did not end, and nobody knows).
 pub const PEER_RECORDS: &str = "dana-ycsb-records";
+const IN_RUN: &str = "in-run";
 
-/// The records `name` holds past its load, if a YCSB run inserted some
-/// (`PEER_RECORDS`).
-pub fn records_held(name: &str, cfg: &PeerConfig) -> CliResult<Option<u64>> {
+/// What a peer's directory says of the records it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordsHeld {
+    /// As loaded.
+    Loaded,
+    /// This many (key numbers `0..n`).
+    Known(u64),
+    /// A run that inserts did not end: reload it.
+    Unknown,
+}
+
+/// The records `name` holds past its load ([`PEER_RECORDS`]).
+pub fn records_held(name: &str, cfg: &PeerConfig) -> CliResult<RecordsHeld> {
     let path = cfg.dir.join(name).join(PEER_RECORDS);
     match std::fs::read_to_string(&path) {
+        Ok(t) if t.trim() == IN_RUN => Ok(RecordsHeld::Unknown),
         Ok(t) => t
             .trim()
             .parse::<u64>()
-            .map(Some)
+            .map(RecordsHeld::Known)
             .map_err(|_| CliError(format!("{}: not a record count", path.display()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(RecordsHeld::Loaded),
         Err(e) => Err(CliError(format!("reading {}: {e}", path.display()))),
     }
 }
 
-/// Records that `name` holds `records` now (`PEER_RECORDS`).
-pub fn note_records_held(name: &str, cfg: &PeerConfig, records: u64) -> CliResult<()> {
+/// Records that `name` holds `records` now, or (None) that a run which
+/// may insert is under way ([`PEER_RECORDS`]).
+pub fn note_records_held(name: &str, cfg: &PeerConfig, records: Option<u64>) -> CliResult<()> {
     let path = cfg.dir.join(name).join(PEER_RECORDS);
-    std::fs::write(&path, format!("{records}\n"))
+    let text = records.map_or(IN_RUN.to_string(), |n| n.to_string());
+    std::fs::write(&path, format!("{text}\n"))
         .map_err(|e| CliError(format!("writing {}: {e}", path.display())))
 }
 

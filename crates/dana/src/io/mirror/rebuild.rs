@@ -202,8 +202,6 @@ impl Mirror {
                             create_size: Some(LABEL_BYTES + self.size()),
                             read_only: false,
                             lock: true,
-                            // A copy being rebuilt is written whole.
-                            erase: false,
                         };
                         let d = Device::open(path, self.index, opts)?;
                         let t = Target::File(Arc::new(d));
