@@ -984,6 +984,18 @@ fn open_logs(
         } else {
             path.exists()
         };
+        if exists && erase && copies > 1 && !has_log {
+            // A new mirrored log over files that are there: their labels
+            // would decide what they are. Refused before any data file is
+            // touched (the creation opens its logs first), naming them.
+            // (It failed on the labels after the data files had been
+            // relabelled: the earlier database was gone; an outside probe.)
+            return Err(Error::Log(format!(
+                "a new database's mirrored log {i} would be created over {} (and its copies), \
+                 which exist: remove them or set Options::log_path",
+                path.display()
+            )));
+        }
         if !exists {
             if has_log {
                 return Err(Error::Log(format!(
@@ -1008,6 +1020,13 @@ fn open_logs(
             undo,
             locks,
         )?;
+        if let (true, false, Target::File(d)) = (exists && erase, has_log, &t) {
+            // A new log formatted over a file that is there takes the size
+            // a new log file has: one of another size, which no log grows
+            // to, was formatted as it was, took commits, and failed every
+            // later open as a log cut short (an outside probe).
+            d.reset(0, CONTROL_BYTES + stream)?;
+        }
         if let (true, Target::Mirror(m)) = (has_log, &t) {
             // The stream bytes its control block records the file held.
             if let Ok(Some(ctl)) = crate::wal::recover::read_control(&t) {
@@ -1314,7 +1333,23 @@ pub(crate) fn open_paths(
     } else {
         0
     };
+    let log_path = opts.log_path_value().cloned().unwrap_or_else(|| {
+        let mut p = paths[0].as_os_str().to_owned();
+        p.push(".wal");
+        PathBuf::from(p)
+    });
+    refuse_log_on_data(paths, &log_path)?;
     let mut locks = Locks::default();
+    // A creation opens (and may refuse) its logs before it touches a data
+    // file: a refusal after the data files were opened left an earlier
+    // database's first blocks relabelled (an outside probe).
+    let mut logs = if create {
+        Some(open_logs(
+            &log_path, width, copies, opts, None, true, undo, &mut locks,
+        )?)
+    } else {
+        None
+    };
     let mut targets = Vec::with_capacity(width);
     let mut firsts = Vec::with_capacity(width);
     for i in 0..width {
@@ -1333,12 +1368,6 @@ pub(crate) fn open_paths(
             .map_err(|e| too_large_to_create(e, size, opts))?,
         );
     }
-    let log_path = opts.log_path_value().cloned().unwrap_or_else(|| {
-        let mut p = paths[0].as_os_str().to_owned();
-        p.push(".wal");
-        PathBuf::from(p)
-    });
-    refuse_log_on_data(paths, &log_path)?;
     if !create {
         fail_short_data_copies(&targets, opts.page_size_value());
     }
@@ -1355,16 +1384,19 @@ pub(crate) fn open_paths(
             opts,
         )?)
     };
-    let logs = open_logs(
-        &log_path,
-        width,
-        copies,
-        opts,
-        meta.as_ref(),
-        create,
-        undo,
-        &mut locks,
-    )?;
+    let logs = match logs.take() {
+        Some(logs) => logs,
+        None => open_logs(
+            &log_path,
+            width,
+            copies,
+            opts,
+            meta.as_ref(),
+            false,
+            undo,
+            &mut locks,
+        )?,
+    };
     let mut sync_dirs = Vec::new();
     if create {
         for p in paths.iter().chain(std::iter::once(&log_path)) {

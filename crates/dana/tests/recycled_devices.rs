@@ -172,3 +172,60 @@ fn a_refused_creation_leaves_the_earlier_database_whole() {
     assert_eq!(t.iter().count(), 1_000);
     assert!(db.check().unwrap().is_ok());
 }
+
+/// A creation whose log path holds a file of a size no log grows to
+/// (another program's, or a mirrored database's copy) formats the log at
+/// the size a new log file has: formatted as it was, the new database
+/// took commits and then failed every open as a log cut short (an
+/// outside probe: every acknowledged key lost).
+#[test]
+fn a_file_of_another_size_at_the_log_path_becomes_a_log_of_the_right_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = [dir.path().join("a")];
+    let junk: Vec<u8> = (0..(2u32 << 20) + (16 << 10))
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    std::fs::write(dir.path().join("a.wal"), &junk).unwrap();
+    let opts = Options::default()
+        .pool_bytes(16 << 20)
+        .capacity_bytes(256 << 20);
+    let db = Db::open_devices(&paths, opts.clone(), true).unwrap();
+    let t = db.create_tree("t").unwrap();
+    for i in 0u32..500 {
+        t.put(&i.to_be_bytes(), &[5; 100]).unwrap();
+    }
+    drop(t);
+    db.close().unwrap();
+    let db = Db::open_devices(&paths, opts, false).unwrap_or_else(|e| panic!("reopen: {e}"));
+    assert_eq!(db.tree("t").unwrap().iter().count(), 500);
+}
+
+/// A mirrored creation whose log files are there is refused before any
+/// data file is touched, naming the log: it failed on the old files'
+/// labels after relabelling the data files, and the earlier database
+/// would not open again (an outside probe).
+#[test]
+fn a_mirrored_creation_over_log_files_that_are_there_is_refused_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = [dir.path().join("a")];
+    let opts = Options::default()
+        .pool_bytes(16 << 20)
+        .capacity_bytes(256 << 20);
+    {
+        let db = Db::open_devices(&paths, opts.clone(), true).unwrap();
+        let t = db.create_tree("t").unwrap();
+        for i in 0u32..500 {
+            t.put(&i.to_be_bytes(), &[6; 100]).unwrap();
+        }
+        drop(t);
+        db.close().unwrap();
+    }
+    let mirrored = [dir.path().join("a"), dir.path().join("a.m1")];
+    match Db::open_devices(&mirrored, opts.clone().mirror_copies(2), true) {
+        Err(dana::Error::Log(m)) => assert!(m.contains("a.wal"), "{m}"),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    let db = Db::open_devices(&paths, opts, false).unwrap();
+    assert_eq!(db.tree("t").unwrap().iter().count(), 500);
+    assert!(db.check().unwrap().is_ok());
+}

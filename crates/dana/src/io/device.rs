@@ -481,17 +481,27 @@ impl Device {
     /// size, so that nothing past `from` reads back but zeros (a new
     /// database's data file: `open::erase_for_create`). Blocking.
     pub fn erase_from(&self, from: u64) -> Result<()> {
-        let size = self.size();
-        if self.block_device || from >= size {
+        self.reset(from, self.size())
+    }
+
+    /// Cuts a regular file to `keep` bytes, then allocates it to exactly
+    /// `size` bytes (zeros past `keep`), synced: a file a new log is
+    /// formatted over takes the size a new log file has (one of another
+    /// size, which no log grows to, made every later open fail as a log
+    /// cut short). Nothing for a block device. Blocking.
+    pub fn reset(&self, keep: u64, size: u64) -> Result<()> {
+        if self.block_device || keep >= size {
             return Ok(());
         }
+        let _one_at_a_time = self.growing.lock().unwrap_or_else(|e| e.into_inner());
         let path = &self.path;
-        self.file.set_len(from).map_err(open_err("erase", path))?;
-        preallocate(self.fd(), from, size).map_err(|source| {
+        self.file.set_len(keep).map_err(open_err("erase", path))?;
+        preallocate(self.fd(), keep, size).map_err(|source| {
             file_error("allocate", path, source, || {
                 format!("erasing {} ({size} bytes)", path.display())
             })
         })?;
+        self.size.store(size, Ordering::Release);
         self.sync()
     }
 
