@@ -151,26 +151,11 @@ fn open_devices_creating_over_an_earlier_databases_files_starts_them_empty() {
 /// found a first version cutting them at open, before the refusal).
 #[test]
 fn a_refused_creation_leaves_the_earlier_database_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    let paths = [dir.path().join("a")];
-    let opts = Options::default()
-        .pool_bytes(16 << 20)
-        .capacity_bytes(256 << 20);
-    {
-        let db = Db::open_devices(&paths, opts.clone(), true).unwrap();
-        let t = db.create_tree("t").unwrap();
-        for i in 0u32..1_000 {
-            t.put(&i.to_be_bytes(), &[3; 100]).unwrap();
-        }
-        drop(t);
-        db.close().unwrap();
-    }
+    let (dir, paths, opts) = earlier_database(1_000, 3);
     let refused = Db::open_devices(&paths, opts.clone().log_path(&paths[0]), true);
     assert!(refused.is_err(), "a log on the data file was taken");
-    let db = Db::open_devices(&paths, opts, false).unwrap();
-    let t = db.tree("t").unwrap();
-    assert_eq!(t.iter().count(), 1_000);
-    assert!(db.check().unwrap().is_ok());
+    assert_whole(&paths, &opts, 1_000);
+    drop(dir);
 }
 
 /// A creation whose log path holds a file of a size no log grows to
@@ -190,12 +175,7 @@ fn a_file_of_another_size_at_the_log_path_becomes_a_log_of_the_right_size() {
         .pool_bytes(16 << 20)
         .capacity_bytes(256 << 20);
     let db = Db::open_devices(&paths, opts.clone(), true).unwrap();
-    let t = db.create_tree("t").unwrap();
-    for i in 0u32..500 {
-        t.put(&i.to_be_bytes(), &[5; 100]).unwrap();
-    }
-    drop(t);
-    db.close().unwrap();
+    put_closed(db, 500, 5);
     let db = Db::open_devices(&paths, opts, false).unwrap_or_else(|e| panic!("reopen: {e}"));
     assert_eq!(db.tree("t").unwrap().iter().count(), 500);
 }
@@ -206,26 +186,42 @@ fn a_file_of_another_size_at_the_log_path_becomes_a_log_of_the_right_size() {
 /// would not open again (an outside probe).
 #[test]
 fn a_mirrored_creation_over_log_files_that_are_there_is_refused_first() {
-    let dir = tempfile::tempdir().unwrap();
-    let paths = [dir.path().join("a")];
-    let opts = Options::default()
-        .pool_bytes(16 << 20)
-        .capacity_bytes(256 << 20);
-    {
-        let db = Db::open_devices(&paths, opts.clone(), true).unwrap();
-        let t = db.create_tree("t").unwrap();
-        for i in 0u32..500 {
-            t.put(&i.to_be_bytes(), &[6; 100]).unwrap();
-        }
-        drop(t);
-        db.close().unwrap();
-    }
+    let (dir, paths, opts) = earlier_database(500, 6);
     let mirrored = [dir.path().join("a"), dir.path().join("a.m1")];
     match Db::open_devices(&mirrored, opts.clone().mirror_copies(2), true) {
         Err(dana::Error::Log(m)) => assert!(m.contains("a.wal"), "{m}"),
         other => panic!("{:?}", other.map(|_| ())),
     }
-    let db = Db::open_devices(&paths, opts, false).unwrap();
-    assert_eq!(db.tree("t").unwrap().iter().count(), 500);
+    assert_whole(&paths, &opts, 500);
+}
+
+/// Creates tree `t` in `db`, puts keys `0..n` (big-endian) with values of
+/// 100 bytes `byte`, and closes it.
+fn put_closed(db: Db, n: u32, byte: u8) {
+    let t = db.create_tree("t").unwrap();
+    for i in 0..n {
+        t.put(&i.to_be_bytes(), &[byte; 100]).unwrap();
+    }
+    drop(t);
+    db.close().unwrap();
+}
+
+/// A database in a new temporary directory, through `Db::open_devices`
+/// on one file: keys `0..n` (see [`put_closed`]), closed.
+fn earlier_database(n: u32, byte: u8) -> (tempfile::TempDir, [std::path::PathBuf; 1], Options) {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = [dir.path().join("a")];
+    let opts = Options::default()
+        .pool_bytes(16 << 20)
+        .capacity_bytes(256 << 20);
+    let db = Db::open_devices(&paths, opts.clone(), true).unwrap();
+    put_closed(db, n, byte);
+    (dir, paths, opts)
+}
+
+/// The database on `paths` opens with its `n` keys and checks clean.
+fn assert_whole(paths: &[std::path::PathBuf], opts: &Options, n: usize) {
+    let db = Db::open_devices(paths, opts.clone(), false).unwrap();
+    assert_eq!(db.tree("t").unwrap().iter().count(), n);
     assert!(db.check().unwrap().is_ok());
 }
