@@ -1020,12 +1020,13 @@ fn open_logs(
             undo,
             locks,
         )?;
-        if let (true, false, Target::File(d)) = (exists && erase, has_log, &t) {
+        match &t {
             // A new log formatted over a file that is there takes the size
             // a new log file has: one of another size, which no log grows
             // to, was formatted as it was, took commits, and failed every
             // later open as a log cut short (an outside probe).
-            d.reset(0, CONTROL_BYTES + stream)?;
+            Target::File(d) if exists && erase && !has_log => d.reset(0, CONTROL_BYTES + stream)?,
+            _ => {}
         }
         if let (true, Target::Mirror(m)) = (has_log, &t) {
             // The stream bytes its control block records the file held.
@@ -1343,7 +1344,7 @@ pub(crate) fn open_paths(
     // A creation opens (and may refuse) its logs before it touches a data
     // file: a refusal after the data files were opened left an earlier
     // database's first blocks relabelled (an outside probe).
-    let mut logs = if create {
+    let created_logs = if create {
         Some(open_logs(
             &log_path, width, copies, opts, None, true, undo, &mut locks,
         )?)
@@ -1384,7 +1385,7 @@ pub(crate) fn open_paths(
             opts,
         )?)
     };
-    let logs = match logs.take() {
+    let logs = match created_logs {
         Some(logs) => logs,
         None => open_logs(
             &log_path,
@@ -1433,10 +1434,11 @@ pub(crate) fn erase_for_create(array: &Array) -> Result<()> {
     array.targets().iter().try_for_each(|t| erase_target(t, 0))
 }
 
-/// [`erase_for_create`] of one target, from byte `from` on.
+/// [`erase_for_create`] of one target, from byte `from` on. A file this
+/// open created holds nothing yet: left as it is.
 fn erase_target(t: &Target, from: u64) -> Result<()> {
     match t {
-        Target::File(d) if !d.is_block_device() => d.erase_from(from),
+        Target::File(d) if !d.is_block_device() && !d.created() => d.reset(from, d.size()),
         Target::File(_) | Target::Remap(_) => Ok(()),
         Target::Sim(d) => {
             // An injected discard fault leaves the device as it is.

@@ -477,18 +477,13 @@ fn file_system_size(fd: RawFd) -> Option<u64> {
 const BLKDISCARD: libc::c_ulong = 0x1277;
 
 impl Device {
-    /// Cuts a regular file to `from` bytes and allocates it again to its
-    /// size, so that nothing past `from` reads back but zeros (a new
-    /// database's data file: `open::erase_for_create`). Blocking.
-    pub fn erase_from(&self, from: u64) -> Result<()> {
-        self.reset(from, self.size())
-    }
-
     /// Cuts a regular file to `keep` bytes, then allocates it to exactly
-    /// `size` bytes (zeros past `keep`), synced: a file a new log is
-    /// formatted over takes the size a new log file has (one of another
-    /// size, which no log grows to, made every later open fail as a log
-    /// cut short). Nothing for a block device. Blocking.
+    /// `size` bytes (zeros past `keep`), synced: a data file a new database
+    /// is created over reads back nothing of what it held
+    /// (`open::erase_for_create`), and a file a new log is formatted over
+    /// takes the size a new log file has (one of another size, which no
+    /// log grows to, made every later open fail as a log cut short).
+    /// Nothing for a block device. Blocking.
     pub fn reset(&self, keep: u64, size: u64) -> Result<()> {
         if self.block_device || keep >= size {
             return Ok(());
