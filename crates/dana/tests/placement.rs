@@ -6,7 +6,7 @@
 //! own FTL placement handle) and the per-file hints through
 //! `F_GET_RW_HINT` on the files.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 
 use dana::io::ftl::FtlConfig;
 use dana::io::placement::{self, WriteLife};
@@ -89,7 +89,7 @@ fn files_carry_write_life_hints() {
     let db = Db::open(dir.path(), Options::default()).unwrap();
     let life = |name: &str| {
         let f = std::fs::File::open(dir.path().join(name)).unwrap();
-        placement::write_life(f.as_raw_fd())
+        placement::write_life(f.as_fd())
     };
     match life("dana.0") {
         Ok(data) => {

@@ -56,7 +56,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::io::{AlignedBuf, Array, Completion, IoBuf, Placement, Request};
+use crate::io::{AlignedBuf, Array, Completion, FrameMemory, IoBuf, Placement, Request};
 use crate::sched::{self, CompletionHandler, IoTiming, RequestKind, SystemTask};
 use crate::sched::{IoWait, WakerList};
 use crate::stats::{Histogram, HistogramSnapshot, StripedCounter};
@@ -275,7 +275,7 @@ pub struct PoolStatsSnapshot {
 pub struct BufferPool {
     array: Array,
     page_size: usize,
-    memory: Arc<AlignedBuf>,
+    memory: FrameMemory,
     frames: Box<[FrameMeta]>,
     table: PageTable,
     inflight: InFlight,
@@ -355,7 +355,7 @@ impl BufferPool {
             .frames
             .checked_mul(page_size)
             .ok_or_else(|| Error::InvalidArgument("pool size overflows".into()))?;
-        let memory = Arc::new(AlignedBuf::new(bytes, page_size.max(4096))?);
+        let memory = FrameMemory::new(AlignedBuf::new(bytes, page_size.max(4096))?);
         let frames = (0..config.frames)
             .map(|_| FrameMeta {
                 pid: AtomicU64::new(NO_PAGE),
@@ -413,7 +413,7 @@ impl BufferPool {
     }
 
     /// The frame memory (to register with the I/O queues).
-    pub fn memory(&self) -> &Arc<AlignedBuf> {
+    pub fn memory(&self) -> &FrameMemory {
         &self.memory
     }
 
@@ -686,7 +686,7 @@ impl BufferPool {
     fn frame_ptr(&self, f: u32) -> *mut u8 {
         debug_assert!((f as usize) < self.frames.len());
         // SAFETY: f < frames, so the offset lies inside the allocation.
-        unsafe { self.memory.raw().add(f as usize * self.page_size) }
+        unsafe { self.memory.region().raw().add(f as usize * self.page_size) }
     }
 
     /// The bytes of frame `f`.
@@ -1048,10 +1048,13 @@ impl BufferPool {
         self.frames[f as usize].pid.store(pid, Ordering::Release);
         let (device, offset) = self.array.locate(pid);
         // SAFETY: frame f came off the free list and its page is LOADING:
-        // nobody else reads or writes these bytes until the completion.
+        // nobody else writes these bytes until the completion, and nobody
+        // reads them but an optimistic reader of the frame's previous page,
+        // whose version the eviction raised, so it throws what it read
+        // away (`PageOptimistic::with_bytes` on that race).
         let buf = unsafe {
             IoBuf::shared(
-                self.memory.clone(),
+                self.memory.region().clone(),
                 f as usize * self.page_size,
                 self.page_size,
             )
@@ -1921,7 +1924,9 @@ impl PageRef<'_> {
 /// A page id and the version a latch saw. Every exclusive latch, and
 /// every eviction, raises a page's version (the page table keeps it per
 /// page id, across evictions): while the version is the same, so are the
-/// page's bytes, which is what a transaction's validation needs to know
+/// page's node bytes (a write-back rewrites the page header's checksum
+/// and write stamp under the same version), which is what a
+/// transaction's validation needs to know
 /// about a leaf it read (Silo's record versions, at page grain).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageStamp {
@@ -2254,11 +2259,23 @@ impl PageOptimistic<'_> {
     /// result is thrown away unless the version validates afterwards.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         // The frame is page_size bytes inside the pool's live allocation.
-        // A writer may modify the bytes concurrently (this is the
-        // optimistic, seqlock-style read of the design); the slice is only
-        // read, never outlives this call, and its result is discarded
-        // unless validate() proves no writer or eviction intervened.
-        // SAFETY: in bounds of a live allocation; see above for the race.
+        // A writer may modify the bytes concurrently: a latched writer, a
+        // write-back sealing the header, a new page on a reused frame, or
+        // the kernel reading another page into it. This is the seqlock
+        // read of the design (LeanStore's optimistic latches), and in
+        // Rust's memory model it is a data race, so undefined behaviour:
+        // a review proved the race with ThreadSanitizer. Rust has no sound
+        // seqlock over plain bytes (a byte-wise atomic memcpy, RFC 3301,
+        // is not in the language, and it would need the writers' stores
+        // atomic too); copying the page out first would cost the descent
+        // ~4 KiB per level and race all the same. What keeps it harmless
+        // in practice: the slice never outlives this call and is only
+        // read; every decoder run over it (`Node`, `look`) bounds-checks
+        // each access against lengths it read once and never panics on
+        // torn bytes; and the result is discarded unless validate()
+        // proves no writer or eviction intervened.
+        // SAFETY: in bounds of a live allocation; the race above is the
+        // one accepted exception to the crate's aliasing rules.
         let bytes = unsafe {
             std::slice::from_raw_parts(self.pool.frame_ptr(self.frame), self.pool.page_size)
         };

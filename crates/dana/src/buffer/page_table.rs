@@ -57,19 +57,27 @@ pub(crate) fn make(version: u64, lock: u64) -> u64 {
     version << 8 | lock
 }
 
+/// The types a [`LazyArray`] may hold: atomic integers, for which zeroed
+/// memory is a valid value and which are shared between threads by design.
+/// Implemented for nothing else, so the array's `unsafe` rests on its
+/// bound, not on how the table happens to use it.
+trait ZeroedAtomic: Sync {}
+impl ZeroedAtomic for AtomicU64 {}
+impl ZeroedAtomic for AtomicU32 {}
+
 /// An anonymous, lazily backed mapping of `T`s that start as zero.
-struct LazyArray<T> {
+struct LazyArray<T: ZeroedAtomic> {
     ptr: *mut T,
     len: usize,
 }
 
-// SAFETY: the mapping holds only atomics, which are Sync; the pointer is
-// never reassigned.
-unsafe impl<T: Sync> Send for LazyArray<T> {}
+// SAFETY: the mapping holds only atomics (`ZeroedAtomic`), which are
+// Sync; the pointer is never reassigned.
+unsafe impl<T: ZeroedAtomic> Send for LazyArray<T> {}
 // SAFETY: as above.
-unsafe impl<T: Sync> Sync for LazyArray<T> {}
+unsafe impl<T: ZeroedAtomic> Sync for LazyArray<T> {}
 
-impl<T> LazyArray<T> {
+impl<T: ZeroedAtomic> LazyArray<T> {
     fn new(len: usize) -> Result<LazyArray<T>> {
         let bytes = len.max(1) * std::mem::size_of::<T>();
         // SAFETY: an anonymous private mapping with no address hint; the
@@ -101,13 +109,13 @@ impl<T> LazyArray<T> {
             "page table index {i} out of range {}",
             self.len
         );
-        // SAFETY: i < len, the mapping is live for &self's lifetime, zeroed
-        // memory is a valid atomic integer, and T is only an atomic.
+        // SAFETY: i < len, the mapping is live for &self's lifetime, and
+        // zeroed memory is a valid T (an atomic integer: `ZeroedAtomic`).
         unsafe { &*self.ptr.add(i) }
     }
 }
 
-impl<T> Drop for LazyArray<T> {
+impl<T: ZeroedAtomic> Drop for LazyArray<T> {
     fn drop(&mut self) {
         let bytes = self.len.max(1) * std::mem::size_of::<T>();
         // SAFETY: unmaps exactly the mapping made in new().

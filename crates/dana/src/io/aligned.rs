@@ -19,7 +19,12 @@ pub struct AlignedBuf {
 // SAFETY: AlignedBuf owns its allocation exclusively (like Box<[u8]>); moving
 // it to another thread or sharing `&AlignedBuf` is as safe as for a Box.
 unsafe impl Send for AlignedBuf {}
-// SAFETY: shared references only give out `&[u8]`; mutation needs `&mut`.
+// SAFETY: outside the crate a shared reference gives out `&[u8]` only, and
+// mutation needs `&mut`. Inside it, `raw` writes through a shared buffer
+// (frames under their latches, regions under an in-flight I/O); a buffer
+// written so is never handed out as a `&AlignedBuf` a reader could
+// dereference: the pool's frames leave the crate only as [`FrameMemory`],
+// which has no `Deref`.
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
@@ -70,7 +75,9 @@ impl AlignedBuf {
     /// Raw start pointer of the allocation. Writing through it while other
     /// references to the buffer exist is the caller's responsibility (the
     /// buffer manager's frame latches, an in-flight I/O's exclusive range).
-    pub fn raw(&self) -> *mut u8 {
+    /// Crate-private: a writer through a shared buffer must know every
+    /// reader of it.
+    pub(crate) fn raw(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 }
@@ -87,6 +94,60 @@ impl std::ops::DerefMut for AlignedBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in deref, and `&mut self` guarantees exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+/// The buffer pool's frame memory, as the I/O queues register it
+/// (io_uring fixed buffers): an opaque handle. The engine writes frames
+/// through raw pointers while the memory is shared (under the frames'
+/// latches, and the kernel into frames being read), so no reference to
+/// its bytes ever leaves the crate; an `Arc<AlignedBuf>` did, and safe
+/// code could read frames while they were written (review 19).
+///
+/// Its size is all safe code sees:
+///
+/// ```
+/// fn frame_bytes(m: &dana::io::FrameMemory) -> usize {
+///     m.len()
+/// }
+/// ```
+///
+/// and its bytes stay out of reach:
+///
+/// ```compile_fail
+/// fn frame_bytes(m: &dana::io::FrameMemory) -> &[u8] {
+///     &m[..]
+/// }
+/// ```
+#[derive(Clone)]
+pub struct FrameMemory(std::sync::Arc<AlignedBuf>);
+
+impl FrameMemory {
+    pub(crate) fn new(buf: AlignedBuf) -> FrameMemory {
+        FrameMemory(std::sync::Arc::new(buf))
+    }
+
+    /// The allocation, for the queues that register it and the pool.
+    pub(crate) fn region(&self) -> &std::sync::Arc<AlignedBuf> {
+        &self.0
+    }
+
+    /// Bytes of frame memory.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Always false: the pool has at least one frame.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl std::fmt::Debug for FrameMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrameMemory")
+            .field("len", &self.len())
+            .finish()
     }
 }
 

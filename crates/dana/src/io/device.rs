@@ -410,7 +410,7 @@ impl Device {
     /// (`F_SET_RW_HINT`). Advice: a kernel or file system that refuses it
     /// is answered with the error, and nothing else changes.
     pub fn set_write_life(&self, life: placement::WriteLife) -> std::io::Result<()> {
-        placement::set_write_life(self.fd(), life)
+        placement::set_write_life(std::os::fd::AsFd::as_fd(&self.file), life)
     }
 
     /// True when opened with `O_DIRECT`.

@@ -36,7 +36,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use aligned::AlignedBuf;
+pub use aligned::{AlignedBuf, FrameMemory};
 pub use array::{open_queue, Array, Backend, Target};
 pub use device::Device;
 pub use eventfd::EventFd;
@@ -124,8 +124,15 @@ impl IoBuf {
     /// # Safety
     /// Until the completion of the request that carries this buffer has been
     /// reaped, nobody else may write these bytes (for a read request: nobody
-    /// may read or write them). The buffer manager guarantees this with the
-    /// page state of the frame.
+    /// may read or write them, but for the buffer manager's optimistic
+    /// readers below). The buffer manager guarantees this with the page
+    /// state of the frame. The one exception, the design's: an optimistic
+    /// reader of the frame's previous page (`PageOptimistic::with_bytes`)
+    /// may still be reading while a read fills the frame. It reads
+    /// through panic-free decoders and throws its result away when its
+    /// version no longer validates, which the frame's reuse made sure of;
+    /// it is a data race in Rust's memory model all the same (see
+    /// `with_bytes`).
     pub unsafe fn shared(region: Arc<AlignedBuf>, offset: usize, len: usize) -> Result<IoBuf> {
         let end = offset.checked_add(len);
         if len == 0 || end.is_none_or(|e| e > region.len()) {

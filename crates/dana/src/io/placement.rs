@@ -37,7 +37,7 @@
 //! simulator's FTL takes the class as its placement handle, and that is
 //! where placement is measured (`dana bench waf --placement`).
 
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::Path;
 
 /// `F_LINUX_SPECIFIC_BASE + 11`: read a file's write-life hint.
@@ -165,11 +165,11 @@ impl Placement {
 
 /// Sets the write-life hint of the file open at `fd` (all its writes,
 /// through every descriptor: the kernel keeps it on the inode).
-pub fn set_write_life(fd: RawFd, life: WriteLife) -> std::io::Result<()> {
+pub fn set_write_life(fd: BorrowedFd<'_>, life: WriteLife) -> std::io::Result<()> {
     let v: u64 = life as u64;
     // SAFETY: F_SET_RW_HINT reads one u64 through the pointer, which
     // points at a live local.
-    let r = unsafe { libc::fcntl(fd, F_SET_RW_HINT, &v as *const u64) };
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), F_SET_RW_HINT, &v as *const u64) };
     if r < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -177,11 +177,11 @@ pub fn set_write_life(fd: RawFd, life: WriteLife) -> std::io::Result<()> {
 }
 
 /// The write-life hint of the file open at `fd`.
-pub fn write_life(fd: RawFd) -> std::io::Result<WriteLife> {
+pub fn write_life(fd: BorrowedFd<'_>) -> std::io::Result<WriteLife> {
     let mut v: u64 = 0;
     // SAFETY: F_GET_RW_HINT writes one u64 through the pointer, which
     // points at a live local.
-    let r = unsafe { libc::fcntl(fd, F_GET_RW_HINT, &mut v as *mut u64) };
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), F_GET_RW_HINT, &mut v as *mut u64) };
     if r < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -209,7 +209,6 @@ fn read_small_number(p: &Path) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsRawFd;
 
     #[test]
     fn handles_keep_unsorted_alone_and_share_the_rest() {
@@ -246,7 +245,7 @@ mod tests {
     #[test]
     fn a_file_keeps_the_write_life_it_was_given() {
         let f = tempfile::tempfile().unwrap();
-        let fd = f.as_raw_fd();
+        let fd = std::os::fd::AsFd::as_fd(&f);
         match set_write_life(fd, WriteLife::Short) {
             Ok(()) => {
                 assert_eq!(write_life(fd).unwrap(), WriteLife::Short);

@@ -315,6 +315,9 @@ impl IoQueue for UringQueue {
         let Some(slot) = self.free.pop() else {
             unreachable!("admit checked that a slot is free")
         };
+        // Checked before the entry is published: a panic after the push
+        // would drop req.buf while the kernel may use it (review 19).
+        debug_assert!(self.slots[slot as usize].is_none());
         let entry = self.entry(&req, slot as u64);
         // The entry points into req.buf, which is moved into the slot below
         // and stays there until the completion for this slot is reaped
@@ -331,7 +334,6 @@ impl IoQueue for UringQueue {
                 request: req,
             });
         }
-        debug_assert!(self.slots[slot as usize].is_none());
         self.slots[slot as usize] = Some(Slot {
             tag: req.tag,
             op: req.op,

@@ -48,7 +48,7 @@ pub use io::{device_limits_total, enqueue, on_worker, DeviceBudgets, IoTiming, L
 pub use route::{perform, CompletionHandler, RequestKind, Services, SystemTask, TAG_ID_MASK};
 pub use wait::{IoWait, WaitFuture, WakerList};
 
-use crate::io::{open_queue, AlignedBuf, Backend, EventFd, Target};
+use crate::io::{open_queue, Backend, EventFd, FrameMemory, Target};
 use crate::{Error, Result};
 use task::{
     Job, Slab, TaskKey, CURRENT_RUNTIME, CURRENT_WORKER, CURRENT_WORKER_SHARED, LOCAL_READY,
@@ -239,7 +239,7 @@ impl Runtime {
         targets: &[Target],
         backend: &Backend,
         services: Services,
-        frames: Option<&Arc<AlignedBuf>>,
+        frames: Option<&FrameMemory>,
     ) -> Result<Runtime> {
         if config.workers == 0 {
             return Err(Error::InvalidArgument(
@@ -267,7 +267,7 @@ impl Runtime {
             let mut wio = io::WorkerIo::new(index, queues, budgets.clone());
             wio.attach_eventfd(eventfd.raw())?;
             if let Some(f) = frames {
-                wio.register_memory(f)?;
+                wio.register_memory(f.region())?;
             }
             ios.push(wio);
             workers.push(Arc::new(WorkerShared {
