@@ -1974,7 +1974,7 @@ impl Tree {
                 .db
                 .inner
                 .rt
-                .block_on(fut)
+                .block_on_started(fut)
                 .map_err(|e| self.db.closed_or(e))?,
         }
     }
@@ -2056,6 +2056,9 @@ impl Tree {
     /// holds no latch (it may read the database; a panic in it reaches the
     /// caller and changes nothing), and may run on a worker thread, where
     /// a blocking call that needs I/O is refused with `InvalidArgument`.
+    /// It must not write to the database: without a log it runs holding
+    /// the key's write lock (one of 4,096 stripes), and a write of the
+    /// same key, or of one sharing its stripe, waits for it for good.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();

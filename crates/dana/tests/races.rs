@@ -452,3 +452,88 @@ fn a_plain_write_racing_a_large_value_to_its_key_is_not_refused() {
     }
     assert!(refused.is_empty(), "{refused:?}");
 }
+
+/// A plain write without a log first runs on the caller's thread; one that
+/// yields there (a latch held) may hold its key's stripe, and moves to a
+/// worker to finish. Queued behind tasks that filled every task slot
+/// waiting for it, it was never admitted: the worker spun and the caller
+/// waited for good (review 20; plain spawned puts beside blocking ones
+/// stalled so with 16-64 slots too). A started write is admitted first,
+/// and past the slot limit.
+#[test]
+fn a_plain_write_that_yielded_holding_its_stripe_is_not_queued_behind_its_waiters() {
+    use std::sync::mpsc;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default()
+        .pool_bytes(8 << 20)
+        .capacity_bytes(64 << 20)
+        .workers(1)
+        .max_tasks_per_worker(2)
+        .durability(dana::Durability::Off);
+    let db = Db::open(dir.path(), opts).unwrap();
+    let t = db.create_tree("t").unwrap();
+    t.put(b"k", b"0").unwrap();
+    let root = t.unlogged_btree().root();
+    let flag = || Arc::new(AtomicBool::new(false));
+    let (release, go, w_done) = (flag(), flag(), flag());
+    // L, one slot: latches the leaf (the root) until released, then stays
+    // until W is done.
+    let (latched_tx, latched_rx) = mpsc::channel();
+    {
+        let (pool, release, w_done) = (db.pool().clone(), release.clone(), w_done.clone());
+        db.spawn(async move {
+            let g = pool.fix_exclusive(root).await.unwrap();
+            latched_tx.send(()).unwrap();
+            while !release.load(Ordering::SeqCst) {
+                dana::sched::yield_now().await;
+            }
+            drop(g);
+            while !w_done.load(Ordering::SeqCst) {
+                dana::sched::yield_now().await;
+            }
+        })
+        .unwrap();
+    }
+    latched_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    // W, the other slot: once told, a write of k, which needs k's stripe.
+    let (w_tx, w_rx) = mpsc::channel();
+    let (admitted_tx, admitted_rx) = mpsc::channel();
+    {
+        let (t, go, w_done) = (t.clone(), go.clone(), w_done.clone());
+        db.spawn(async move {
+            admitted_tx.send(()).unwrap();
+            while !go.load(Ordering::SeqCst) {
+                dana::sched::yield_now().await;
+            }
+            let r = t.put_async(b"k", b"w").await;
+            w_done.store(true, Ordering::SeqCst);
+            let _ = w_tx.send(r.is_ok());
+        })
+        .unwrap();
+    }
+    admitted_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    // S, a blocking put of k: takes k's stripe on this thread, yields on
+    // L's latch, and moves to the worker, whose slots are full.
+    let (s_tx, s_rx) = mpsc::channel();
+    {
+        let t = t.clone();
+        std::thread::spawn(move || {
+            let _ = s_tx.send(t.put(b"k", b"s").is_ok());
+        });
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    go.store(true, Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(100));
+    release.store(true, Ordering::SeqCst);
+    let s = s_rx.recv_timeout(Duration::from_secs(20));
+    let w = w_rx.recv_timeout(Duration::from_secs(20));
+    if s.is_err() || w.is_err() {
+        // Closing would wait for the stuck tasks for good.
+        std::mem::forget(t);
+        std::mem::forget(db);
+        panic!("stuck: the blocking put {s:?}, the task's put {w:?}");
+    }
+    assert_eq!((s, w), (Ok(true), Ok(true)));
+    assert_eq!(t.get(b"k").unwrap(), Some(b"w".to_vec()));
+    db.close().unwrap();
+}

@@ -111,6 +111,15 @@ pub struct WorkerStats {
     pub panics: AtomicU64,
 }
 
+/// A job waiting in a worker's injector.
+struct Injected {
+    job: Job,
+    /// Polled already on its caller's thread, where it may have taken
+    /// what the worker's tasks wait for (a key's stripe, a latch): it
+    /// must not wait for a task slot they hold (review 20's hang).
+    started: bool,
+}
+
 /// The part of a worker other threads touch.
 pub(crate) struct WorkerShared {
     pub(crate) index: usize,
@@ -118,7 +127,7 @@ pub(crate) struct WorkerShared {
     sleeping: AtomicBool,
     remote: Mutex<Vec<TaskKey>>,
     has_remote: AtomicBool,
-    injector: Mutex<VecDeque<Job>>,
+    injector: Mutex<VecDeque<Injected>>,
     /// Set, under the injector's lock, when the worker stops with its
     /// injector empty: later pushes fail instead of queueing a job nobody
     /// will run (a `block_on` racing `stop` then waited for good).
@@ -145,8 +154,21 @@ impl WorkerShared {
         }
     }
 
-    fn push_job(&self, job: Job, shutdown: &AtomicBool) -> Result<()> {
+    fn push_job(&self, job: Job, shutdown: &AtomicBool, started: bool) -> Result<()> {
         let mut q = self.injector.lock().unwrap_or_else(|e| e.into_inner());
+        if started {
+            // Past the capacity and ahead of every new job: one per thread
+            // blocked in `block_on_started`, so bounded by the caller's
+            // threads, and it may hold what the tasks before it wait for.
+            if self.stopped.load(Ordering::Acquire) {
+                return Err(Error::Shutdown);
+            }
+            q.push_front(Injected { job, started });
+            self.injected.fetch_add(1, Ordering::SeqCst);
+            drop(q);
+            self.notify();
+            return Ok(());
+        }
         loop {
             if self.stopped.load(Ordering::Acquire) {
                 return Err(Error::Shutdown);
@@ -172,7 +194,7 @@ impl WorkerShared {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        q.push_back(job);
+        q.push_back(Injected { job, started });
         self.injected.fetch_add(1, Ordering::SeqCst);
         drop(q);
         self.notify();
@@ -190,17 +212,22 @@ impl WorkerShared {
         true
     }
 
-    fn pop_job(&self) -> Option<Job> {
+    /// The next job; with `full` (the worker has no free task slot), only
+    /// a started one (`Runtime::block_on_started`).
+    fn pop_job(&self, full: bool) -> Option<Job> {
         if self.injected.load(Ordering::Acquire) == 0 {
             return None;
         }
         let mut q = self.injector.lock().unwrap_or_else(|e| e.into_inner());
+        if full && !q.front().is_some_and(|j| j.started) {
+            return None;
+        }
         let job = q.pop_front();
         if job.is_some() {
             self.injected.fetch_sub(1, Ordering::AcqRel);
             self.not_full.notify_one();
         }
-        job
+        job.map(|j| j.job)
     }
 
     fn take_remote(&self, into: &mut Vec<TaskKey>) {
@@ -358,7 +385,7 @@ impl Runtime {
             .workers
             .get(worker)
             .ok_or_else(|| Error::InvalidArgument(format!("no worker {worker}")))?;
-        w.push_job(Box::pin(future), &self.shared.shutdown)
+        w.push_job(Box::pin(future), &self.shared.shutdown, false)
     }
 
     /// The worker that [`Runtime::block_on`] runs the calling thread's
@@ -389,6 +416,28 @@ impl Runtime {
         T: Send + 'static,
         F: Future<Output = T> + Send + 'static,
     {
+        self.block_on_in(future, false)
+    }
+
+    /// [`Runtime::block_on`] for a future already polled on the calling
+    /// thread and pending: it may hold what tasks wait for (a key's
+    /// stripe, a page latch, the structure guard), so the worker admits it
+    /// at once, ahead of new tasks and past `max_tasks_per_worker`. Queued
+    /// behind tasks that filled every slot waiting for it, it never ran
+    /// (review 20).
+    pub fn block_on_started<T, F>(&self, future: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: Future<Output = T> + Send + 'static,
+    {
+        self.block_on_in(future, true)
+    }
+
+    fn block_on_in<T, F>(&self, future: F, started: bool) -> Result<T>
+    where
+        T: Send + 'static,
+        F: Future<Output = T> + Send + 'static,
+    {
         if CURRENT_WORKER.with(|c| c.get()).is_some() {
             return Err(Error::InvalidArgument(
                 "a blocking call inside a task would block its worker (`Db::block_on`, or a \
@@ -410,9 +459,21 @@ impl Runtime {
                 Err(payload) => Poll::Ready(Err(payload)),
             }
         });
-        self.spawn_on(self.home_worker(), async move {
+        let job = async move {
             let _ = tx.send(caught.await);
-        })?;
+        };
+        if started {
+            if self.shared.shutdown.load(Ordering::Acquire) {
+                return Err(Error::Shutdown);
+            }
+            self.shared.workers[self.home_worker()].push_job(
+                Box::pin(job),
+                &self.shared.shutdown,
+                true,
+            )?;
+        } else {
+            self.spawn_on(self.home_worker(), job)?;
+        }
         match rx.recv() {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(payload)) => std::panic::resume_unwind(payload),
@@ -521,8 +582,8 @@ fn worker_main(index: usize, rt: Arc<RuntimeShared>, wio: io::WorkerIo, services
                 LOCAL_READY.with(|r| r.borrow_mut().push_back(key));
             }
         });
-        while slab.live() < rt.max_tasks {
-            let Some(job) = me.pop_job() else { break };
+        // A started job (`block_on_started`) is admitted past the limit.
+        while let Some(job) = me.pop_job(slab.live() >= rt.max_tasks) {
             let key = slab.insert(&me, job);
             LOCAL_READY.with(|r| r.borrow_mut().push_back(key));
         }
