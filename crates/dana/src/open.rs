@@ -541,19 +541,30 @@ fn fail_copies_older_than_the_log(
 /// high-water mark that each device holds (see [`fail_copies_short_of`]).
 /// Before the array is built: it takes its size from its devices once.
 fn fail_short_data_copies(targets: &[Target], ps: usize) {
-    let Some(first) = targets.first() else {
+    use crate::io::mirror::{CopyState, LABEL_BYTES};
+    let Some(Target::Mirror(first)) = targets.first() else {
         return;
     };
-    if !matches!(first, Target::Mirror(_)) || first.size() < ps as u64 {
-        return;
-    }
-    let Ok(meta) = read_first_bytes(first, ps) else {
+    // The highest mark a valid meta page of a healthy copy records (the
+    // mark only grows), each copy's read on its own. Read through the
+    // mirror, whose reads go to either copy, a copy put back from an
+    // older moment (shorter) could answer with its older mark: no copy
+    // was short of it, and the open then failed on the current meta
+    // page's mark as out of range, having written to both copies (an
+    // outside probe).
+    let next = first
+        .states()
+        .into_iter()
+        .zip(first.targets())
+        .filter(|(s, _)| *s == CopyState::Healthy)
+        .filter_map(|(_, copy)| copy)
+        .filter_map(|copy| read_bytes_at(&copy, LABEL_BYTES, ps).ok())
+        .filter(|meta| crate::buffer::page::verify(meta, 0).is_ok())
+        .map(|meta| crate::buffer::alloc::meta_next_unused(&meta))
+        .max();
+    let Some(next) = next else {
         return;
     };
-    if crate::buffer::page::verify(&meta, 0).is_err() {
-        return;
-    }
-    let next = crate::buffer::alloc::meta_next_unused(&meta);
     let width = targets.len() as u64;
     for (d, t) in targets.iter().enumerate() {
         if let Target::Mirror(m) = t {
@@ -649,9 +660,20 @@ fn too_large_to_create(e: Error, size: u64, opts: &Options) -> Error {
 
 /// Reads the first `len` bytes of `t` (a multiple of 4096) synchronously.
 fn read_first_bytes(t: &Target, len: usize) -> Result<Vec<u8>> {
+    read_bytes_at(t, 0, len)
+}
+
+/// `len` bytes of `t` from byte `at` (a multiple of 4096).
+fn read_bytes_at(t: &Target, at: u64, len: usize) -> Result<Vec<u8>> {
+    if t.size() < at.saturating_add(len as u64) {
+        return Err(Error::InvalidArgument(format!(
+            "{len} bytes at {at} are past the end of a device of {} bytes",
+            t.size()
+        )));
+    }
     let mut q = open_queue(t, &Backend::Blocking, 4)?;
     let buf = AlignedBuf::new(len, 4096)?;
-    let c = crate::wal::recover::sync_io(q.as_mut(), Request::read(0, 0, IoBuf::owned(buf)))?;
+    let c = crate::wal::recover::sync_io(q.as_mut(), Request::read(0, at, IoBuf::owned(buf)))?;
     c.result?;
     let b = c
         .buf
@@ -1029,15 +1051,31 @@ fn open_logs(
             _ => {}
         }
         if let (true, Target::Mirror(m)) = (has_log, &t) {
-            // The stream bytes its control block records the file held.
-            if let Ok(Some(ctl)) = crate::wal::recover::read_control(&t) {
-                if ctl.stream_bytes > 0 {
-                    fail_copies_short_of(
-                        m,
-                        CONTROL_BYTES + ctl.stream_bytes,
-                        "the log's control block records",
-                    );
-                }
+            // The stream bytes the newest control block of any healthy
+            // copy records the file held. Each copy's own, not one read
+            // through the mirror: a copy put back from before the log grew
+            // holds an older block, and read through the mirror (whose
+            // reads go to either copy) it named no copy short; recovery
+            // then read the current block and failed the open as a log
+            // cut short (an outside probe).
+            let newest = m
+                .states()
+                .into_iter()
+                .zip(m.targets())
+                .filter(|(s, _)| *s == crate::io::mirror::CopyState::Healthy)
+                .filter_map(|(_, copy)| copy)
+                .filter_map(|copy| {
+                    crate::wal::recover::read_control_at(&copy, crate::io::mirror::LABEL_BYTES)
+                        .ok()
+                        .flatten()
+                })
+                .max_by_key(|ctl| ctl.seq);
+            if let Some(ctl) = newest.filter(|ctl| ctl.stream_bytes > 0) {
+                fail_copies_short_of(
+                    m,
+                    CONTROL_BYTES + ctl.stream_bytes,
+                    "the log's newest control block records",
+                );
             }
         }
         logs.push(t);
