@@ -2058,7 +2058,9 @@ impl Tree {
     /// a blocking call that needs I/O is refused with `InvalidArgument`.
     /// It must not write to the database: without a log it runs holding
     /// the key's write lock (one of 4,096 stripes), and a write of the
-    /// same key, or of one sharing its stripe, waits for it for good.
+    /// same key, or of one sharing its stripe, waits for it for good on
+    /// the calling thread (on a worker, a blocking write is refused with
+    /// `InvalidArgument`).
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();

@@ -766,7 +766,7 @@ pub(crate) fn meta_of(
     // compares its copies page by page, and would judge every copy of a
     // larger page bad from a read of its first 4 KiB.
     let ps = opts.page_size_value();
-    let control = log().and_then(|l| crate::wal::recover::read_control(&l).ok().flatten());
+    let control = log().and_then(|l| crate::wal::recover::read_newest_control(&l).ok().flatten());
     if let (Target::Mirror(m), Some(ctl)) = (device, &control) {
         fail_copies_older_than_the_log(m, ctl, ps);
     }
@@ -1052,24 +1052,9 @@ fn open_logs(
         }
         if let (true, Target::Mirror(m)) = (has_log, &t) {
             // The stream bytes the newest control block of any healthy
-            // copy records the file held. Each copy's own, not one read
-            // through the mirror: a copy put back from before the log grew
-            // holds an older block, and read through the mirror (whose
-            // reads go to either copy) it named no copy short; recovery
-            // then read the current block and failed the open as a log
-            // cut short (an outside probe).
-            let newest = m
-                .states()
-                .into_iter()
-                .zip(m.targets())
-                .filter(|(s, _)| *s == crate::io::mirror::CopyState::Healthy)
-                .filter_map(|(_, copy)| copy)
-                .filter_map(|copy| {
-                    crate::wal::recover::read_control_at(&copy, crate::io::mirror::LABEL_BYTES)
-                        .ok()
-                        .flatten()
-                })
-                .max_by_key(|ctl| ctl.seq);
+            // copy records the file held (a copy put back from before the
+            // log grew holds an older block).
+            let newest = crate::wal::recover::read_newest_control(&t).ok().flatten();
             if let Some(ctl) = newest.filter(|ctl| ctl.stream_bytes > 0) {
                 fail_copies_short_of(
                     m,

@@ -1514,3 +1514,38 @@ fn an_older_copy_from_before_its_file_grew_is_failed_at_open() {
         }
     }
 }
+
+/// One disk's copies of the log and of `dana.0` put back together from an
+/// older moment (a disk restored from a backup), beside the current
+/// copies: the old data copy is failed as older than the log, whichever
+/// copy the old files are, and every key holds its newest value. With copy
+/// 0 old, the open took the log's control block through the mirror, which
+/// answered with the old one: the old data copy passed as current, both
+/// copies stayed healthy, and reads served round 0's values for keys whose
+/// round 1 was acknowledged and checkpointed (a review, 2,000 of 4,000
+/// keys).
+#[test]
+fn old_copies_of_the_log_and_a_data_file_put_back_together_serve_no_old_value() {
+    for files in [["dana.wal", "dana.0"], ["dana.wal.m1", "dana.0.m1"]] {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options::default().pool_bytes(2 << 20).mirrored();
+        put_round(dir.path(), &opts, 0);
+        let old: Vec<Vec<u8>> = files
+            .iter()
+            .map(|f| std::fs::read(dir.path().join(f)).unwrap())
+            .collect();
+        put_round(dir.path(), &opts, 1);
+        for (f, bytes) in files.iter().zip(&old) {
+            std::fs::write(dir.path().join(f), bytes).unwrap();
+        }
+        let db = Db::open(dir.path(), opts.clone()).unwrap_or_else(|e| panic!("{files:?}: {e}"));
+        let data = &db.mirror_status()[0];
+        assert!(
+            data.copies.iter().any(|c| c.state == CopyState::Failed),
+            "{files:?}: {:?}",
+            db.mirror_status()
+        );
+        newest_values(&db);
+        rebuild_and_check(db);
+    }
+}

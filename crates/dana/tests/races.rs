@@ -534,6 +534,13 @@ fn a_plain_write_that_yielded_holding_its_stripe_is_not_queued_behind_its_waiter
         panic!("stuck: the blocking put {s:?}, the task's put {w:?}");
     }
     assert_eq!((s, w), (Ok(true), Ok(true)));
-    assert_eq!(t.get(b"k").unwrap(), Some(b"w".to_vec()));
+    // "w" when S took the stripe first, as the sleep above arranges; on a
+    // host so loaded that S's thread ran after W's try, W held it and S
+    // waited (no hang to find then): "s".
+    let last = t.get(b"k").unwrap();
+    assert!(
+        last == Some(b"w".to_vec()) || last == Some(b"s".to_vec()),
+        "{last:?}"
+    );
     db.close().unwrap();
 }

@@ -2236,9 +2236,17 @@ impl Drop for PageMut<'_> {
     }
 }
 
-/// A resident page read without a latch: read it with
-/// [`PageOptimistic::with_bytes`], which validates the version afterwards;
-/// a failed validation means a writer or eviction intervened.
+/// A resident page read without a latch: the crate reads it with
+/// `with_bytes`, which validates the version afterwards; a failed
+/// validation means a writer or eviction intervened. Outside the crate
+/// only its version can be checked: the bytes stay out of reach.
+///
+/// ```compile_fail
+/// async fn bytes(pool: &dana::buffer::BufferPool) -> Option<usize> {
+///     let page = pool.fix_optimistic(1).await.ok()?;
+///     page.with_bytes(|b| b.len())
+/// }
+/// ```
 pub struct PageOptimistic<'a> {
     pool: &'a BufferPool,
     pid: u64,
@@ -2257,7 +2265,9 @@ impl PageOptimistic<'_> {
     /// caller restarts). `f` may see bytes change under it and must not
     /// trust what it reads: every decoder it uses bounds-checks, and its
     /// result is thrown away unless the version validates afterwards.
-    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+    /// Crate-private: the read races the page's writers (see below), and
+    /// safe code outside must not hold frame bytes unlatched (review 21).
+    pub(crate) fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         // The frame is page_size bytes inside the pool's live allocation.
         // A writer may modify the bytes concurrently: a latched writer, a
         // write-back sealing the header, a new page on a reused frame, or

@@ -425,7 +425,7 @@ impl Runtime {
     /// at once, ahead of new tasks and past `max_tasks_per_worker`. Queued
     /// behind tasks that filled every slot waiting for it, it never ran
     /// (review 20).
-    pub fn block_on_started<T, F>(&self, future: F) -> Result<T>
+    pub(crate) fn block_on_started<T, F>(&self, future: F) -> Result<T>
     where
         T: Send + 'static,
         F: Future<Output = T> + Send + 'static,

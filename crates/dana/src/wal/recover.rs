@@ -255,6 +255,35 @@ pub fn read_control(log: &Target) -> Result<Option<Control>> {
     read_control_at(log, 0)
 }
 
+/// The newest control block of `log` (by sequence): of a mirrored log,
+/// each healthy copy's, read on its own. Read through the mirror, whose
+/// reads go to either copy, a copy put back from an older moment answered
+/// with its older block: a log copy from before the log grew named no
+/// copy short of it (an outside probe), and an old copy 0 of the log and
+/// of `dana.0` put back together passed the data copy as current, so the
+/// open served checkpointed values older than acknowledged ones (a
+/// review). An error only if no healthy copy could be read.
+pub fn read_newest_control(log: &Target) -> Result<Option<Control>> {
+    let Target::Mirror(m) = log else {
+        return read_control(log);
+    };
+    let (mut newest, mut failed): (Option<Control>, Option<Error>) = (None, None);
+    for (c, state) in m.states().into_iter().enumerate() {
+        if state != CopyState::Healthy {
+            continue;
+        }
+        match m.only(c).and_then(|v| read_control(&Target::Mirror(v))) {
+            Ok(Some(ctl)) if newest.as_ref().is_none_or(|n| ctl.seq > n.seq) => newest = Some(ctl),
+            Ok(_) => {}
+            Err(e) => failed = Some(e),
+        }
+    }
+    match (newest, failed) {
+        (None, Some(e)) => Err(e),
+        (newest, _) => Ok(newest),
+    }
+}
+
 /// [`read_control`] of a log whose control blocks start at byte `at` of
 /// `log` (a mirrored copy's file, read raw: its label comes first).
 pub fn read_control_at(log: &Target, at: u64) -> Result<Option<Control>> {
