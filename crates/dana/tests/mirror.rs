@@ -179,6 +179,15 @@ fn closed_mirrored(dir: &std::path::Path, task: u64, n: u64) -> Options {
     opts
 }
 
+/// Every copy of every group that is not healthy.
+fn unhealthy_copies(db: &Db) -> Vec<dana::io::mirror::CopyStatus> {
+    db.mirror_status()
+        .into_iter()
+        .flat_map(|g| g.copies)
+        .filter(|c| c.state != CopyState::Healthy)
+        .collect()
+}
+
 /// Rebuilds the failed copies, checkpoints, and asserts `check` finds
 /// nothing (the copies compared), then closes.
 fn rebuild_and_check(db: Db) {
@@ -1426,12 +1435,7 @@ fn a_copy_cut_short_is_failed_at_open_and_named() {
         for read_only in [true, false] {
             let o = maybe_read_only(&opts, read_only);
             let db = Db::open(dir.path(), o).unwrap();
-            let failed: Vec<_> = db
-                .mirror_status()
-                .into_iter()
-                .flat_map(|g| g.copies)
-                .filter(|c| c.state != CopyState::Healthy)
-                .collect();
+            let failed = unhealthy_copies(&db);
             assert_eq!(failed.len(), if cut_short { 2 } else { 0 }, "{failed:?}");
             for (c, f) in failed.iter().zip(&cut) {
                 assert_eq!(c.state, CopyState::Failed);
@@ -1496,12 +1500,7 @@ fn an_older_copy_from_before_its_file_grew_is_failed_at_open() {
             let case = format!("{file} copy {old_copy} old, read-only {read_only}");
             let db = Db::open(dir.path(), maybe_read_only(&opts, read_only))
                 .unwrap_or_else(|e| panic!("{case}: {e}"));
-            let failed: Vec<_> = db
-                .mirror_status()
-                .into_iter()
-                .flat_map(|g| g.copies)
-                .filter(|c| c.state != CopyState::Healthy)
-                .collect();
+            let failed = unhealthy_copies(&db);
             assert_eq!(failed.len(), 1, "{case}: {failed:?}");
             let why = failed[0].failure.as_deref().unwrap_or_default();
             assert!(why.contains(&*path.to_string_lossy()), "{case}: {why}");
