@@ -1548,3 +1548,74 @@ fn old_copies_of_the_log_and_a_data_file_put_back_together_serve_no_old_value() 
         rebuild_and_check(db);
     }
 }
+
+/// An open refused because its files are from different moments changes
+/// nothing, labels included: copy 1 of the log missing and an older copy
+/// 0 put back is refused, and once the current copy 1 is back the
+/// database opens with every value. The refused open had labelled copy 1
+/// failed (missing at open) on copy 0 at a newer generation, so the
+/// current copy put back was taken for a stale one and only the old copy
+/// counted: every later open was refused (an outside probe).
+#[test]
+fn an_open_refused_for_files_of_different_moments_changes_no_label() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default().pool_bytes(2 << 20).mirrored();
+    let (log0, log1) = (dir.path().join("dana.wal"), dir.path().join("dana.wal.m1"));
+    let old = two_rounds_keeping(dir.path(), &opts, &log0);
+    let current = std::fs::read(&log1).unwrap();
+    std::fs::remove_file(&log1).unwrap();
+    std::fs::write(&log0, &old).unwrap();
+    let files = |names: &[&str]| -> Vec<Vec<u8>> {
+        names
+            .iter()
+            .map(|f| std::fs::read(dir.path().join(f)).unwrap())
+            .collect()
+    };
+    let names = ["dana.0", "dana.0.m1", "dana.wal"];
+    let before = files(&names);
+    match Db::open(dir.path(), opts.clone()) {
+        Err(dana::Error::Log(m)) if m.contains("different moments") => {}
+        other => panic!("an old log alone must be refused: {:?}", other.map(|_| ())),
+    }
+    assert!(files(&names) == before, "the refused open wrote to a file");
+    std::fs::write(&log1, &current).unwrap();
+    let db = Db::open(dir.path(), opts).unwrap();
+    newest_values(&db);
+    rebuild_and_check(db);
+}
+
+/// A copy of another mirrored database of the same layout put in place of
+/// copy 1 (or of copy 0): the open is refused, naming every copy with its
+/// group, and changes no file. It named the genuine copy 0 alone as the
+/// stranger when the foreign file was copy 1 (an outside probe: following
+/// the message, the operator moved the good file away).
+#[test]
+fn a_copy_of_another_database_is_refused_naming_every_copy() {
+    for foreign in ["dana.0.m1", "dana.0"] {
+        let (ours, theirs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let opts = closed_mirrored(ours.path(), 0, 100);
+        closed_mirrored(theirs.path(), 1, 100);
+        std::fs::copy(theirs.path().join(foreign), ours.path().join(foreign)).unwrap();
+        let names = ["dana.0", "dana.0.m1", "dana.wal", "dana.wal.m1"];
+        let read = || -> Vec<Vec<u8>> {
+            names
+                .iter()
+                .map(|f| std::fs::read(ours.path().join(f)).unwrap())
+                .collect()
+        };
+        let before = read();
+        match Db::open(ours.path(), opts.clone()) {
+            Err(dana::Error::Mirror(m)) => {
+                for f in ["dana.0", "dana.0.m1"] {
+                    let path = ours.path().join(f);
+                    assert!(m.contains(&format!("{} in set", path.display())), "{m}");
+                }
+            }
+            other => panic!("{foreign}: {:?}", other.map(|_| ())),
+        }
+        assert!(
+            read() == before,
+            "{foreign}: the refused open wrote to a file"
+        );
+    }
+}

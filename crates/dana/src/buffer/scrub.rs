@@ -453,7 +453,7 @@ mod tests {
         let pid = 5u64;
         let good = tree_page(pid, 0x77);
         let at = pid * PAGE as u64;
-        let damage = |m: &Mirror| {
+        let damage = |m: &Arc<Mirror>| {
             let mut bad = good.clone();
             bad[100] ^= 0xFF;
             m.write_copy(0, at, &bad).unwrap();

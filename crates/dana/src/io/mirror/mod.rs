@@ -146,6 +146,17 @@ struct State {
     /// the label): writes fail from then on.
     label_error: Option<String>,
     labeller_running: bool,
+    /// A state change made by the open, not yet in the labels: written
+    /// before the first write to any copy ([`Mirror::commit_open_labels`]),
+    /// so an open refused after it (data and log from different moments,
+    /// say) changes no label. A copy missing at open, labelled failed at
+    /// once, stayed failed when the refused open's files were put right,
+    /// and the current copy put back was taken for a stale one (an
+    /// outside probe).
+    labels_deferred: bool,
+    /// Copies failed as stale while labels were deferred: each gets its
+    /// own label too when they are written ([`Mirror::fail_stale_copy`]).
+    stale: Vec<usize>,
 }
 
 /// The rebuild's fence: writes to the range being copied go to the
@@ -227,6 +238,9 @@ pub struct Mirror {
     /// and a slow writer's older generation could land on the slot a
     /// newer one used (a review's finding).
     label_writes: Mutex<()>,
+    /// A hint that labels are deferred (`State::labels_deferred` decides),
+    /// read on every write so the common case takes no lock.
+    labels_pending: AtomicBool,
     /// One rebuild at a time.
     rebuild_lock: Mutex<()>,
     /// Held by a growth, and by a rebuild from its copy's preparation to
@@ -396,16 +410,25 @@ impl Mirror {
                         .join(", ")
                 ))
             })?;
-        if let Some((c, l)) = labels.iter().enumerate().find_map(|(c, l)| {
-            l.as_ref()
-                .filter(|l| l.set_id != newest.set_id)
-                .map(|l| (c, l))
-        }) {
+        if labels.iter().flatten().any(|l| l.set_id != newest.set_id) {
+            // Which copy is the stranger, the labels cannot say (both say
+            // generation 1 after a creation): every copy is named with its
+            // set. The first version named copy 0 as the stranger whenever
+            // the other was newer or as new, the genuine copy when a file
+            // of another database was put in place of copy 1 (an outside
+            // probe).
+            let sets: Vec<String> = labels
+                .iter()
+                .enumerate()
+                .map(|(c, l)| match l {
+                    Some(l) => format!("{} in set {:016x}", name_of(&copies[c], c), l.set_id),
+                    None => format!("{} without a label", name_of(&copies[c], c)),
+                })
+                .collect();
             return Err(Error::Mirror(format!(
-                "{}: copy {c} belongs to another mirrored group (set {:016x}, not {:016x})",
-                name_of(&copies[c], c),
-                l.set_id,
-                newest.set_id
+                "{role}: the copies belong to different mirrored groups ({}): one is a file of \
+                 another database; put the right file in its place",
+                sets.join(", ")
             )));
         }
         let mut states = newest.states.clone();
@@ -463,7 +486,11 @@ impl Mirror {
         let m = Mirror::build(role, index, newest.set_id, copies, states, generation);
         m.read_only.store(read_only, Ordering::SeqCst);
         if (changed || disagree) && !read_only {
-            m.write_labels_now()?;
+            // Recorded before the open's first write, not now: the open
+            // may still be refused.
+            m.lock().labels_deferred = true;
+            m.durable.store(newest.generation, Ordering::SeqCst);
+            m.labels_pending.store(true, Ordering::SeqCst);
         }
         Ok(m)
     }
@@ -506,6 +533,8 @@ impl Mirror {
                 generation,
                 label_error: None,
                 labeller_running: false,
+                labels_deferred: false,
+                stale: Vec::new(),
             }),
             seq: AtomicU64::new(0),
             readable: AtomicU64::new(0),
@@ -522,6 +551,7 @@ impl Mirror {
             fence: Fence::default(),
             labeller: Mutex::new(Vec::new()),
             label_writes: Mutex::new(()),
+            labels_pending: AtomicBool::new(false),
             rebuild_lock: Mutex::new(()),
             growth: Mutex::new(()),
             read_only: AtomicBool::new(false),
@@ -781,8 +811,11 @@ impl Mirror {
         s.generation += 1;
         self.generation.store(s.generation, Ordering::SeqCst);
         let states = s.states.clone();
-        let start = !s.labeller_running;
-        s.labeller_running = true;
+        // Deferred (the open's state): the open's first write records it.
+        let start = !s.labeller_running && !s.labels_deferred;
+        if start {
+            s.labeller_running = true;
+        }
         drop(s);
         self.counters[c].errors.fetch_add(1, Ordering::Relaxed);
         self.publish(&states);
@@ -888,9 +921,16 @@ impl Mirror {
             let (generation, written) = self.write_current_labels();
             match written {
                 Ok(()) => {
-                    let s = self.lock();
+                    let mut s = self.lock();
                     if s.generation == generation {
                         self.durable.fetch_max(generation, Ordering::SeqCst);
+                        s.labels_deferred = false;
+                        let stale = std::mem::take(&mut s.stale);
+                        drop(s);
+                        self.labels_pending.store(false, Ordering::SeqCst);
+                        for c in stale {
+                            self.write_stale_label(c);
+                        }
                         return Ok(());
                     }
                 }
@@ -1052,10 +1092,11 @@ impl Mirror {
     /// Writes `bytes` at logical `offset` of copy `c` alone and syncs it,
     /// from the calling thread (recovery makes a log's copies identical
     /// with it).
-    pub fn write_copy(&self, c: usize, offset: u64, bytes: &[u8]) -> Result<()> {
+    pub fn write_copy(self: &Arc<Self>, c: usize, offset: u64, bytes: &[u8]) -> Result<()> {
         if self.read_only.load(Ordering::SeqCst) {
             return Err(Error::ReadOnly);
         }
+        self.commit_open_labels()?;
         let t = self.targets().get(c).cloned().flatten().ok_or_else(|| {
             Error::InvalidArgument(format!("{}: no device for copy {c}", self.role))
         })?;
@@ -1083,25 +1124,53 @@ impl Mirror {
             // not failing): its own label says it failed too. Left naming
             // it healthy, it opened as the only copy once every other
             // copy went missing, an older moment served as the database.
-            // At best: a copy that does not take it is failed already.
-            let _one_writer = self.label_writes.lock().unwrap_or_else(|e| e.into_inner());
-            let (generation, states, target) = {
-                let s = self.lock();
-                (s.generation, s.states.clone(), s.targets[c].clone())
-            };
-            if let Some(t) = target {
-                let label = Label {
-                    set_id: self.set_id,
-                    role: self.role,
-                    copy: c,
-                    generation,
-                    states,
-                };
-                let offset = (label.slot() * label::SLOT_BYTES) as u64;
-                let _at_best = write_raw_durably(&t, offset, &label.encode());
+            {
+                let mut s = self.lock();
+                if s.labels_deferred {
+                    // With the others', before the open's first write.
+                    s.stale.push(c);
+                    return true;
+                }
             }
+            self.write_stale_label(c);
         }
         true
+    }
+
+    /// Writes the state's label on failed copy `c` itself, at best: a copy
+    /// that does not take it is failed already ([`Mirror::fail_stale_copy`]).
+    fn write_stale_label(&self, c: usize) {
+        let _one_writer = self.label_writes.lock().unwrap_or_else(|e| e.into_inner());
+        let (generation, states, target) = {
+            let s = self.lock();
+            (s.generation, s.states.clone(), s.targets[c].clone())
+        };
+        if let Some(t) = target {
+            let label = Label {
+                set_id: self.set_id,
+                role: self.role,
+                copy: c,
+                generation,
+                states,
+            };
+            let offset = (label.slot() * label::SLOT_BYTES) as u64;
+            let _at_best = write_raw_durably(&t, offset, &label.encode());
+        }
+    }
+
+    /// Writes the labels the open deferred (a copy missing or stale, a
+    /// copy's label behind), if it has not yet: called before every write
+    /// to a copy (the queues' writes, recovery's [`Mirror::write_copy`]),
+    /// so no copy changes before the labels say which copies are current.
+    /// Once per open; a no-op after (one atomic load).
+    pub fn commit_open_labels(self: &Arc<Self>) -> Result<()> {
+        if !self.labels_pending.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        if !self.lock().labels_deferred {
+            return Ok(());
+        }
+        self.write_labels_now()
     }
 
     /// Reads `len` bytes at logical `offset` from copy `c` alone, from the

@@ -940,6 +940,17 @@ impl IoQueue for MirrorQueue {
             self.capacity(),
             read_only,
         )?;
+        // The labels the open deferred go first: no copy changes before
+        // they say which copies are current (a compared read may repair).
+        let changes = req.op != OpKind::Read || self.mirror.verify_all.load(Ordering::SeqCst);
+        if changes {
+            if let Err(error) = self.mirror.commit_open_labels() {
+                return Err(Rejected {
+                    error,
+                    request: req,
+                });
+            }
+        }
         let p = match self.free.pop() {
             Some(p) => p,
             None => {
