@@ -1550,38 +1550,50 @@ fn old_copies_of_the_log_and_a_data_file_put_back_together_serve_no_old_value() 
 }
 
 /// An open refused because its files are from different moments changes
-/// nothing, labels included: copy 1 of the log missing and an older copy
-/// 0 put back is refused, and once the current copy 1 is back the
-/// database opens with every value. The refused open had labelled copy 1
-/// failed (missing at open) on copy 0 at a newer generation, so the
-/// current copy put back was taken for a stale one and only the old copy
-/// counted: every later open was refused (an outside probe).
+/// nothing, labels included: copy 1 of the log (or of `dana.0`) missing
+/// and an older copy 0 put back is refused, and once the current copy 1
+/// is back the database opens with every value. The refused open had
+/// labelled copy 1 failed (missing at open) on copy 0 at a newer
+/// generation, so the current copy put back was taken for a stale one
+/// and every later open was refused (an outside probe; for `dana.0` the
+/// label was written by recovery's compared reads before the refusal).
 #[test]
 fn an_open_refused_for_files_of_different_moments_changes_no_label() {
-    let dir = tempfile::tempdir().unwrap();
-    let opts = Options::default().pool_bytes(2 << 20).mirrored();
-    let (log0, log1) = (dir.path().join("dana.wal"), dir.path().join("dana.wal.m1"));
-    let old = two_rounds_keeping(dir.path(), &opts, &log0);
-    let current = std::fs::read(&log1).unwrap();
-    std::fs::remove_file(&log1).unwrap();
-    std::fs::write(&log0, &old).unwrap();
-    let files = |names: &[&str]| -> Vec<Vec<u8>> {
-        names
-            .iter()
-            .map(|f| std::fs::read(dir.path().join(f)).unwrap())
-            .collect()
-    };
-    let names = ["dana.0", "dana.0.m1", "dana.wal"];
-    let before = files(&names);
-    match Db::open(dir.path(), opts.clone()) {
-        Err(dana::Error::Log(m)) if m.contains("different moments") => {}
-        other => panic!("an old log alone must be refused: {:?}", other.map(|_| ())),
+    for (old_file, missing) in [("dana.wal", "dana.wal.m1"), ("dana.0", "dana.0.m1")] {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options::default().pool_bytes(2 << 20).mirrored();
+        let (old_path, missing_path) = (dir.path().join(old_file), dir.path().join(missing));
+        let old = two_rounds_keeping(dir.path(), &opts, &old_path);
+        let current = std::fs::read(&missing_path).unwrap();
+        std::fs::remove_file(&missing_path).unwrap();
+        std::fs::write(&old_path, &old).unwrap();
+        let names: Vec<_> = ["dana.0", "dana.0.m1", "dana.wal", "dana.wal.m1"]
+            .into_iter()
+            .filter(|f| *f != missing)
+            .collect();
+        let files = || -> Vec<Vec<u8>> {
+            names
+                .iter()
+                .map(|f| std::fs::read(dir.path().join(f)).unwrap())
+                .collect()
+        };
+        let before = files();
+        match Db::open(dir.path(), opts.clone()) {
+            Err(dana::Error::Log(m)) if m.contains("different moments") => {}
+            other => panic!(
+                "{old_file} old alone must be refused: {:?}",
+                other.map(|_| ())
+            ),
+        }
+        assert!(
+            files() == before,
+            "{old_file}: the refused open wrote to a file"
+        );
+        std::fs::write(&missing_path, &current).unwrap();
+        let db = Db::open(dir.path(), opts).unwrap();
+        newest_values(&db);
+        rebuild_and_check(db);
     }
-    assert!(files(&names) == before, "the refused open wrote to a file");
-    std::fs::write(&log1, &current).unwrap();
-    let db = Db::open(dir.path(), opts).unwrap();
-    newest_values(&db);
-    rebuild_and_check(db);
 }
 
 /// A copy of another mirrored database of the same layout put in place of

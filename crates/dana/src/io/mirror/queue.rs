@@ -721,7 +721,11 @@ impl MirrorQueue {
             let pr = parent!(self, p);
             (std::mem::take(&mut pr.bad), pr.offset, pr.len)
         };
-        if self.mirror.read_only.load(Ordering::SeqCst) {
+        // Nothing is repaired before the labels the open deferred are
+        // written (a read during the open's checks leaves the copies as
+        // they are if the open is then refused; the repair is at best).
+        if self.mirror.read_only.load(Ordering::SeqCst) || self.mirror.commit_open_labels().is_err()
+        {
             return self.finish(p);
         }
         let writable = self.mirror.writable.load(Ordering::SeqCst);
@@ -941,9 +945,8 @@ impl IoQueue for MirrorQueue {
             read_only,
         )?;
         // The labels the open deferred go first: no copy changes before
-        // they say which copies are current (a compared read may repair).
-        let changes = req.op != OpKind::Read || self.mirror.verify_all.load(Ordering::SeqCst);
-        if changes {
+        // they say which copies are current (a read's repairs: `repair`).
+        if req.op != OpKind::Read {
             if let Err(error) = self.mirror.commit_open_labels() {
                 return Err(Rejected {
                     error,
