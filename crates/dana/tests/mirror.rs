@@ -1557,19 +1557,36 @@ fn old_copies_of_the_log_and_a_data_file_put_back_together_serve_no_old_value() 
 /// generation, so the current copy put back was taken for a stale one
 /// and every later open was refused (an outside probe; for `dana.0` the
 /// label was written by recovery's compared reads before the refusal).
+/// Both copies of `dana.0` old: refused, and the label the stamp check
+/// gave the stale copy 0 was written at once (the same probe).
 #[test]
 fn an_open_refused_for_files_of_different_moments_changes_no_label() {
-    for (old_file, missing) in [("dana.wal", "dana.wal.m1"), ("dana.0", "dana.0.m1")] {
+    let cases: [(&[&str], Option<&str>); 3] = [
+        (&["dana.wal"], Some("dana.wal.m1")),
+        (&["dana.0"], Some("dana.0.m1")),
+        (&["dana.0", "dana.0.m1"], None),
+    ];
+    for (olds, missing) in cases {
         let dir = tempfile::tempdir().unwrap();
         let opts = Options::default().pool_bytes(2 << 20).mirrored();
-        let (old_path, missing_path) = (dir.path().join(old_file), dir.path().join(missing));
-        let old = two_rounds_keeping(dir.path(), &opts, &old_path);
-        let current = std::fs::read(&missing_path).unwrap();
-        std::fs::remove_file(&missing_path).unwrap();
-        std::fs::write(&old_path, &old).unwrap();
+        put_round(dir.path(), &opts, 0);
+        let old: Vec<Vec<u8>> = olds
+            .iter()
+            .map(|f| std::fs::read(dir.path().join(f)).unwrap())
+            .collect();
+        put_round(dir.path(), &opts, 1);
+        let current = missing.map(|m| {
+            let path = dir.path().join(m);
+            let bytes = std::fs::read(&path).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            (path, bytes)
+        });
+        for (f, bytes) in olds.iter().zip(&old) {
+            std::fs::write(dir.path().join(f), bytes).unwrap();
+        }
         let names: Vec<_> = ["dana.0", "dana.0.m1", "dana.wal", "dana.wal.m1"]
             .into_iter()
-            .filter(|f| *f != missing)
+            .filter(|f| Some(*f) != missing)
             .collect();
         let files = || -> Vec<Vec<u8>> {
             names
@@ -1580,19 +1597,18 @@ fn an_open_refused_for_files_of_different_moments_changes_no_label() {
         let before = files();
         match Db::open(dir.path(), opts.clone()) {
             Err(dana::Error::Log(m)) if m.contains("different moments") => {}
-            other => panic!(
-                "{old_file} old alone must be refused: {:?}",
-                other.map(|_| ())
-            ),
+            other => panic!("{olds:?} old must be refused: {:?}", other.map(|_| ())),
         }
         assert!(
             files() == before,
-            "{old_file}: the refused open wrote to a file"
+            "{olds:?}: the refused open wrote to a file"
         );
-        std::fs::write(&missing_path, &current).unwrap();
-        let db = Db::open(dir.path(), opts).unwrap();
-        newest_values(&db);
-        rebuild_and_check(db);
+        if let Some((path, bytes)) = current {
+            std::fs::write(path, bytes).unwrap();
+            let db = Db::open(dir.path(), opts).unwrap();
+            newest_values(&db);
+            rebuild_and_check(db);
+        }
     }
 }
 

@@ -485,9 +485,10 @@ impl Mirror {
         let generation = newest.generation + u64::from(changed || disagree);
         let m = Mirror::build(role, index, newest.set_id, copies, states, generation);
         m.read_only.store(read_only, Ordering::SeqCst);
-        if (changed || disagree) && !read_only {
-            // Recorded before the open's first write, not now: the open
-            // may still be refused.
+        if !read_only {
+            // What the open changes (here, or as its checks fail a stale
+            // or short copy) is recorded before its first write, not at
+            // once: the open may still be refused.
             m.lock().labels_deferred = true;
             m.durable.store(newest.generation, Ordering::SeqCst);
             m.labels_pending.store(true, Ordering::SeqCst);
@@ -1167,8 +1168,18 @@ impl Mirror {
         if !self.labels_pending.load(Ordering::SeqCst) {
             return Ok(());
         }
-        if !self.lock().labels_deferred {
-            return Ok(());
+        {
+            let mut s = self.lock();
+            if !s.labels_deferred {
+                return Ok(());
+            }
+            if s.generation == self.durable.load(Ordering::SeqCst) {
+                // Nothing changed: the labels on disk are the state.
+                s.labels_deferred = false;
+                drop(s);
+                self.labels_pending.store(false, Ordering::SeqCst);
+                return Ok(());
+            }
         }
         self.write_labels_now()
     }
