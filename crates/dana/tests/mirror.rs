@@ -179,6 +179,14 @@ fn closed_mirrored(dir: &std::path::Path, task: u64, n: u64) -> Options {
     opts
 }
 
+/// The bytes of each of `names` in `dir`.
+fn read_files(dir: &std::path::Path, names: &[&str]) -> Vec<Vec<u8>> {
+    names
+        .iter()
+        .map(|f| std::fs::read(dir.join(f)).unwrap())
+        .collect()
+}
+
 /// Every copy of every group that is not healthy.
 fn unhealthy_copies(db: &Db) -> Vec<dana::io::mirror::CopyStatus> {
     db.mirror_status()
@@ -1529,10 +1537,7 @@ fn old_copies_of_the_log_and_a_data_file_put_back_together_serve_no_old_value() 
         let dir = tempfile::tempdir().unwrap();
         let opts = Options::default().pool_bytes(2 << 20).mirrored();
         put_round(dir.path(), &opts, 0);
-        let old: Vec<Vec<u8>> = files
-            .iter()
-            .map(|f| std::fs::read(dir.path().join(f)).unwrap())
-            .collect();
+        let old = read_files(dir.path(), &files);
         put_round(dir.path(), &opts, 1);
         for (f, bytes) in files.iter().zip(&old) {
             std::fs::write(dir.path().join(f), bytes).unwrap();
@@ -1570,10 +1575,7 @@ fn an_open_refused_for_files_of_different_moments_changes_no_label() {
         let dir = tempfile::tempdir().unwrap();
         let opts = Options::default().pool_bytes(2 << 20).mirrored();
         put_round(dir.path(), &opts, 0);
-        let old: Vec<Vec<u8>> = olds
-            .iter()
-            .map(|f| std::fs::read(dir.path().join(f)).unwrap())
-            .collect();
+        let old = read_files(dir.path(), olds);
         put_round(dir.path(), &opts, 1);
         let current = missing.map(|m| {
             let path = dir.path().join(m);
@@ -1588,12 +1590,7 @@ fn an_open_refused_for_files_of_different_moments_changes_no_label() {
             .into_iter()
             .filter(|f| Some(*f) != missing)
             .collect();
-        let files = || -> Vec<Vec<u8>> {
-            names
-                .iter()
-                .map(|f| std::fs::read(dir.path().join(f)).unwrap())
-                .collect()
-        };
+        let files = || read_files(dir.path(), &names);
         let before = files();
         match Db::open(dir.path(), opts.clone()) {
             Err(dana::Error::Log(m)) if m.contains("different moments") => {}
@@ -1625,12 +1622,7 @@ fn a_copy_of_another_database_is_refused_naming_every_copy() {
         closed_mirrored(theirs.path(), 1, 100);
         std::fs::copy(theirs.path().join(foreign), ours.path().join(foreign)).unwrap();
         let names = ["dana.0", "dana.0.m1", "dana.wal", "dana.wal.m1"];
-        let read = || -> Vec<Vec<u8>> {
-            names
-                .iter()
-                .map(|f| std::fs::read(ours.path().join(f)).unwrap())
-                .collect()
-        };
+        let read = || read_files(ours.path(), &names);
         let before = read();
         match Db::open(ours.path(), opts.clone()) {
             Err(dana::Error::Mirror(m)) => {
