@@ -123,13 +123,24 @@ pub(crate) fn prepare_logs(
             ..Prepared::default()
         });
     }
-    if !opts.read_only {
+    let views;
+    let logs: &[Target] = if !opts.read_only {
         // A crash can leave a mirrored log's copies different, each valid
         // alone: recovery reads one, and every copy must hold it.
         for (i, t) in logs.iter().enumerate() {
             recover::resync_mirror(t).map_err(recover::in_log(t, i))?;
         }
-    }
+        logs
+    } else {
+        // Read-only, the copies stay as they are: the copy a writable
+        // open would keep is read alone.
+        views = logs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| recover::read_only_view(t).map_err(recover::in_log(t, i)))
+            .collect::<Result<Vec<_>>>()?;
+        &views
+    };
     let mut ctls = Vec::with_capacity(logs.len());
     for (i, t) in logs.iter().enumerate() {
         let name = recover::log_name(t, i);

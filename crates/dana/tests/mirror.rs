@@ -1639,3 +1639,58 @@ fn a_copy_of_another_database_is_refused_naming_every_copy() {
         );
     }
 }
+
+/// An older copy of a mirrored log put back at the same length (a log
+/// at its full size already) beside the current one: a read-only open
+/// (`dana check`) reads the copy a writable open keeps, alone, and serves
+/// the newest values; a writable open then makes the copies one. Read
+/// through the mirror, the read-only open mixed the copies' blocks and
+/// refused the database as damaged or older than its data files, though
+/// the writable open found it whole (an outside probe, 3 of 3; a review).
+#[test]
+fn a_read_only_open_reads_the_newest_copy_of_a_log_whose_copies_differ() {
+    for old_copy in ["dana.wal", "dana.wal.m1"] {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options::default()
+            .pool_bytes(2 << 20)
+            .log_bytes(1 << 20)
+            .mirrored();
+        let path = dir.path().join(old_copy);
+        // Rounds of 400-key commits: a 1 MiB log takes records of 128 KiB
+        // at most, and its file is whole from the start.
+        let round = |r: u64| {
+            let db = Db::open(dir.path(), opts.clone()).unwrap();
+            let t = db.tree_or_create("t").unwrap();
+            for part in 0..10 {
+                let mut tx = db.begin();
+                for k in part * 400..(part + 1) * 400 {
+                    tx.put(&t, &key(0, k), &value(r, k)).unwrap();
+                }
+                db.commit(tx).unwrap();
+            }
+            drop(t);
+            db.close().unwrap();
+        };
+        round(0);
+        let old = std::fs::read(&path).unwrap();
+        round(1);
+        let len = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(
+            old.len() as u64,
+            len,
+            "the log grew: the case needs one length"
+        );
+        assert!(
+            std::fs::read(&path).unwrap() != old,
+            "the log did not change"
+        );
+        std::fs::write(&path, &old).unwrap();
+        let db = Db::open(dir.path(), opts.clone().read_only())
+            .unwrap_or_else(|e| panic!("{old_copy} old, read-only: {e}"));
+        newest_values(&db);
+        db.close().unwrap();
+        let db = Db::open(dir.path(), opts).unwrap();
+        newest_values(&db);
+        rebuild_and_check(db);
+    }
+}

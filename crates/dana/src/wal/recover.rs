@@ -573,6 +573,56 @@ fn view_copy(m: &Arc<Mirror>, c: usize) -> CopyView {
     Ok((ctl, s.end, s.last_crc))
 }
 
+/// True if every copy viewed reads and holds the same log (control
+/// block, end, last record).
+fn copies_agree(views: &[(usize, CopyView)]) -> bool {
+    let same = |a: &CopyView, b: &CopyView| match (a, b) {
+        (Ok((ca, ea, ka)), Ok((cb, eb, kb))) => {
+            (ca.seq, ca.redo, ca.checkpoint, ea, ka) == (cb.seq, cb.redo, cb.checkpoint, eb, kb)
+        }
+        _ => false,
+    };
+    views.windows(2).all(|w| same(&w[0].1, &w[1].1)) && views.first().is_some_and(|v| v.1.is_ok())
+}
+
+/// The copy whose valid log ends furthest (the lowest on a tie), of those
+/// that read.
+fn best_copy(views: &[(usize, CopyView)]) -> Option<usize> {
+    views
+        .iter()
+        .filter(|(_, v)| v.is_ok())
+        .max_by_key(|(c, v)| (v.as_ref().map(|x| x.1).unwrap_or(0), std::cmp::Reverse(*c)))
+        .map(|(c, _)| *c)
+}
+
+/// The log a read-only open reads: of a mirrored log whose healthy copies
+/// differ, the copy [`resync_mirror`] would keep, alone (a read-only open
+/// writes nothing, so it cannot make them one); else `log` itself. Read
+/// through the mirror, the copies' blocks mixed: an older copy of the
+/// same length put back beside the current one made `dana check` refuse
+/// a database the writable open found whole, as damaged or older than
+/// its data files (an outside probe, a review).
+pub fn read_only_view(log: &Target) -> Result<Target> {
+    let Some(m) = log.mirror() else {
+        return Ok(log.clone());
+    };
+    let states = m.states();
+    let healthy: Vec<usize> = (0..m.copies())
+        .filter(|&c| states[c] == CopyState::Healthy)
+        .collect();
+    if healthy.len() < 2 {
+        return Ok(log.clone());
+    }
+    let views: Vec<(usize, CopyView)> = healthy.iter().map(|&c| (c, view_copy(m, c))).collect();
+    if copies_agree(&views) {
+        return Ok(log.clone());
+    }
+    match best_copy(&views) {
+        Some(best) => Ok(Target::Mirror(m.only(best)?)),
+        None => Ok(log.clone()),
+    }
+}
+
 /// Makes the copies of a mirrored log identical before recovery reads it.
 ///
 /// A crash can leave them different, each valid on its own: a flush (or a
@@ -605,24 +655,13 @@ pub fn resync_mirror(log: &Target) -> Result<usize> {
     if views.iter().all(|(_, v)| v.is_err()) && merge_disjoint_damage(m, &healthy)? {
         views = healthy.iter().map(|&c| (c, view_copy(m, c))).collect();
     }
-    let same = |a: &CopyView, b: &CopyView| match (a, b) {
-        (Ok((ca, ea, ka)), Ok((cb, eb, kb))) => {
-            (ca.seq, ca.redo, ca.checkpoint, ea, ka) == (cb.seq, cb.redo, cb.checkpoint, eb, kb)
-        }
-        _ => false,
-    };
-    let agree = views.windows(2).all(|w| same(&w[0].1, &w[1].1));
     // Rebuilding copies are not scanned (they are behind on purpose): the
     // healthy copies agreeing is enough for them, since every flush goes
     // to them too and the rebuild copies the rest.
-    if agree && views.first().is_some_and(|v| v.1.is_ok()) {
+    if copies_agree(&views) {
         return Ok(0);
     }
-    let Some(&(best, _)) = views
-        .iter()
-        .filter(|(_, v)| v.is_ok())
-        .max_by_key(|(c, v)| (v.as_ref().map(|x| x.1).unwrap_or(0), std::cmp::Reverse(*c)))
-    else {
+    let Some(best) = best_copy(&views) else {
         // No copy can be read: the first one's error.
         let (_, v) = views
             .into_iter()
