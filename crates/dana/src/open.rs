@@ -541,7 +541,7 @@ fn fail_copies_older_than_the_log(
 /// high-water mark that each device holds (see [`fail_copies_short_of`]).
 /// Before the array is built: it takes its size from its devices once.
 fn fail_short_data_copies(targets: &[Target], ps: usize) {
-    use crate::io::mirror::{CopyState, LABEL_BYTES};
+    use crate::io::mirror::CopyState;
     let Some(Target::Mirror(first)) = targets.first() else {
         return;
     };
@@ -555,10 +555,11 @@ fn fail_short_data_copies(targets: &[Target], ps: usize) {
     let next = first
         .states()
         .into_iter()
-        .zip(first.targets())
-        .filter(|(s, _)| *s == CopyState::Healthy)
-        .filter_map(|(_, copy)| copy)
-        .filter_map(|copy| read_bytes_at(&copy, LABEL_BYTES, ps).ok())
+        .enumerate()
+        .filter(|(_, s)| *s == CopyState::Healthy)
+        .filter_map(|(c, _)| first.only(c).ok())
+        .filter(|copy| copy.size() >= ps as u64)
+        .filter_map(|copy| read_first_bytes(&Target::Mirror(copy), ps).ok())
         .filter(|meta| crate::buffer::page::verify(meta, 0).is_ok())
         .map(|meta| crate::buffer::alloc::meta_next_unused(&meta))
         .max();
@@ -660,20 +661,9 @@ fn too_large_to_create(e: Error, size: u64, opts: &Options) -> Error {
 
 /// Reads the first `len` bytes of `t` (a multiple of 4096) synchronously.
 fn read_first_bytes(t: &Target, len: usize) -> Result<Vec<u8>> {
-    read_bytes_at(t, 0, len)
-}
-
-/// `len` bytes of `t` from byte `at` (a multiple of 4096).
-fn read_bytes_at(t: &Target, at: u64, len: usize) -> Result<Vec<u8>> {
-    if t.size() < at.saturating_add(len as u64) {
-        return Err(Error::InvalidArgument(format!(
-            "{len} bytes at {at} are past the end of a device of {} bytes",
-            t.size()
-        )));
-    }
     let mut q = open_queue(t, &Backend::Blocking, 4)?;
     let buf = AlignedBuf::new(len, 4096)?;
-    let c = crate::wal::recover::sync_io(q.as_mut(), Request::read(0, at, IoBuf::owned(buf)))?;
+    let c = crate::wal::recover::sync_io(q.as_mut(), Request::read(0, 0, IoBuf::owned(buf)))?;
     c.result?;
     let b = c
         .buf

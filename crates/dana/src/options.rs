@@ -703,9 +703,10 @@ impl Options {
     /// quarters when commits outrun the checkpoints. Recovery reads each
     /// log's stream into memory at open (from the redo point, or the whole
     /// capacity once the log has wrapped), so an open needs up to this
-    /// many bytes of memory beside the pool. A new database whose log files would not fit in their file
-    /// system's size once grown is refused ([`crate::Error::InvalidArgument`];
-    /// its free space is not checked).
+    /// many bytes of memory beside the pool. A new database whose log
+    /// files would not fit in their file system's size once grown is
+    /// refused ([`crate::Error::InvalidArgument`]; its free space is not
+    /// checked).
     ///
     /// ```
     /// assert_eq!(dana::Options::default().log_bytes_value(), 64 << 20);

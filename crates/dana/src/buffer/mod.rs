@@ -1047,11 +1047,11 @@ impl BufferPool {
             .store(false, Ordering::Release);
         self.frames[f as usize].pid.store(pid, Ordering::Release);
         let (device, offset) = self.array.locate(pid);
-        // SAFETY: frame f came off the free list and its page is LOADING:
-        // nobody else writes these bytes until the completion, and nobody
-        // reads them but an optimistic reader of the frame's previous page,
-        // whose version the eviction raised, so it throws what it read
-        // away (`PageOptimistic::with_bytes` on that race).
+        // Frame f came off the free list and its page is LOADING. Only an
+        // optimistic reader of the frame's previous page may still read
+        // it; the eviction raised that page's version, so the reader
+        // throws what it read away (`PageOptimistic::with_bytes`).
+        // SAFETY: nobody else writes these bytes until the completion.
         let buf = unsafe {
             IoBuf::shared(
                 self.memory.region().clone(),

@@ -133,6 +133,9 @@ pub(crate) struct WorkerShared {
     /// will run (a `block_on` racing `stop` then waited for good).
     stopped: AtomicBool,
     injected: AtomicUsize,
+    /// Of them, started jobs (at the front): a worker with no free slot
+    /// looks at its injector only when one waits.
+    started: AtomicUsize,
     not_full: Condvar,
     injector_capacity: usize,
     stats: WorkerStats,
@@ -164,6 +167,7 @@ impl WorkerShared {
                 return Err(Error::Shutdown);
             }
             q.push_front(Injected { job, started });
+            self.started.fetch_add(1, Ordering::SeqCst);
             self.injected.fetch_add(1, Ordering::SeqCst);
             drop(q);
             self.notify();
@@ -215,19 +219,21 @@ impl WorkerShared {
     /// The next job; with `full` (the worker has no free task slot), only
     /// a started one (`Runtime::block_on_started`).
     fn pop_job(&self, full: bool) -> Option<Job> {
-        if self.injected.load(Ordering::Acquire) == 0 {
+        let waiting = if full { &self.started } else { &self.injected };
+        if waiting.load(Ordering::Acquire) == 0 {
             return None;
         }
         let mut q = self.injector.lock().unwrap_or_else(|e| e.into_inner());
         if full && !q.front().is_some_and(|j| j.started) {
             return None;
         }
-        let job = q.pop_front();
-        if job.is_some() {
-            self.injected.fetch_sub(1, Ordering::AcqRel);
-            self.not_full.notify_one();
+        let job = q.pop_front()?;
+        if job.started {
+            self.started.fetch_sub(1, Ordering::AcqRel);
         }
-        job.map(|j| j.job)
+        self.injected.fetch_sub(1, Ordering::AcqRel);
+        self.not_full.notify_one();
+        Some(job.job)
     }
 
     fn take_remote(&self, into: &mut Vec<TaskKey>) {
@@ -306,6 +312,7 @@ impl Runtime {
                 injector: Mutex::new(VecDeque::new()),
                 stopped: AtomicBool::new(false),
                 injected: AtomicUsize::new(0),
+                started: AtomicUsize::new(0),
                 not_full: Condvar::new(),
                 injector_capacity: config.injector_capacity.max(1),
                 stats: WorkerStats::default(),
@@ -377,6 +384,12 @@ impl Runtime {
     where
         F: Future<Output = ()> + Send + 'static,
     {
+        self.push_on(worker, Box::pin(future), false)
+    }
+
+    /// Queues `job` on worker `worker` (`started`: see
+    /// [`Runtime::block_on_started`]).
+    fn push_on(&self, worker: usize, job: Job, started: bool) -> Result<()> {
         if self.shared.shutdown.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
@@ -385,7 +398,7 @@ impl Runtime {
             .workers
             .get(worker)
             .ok_or_else(|| Error::InvalidArgument(format!("no worker {worker}")))?;
-        w.push_job(Box::pin(future), &self.shared.shutdown, false)
+        w.push_job(job, &self.shared.shutdown, started)
     }
 
     /// The worker that [`Runtime::block_on`] runs the calling thread's
@@ -462,18 +475,7 @@ impl Runtime {
         let job = async move {
             let _ = tx.send(caught.await);
         };
-        if started {
-            if self.shared.shutdown.load(Ordering::Acquire) {
-                return Err(Error::Shutdown);
-            }
-            self.shared.workers[self.home_worker()].push_job(
-                Box::pin(job),
-                &self.shared.shutdown,
-                true,
-            )?;
-        } else {
-            self.spawn_on(self.home_worker(), job)?;
-        }
+        self.push_on(self.home_worker(), Box::pin(job), started)?;
         match rx.recv() {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(payload)) => std::panic::resume_unwind(payload),

@@ -268,10 +268,7 @@ pub fn read_newest_control(log: &Target) -> Result<Option<Control>> {
         return read_control(log);
     };
     let (mut newest, mut failed): (Option<Control>, Option<Error>) = (None, None);
-    for (c, state) in m.states().into_iter().enumerate() {
-        if state != CopyState::Healthy {
-            continue;
-        }
+    for c in healthy_copies(m) {
         match m.only(c).and_then(|v| read_control(&Target::Mirror(v))) {
             Ok(Some(ctl)) if newest.as_ref().is_none_or(|n| ctl.seq > n.seq) => newest = Some(ctl),
             Ok(_) => {}
@@ -573,6 +570,19 @@ fn view_copy(m: &Arc<Mirror>, c: usize) -> CopyView {
     Ok((ctl, s.end, s.last_crc))
 }
 
+/// The healthy copies of `m`.
+fn healthy_copies(m: &Mirror) -> Vec<usize> {
+    let states = m.states();
+    (0..states.len())
+        .filter(|&c| states[c] == CopyState::Healthy)
+        .collect()
+}
+
+/// Each of `copies` of `m`, read and scanned alone.
+fn view_copies(m: &Arc<Mirror>, copies: &[usize]) -> Vec<(usize, CopyView)> {
+    copies.iter().map(|&c| (c, view_copy(m, c))).collect()
+}
+
 /// True if every copy viewed reads and holds the same log (control
 /// block, end, last record).
 fn copies_agree(views: &[(usize, CopyView)]) -> bool {
@@ -606,14 +616,11 @@ pub fn read_only_view(log: &Target) -> Result<Target> {
     let Some(m) = log.mirror() else {
         return Ok(log.clone());
     };
-    let states = m.states();
-    let healthy: Vec<usize> = (0..m.copies())
-        .filter(|&c| states[c] == CopyState::Healthy)
-        .collect();
+    let healthy = healthy_copies(m);
     if healthy.len() < 2 {
         return Ok(log.clone());
     }
-    let views: Vec<(usize, CopyView)> = healthy.iter().map(|&c| (c, view_copy(m, c))).collect();
+    let views = view_copies(m, &healthy);
     if copies_agree(&views) {
         return Ok(log.clone());
     }
@@ -651,9 +658,9 @@ pub fn resync_mirror(log: &Target) -> Result<usize> {
     if holders.len() < 2 {
         return Ok(0);
     }
-    let mut views: Vec<(usize, CopyView)> = healthy.iter().map(|&c| (c, view_copy(m, c))).collect();
+    let mut views = view_copies(m, &healthy);
     if views.iter().all(|(_, v)| v.is_err()) && merge_disjoint_damage(m, &healthy)? {
-        views = healthy.iter().map(|&c| (c, view_copy(m, c))).collect();
+        views = view_copies(m, &healthy);
     }
     // Rebuilding copies are not scanned (they are behind on purpose): the
     // healthy copies agreeing is enough for them, since every flush goes
