@@ -560,10 +560,12 @@ impl Options {
     /// of a page), and every write of a key drops it. Under skewed reads of
     /// scattered keys (hashed or random keys, a zipfian popularity) a
     /// frame spends a whole page on each hot record, while the cache holds
-    /// one record in its size plus at most 160 bytes: with data several times
+    /// one record in about its size plus 160 bytes: with data several times
     /// the memory, giving the cache part of the budget a pool would get
     /// serves more reads from memory. Ordered or uniform access gains
-    /// nothing from it. `docs/ARCHITECTURE.md`, "The record cache".
+    /// nothing from it. Everything the cache allocates stays within
+    /// `bytes`, counted as glibc's malloc lays it out; under 4 KiB, no
+    /// cache. `docs/ARCHITECTURE.md`, "The record cache".
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
