@@ -41,7 +41,7 @@
 //! caller sizes the pool and the cache together), counted as each shard's
 //! allocations are: its slot vector and index at their capacity, each
 //! key's and value's box rounded up as an allocator would
-//! ([`box_cost`]), and the doorkeeper. A structure grows only if the
+//! (`box_cost`), and the doorkeeper. A structure grows only if the
 //! grown size fits; else an entry goes to make room. About
 //! [`ENTRY_OVERHEAD`] bytes per entry beyond its key and value.
 //!
@@ -55,9 +55,9 @@ use std::sync::Mutex;
 use crate::stats::StripedCounter;
 
 /// Bytes an entry of a small key and value takes beyond them, about: its
-/// slot ([`SLOT_BYTES`], and up to a quarter more of the slot vector's
+/// slot (`SLOT_BYTES`, and up to a quarter more of the slot vector's
 /// growth slack), its index bucket (4 bytes at a load of 3/8 to 3/4)
-/// and its two boxes' rounding ([`box_cost`]: up to ~64). Not what the
+/// and its two boxes' rounding (`box_cost`: up to ~64). Not what the
 /// budget is enforced with: each shard counts its real capacities.
 /// (A first version counted 96 bytes per entry and nothing else: a review
 /// found the cache ~40% above its budget; a later one, with 160, found it
