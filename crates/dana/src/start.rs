@@ -206,6 +206,10 @@ pub(crate) fn start(opened: open::Opened, opts: Options) -> Result<Started> {
             p.open_meta().await?;
             // Recovery, part two: complete every commit found.
             let again = reapply(&p, w2.as_ref(), commits).await?;
+            if !read_only {
+                // Trimmed by the checkpoint below.
+                p.note_free_mapped_pages();
+            }
             (p.root(CATALOG_SLOT).await?, again)
         };
         if let Some(id) = new_id {

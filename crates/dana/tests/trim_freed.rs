@@ -156,6 +156,52 @@ fn freed_pages_are_trimmed_and_reused_on(mode: Mode) {
     db.close().unwrap();
 }
 
+/// Pages freed just before a crash are unmapped by the next open: the notes of frees waiting for a trim live in memory only, and
+/// out of place an unmap is not durable, so without the open's own look
+/// at the map such pages stayed mapped for good and every collection
+/// copied them (an outside probe: 9,809 pages mapped with 5 in use after
+/// a kill, through any number of clean reopens). Large values put, then
+/// deleted with every commit acknowledged, then a cut keeping every write
+/// (kill -9's way); reopened: the device maps only what the trees use.
+#[test]
+fn pages_freed_before_a_crash_are_unmapped_at_the_next_open() {
+    for mode in [MODES[1], MODES[2]] {
+        let data = SimDisk::new(0, 64 << 20, SimConfig::default());
+        let log = SimDisk::new(1, CONTROL_BYTES + LOG, SimConfig::default());
+        let db = open(&data, &log, true, mode);
+        let t = db.create_tree("t").unwrap();
+        let large: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        for i in 0..40u32 {
+            t.put(&i.to_be_bytes(), &large).unwrap();
+        }
+        t.put(b"small", b"kept").unwrap();
+        db.checkpoint().unwrap();
+        for i in 0..40u32 {
+            assert!(t.delete(&i.to_be_bytes()).unwrap());
+        }
+        let (_, mapped_before) = unmapped(&db).unwrap();
+        assert!(mapped_before > 40 * 24, "{mode:?}: {mapped_before} mapped");
+        data.power_cut(PowerCutPolicy::KeepAll, 1);
+        log.power_cut(PowerCutPolicy::KeepAll, 2);
+        drop((t, db));
+        data.power_on();
+        log.power_on();
+        let db = open(&data, &log, false, mode);
+        let t = db.tree("t").unwrap();
+        assert_eq!(t.get(b"small").unwrap(), Some(b"kept".to_vec()));
+        assert_eq!(t.get(&0u32.to_be_bytes()).unwrap(), None);
+        let (_, mapped) = unmapped(&db).unwrap();
+        let used = db.check().unwrap().used_pages();
+        assert!(
+            mapped <= used + 16,
+            "{mode:?}: {mapped} pages mapped after the reopen, {used} in use \
+             ({mapped_before} mapped before)"
+        );
+        drop(t);
+        db.close().unwrap();
+    }
+}
+
 /// Inserts and deletes that free and reuse pages, checkpoints that trim
 /// them, and a power cut: every acknowledged commit is there after
 /// recovery, and `check` passes.

@@ -985,6 +985,15 @@ impl Remap {
         Ok(())
     }
 
+    /// The logical pages in `first..end` that hold a version (ascending).
+    pub(crate) fn mapped_in(&self, first: u64, end: u64) -> Vec<u64> {
+        let st = self.lock();
+        let end = end.min(st.map.len() as u64);
+        (first.min(end)..end)
+            .filter(|&p| st.map[p as usize] != NO_PAGE)
+            .collect()
+    }
+
     /// True if [`Remap::discard`] unmaps pages here.
     pub fn unmaps(&self) -> bool {
         self.inner.discard_reads_zeros()
