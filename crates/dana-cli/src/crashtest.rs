@@ -89,8 +89,10 @@ pub struct CrashArgs {
     #[arg(long, default_value_t = 0)]
     pub log_flush_block: u64,
     /// The most flushes of one log in flight at once in every log of the
-    /// run (`Options::log_flushes_in_flight`; 0: the default): recovery
-    /// of a later flush kept beside an earlier one torn.
+    /// run (`Options::log_flushes_in_flight`; 0: the default for the
+    /// kill -9 cycles, and for the simulated power cuts 1, 2 or 4 by the
+    /// point, 32 points in turn): recovery of a later flush kept beside an
+    /// earlier one torn.
     #[arg(long, default_value_t = 0)]
     pub log_flushes_in_flight: usize,
     /// Check the checker: drop one synced log block holding a commit that
@@ -549,7 +551,27 @@ fn compress_log_images() -> bool {
     COMPRESS_LOG_IMAGES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The most flushes in flight every log of the run takes.
+/// The most flushes in flight a simulated run of seed `seed` takes: the
+/// flag's, or if 0 the default, 2 or 4 by the seed (the sweep's moves by
+/// 2^20 a point: 32 points each), so that `--seed S --point N` replays it
+/// (a review: with one in flight, no crash test saw the durable end move
+/// past an earlier flush still in flight).
+fn sim_flushes_in_flight(seed: u64) -> usize {
+    match LOG_FLUSHES_IN_FLIGHT.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => [log_flushes_in_flight(), 2, log_flushes_in_flight(), 4][(seed >> 25) as usize & 3],
+        n => n,
+    }
+}
+
+/// The most flushes in flight any simulated run takes.
+fn sim_flushes_in_flight_max() -> usize {
+    match LOG_FLUSHES_IN_FLIGHT.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => log_flushes_in_flight().max(4),
+        n => n,
+    }
+}
+
+/// The most flushes in flight every log of the kill -9 cycles takes.
 fn log_flushes_in_flight() -> usize {
     match LOG_FLUSHES_IN_FLIGHT.load(std::sync::atomic::Ordering::Relaxed) {
         0 => Options::default().log_flushes_in_flight_value(),
@@ -557,10 +579,10 @@ fn log_flushes_in_flight() -> usize {
     }
 }
 
-fn sim_options(durability: Durability, log_sync: bool, workers: usize) -> Options {
+fn sim_options(durability: Durability, log_sync: bool, workers: usize, flights: usize) -> Options {
     let o = Options::default()
         .log_flush_block(log_flush_block())
-        .log_flushes_in_flight(log_flushes_in_flight())
+        .log_flushes_in_flight(flights)
         .compress_log_images(compress_log_images())
         .log_identity(0x51_4d_5e_ed)
         .pool_bytes(48 * 4096)
@@ -586,6 +608,8 @@ struct SimRig {
     data: Arc<SimDisk>,
     /// Log `i` is worker `i`'s (one worker per log).
     logs: Vec<Arc<SimDisk>>,
+    /// The most flushes of a log in flight ([`sim_flushes_in_flight`]).
+    flights: usize,
 }
 
 impl SimRig {
@@ -615,6 +639,7 @@ impl SimRig {
             logs: (1..=logs)
                 .map(|i| SimDisk::new(i, CONTROL_BYTES + SIM_LOG, config(seed ^ i as u64)))
                 .collect(),
+            flights: sim_flushes_in_flight(seed),
         }
     }
 
@@ -632,7 +657,12 @@ impl SimRig {
         let array = Array::new(vec![Target::Sim(self.data.clone())], 4096)?;
         let logs = self.logs.iter().map(|l| Target::Sim(l.clone())).collect();
         let workers = self.logs.len();
-        Db::open_array_with_logs(array, logs, sim_options(d, log_sync, workers), create)
+        Db::open_array_with_logs(
+            array,
+            logs,
+            sim_options(d, log_sync, workers, self.flights),
+            create,
+        )
     }
 
     /// Puts the base image on the disks: the trees, each preloaded with
@@ -1976,7 +2006,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
     .map_err(CliError)?;
     let j = sim.judged;
     println!(
-        "simulated power cuts{}: {} crash points ({} sync, {} async; {} with the log flushed by write + fdatasync), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied, {} missing before a later survivor; recoveries redid {} leaf cuts ({} keys left out for re-applied commits), appended {} commit records again short of log room and found {} later flushes kept past a torn one (log flushes in flight: at most {}); {} recoveries crashed and recovered again; in {:.1} s",
+        "simulated power cuts{}: {} crash points ({} sync, {} async; {} with the log flushed by write + fdatasync), {} committers: {} commits required, {} found, lost {}, {} in-doubt commits found applied, {} missing before a later survivor; recoveries redid {} leaf cuts ({} keys left out for re-applied commits), appended {} commit records again short of log room and found {} later flushes kept past a torn one (log flushes in flight: up to {}); {} recoveries crashed and recovered again; in {:.1} s",
         if args.untorn_writes {
             " (data disk writing 4 KiB untorn, no torn-page images logged)"
         } else if args.compress_log_images {
@@ -1998,7 +2028,7 @@ pub fn run(args: &CrashArgs) -> CliResult<()> {
         sim.leaf_cuts.1,
         sim.appended_again,
         sim.flushes_past_end,
-        log_flushes_in_flight(),
+        sim_flushes_in_flight_max(),
         sim.recoveries_cut,
         started.elapsed().as_secs_f64()
     );

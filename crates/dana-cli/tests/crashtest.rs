@@ -122,7 +122,7 @@ fn several_flushes_in_flight_lose_nothing() {
         "--flips",
         "6",
     ]);
-    assert!(text.contains("log flushes in flight: at most 3"), "{text}");
+    assert!(text.contains("log flushes in flight: up to 3"), "{text}");
     assert_eq!(number_before(&text, "kill -9", "cycles"), 6);
 }
 
