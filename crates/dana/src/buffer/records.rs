@@ -873,6 +873,60 @@ mod tests {
         }
     }
 
+    /// The index names every entry held, once, and nothing else.
+    fn assert_indexed(c: &RecordCache) {
+        for shard in c.shards.iter() {
+            let s = shard.lock().unwrap();
+            let held: Vec<u32> = (0..s.slots.len() as u32)
+                .filter(|&i| s.slots[i as usize].is_some())
+                .collect();
+            assert_eq!(s.indexed, held.len());
+            let named = s.index.iter().filter(|&&b| b != EMPTY).count();
+            assert_eq!(named, held.len());
+            for &slot in &held {
+                let hash = s.slots[slot as usize].as_ref().unwrap().hash;
+                assert_eq!(
+                    s.find(hash),
+                    Some(slot),
+                    "slot {slot} not found by its hash"
+                );
+            }
+            assert!(
+                s.heap() <= c.shard_budget,
+                "{} of {}",
+                s.heap(),
+                c.shard_budget
+            );
+        }
+    }
+
+    proptest! {
+        /// The open-addressed index under fills, invalidations (removals
+        /// that shift entries back), evictions and clears: every entry is
+        /// found by its hash. (A lost entry is only a miss to
+        /// `a_hit_is_always_the_trees_value`.)
+        #[test]
+        fn every_entry_is_found_through_the_index(
+            ops in proptest::collection::vec((0u16..600, 0u8..10), 1..2_000),
+            budget in MIN_BUDGET..40_000,
+        ) {
+            let c = RecordCache::new(budget, 64);
+            for (k, what) in ops {
+                let key = k.to_be_bytes();
+                match what {
+                    0..=5 => read_and_fill(&c, 1, &key, &key),
+                    6..=8 => c.invalidate(1, &key),
+                    _ => {
+                        if k % 50 == 0 {
+                            c.clear();
+                        }
+                    }
+                }
+                assert_indexed(&c);
+            }
+        }
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Read(u8),
