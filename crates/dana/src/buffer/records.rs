@@ -120,7 +120,8 @@ pub struct RecordCacheStats {
     pub invalidations: u64,
     /// Records held now.
     pub entries: u64,
-    /// The bytes they take, with [`ENTRY_OVERHEAD`] each.
+    /// What the cache takes from the allocator: the entries' boxes, the
+    /// shards' vectors at their capacity (see the module comment).
     pub bytes: u64,
     /// The budget.
     pub budget: u64,
@@ -369,8 +370,12 @@ impl Shard {
                 if self.slots.len() == self.slots.capacity() {
                     let more = Self::slot_growth(self.slots.len());
                     self.slots.reserve_exact(more);
-                    self.free
-                        .reserve_exact(self.slots.capacity() - self.free.capacity());
+                    // Room for every slot in the free list (`reserve_exact`
+                    // counts from its length: a review found the list's
+                    // capacity lagging, then past the slots', and this
+                    // subtraction overflowing after many invalidations).
+                    let room = self.slots.capacity().saturating_sub(self.free.len());
+                    self.free.reserve_exact(room);
                 }
                 self.slots.push(Some(entry));
                 (self.slots.len() - 1) as u32
@@ -526,6 +531,18 @@ impl RecordCache {
         debug_assert_eq!(ticket.hash, Self::hash(root, key));
         let mut s = self.shard(ticket.hash);
         if s.generations[Shard::bucket(ticket.hash)] != ticket.generation {
+            return;
+        }
+        // A record that would not fit even with every entry evicted (the
+        // vectors never shrink) is refused before any entry goes for it (a
+        // review saw one empty a shard of 425 entries, then be refused).
+        let structures = s.heap() - s.bytes;
+        let must_grow = if s.indexed == 0 {
+            s.growth_for_one_more()
+        } else {
+            0
+        };
+        if structures + size + must_grow > self.shard_budget {
             return;
         }
         // While there is room, every record enters; then the doorkeeper.
@@ -873,6 +890,44 @@ mod tests {
         }
     }
 
+    /// Most keys invalidated, then more distinct keys than before read: the
+    /// slot vector grows while the free list holds many slots (a review:
+    /// the free list's capacity passed the slots' and the next growth's
+    /// subtraction overflowed, a panic in `Tree::get`'s fill).
+    #[test]
+    fn growth_after_many_invalidations_keeps_the_free_list_in_step() {
+        let c = RecordCache::new(256 << 10, 64);
+        let (mut next, mut held, mut fill) = (0u32, Vec::new(), 10usize);
+        for _ in 0..8 {
+            for _ in 0..fill {
+                read_and_fill(&c, 1, &next.to_be_bytes(), b"v");
+                held.push(next);
+                next += 1;
+            }
+            let keep = held.len() / 20;
+            for k in held.drain(keep..) {
+                c.invalidate(1, &k.to_be_bytes());
+            }
+            assert_indexed(&c);
+            fill *= 2;
+        }
+    }
+
+    /// A record under the shard's budget that cannot fit beside its grown
+    /// vectors is refused without evicting the shard's entries.
+    #[test]
+    fn a_record_that_cannot_fit_empties_nothing() {
+        let c = RecordCache::new(64 << 10, 32 << 10);
+        for i in 0u32..5_000 {
+            read_and_fill(&c, 1, &i.to_be_bytes(), b"v");
+        }
+        let before = c.stats().entries;
+        read_and_fill(&c, 1, b"big", &vec![1u8; 26_000]);
+        assert_eq!(get(&c, 1, b"big"), None);
+        let after = c.stats().entries;
+        assert_eq!(after, before, "{before} entries before one refused fill");
+    }
+
     /// The index names every entry held, once, and nothing else.
     fn assert_indexed(c: &RecordCache) {
         for shard in c.shards.iter() {
@@ -883,6 +938,7 @@ mod tests {
             assert_eq!(s.indexed, held.len());
             let named = s.index.iter().filter(|&&b| b != EMPTY).count();
             assert_eq!(named, held.len());
+            assert!(s.free.capacity() >= s.slots.capacity());
             for &slot in &held {
                 let hash = s.slots[slot as usize].as_ref().unwrap().hash;
                 assert_eq!(

@@ -62,6 +62,9 @@ const MAX_WAITING: usize = 1 << 16;
 /// Pages of an out-of-place device's map looked at under one hold of its
 /// lock by [`BufferPool::note_free_mapped_pages`].
 const SCAN_STEP: u64 = 1 << 16;
+/// Most pages an open notes (4 GiB of 4 KiB pages): a trim pass keeps a
+/// map entry per page it looks at (~50 bytes).
+const MAX_OPEN_PAGES: u64 = 1 << 20;
 
 impl BufferPool {
     /// True if freed pages are trimmed: a log, and every data device takes
@@ -103,8 +106,9 @@ impl BufferPool {
     /// open, after recovery, before the open's checkpoint (which trims
     /// them: every free recovered lies below the GSN noted, and that
     /// checkpoint's redo GSN is past it). Bounded: at most
-    /// [`MAX_WAITING`] runs (the rest wait for the next open); scans the
-    /// map of each out-of-place device in steps of [`SCAN_STEP`] pages.
+    /// [`MAX_WAITING`] runs and [`MAX_OPEN_PAGES`] pages (the trim takes
+    /// memory per page; the rest wait for the next open); scans the map of
+    /// each out-of-place device in steps of [`SCAN_STEP`] pages.
     pub(crate) fn note_free_mapped_pages(&self) {
         let Some(wal) = self.wal.get() else {
             return;
@@ -116,6 +120,7 @@ impl BufferPool {
         let targets = self.array.targets();
         let n = targets.len() as u64;
         let mut runs: Vec<(u64, u64, u64)> = Vec::new();
+        let mut pages = 0;
         let mirror = self.mirror();
         let mark = mirror.next_unused();
         'devices: for (d, t) in targets.iter().enumerate() {
@@ -132,6 +137,10 @@ impl BufferPool {
                     if pid >= mark || mirror.is_used(pid) {
                         continue;
                     }
+                    if pages >= MAX_OPEN_PAGES {
+                        break 'devices;
+                    }
+                    pages += 1;
                     match runs.last_mut() {
                         Some((f, len, _)) if *f + *len == pid => *len += 1,
                         _ => {

@@ -153,9 +153,9 @@ pub struct SimConfig {
     /// FUA an engine that leaves a write unflushed, counting on a later
     /// durable write to carry it, loses it at a cut (a review removed the
     /// flush of the log's control block after a checkpoint and no crash
-    /// test failed without this). A durable write overlapping a write not
-    /// yet durable falls back to the flush (the order of the two at a cut
-    /// is not modelled).
+    /// test failed without this). The writes not yet durable that share a
+    /// 4 KiB chunk with a durable write (and those before them) become
+    /// durable first: no cut lays an older write over a newer one.
     pub fua: bool,
 }
 
@@ -543,14 +543,22 @@ impl Inner {
         });
     }
 
-    /// True if a write not yet durable touches a chunk of the `len` bytes
-    /// at `offset`.
-    fn overlaps_dirty(&self, offset: u64, len: usize) -> bool {
-        let mut any = false;
-        for_each_chunk(offset, len, |idx, _, _| {
-            any |= self.dirty.contains_key(&idx)
-        });
-        any
+    /// The sequence number of the last write not yet durable that touches
+    /// a chunk of the `len` bytes at `offset`, if any.
+    fn last_overlapping(&self, offset: u64, len: usize) -> Option<u64> {
+        let chunks = |at: u64, n: usize| {
+            let first = at / CHUNK as u64;
+            (first, (at + n.max(1) as u64 - 1) / CHUNK as u64)
+        };
+        let (first, last) = chunks(offset, len);
+        self.volatile
+            .iter()
+            .rev()
+            .find(|w| {
+                let (a, b) = chunks(w.offset, w.data.len());
+                a <= last && first <= b
+            })
+            .map(|w| w.seq)
     }
 
     /// A write completed: it joins the volatile layer.
@@ -678,8 +686,13 @@ impl Inner {
                     // is handed back; by IoBuf's contract nobody writes a write
                     // request's bytes while it is in flight.
                     let data: Box<[u8]> = unsafe { buf.bytes() }.into();
-                    if req.durable && self.fua && !self.overlaps_dirty(offset, len) {
-                        // FUA: this write alone.
+                    if req.durable && self.fua {
+                        // FUA: this write alone, after the writes not yet
+                        // durable that share a chunk with it (so that no
+                        // cut lays one of them over it).
+                        if let Some(last) = self.last_overlapping(offset, len) {
+                            self.make_durable(last + 1);
+                        }
                         self.trace = trace_mix(
                             trace_mix(self.trace, offset),
                             u64::from(crc32c::crc32c(&data)),
@@ -2123,11 +2136,12 @@ mod tests {
         run_ok(&mut q, vec![write(0, 0, &pages[0])]);
         durable(&mut q, 1, 4096, &pages[1]);
         assert_eq!(disk.unflushed_writes(), 1);
-        // A durable write over a volatile one's chunk: the flush, as
-        // without FUA (the cut's order of the two is not modelled).
-        durable(&mut q, 2, 0, &pages[2]);
-        assert_eq!(disk.unflushed_writes(), 0);
+        // A durable write over a volatile one's chunk: that one becomes
+        // durable first (and is overwritten); a later one elsewhere stays
+        // volatile.
         run_ok(&mut q, vec![write(3, 8192, &pages[0])]);
+        durable(&mut q, 2, 0, &pages[2]);
+        assert_eq!(disk.unflushed_writes(), 1);
         let report = disk.power_cut(PowerCutPolicy::DropAll, 9);
         assert_eq!((report.kept, report.dropped), (0, 1));
         assert_eq!(disk.read_durable(0, PAGE), pages[2]);
