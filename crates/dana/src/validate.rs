@@ -184,15 +184,12 @@ impl InFlight {
         h.finish() as usize % KEY_COUNTERS
     }
 
-    /// The registration counters a validation of `reads` depends on, now.
-    fn counters(&self, reads: &ReadSet) -> Vec<u64> {
-        let points = reads.points.iter().map(|p| {
-            self.key_registrations[Self::key_counter(p.tree, &p.key)].load(Ordering::SeqCst)
-        });
-        let ranges = reads
-            .ranges
-            .iter()
-            .map(|r| self.tree_registrations[Self::shard_of(r.tree)].load(Ordering::SeqCst));
+    /// The registration counters a validation of `reads` depends on.
+    fn counters<'a>(&'a self, reads: &ReadSet) -> Vec<&'a AtomicU64> {
+        let points = (reads.points.iter())
+            .map(|p| &self.key_registrations[Self::key_counter(p.tree, &p.key)]);
+        let ranges =
+            (reads.ranges.iter()).map(|r| &self.tree_registrations[Self::shard_of(r.tree)]);
         points.chain(ranges).collect()
     }
 
@@ -352,10 +349,12 @@ pub(crate) async fn validate(
     writes: &[Write<'_>],
 ) -> Result<u64> {
     debug_assert!(in_flight.is_on(), "validation without registration");
+    let counters = in_flight.counters(reads);
+    let now = || counters.iter().map(|c| c.load(Ordering::SeqCst));
     for _ in 0..VALIDATION_PASSES {
-        let before = in_flight.counters(reads);
+        let before: Vec<u64> = now().collect();
         let dep = validation_pass(pool, in_flight, reads, writes).await?;
-        if in_flight.counters(reads) == before {
+        if now().eq(before) {
             return Ok(dep);
         }
     }

@@ -561,12 +561,17 @@ impl Inner {
             .map(|w| w.seq)
     }
 
-    /// A write completed: it joins the volatile layer.
-    fn write_volatile(&mut self, offset: u64, data: Box<[u8]>, atomic: bool) {
+    /// Mixes a completed write into the trace.
+    fn trace_write(&mut self, offset: u64, data: &[u8]) {
         self.trace = trace_mix(
             trace_mix(self.trace, offset),
-            u64::from(crc32c::crc32c(&data)),
+            u64::from(crc32c::crc32c(data)),
         );
+    }
+
+    /// A write completed: it joins the volatile layer.
+    fn write_volatile(&mut self, offset: u64, data: Box<[u8]>, atomic: bool) {
+        self.trace_write(offset, &data);
         let Inner { durable, dirty, .. } = self;
         for_each_chunk(offset, data.len(), |idx, within, r| {
             let n = r.len();
@@ -693,10 +698,7 @@ impl Inner {
                         if let Some(last) = self.last_overlapping(offset, len) {
                             self.make_durable(last + 1);
                         }
-                        self.trace = trace_mix(
-                            trace_mix(self.trace, offset),
-                            u64::from(crc32c::crc32c(&data)),
-                        );
+                        self.trace_write(offset, &data);
                         self.write_durable(offset, &data);
                     } else {
                         self.write_volatile(offset, data, req.atomic);
